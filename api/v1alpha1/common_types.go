@@ -1,0 +1,80 @@
+package v1alpha1
+
+// InstanceState is the observed state of a data-plane process (an engine or a
+// replica) as its instance manager reports it. Engine and Replica share it.
+// +kubebuilder:validation:Enum=stopped;starting;running;stopping;error;unknown
+type InstanceState string
+
+const (
+	// InstanceStateStopped means no process exists for the instance.
+	InstanceStateStopped InstanceState = "stopped"
+	// InstanceStateStarting means the process was created and its ports do not answer yet.
+	InstanceStateStarting InstanceState = "starting"
+	// InstanceStateRunning means the process is up and its ports answer.
+	InstanceStateRunning InstanceState = "running"
+	// InstanceStateStopping means the process was asked to stop and has not exited yet.
+	InstanceStateStopping InstanceState = "stopping"
+	// InstanceStateError means the process exited on its own or failed to start.
+	InstanceStateError InstanceState = "error"
+	// InstanceStateUnknown means the instance manager that owns the process cannot be reached.
+	InstanceStateUnknown InstanceState = "unknown"
+)
+
+// DesiredInstanceState is what a parent asks of an Engine or Replica process:
+// a subset of InstanceState, the two states a caller can ask for.
+// +kubebuilder:validation:Enum=stopped;running
+type DesiredInstanceState string
+
+const (
+	// DesiredInstanceStateStopped asks for no process.
+	DesiredInstanceStateStopped DesiredInstanceState = "stopped"
+	// DesiredInstanceStateRunning asks for a running process.
+	DesiredInstanceStateRunning DesiredInstanceState = "running"
+)
+
+// Frontend is how the engine exposes a volume as a block device on its node.
+// +kubebuilder:validation:Enum=nbd;fuse
+type Frontend string
+
+const (
+	// FrontendNBD serves the volume over NBD on a unix socket and, on nodes
+	// with the nbd kernel module, connects it as /dev/nbdN.
+	FrontendNBD Frontend = "nbd"
+	// FrontendFUSE exposes the volume as one file in a FUSE mount attached to
+	// a loop device (/dev/loopN). It needs only FUSE and loop in the kernel.
+	FrontendFUSE Frontend = "fuse"
+)
+
+// ReplicaMode is the role the engine gives a replica.
+// +kubebuilder:validation:Enum=RW;WO;ERR
+type ReplicaMode string
+
+const (
+	// ReplicaModeRW replicas take writes and serve reads.
+	ReplicaModeRW ReplicaMode = "RW"
+	// ReplicaModeWO replicas take writes while they are being rebuilt, and
+	// serve no reads until the rebuild completes and they become RW.
+	ReplicaModeWO ReplicaMode = "WO"
+	// ReplicaModeERR replicas failed an I/O or a rebuild. They are never read
+	// again and never become RW without a fresh rebuild.
+	ReplicaModeERR ReplicaMode = "ERR"
+)
+
+// Condition types shared by several kinds.
+const (
+	// ConditionReady is true when the object does what its spec asks: a
+	// Volume serves I/O, an instance runs as desired, a node's disks can be used.
+	ConditionReady = "Ready"
+)
+
+// Condition reasons shared by several kinds.
+const (
+	// ReasonInvalidSpec means the spec passed schema validation but cannot be
+	// acted on (for example a data source that names a missing volume). The
+	// condition message says what to change.
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonReconciling means the object is moving towards its desired state.
+	ReasonReconciling = "Reconciling"
+	// ReasonAsExpected means the observed state matches the spec.
+	ReasonAsExpected = "AsExpected"
+)

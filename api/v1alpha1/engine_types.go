@@ -1,0 +1,194 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// RebuildState is the phase of one replica's rebuild.
+// +kubebuilder:validation:Enum=in-progress;complete;failed;cancelled
+type RebuildState string
+
+const (
+	// RebuildStateInProgress means data is being copied to the replica.
+	RebuildStateInProgress RebuildState = "in-progress"
+	// RebuildStateComplete means the copy was verified and the replica is RW.
+	RebuildStateComplete RebuildState = "complete"
+	// RebuildStateFailed means the copy failed; the replica is ERR.
+	RebuildStateFailed RebuildState = "failed"
+	// RebuildStateCancelled means the rebuild was stopped on request.
+	RebuildStateCancelled RebuildState = "cancelled"
+)
+
+// EngineSpec is what the Volume reconciler asks of an Engine.
+type EngineSpec struct {
+	// volumeName is the Volume this engine serves.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	VolumeName string `json:"volumeName"`
+
+	// nodeName is the node the engine process runs on.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	NodeName string `json:"nodeName,omitempty"`
+
+	// desiredState is whether the engine process should run.
+	// +optional
+	// +kubebuilder:default=stopped
+	DesiredState DesiredInstanceState `json:"desiredState,omitempty"`
+
+	// size is the capacity the engine serves, in bytes, a multiple of 4096.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).asInteger() % 4096 == 0",message="size must be a whole number of bytes divisible by 4096"
+	Size resource.Quantity `json:"size"`
+
+	// frontend is how the engine exposes the volume on its node.
+	// +optional
+	// +kubebuilder:default=fuse
+	Frontend Frontend `json:"frontend,omitempty"`
+
+	// replicaAddressMap maps the name of each Replica the engine should use
+	// to its data address (host:port).
+	// +optional
+	ReplicaAddressMap map[string]string `json:"replicaAddressMap,omitempty"`
+}
+
+// RebuildStatus is the progress of one replica's rebuild.
+type RebuildStatus struct {
+	// state is the phase of the rebuild.
+	// +optional
+	State RebuildState `json:"state,omitempty"`
+
+	// sourceReplica is the RW replica data is copied from.
+	// +optional
+	SourceReplica string `json:"sourceReplica,omitempty"`
+
+	// bytesDone is how many bytes have been copied so far.
+	// +optional
+	BytesDone int64 `json:"bytesDone,omitempty"`
+
+	// bytesTotal is how many bytes the rebuild will copy in all. A returning
+	// replica copies only the regions its write-intent bitmap marks dirty.
+	// +optional
+	BytesTotal int64 `json:"bytesTotal,omitempty"`
+
+	// progress is bytesDone as a percentage of bytesTotal, 0 to 100.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	Progress int32 `json:"progress,omitempty"`
+
+	// startedAt is when the rebuild began.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+
+	// error says why a failed rebuild failed.
+	// +optional
+	Error string `json:"error,omitempty"`
+}
+
+// SnapshotInfo describes one snapshot in a volume's chain.
+type SnapshotInfo struct {
+	// name is the snapshot's name, the same on every replica.
+	Name string `json:"name"`
+
+	// parent is the name of the older snapshot this one sits on; empty for
+	// the oldest.
+	// +optional
+	Parent string `json:"parent,omitempty"`
+
+	// createdAt is when the snapshot was taken.
+	// +optional
+	CreatedAt *metav1.Time `json:"createdAt,omitempty"`
+
+	// size is the data held in this snapshot's layer.
+	// +optional
+	Size *resource.Quantity `json:"size,omitempty"`
+
+	// userCreated is false for snapshots Cairn took itself (for a rebuild).
+	// +optional
+	UserCreated bool `json:"userCreated,omitempty"`
+}
+
+// EngineStatus is what the Engine reconciler observed.
+type EngineStatus struct {
+	// observedGeneration is the metadata.generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// instanceState is the state of the engine process.
+	// +optional
+	InstanceState InstanceState `json:"instanceState,omitempty"`
+
+	// instanceManagerName is the InstanceManager that runs the process.
+	// +optional
+	InstanceManagerName string `json:"instanceManagerName,omitempty"`
+
+	// address is the engine's control address (host:port).
+	// +optional
+	Address string `json:"address,omitempty"`
+
+	// endpoint is the block device (or NBD socket) path the frontend serves.
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// size is the capacity the engine serves now.
+	// +optional
+	Size *resource.Quantity `json:"size,omitempty"`
+
+	// replicaModeMap maps each replica the engine uses to its mode.
+	// +optional
+	ReplicaModeMap map[string]ReplicaMode `json:"replicaModeMap,omitempty"`
+
+	// rebuildStatus maps each replica being (or last) rebuilt to its progress.
+	// +optional
+	RebuildStatus map[string]RebuildStatus `json:"rebuildStatus,omitempty"`
+
+	// snapshots maps snapshot names to what the engine reports of them.
+	// +optional
+	Snapshots map[string]SnapshotInfo `json:"snapshots,omitempty"`
+
+	// conditions: Ready.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Engine is the per-volume data-plane process that fans I/O out to the
+// replicas and exposes the volume through a frontend. The Volume reconciler
+// creates and owns it; users do not create Engines.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=ceng,categories=cairn
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.instanceState`,description="State of the engine process"
+// +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volumeName`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Engine struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is what the Volume reconciler asks for.
+	// +required
+	Spec EngineSpec `json:"spec"`
+
+	// status is what the Engine reconciler observed.
+	// +optional
+	Status EngineStatus `json:"status,omitempty"`
+}
+
+// EngineList is a list of Engines.
+// +kubebuilder:object:root=true
+type EngineList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the Engines.
+	Items []Engine `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Engine{}, &EngineList{})
+}

@@ -1,0 +1,121 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ReplicaSpec is what the Volume reconciler asks of a Replica.
+type ReplicaSpec struct {
+	// volumeName is the Volume this replica holds data for.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	VolumeName string `json:"volumeName"`
+
+	// nodeName is the node whose disk holds the replica. Empty until the
+	// replica is scheduled.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	NodeName string `json:"nodeName,omitempty"`
+
+	// diskName is the name of the disk, in that node's StorageNode, that
+	// holds the replica.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	DiskName string `json:"diskName,omitempty"`
+
+	// diskPath is that disk's mount path on the node, copied at scheduling.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^/`
+	DiskPath string `json:"diskPath,omitempty"`
+
+	// dataDirectoryName is the replica's directory under diskPath. It never
+	// changes once set, so a replica's data can always be found again.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9][a-zA-Z0-9._-]*$`
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="oldSelf == '' || self == oldSelf",message="dataDirectoryName cannot change once set"
+	DataDirectoryName string `json:"dataDirectoryName,omitempty"`
+
+	// size is the capacity of the volume, in bytes.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).asInteger() % 4096 == 0",message="size must be a whole number of bytes divisible by 4096"
+	Size resource.Quantity `json:"size"`
+
+	// desiredState is whether the replica process should run.
+	// +optional
+	// +kubebuilder:default=stopped
+	DesiredState DesiredInstanceState `json:"desiredState,omitempty"`
+
+	// failedAt is when the engine last marked this replica ERR. A failed
+	// replica is rebuilt or replaced; it never serves reads as it is.
+	// +optional
+	FailedAt *metav1.Time `json:"failedAt,omitempty"`
+
+	// healthyAt is when this replica last became RW with a complete copy.
+	// +optional
+	HealthyAt *metav1.Time `json:"healthyAt,omitempty"`
+}
+
+// ReplicaStatus is what the Replica reconciler observed.
+type ReplicaStatus struct {
+	// observedGeneration is the metadata.generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// instanceState is the state of the replica process.
+	// +optional
+	InstanceState InstanceState `json:"instanceState,omitempty"`
+
+	// instanceManagerName is the InstanceManager that runs the process.
+	// +optional
+	InstanceManagerName string `json:"instanceManagerName,omitempty"`
+
+	// address is the replica's data address (host:port) for the engine.
+	// +optional
+	Address string `json:"address,omitempty"`
+
+	// conditions: Ready.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Replica is one copy of a Volume's data on one disk of one node, and the
+// process that serves it. The Volume reconciler creates and owns it.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=crep,categories=cairn
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.instanceState`,description="State of the replica process"
+// +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volumeName`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="Disk",type=string,JSONPath=`.spec.diskName`
+// +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.status.address`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Replica struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is what the Volume reconciler asks for.
+	// +required
+	Spec ReplicaSpec `json:"spec"`
+
+	// status is what the Replica reconciler observed.
+	// +optional
+	Status ReplicaStatus `json:"status,omitempty"`
+}
+
+// ReplicaList is a list of Replicas.
+// +kubebuilder:object:root=true
+type ReplicaList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the Replicas.
+	Items []Replica `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Replica{}, &ReplicaList{})
+}

@@ -1,0 +1,225 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// MaxReplicas is the largest number of replicas a Volume may ask for. Every
+// write fans out to every replica, so each replica costs write bandwidth on
+// the engine's node; past a handful of replicas durability hardly improves,
+// and ten is far beyond what any cluster we target has in failure domains.
+const MaxReplicas = 10
+
+// VolumeState summarises where a Volume is in its life cycle. It is computed
+// from observed facts at the end of each reconcile; decisions never read it.
+// +kubebuilder:validation:Enum=creating;attaching;attached;detaching;detached;deleting
+type VolumeState string
+
+const (
+	// VolumeStateCreating means the engine and replica objects are being
+	// created and the replicas scheduled onto disks.
+	VolumeStateCreating VolumeState = "creating"
+	// VolumeStateAttaching means replicas and the engine are being started on
+	// the requested node.
+	VolumeStateAttaching VolumeState = "attaching"
+	// VolumeStateAttached means the engine runs and its frontend serves the
+	// block device reported in status.endpoint.
+	VolumeStateAttached VolumeState = "attached"
+	// VolumeStateDetaching means the engine and replicas are being stopped.
+	VolumeStateDetaching VolumeState = "detaching"
+	// VolumeStateDetached means no process serves the volume; its data rests
+	// on the replicas' disks.
+	VolumeStateDetached VolumeState = "detached"
+	// VolumeStateDeleting means the volume, its engine, replicas and their
+	// data are being removed.
+	VolumeStateDeleting VolumeState = "deleting"
+)
+
+// VolumeRobustness says how much redundancy an attached Volume has left.
+// +kubebuilder:validation:Enum=healthy;degraded;faulted;unknown
+type VolumeRobustness string
+
+const (
+	// VolumeRobustnessHealthy means every requested replica is RW.
+	VolumeRobustnessHealthy VolumeRobustness = "healthy"
+	// VolumeRobustnessDegraded means at least one replica is RW but fewer
+	// than requested; a replacement is being scheduled or rebuilt.
+	VolumeRobustnessDegraded VolumeRobustness = "degraded"
+	// VolumeRobustnessFaulted means no replica is usable: the volume cannot
+	// serve I/O until an operator recovers a replica.
+	VolumeRobustnessFaulted VolumeRobustness = "faulted"
+	// VolumeRobustnessUnknown is reported while the volume is detached: no
+	// engine is running to observe the replicas.
+	VolumeRobustnessUnknown VolumeRobustness = "unknown"
+)
+
+// VolumeAccessMode says how many consumers may use a Volume at once. Cairn
+// volumes are block devices served on one node at a time.
+// +kubebuilder:validation:Enum=ReadWriteOnce;ReadWriteOncePod
+type VolumeAccessMode string
+
+const (
+	// VolumeAccessModeReadWriteOnce allows read-write use by pods on one node.
+	VolumeAccessModeReadWriteOnce VolumeAccessMode = "ReadWriteOnce"
+	// VolumeAccessModeReadWriteOncePod allows read-write use by a single pod.
+	VolumeAccessModeReadWriteOncePod VolumeAccessMode = "ReadWriteOncePod"
+)
+
+// Volume condition types.
+const (
+	// VolumeConditionScheduled is true when every replica of the volume has
+	// been placed on a disk of a StorageNode.
+	VolumeConditionScheduled = "Scheduled"
+)
+
+// Volume condition reasons.
+const (
+	// VolumeReasonReplicaSchedulingFailed means no disk could take one or more
+	// replicas; the message names the constraint that failed (free space,
+	// anti-affinity, tags) and how many replicas are unplaced.
+	VolumeReasonReplicaSchedulingFailed = "ReplicaSchedulingFailed"
+	// VolumeReasonDetached means the volume is not attached to any node.
+	VolumeReasonDetached = "Detached"
+	// VolumeReasonFaulted means no replica is usable.
+	VolumeReasonFaulted = "Faulted"
+)
+
+// VolumeDataSource names the data a new Volume starts with.
+type VolumeDataSource struct {
+	// volume is the name of an existing Volume in the same namespace to copy.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Volume string `json:"volume"`
+
+	// snapshot is the name of a snapshot of that volume to copy. When empty,
+	// the volume's current data is copied (a clone).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Snapshot string `json:"snapshot,omitempty"`
+}
+
+// VolumeSpec is what the user asks of a Volume.
+// +kubebuilder:validation:XValidation:rule="has(self.dataSource) == has(oldSelf.dataSource)",message="dataSource can only be set when the volume is created"
+type VolumeSpec struct {
+	// size is the volume's capacity in bytes, such as 10Gi. It must be at
+	// least 1Mi and a multiple of 4096 (the block size). It may grow, never
+	// shrink.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('1Mi')) >= 0",message="size must be at least 1Mi (1048576 bytes)"
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).asInteger() % 4096 == 0",message="size must be a whole number of bytes divisible by 4096, such as 10Gi or 1073741824"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity(string(oldSelf))) >= 0",message="size cannot shrink; create a new volume and copy the data instead"
+	Size resource.Quantity `json:"size"`
+
+	// numberOfReplicas is how many copies of the data to keep, each on a
+	// different node where possible. Between 1 and 10.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10
+	NumberOfReplicas int32 `json:"numberOfReplicas,omitempty"`
+
+	// frontend is how the volume is exposed on the node it is attached to.
+	// fuse (the default) works on any node with FUSE and loop devices; nbd
+	// is faster and needs the nbd kernel module on the node.
+	// +optional
+	// +kubebuilder:default=fuse
+	Frontend Frontend `json:"frontend,omitempty"`
+
+	// nodeName is the node the volume should be attached to. Empty means
+	// detached. The CSI driver sets it on ControllerPublishVolume.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	NodeName string `json:"nodeName,omitempty"`
+
+	// dataSource, when set, fills the new volume from another volume or one
+	// of its snapshots. It can only be set at creation.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="dataSource is immutable"
+	DataSource *VolumeDataSource `json:"dataSource,omitempty"`
+
+	// accessMode says how many consumers may use the volume at once.
+	// +optional
+	// +kubebuilder:default=ReadWriteOnce
+	AccessMode VolumeAccessMode `json:"accessMode,omitempty"`
+}
+
+// VolumeStatus is what the Volume reconciler observed.
+type VolumeStatus struct {
+	// observedGeneration is the metadata.generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// state summarises the volume's life-cycle phase.
+	// +optional
+	State VolumeState `json:"state,omitempty"`
+
+	// robustness says how much redundancy the volume has left.
+	// +optional
+	Robustness VolumeRobustness `json:"robustness,omitempty"`
+
+	// currentNodeName is the node the volume is attached to now; empty when
+	// detached.
+	// +optional
+	CurrentNodeName string `json:"currentNodeName,omitempty"`
+
+	// endpoint is the block device (or NBD socket) path on currentNodeName.
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// size is the capacity the engine serves now. It lags spec.size while an
+	// expansion is in progress.
+	// +optional
+	Size *resource.Quantity `json:"size,omitempty"`
+
+	// actualSize is the space the volume's data takes on disk in its largest
+	// replica, snapshots included.
+	// +optional
+	ActualSize *resource.Quantity `json:"actualSize,omitempty"`
+
+	// conditions: Scheduled, Ready.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Volume is a replicated block device. Users normally create it through a
+// PersistentVolumeClaim and the Cairn CSI driver.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=cvol,categories=cairn
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`,description="Life-cycle phase"
+// +kubebuilder:printcolumn:name="Robustness",type=string,JSONPath=`.status.robustness`,description="Redundancy left"
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.spec.size`,description="Requested capacity"
+// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.numberOfReplicas`,description="Requested replicas"
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.currentNodeName`,description="Node it is attached to"
+// +kubebuilder:printcolumn:name="Frontend",type=string,JSONPath=`.spec.frontend`,priority=1
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Volume struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is what the user asks for.
+	// +required
+	Spec VolumeSpec `json:"spec"`
+
+	// status is what Cairn observed.
+	// +optional
+	Status VolumeStatus `json:"status,omitempty"`
+}
+
+// VolumeList is a list of Volumes.
+// +kubebuilder:object:root=true
+type VolumeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the Volumes.
+	Items []Volume `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Volume{}, &VolumeList{})
+}

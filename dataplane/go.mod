@@ -1,0 +1,3 @@
+module github.com/cairn-io/cairn/dataplane
+
+go 1.26.0
