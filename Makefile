@@ -82,6 +82,12 @@ test: verify lint envtest ## Verify generated code, lint, run every test of both
 	GOWORK=off $(GO) build ./...
 	cd dataplane && GOWORK=off $(GO) build ./...
 
+FUZZTIME ?= 60s
+
+.PHONY: fuzz
+fuzz: ## Fuzz the dataconn decoder for $(FUZZTIME) (new crashers land in dataplane/dataconn/testdata/fuzz).
+	cd dataplane && $(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./dataconn
+
 ##@ Build
 
 .PHONY: build

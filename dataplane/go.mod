@@ -1,3 +1,5 @@
 module github.com/cairn-io/cairn/dataplane
 
 go 1.26.0
+
+require github.com/go-logr/logr v1.4.3 // indirect

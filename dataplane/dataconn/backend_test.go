@@ -1,0 +1,74 @@
+package dataconn
+
+import (
+	"fmt"
+	"sync"
+)
+
+// memBackend is an in-memory Backend for this package's unit tests. hook,
+// when set, runs before each operation (to block or fail it).
+type memBackend struct {
+	mu      sync.Mutex
+	data    []byte
+	epoch   uint64
+	flushes int
+	hook    func(op Op, off int64) error
+}
+
+func newMem(size int) *memBackend { return &memBackend{data: make([]byte, size)} }
+
+func (m *memBackend) run(op Op, off int64) error {
+	if m.hook != nil {
+		return m.hook(op, off)
+	}
+	return nil
+}
+
+func (m *memBackend) ReadAt(p []byte, off int64) (int, error) {
+	if err := m.run(OpRead, off); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return copy(p, m.data[off:]), nil
+}
+
+func (m *memBackend) WriteAt(p []byte, off int64) (int, error) {
+	if err := m.run(OpWrite, off); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return copy(m.data[off:], p), nil
+}
+
+func (m *memBackend) Flush() error {
+	if err := m.run(OpFlush, 0); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.flushes++
+	return nil
+}
+
+func (m *memBackend) Unmap(off, length int64) error {
+	if err := m.run(OpUnmap, off); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	clear(m.data[off : off+length])
+	return nil
+}
+
+func (m *memBackend) Size() int64 { return int64(len(m.data)) }
+
+func (m *memBackend) CheckEpoch(e uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e != m.epoch {
+		return fmt.Errorf("%w: request epoch %d, replica epoch %d", CodeStaleEpoch, e, m.epoch)
+	}
+	return nil
+}

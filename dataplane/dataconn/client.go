@@ -1,0 +1,419 @@
+package dataconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// Client errors. Every error a failed client returns wraps ErrClientFailed
+// and the cause (ErrConnectionLost, ErrTimeout, a decoding error, ...).
+var (
+	// ErrClientFailed: the client is unusable; dial a new one.
+	ErrClientFailed = errors.New("dataconn: client failed")
+	// ErrConnectionLost: a connection broke (peer closed, reset, killed).
+	ErrConnectionLost = errors.New("dataconn: connection lost")
+	// ErrTimeout: a request (or a liveness ping) got no reply in time.
+	ErrTimeout = errors.New("dataconn: request timed out")
+	// ErrClosed: Close was called.
+	ErrClosed = errors.New("dataconn: client closed")
+)
+
+// ClientOptions configure a Client. Zero values take the defaults.
+type ClientOptions struct {
+	// Conns is how many connections to open to the server (Dial only).
+	// Requests are spread across them. Default 4.
+	Conns int
+	// MaxPayload bounds a reply's payload. Default DefaultMaxPayload.
+	MaxPayload uint32
+	// RequestTimeout bounds each request unless its context has an earlier
+	// deadline. Default 10s.
+	RequestTimeout time.Duration
+	// PingInterval is how often each connection is pinged. Default 2s;
+	// negative disables liveness pings.
+	PingInterval time.Duration
+	// PingTimeout bounds a liveness ping. Default 5s.
+	PingTimeout time.Duration
+	// Logger receives connection-level events. Default: discard.
+	Logger logr.Logger
+}
+
+func (o *ClientOptions) setDefaults() {
+	if o.Conns <= 0 {
+		o.Conns = 4
+	}
+	if o.MaxPayload == 0 {
+		o.MaxPayload = DefaultMaxPayload
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = 10 * time.Second
+	}
+	if o.PingInterval == 0 {
+		o.PingInterval = 2 * time.Second
+	}
+	if o.PingTimeout <= 0 {
+		o.PingTimeout = 5 * time.Second
+	}
+}
+
+// Client sends requests to one server over one or more connections. It is
+// safe for concurrent use; requests are pipelined and complete in any order.
+//
+// A client fails as a whole: when any connection breaks, a reply is
+// malformed, or a request or ping gets no reply before its deadline (or
+// its context ends), every connection is closed, every pending request
+// fails at once with an error wrapping ErrClientFailed, and later requests
+// fail the same way. The engine treats that as the replica failing.
+type Client struct {
+	opts  ClientOptions
+	log   logr.Logger
+	conns []*clientConn
+	next  atomic.Uint64 // round-robin connection choice
+	seq   atomic.Uint64
+	epoch atomic.Uint64
+
+	frames  atomic.Uint64 // frames sent
+	batches atomic.Uint64 // vectored writes that sent them
+
+	failOnce sync.Once
+	done     chan struct{} // closed when the client fails or closes
+	err      error         // set before done is closed
+	wg       sync.WaitGroup
+}
+
+type call struct {
+	op      Op
+	hdr     [HeaderSize]byte
+	payload []byte // sent after the header (writes)
+	buf     []byte // read destination
+	err     error
+	done    chan struct{}
+}
+
+type clientConn struct {
+	c     *Client
+	nc    net.Conn
+	sendq chan *call
+
+	mu      sync.Mutex
+	closed  bool
+	pending map[uint64]*call
+}
+
+// Dial opens opts.Conns connections to addr ("tcp" or "unix" network).
+func Dial(ctx context.Context, network, addr string, opts ClientOptions) (*Client, error) {
+	opts.setDefaults()
+	var d net.Dialer
+	conns := make([]net.Conn, 0, opts.Conns)
+	for range opts.Conns {
+		nc, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			for _, c := range conns {
+				c.Close()
+			}
+			return nil, fmt.Errorf("dataconn: dial %s %s: %w", network, addr, err)
+		}
+		conns = append(conns, nc)
+	}
+	return NewClient(conns, opts), nil
+}
+
+// NewClient runs a client over already established streams (for example
+// both ends of net.Pipe in tests). It takes ownership of them.
+func NewClient(streams []net.Conn, opts ClientOptions) *Client {
+	opts.setDefaults()
+	c := &Client{opts: opts, log: opts.Logger, done: make(chan struct{})}
+	for _, nc := range streams {
+		cc := &clientConn{c: c, nc: nc, sendq: make(chan *call, 512), pending: map[uint64]*call{}}
+		c.conns = append(c.conns, cc)
+		c.wg.Add(2)
+		go cc.writeLoop()
+		go cc.readLoop()
+	}
+	if opts.PingInterval > 0 {
+		c.wg.Add(1)
+		go c.pingLoop()
+	}
+	return c
+}
+
+// SendStats reports how many frames the client sent and in how many
+// vectored writes: frames/batches is the average batch size.
+func (c *Client) SendStats() (frames, batches uint64) {
+	return c.frames.Load(), c.batches.Load()
+}
+
+// SetEpoch sets the epoch carried by every later request.
+func (c *Client) SetEpoch(e uint64) { c.epoch.Store(e) }
+
+// Epoch returns the epoch carried by requests.
+func (c *Client) Epoch() uint64 { return c.epoch.Load() }
+
+// Done is closed when the client has failed or been closed; Err says why.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Err returns why the client stopped, or nil while it works.
+func (c *Client) Err() error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+		return nil
+	}
+}
+
+// Close closes the connections; pending requests fail with ErrClosed.
+func (c *Client) Close() error {
+	c.fail(ErrClosed)
+	c.wg.Wait()
+	return nil
+}
+
+// ReadAt reads len(p) bytes at off.
+func (c *Client) ReadAt(ctx context.Context, p []byte, off int64) error {
+	return c.do(ctx, &call{op: OpRead, buf: p}, Header{Op: OpRead, Offset: uint64(off), Length: uint32(len(p))})
+}
+
+// WriteAt writes p at off; with fua the data is durable before it returns.
+func (c *Client) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	h := Header{Op: OpWrite, Offset: uint64(off), Length: uint32(len(p))}
+	if fua {
+		h.Flags = FlagFUA
+	}
+	return c.do(ctx, &call{op: OpWrite, payload: p}, h)
+}
+
+// Flush makes every write that completed before it durable on the server.
+func (c *Client) Flush(ctx context.Context) error {
+	return c.do(ctx, &call{op: OpFlush}, Header{Op: OpFlush})
+}
+
+// Unmap discards length bytes at off; they read as zeros afterwards.
+func (c *Client) Unmap(ctx context.Context, off, length int64) error {
+	return c.do(ctx, &call{op: OpUnmap}, Header{Op: OpUnmap, Offset: uint64(off), Length: uint32(length)})
+}
+
+// Ping checks that the server answers.
+func (c *Client) Ping(ctx context.Context) error {
+	return c.do(ctx, &call{op: OpPing}, Header{Op: OpPing})
+}
+
+func (c *Client) do(ctx context.Context, cl *call, h Header) error {
+	if n := len(cl.payload) + len(cl.buf); uint32(n) > c.opts.MaxPayload || n < 0 {
+		return fmt.Errorf("dataconn: %s of %d bytes exceeds the %d-byte maximum", h.Op, n, c.opts.MaxPayload)
+	}
+	return c.doOn(ctx, c.conns[c.next.Add(1)%uint64(len(c.conns))], cl, h, c.opts.RequestTimeout)
+}
+
+func (c *Client) doOn(ctx context.Context, cc *clientConn, cl *call, h Header, timeout time.Duration) error {
+	h.Seq = c.seq.Add(1)
+	if h.Op != OpPing {
+		h.Epoch = c.epoch.Load()
+	}
+	h.PayloadLen = uint32(len(cl.payload))
+	h.PayloadCRC = Checksum(cl.payload)
+	PutHeader(cl.hdr[:], &h)
+	cl.done = make(chan struct{})
+
+	// Register before sending, so the reply (or a failure) always finds it.
+	cc.mu.Lock()
+	if cc.closed {
+		cc.mu.Unlock()
+		return c.err
+	}
+	cc.pending[h.Seq] = cl
+	cc.mu.Unlock()
+
+	select {
+	case cc.sendq <- cl:
+	case <-c.done: // fail() has completed cl, or will: it was registered
+	}
+
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-cl.done:
+		return cl.err
+	case <-timer.C:
+		c.fail(fmt.Errorf("%w: %s seq %d got no reply within %s", ErrTimeout, h.Op, h.Seq, timeout))
+	case <-ctx.Done():
+		c.fail(fmt.Errorf("%s seq %d abandoned: %w", h.Op, h.Seq, ctx.Err()))
+	}
+	// The call is completed by fail() or, if the reader already claimed it,
+	// by the reader once its read fails on the closed connection. Waiting
+	// here means p is never written after we return.
+	<-cl.done
+	return cl.err
+}
+
+// fail stops the client once: it records why, closes every connection and
+// completes every pending call with the error.
+func (c *Client) fail(cause error) {
+	c.failOnce.Do(func() {
+		if errors.Is(cause, ErrClosed) {
+			c.err = cause
+		} else {
+			c.err = fmt.Errorf("%w: %w", ErrClientFailed, cause)
+			c.log.Info("dataconn client failed", "reason", cause.Error())
+		}
+		close(c.done)
+		for _, cc := range c.conns {
+			cc.mu.Lock()
+			cc.closed = true
+			pending := cc.pending
+			cc.pending = nil
+			cc.mu.Unlock()
+			cc.nc.Close()
+			for _, cl := range pending {
+				cl.complete(c.err)
+			}
+		}
+	})
+}
+
+func (cl *call) complete(err error) {
+	cl.err = err
+	close(cl.done)
+}
+
+// claim removes and returns the pending call for seq, or nil.
+func (cc *clientConn) claim(seq uint64) *call {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	cl := cc.pending[seq]
+	delete(cc.pending, seq)
+	return cl
+}
+
+// writeLoop sends queued requests, batching all that are ready into one
+// vectored write (no syscall per message).
+func (cc *clientConn) writeLoop() {
+	defer cc.c.wg.Done()
+	batch := make([]*call, 0, 128)
+	var bufs net.Buffers
+	for {
+		select {
+		case cl := <-cc.sendq:
+			batch = append(batch[:0], cl)
+		case <-cc.c.done:
+			return
+		}
+	drain:
+		for len(batch) < cap(batch) {
+			select {
+			case cl := <-cc.sendq:
+				batch = append(batch, cl)
+			default:
+				break drain
+			}
+		}
+		bufs = bufs[:0]
+		for _, cl := range batch {
+			bufs = append(bufs, cl.hdr[:])
+			if len(cl.payload) > 0 {
+				bufs = append(bufs, cl.payload)
+			}
+		}
+		v := bufs
+		if _, err := v.WriteTo(cc.nc); err != nil {
+			cc.c.fail(fmt.Errorf("%w: write: %w", ErrConnectionLost, err))
+			return
+		}
+		cc.c.frames.Add(uint64(len(batch)))
+		cc.c.batches.Add(1)
+		clear(batch)
+	}
+}
+
+// readLoop matches replies to pending calls by sequence number.
+func (cc *clientConn) readLoop() {
+	defer cc.c.wg.Done()
+	var hb [HeaderSize]byte
+	for {
+		if _, err := io.ReadFull(cc.nc, hb[:]); err != nil {
+			cc.c.fail(fmt.Errorf("%w: read: %w", ErrConnectionLost, err))
+			return
+		}
+		h, err := ParseHeader(hb[:], cc.c.opts.MaxPayload)
+		if err == nil && !h.Op.IsReply() {
+			err = fmt.Errorf("%w: the server sent a request (%s)", ErrMalformed, h.Op)
+		}
+		if err != nil {
+			cc.c.fail(err)
+			return
+		}
+		cl := cc.claim(h.Seq)
+		if err := cc.complete(cl, h); err != nil {
+			if cl != nil {
+				cl.complete(fmt.Errorf("%w: %w", ErrClientFailed, err))
+			}
+			cc.c.fail(err)
+			return
+		}
+	}
+}
+
+// complete reads the reply's payload and completes cl (nil when the call
+// is no longer pending). A returned error means the stream is unusable.
+func (cc *clientConn) complete(cl *call, h Header) error {
+	if cl == nil {
+		if _, err := io.CopyN(io.Discard, cc.nc, int64(h.PayloadLen)); err != nil {
+			return fmt.Errorf("%w: read: %w", ErrConnectionLost, unexpectedEOF(err))
+		}
+		return nil
+	}
+	if h.Op.Request() != cl.op {
+		return fmt.Errorf("%w: reply %s to a %s request (seq %d)", ErrMalformed, h.Op, cl.op, h.Seq)
+	}
+	var dst []byte
+	switch {
+	case h.Code != CodeOK:
+		dst = make([]byte, h.PayloadLen)
+	case cl.op == OpRead:
+		if int(h.PayloadLen) != len(cl.buf) {
+			return fmt.Errorf("%w: read reply of %d bytes to a %d-byte read (seq %d)", ErrMalformed, h.PayloadLen, len(cl.buf), h.Seq)
+		}
+		dst = cl.buf
+	}
+	if len(dst) > 0 {
+		if _, err := io.ReadFull(cc.nc, dst); err != nil {
+			return fmt.Errorf("%w: read: %w", ErrConnectionLost, unexpectedEOF(err))
+		}
+	}
+	if got := Checksum(dst); got != h.PayloadCRC {
+		return fmt.Errorf("%w: %s seq %d", ErrPayloadChecksum, h.Op, h.Seq)
+	}
+	if h.Code != CodeOK {
+		cl.complete(&RemoteError{Code: h.Code, Message: string(dst)})
+		return nil
+	}
+	cl.complete(nil)
+	return nil
+}
+
+// pingLoop checks every connection's liveness on an interval.
+func (c *Client) pingLoop() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.opts.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+		}
+		for _, cc := range c.conns {
+			cl := &call{op: OpPing}
+			if err := c.doOn(context.Background(), cc, cl, Header{Op: OpPing}, c.opts.PingTimeout); err != nil {
+				return // the client has failed; doOn said why
+			}
+		}
+	}
+}

@@ -1,0 +1,447 @@
+package dataconn
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// pipePair serves b over n net.Pipe streams and returns a client on them.
+func pipePair(t *testing.T, b Backend, n int, opts ClientOptions) (*Client, *Server) {
+	t.Helper()
+	srv := NewServer(b, ServerOptions{})
+	var streams []net.Conn
+	for range n {
+		c, s := net.Pipe()
+		srv.ServeConn(s)
+		streams = append(streams, c)
+	}
+	cl := NewClient(streams, opts)
+	t.Cleanup(func() { cl.Close(); srv.Close() })
+	return cl, srv
+}
+
+// tcpPair serves b on a loopback port and dials it.
+func tcpPair(t *testing.T, b Backend, opts ClientOptions) (*Client, *Server, string) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(b, ServerOptions{})
+	go srv.Serve(l)
+	cl, err := Dial(context.Background(), "tcp", l.Addr().String(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close(); srv.Close() })
+	return cl, srv, l.Addr().String()
+}
+
+func TestOpsOverPipe(t *testing.T) {
+	ctx := context.Background()
+	m := newMem(1 << 20)
+	cl, _ := pipePair(t, m, 2, ClientOptions{})
+
+	data := bytes.Repeat([]byte("cairn!"), 1000)
+	if err := cl.WriteAt(ctx, data, 4096, false); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data))
+	if err := cl.ReadAt(ctx, got, 4096); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back: %v, equal=%v", err, bytes.Equal(got, data))
+	}
+	if err := cl.WriteAt(ctx, []byte("fua!"), 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m.flushes != 2 { // the FUA write and the flush
+		t.Fatalf("backend saw %d flushes, want 2", m.flushes)
+	}
+	if err := cl.Unmap(ctx, 4096, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ReadAt(ctx, got[:4096], 4096); err != nil || !bytes.Equal(got[:4096], make([]byte, 4096)) {
+		t.Fatalf("unmapped range does not read as zeros: %v", err)
+	}
+	if err := cl.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRemoteErrorsAreTyped(t *testing.T) {
+	ctx := context.Background()
+	m := newMem(1 << 20)
+	m.epoch = 5
+	cl, _ := pipePair(t, m, 1, ClientOptions{})
+
+	err := cl.WriteAt(ctx, []byte("x"), 0, false)
+	if !errors.Is(err, CodeStaleEpoch) || !strings.Contains(err.Error(), "request epoch 0, replica epoch 5") {
+		t.Fatalf("stale epoch: got %v", err)
+	}
+	if err := cl.Ping(ctx); err != nil {
+		t.Fatalf("ping is not epoch-checked, got %v", err)
+	}
+	cl.SetEpoch(5)
+	if err := cl.ReadAt(ctx, make([]byte, 8192), 1<<20-4096); !errors.Is(err, CodeOutOfRange) {
+		t.Fatalf("read past the end: got %v", err)
+	}
+	if err := cl.Unmap(ctx, 1<<62, 4096); !errors.Is(err, CodeOutOfRange) {
+		t.Fatalf("unmap far past the end: got %v", err)
+	}
+	m.hook = func(op Op, off int64) error {
+		if op == OpWrite {
+			return fmt.Errorf("write: %w", syscall.ENOSPC)
+		}
+		return nil
+	}
+	if err := cl.WriteAt(ctx, []byte("x"), 0, false); !errors.Is(err, CodeNoSpace) {
+		t.Fatalf("ENOSPC: got %v", err)
+	}
+	m.hook = func(Op, int64) error { return errors.New("disk on fire") }
+	if err := cl.Flush(ctx); !errors.Is(err, CodeIO) || !strings.Contains(err.Error(), "disk on fire") {
+		t.Fatalf("I/O error: got %v", err)
+	}
+	// Error replies leave the client working.
+	m.hook = nil
+	if err := cl.WriteAt(ctx, []byte("ok"), 0, false); err != nil {
+		t.Fatalf("after error replies: %v", err)
+	}
+}
+
+// TestOutOfOrderCompletion holds the first request in the backend until a
+// later one on the same connection has completed.
+func TestOutOfOrderCompletion(t *testing.T) {
+	ctx := context.Background()
+	m := newMem(1 << 20)
+	release := make(chan struct{})
+	m.hook = func(op Op, off int64) error {
+		if op == OpRead && off == 0 {
+			<-release
+		}
+		return nil
+	}
+	cl, _ := pipePair(t, m, 1, ClientOptions{})
+	first := make(chan error, 1)
+	go func() { first <- cl.ReadAt(ctx, make([]byte, 4096), 0) }()
+	// The second request completes while the first is still held.
+	if err := cl.WriteAt(ctx, []byte("later"), 8192, false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-first:
+		t.Fatalf("first request completed before it was released: %v", err)
+	default:
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestConcurrentTCP runs many goroutines, each writing and verifying its own
+// region, over four loopback connections.
+func TestConcurrentTCP(t *testing.T) {
+	ctx := context.Background()
+	const workers, region = 16, 256 << 10
+	m := newMem(workers * region)
+	cl, _, _ := tcpPair(t, m, ClientOptions{Conns: 4})
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			model := make([]byte, region)
+			base := int64(w * region)
+			for it := range 200 {
+				off := r.IntN(region/4096) * 4096
+				n := (1 + r.IntN(8)) * 4096
+				if off+n > region {
+					n = region - off
+				}
+				buf := make([]byte, n)
+				for i := range buf {
+					buf[i] = byte(r.Uint32())
+				}
+				if err := cl.WriteAt(ctx, buf, base+int64(off), false); err != nil {
+					errs <- err
+					return
+				}
+				copy(model[off:], buf)
+				// Read back what was written; every 50 rounds, the whole region.
+				roff, rlen := off, n
+				if it%50 == 49 {
+					roff, rlen = 0, region
+				}
+				got := make([]byte, rlen)
+				if err := cl.ReadAt(ctx, got, base+int64(roff)); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(got, model[roff:roff+rlen]) {
+					errs <- fmt.Errorf("worker %d: bytes %d..%d differ from its model", w, roff, roff+rlen)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// TestWritesAreBatched checks that frames queued together go out in one
+// vectored write rather than one syscall each.
+func TestWritesAreBatched(t *testing.T) {
+	ctx := context.Background()
+	m := newMem(1 << 20)
+	release := make(chan struct{})
+	var once sync.Once
+	m.hook = func(op Op, off int64) error {
+		if op == OpPing {
+			return nil
+		}
+		once.Do(func() { <-release }) // hold the first request: replies stall, requests queue
+		return nil
+	}
+	cl, _, _ := tcpPair(t, m, ClientOptions{Conns: 1, PingInterval: -1})
+	var wg sync.WaitGroup
+	const n = 200
+	for i := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = cl.WriteAt(ctx, []byte("abcd"), int64(i)*4096, false) }()
+	}
+	close(release)
+	wg.Wait()
+	frames, batches := cl.SendStats()
+	if frames != n {
+		t.Fatalf("sent %d frames, want %d", frames, n)
+	}
+	if batches >= frames {
+		t.Fatalf("%d frames in %d writes: no batching", frames, batches)
+	}
+	t.Logf("%d frames in %d vectored writes", frames, batches)
+}
+
+func TestRequestTimeoutFailsClient(t *testing.T) {
+	ctx := context.Background()
+	m := newMem(1 << 20)
+	hang := make(chan struct{})
+	defer close(hang)
+	m.hook = func(op Op, off int64) error {
+		if op == OpRead {
+			<-hang
+		}
+		return nil
+	}
+	cl, _ := pipePair(t, m, 1, ClientOptions{RequestTimeout: 100 * time.Millisecond, PingInterval: -1})
+	err := cl.ReadAt(ctx, make([]byte, 4096), 0)
+	if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrClientFailed) {
+		t.Fatalf("got %v, want a timeout that fails the client", err)
+	}
+	if err := cl.Ping(ctx); !errors.Is(err, ErrClientFailed) {
+		t.Fatalf("a failed client accepted a request: %v", err)
+	}
+	<-cl.Done()
+}
+
+func TestContextCancelFailsPromptly(t *testing.T) {
+	m := newMem(1 << 20)
+	hang := make(chan struct{})
+	defer close(hang)
+	m.hook = func(op Op, off int64) error {
+		if op == OpWrite {
+			<-hang
+		}
+		return nil
+	}
+	cl, _ := pipePair(t, m, 1, ClientOptions{RequestTimeout: time.Hour, PingInterval: -1})
+	ctx, cancel := context.WithCancel(context.Background())
+	go cancel()
+	if err := cl.WriteAt(ctx, []byte("x"), 0, false); !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// TestPingDetectsHungServer: a peer that accepts and then never answers is
+// found dead by the liveness ping alone, with no request outstanding.
+func TestPingDetectsHungServer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // hold it open, never read
+		}
+	}()
+	cl, err := Dial(context.Background(), "tcp", l.Addr().String(),
+		ClientOptions{Conns: 1, PingInterval: 20 * time.Millisecond, PingTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	select {
+	case <-cl.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the client never noticed the hung server")
+	}
+	if !errors.Is(cl.Err(), ErrTimeout) {
+		t.Fatalf("got %v, want a ping timeout", cl.Err())
+	}
+}
+
+// TestServerRejectsMalformedStream: garbage closes that connection only.
+func TestServerRejectsMalformedStream(t *testing.T) {
+	m := newMem(1 << 20)
+	cl, _, addr := tcpPair(t, m, ClientOptions{Conns: 1})
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	bad := AppendFrame(nil, Header{Op: OpWrite, Length: 4}, []byte("abcd"))
+	bad[HeaderSize] ^= 0xff // payload no longer matches its checksum
+	if _, err := raw.Write(bad); err != nil {
+		t.Fatal(err)
+	}
+	_ = raw.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if n, err := raw.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("the server answered a corrupt frame (%d bytes)", n)
+	}
+	if m.data[0] != 0 {
+		t.Fatal("a corrupt write reached the backend")
+	}
+	if err := cl.Ping(context.Background()); err != nil {
+		t.Fatalf("other connections suffered: %v", err)
+	}
+}
+
+func TestShutdownDrainsInFlight(t *testing.T) {
+	ctx := context.Background()
+	m := newMem(1 << 20)
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	m.hook = func(op Op, off int64) error {
+		if op == OpWrite {
+			close(entered)
+			<-release
+		}
+		return nil
+	}
+	cl, srv, _ := tcpPair(t, m, ClientOptions{Conns: 1, PingInterval: -1})
+	res := make(chan error, 1)
+	go func() { res <- cl.WriteAt(ctx, []byte("last"), 0, false) }()
+	<-entered
+	shut := make(chan error, 1)
+	go func() { shut <- srv.Shutdown(context.Background()) }()
+	close(release)
+	if err := <-res; err != nil {
+		t.Fatalf("the in-flight write did not get its reply: %v", err)
+	}
+	if err := <-shut; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(m.data[:4], []byte("last")) {
+		t.Fatal("write lost")
+	}
+	if err := cl.Ping(ctx); err == nil {
+		t.Fatal("the server still serves after Shutdown")
+	}
+}
+
+// TestServerKilledMidStream runs the server in a child process, kills it
+// with SIGKILL while requests are in flight, and checks that every pending
+// request fails with a connection error, not a timeout.
+func TestServerKilledMidStream(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperServer$")
+	cmd.Env = append(os.Environ(), "DATACONN_HELPER_SERVER=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	line := make([]byte, 64)
+	n, err := out.Read(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := strings.TrimSpace(string(line[:n]))
+	cl, err := Dial(context.Background(), "tcp", addr, ClientOptions{Conns: 2, RequestTimeout: time.Hour, PingInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The helper's backend blocks every read forever: these stay pending.
+	const pending = 8
+	errs := make(chan error, pending)
+	for i := range pending {
+		go func() { errs <- cl.ReadAt(context.Background(), make([]byte, 4096), int64(i)*4096) }()
+	}
+	// Wait until all eight are in flight on the wire, then kill.
+	deadline := time.Now().Add(30 * time.Second)
+	for f, _ := cl.SendStats(); f < pending+1; f, _ = cl.SendStats() {
+		if time.Now().After(deadline) {
+			t.Fatal("requests never went out")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for range pending {
+		err := <-errs
+		if !errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrTimeout) {
+			t.Fatalf("pending request: got %v, want a lost connection", err)
+		}
+	}
+	_ = cmd.Wait()
+}
+
+// TestHelperServer is the child process of TestServerKilledMidStream.
+func TestHelperServer(t *testing.T) {
+	if os.Getenv("DATACONN_HELPER_SERVER") != "1" {
+		t.Skip("helper process for TestServerKilledMidStream")
+	}
+	m := newMem(1 << 20)
+	m.hook = func(op Op, off int64) error {
+		if op == OpRead {
+			select {} // never answer a read
+		}
+		return nil
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println(l.Addr().String())
+	_ = NewServer(m, ServerOptions{}).Serve(l)
+}

@@ -1,0 +1,399 @@
+package dataconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// Backend is the storage a Server serves. Offsets and lengths are in bytes;
+// the server checks them against Size before calling it. Implementations
+// must be safe for concurrent use.
+type Backend interface {
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+	// Flush makes every completed write durable.
+	Flush() error
+	// Unmap discards [off, off+length); the range reads as zeros after.
+	Unmap(off, length int64) error
+	Size() int64
+}
+
+// EpochChecker is implemented by backends that refuse requests from a stale
+// replica set (see docs/dataconn.md). CheckEpoch returns an error wrapping
+// CodeStaleEpoch when epoch is not the backend's current epoch.
+type EpochChecker interface {
+	CheckEpoch(epoch uint64) error
+}
+
+// ServerOptions configure a Server. Zero values take the defaults.
+type ServerOptions struct {
+	// Workers bounds how many requests run against the backend at once,
+	// across all connections. Default 4 × GOMAXPROCS.
+	Workers int
+	// MaxPayload bounds a frame's payload. Default DefaultMaxPayload.
+	MaxPayload uint32
+	// Logger receives connection-level events. Default: discard.
+	Logger logr.Logger
+}
+
+// ErrServerClosed is returned by Serve after Shutdown or Close.
+var ErrServerClosed = errors.New("dataconn: server closed")
+
+// Server serves a Backend over dataconn streams.
+type Server struct {
+	backend Backend
+	opts    ServerOptions
+	log     logr.Logger
+	pool    *bufPool
+	jobs    chan job
+
+	mu        sync.Mutex
+	closing   bool
+	listeners map[net.Listener]struct{}
+	conns     map[*serverConn]struct{}
+	connsWG   sync.WaitGroup
+	workersWG sync.WaitGroup
+	stopOnce  sync.Once
+}
+
+type job struct {
+	sc  *serverConn
+	h   Header
+	buf []byte // write payload, from the pool
+}
+
+type reply struct {
+	hdr     [HeaderSize]byte
+	payload []byte
+	pooled  bool // payload goes back to the pool once written
+}
+
+// NewServer returns a Server for b. Its workers start at once; Close or
+// Shutdown stop them.
+func NewServer(b Backend, opts ServerOptions) *Server {
+	if opts.Workers <= 0 {
+		opts.Workers = 4 * runtime.GOMAXPROCS(0)
+	}
+	if opts.MaxPayload == 0 {
+		opts.MaxPayload = DefaultMaxPayload
+	}
+	s := &Server{
+		backend:   b,
+		opts:      opts,
+		log:       opts.Logger,
+		pool:      newBufPool(opts.MaxPayload),
+		jobs:      make(chan job, opts.Workers),
+		listeners: map[net.Listener]struct{}{},
+		conns:     map[*serverConn]struct{}{},
+	}
+	s.workersWG.Add(opts.Workers)
+	for range opts.Workers {
+		go s.worker()
+	}
+	return s
+}
+
+// Serve accepts connections on l and serves each until the server shuts
+// down. It returns ErrServerClosed after Shutdown or Close.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return ErrServerClosed
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond) // transient (EMFILE and the like): back off, go on
+				continue
+			}
+			return err
+		}
+		s.ServeConn(nc)
+	}
+}
+
+// ServeConn serves one established stream in the background until it fails,
+// the peer closes it, or the server shuts down.
+func (s *Server) ServeConn(nc net.Conn) {
+	sc := &serverConn{s: s, nc: nc, replies: make(chan reply, 256), log: s.log.WithValues("peer", nc.RemoteAddr().String())}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		nc.Close()
+		return
+	}
+	s.conns[sc] = struct{}{}
+	s.connsWG.Add(1)
+	s.mu.Unlock()
+	go sc.run()
+}
+
+// Shutdown stops accepting connections and reading requests, lets every
+// request already read finish and its reply be written, then closes the
+// connections. If ctx ends first, it closes everything at once.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.beginClose()
+	s.mu.Lock()
+	for sc := range s.conns {
+		// Unblock the reader; it stops reading and drains what it started.
+		_ = sc.nc.SetReadDeadline(time.Now())
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.connsWG.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.closeConns()
+		<-done
+	}
+	s.stopWorkers()
+	return ctx.Err()
+}
+
+// Close closes every listener and connection at once. Requests in flight
+// get no reply.
+func (s *Server) Close() error {
+	s.beginClose()
+	s.closeConns()
+	s.connsWG.Wait()
+	s.stopWorkers()
+	return nil
+}
+
+func (s *Server) beginClose() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closing = true
+	for l := range s.listeners {
+		l.Close()
+	}
+}
+
+func (s *Server) closeConns() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sc := range s.conns {
+		sc.nc.Close()
+	}
+}
+
+func (s *Server) stopWorkers() {
+	s.stopOnce.Do(func() { close(s.jobs) })
+	s.workersWG.Wait()
+}
+
+func (s *Server) worker() {
+	defer s.workersWG.Done()
+	for j := range s.jobs {
+		s.handle(j)
+		j.sc.inflight.Done()
+	}
+}
+
+// handle runs one request against the backend and queues its reply.
+func (s *Server) handle(j job) {
+	h := j.h
+	rh := Header{Op: h.Op.Reply(), Seq: h.Seq, Offset: h.Offset, Epoch: h.Epoch, Length: h.Length}
+	var payload []byte
+	pooled := false
+	err := s.check(h)
+	if err == nil {
+		switch h.Op {
+		case OpRead:
+			payload = s.pool.get(int(h.Length))
+			pooled = true
+			_, err = s.backend.ReadAt(payload, int64(h.Offset))
+		case OpWrite:
+			_, err = s.backend.WriteAt(j.buf, int64(h.Offset))
+			if err == nil && h.Flags&FlagFUA != 0 {
+				err = s.backend.Flush()
+			}
+		case OpFlush:
+			err = s.backend.Flush()
+		case OpUnmap:
+			err = s.backend.Unmap(int64(h.Offset), int64(h.Length))
+		case OpPing:
+		default:
+			err = fmt.Errorf("%w: %s", CodeUnsupported, h.Op)
+		}
+	}
+	if j.buf != nil {
+		s.pool.put(j.buf)
+	}
+	if err != nil {
+		if pooled {
+			s.pool.put(payload)
+			pooled = false
+		}
+		rh.Code = codeOf(err)
+		rh.Length = 0
+		payload = []byte(err.Error())
+		if len(payload) > int(s.opts.MaxPayload) {
+			payload = payload[:s.opts.MaxPayload]
+		}
+	}
+	r := reply{payload: payload, pooled: pooled}
+	rh.PayloadLen = uint32(len(payload))
+	rh.PayloadCRC = Checksum(payload)
+	PutHeader(r.hdr[:], &rh)
+	j.sc.replies <- r
+}
+
+// check validates a request against the volume and the epoch.
+func (s *Server) check(h Header) error {
+	if h.Op == OpPing {
+		return nil
+	}
+	if ec, ok := s.backend.(EpochChecker); ok {
+		if err := ec.CheckEpoch(h.Epoch); err != nil {
+			return err
+		}
+	}
+	switch h.Op {
+	case OpRead, OpWrite, OpUnmap:
+		size := uint64(s.backend.Size())
+		if h.Offset > size || uint64(h.Length) > size-h.Offset {
+			return fmt.Errorf("%w: %s of %d bytes at offset %d, volume size %d", CodeOutOfRange, h.Op, h.Length, h.Offset, size)
+		}
+	}
+	return nil
+}
+
+// codeOf maps a backend error to a wire code.
+func codeOf(err error) Code {
+	var c Code
+	switch {
+	case errors.As(err, &c):
+		return c
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return CodeNoSpace
+	}
+	return CodeIO
+}
+
+type serverConn struct {
+	s        *Server
+	nc       net.Conn
+	log      logr.Logger
+	replies  chan reply
+	inflight sync.WaitGroup
+}
+
+func (sc *serverConn) run() {
+	defer sc.s.connsWG.Done()
+	writerDone := make(chan struct{})
+	go func() { sc.writeLoop(); close(writerDone) }()
+	err := sc.readLoop()
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
+		var ne net.Error
+		if !(errors.As(err, &ne) && ne.Timeout()) { // the read deadline Shutdown sets
+			sc.log.Info("closing connection", "reason", err.Error())
+		}
+	}
+	sc.inflight.Wait() // every request read gets its reply queued
+	close(sc.replies)
+	<-writerDone
+	sc.nc.Close()
+	sc.s.mu.Lock()
+	delete(sc.s.conns, sc)
+	sc.s.mu.Unlock()
+}
+
+func (sc *serverConn) readLoop() error {
+	var hb [HeaderSize]byte
+	for {
+		if _, err := io.ReadFull(sc.nc, hb[:]); err != nil {
+			return err
+		}
+		h, err := ParseHeader(hb[:], sc.s.opts.MaxPayload)
+		if err != nil {
+			return err
+		}
+		if h.Op.IsReply() {
+			return fmt.Errorf("%w: the client sent a reply (%s)", ErrMalformed, h.Op)
+		}
+		var buf []byte
+		if h.PayloadLen > 0 {
+			buf = sc.s.pool.get(int(h.PayloadLen))
+			if _, err := io.ReadFull(sc.nc, buf); err != nil {
+				sc.s.pool.put(buf)
+				return unexpectedEOF(err)
+			}
+			if got := Checksum(buf); got != h.PayloadCRC {
+				sc.s.pool.put(buf)
+				return fmt.Errorf("%w: %s seq %d", ErrPayloadChecksum, h.Op, h.Seq)
+			}
+		}
+		sc.inflight.Add(1)
+		sc.s.jobs <- job{sc: sc, h: h, buf: buf}
+	}
+}
+
+// writeLoop writes queued replies, batching every reply that is ready into
+// one vectored write.
+func (sc *serverConn) writeLoop() {
+	batch := make([]reply, 0, 64)
+	var bufs net.Buffers
+	failed := false
+	for r := range sc.replies {
+		batch = append(batch[:0], r)
+	drain:
+		for len(batch) < cap(batch) {
+			select {
+			case r, ok := <-sc.replies:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		if !failed {
+			bufs = bufs[:0]
+			for i := range batch {
+				bufs = append(bufs, batch[i].hdr[:])
+				if len(batch[i].payload) > 0 {
+					bufs = append(bufs, batch[i].payload)
+				}
+			}
+			v := bufs // WriteTo consumes its receiver; keep bufs' backing array
+			if _, err := v.WriteTo(sc.nc); err != nil {
+				failed = true // keep draining so workers never block; the reader sees the close
+				sc.nc.Close()
+			}
+		}
+		for i := range batch {
+			if batch[i].pooled {
+				sc.s.pool.put(batch[i].payload)
+			}
+			batch[i] = reply{}
+		}
+	}
+}
