@@ -1,0 +1,385 @@
+package replica
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+func open(t *testing.T, dir string, size int64) *Replica {
+	t.Helper()
+	r, err := Open(dir, Options{Size: size, ClearDelay: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// model is the expected content of the volume and of each snapshot.
+type model struct {
+	data  []byte
+	snaps []string          // oldest first
+	saved map[string][]byte // content when each snapshot was taken
+}
+
+func (m *model) check(t *testing.T, r *Replica, what string) {
+	t.Helper()
+	got := make([]byte, len(m.data))
+	if _, err := r.ReadAt(got, 0); err != nil {
+		t.Fatalf("%s: read all: %v", what, err)
+	}
+	if !bytes.Equal(got, m.data) {
+		for i := range got {
+			if got[i] != m.data[i] {
+				t.Fatalf("%s: first difference at byte %d (block %d): got %d want %d", what, i, i/BlockSize, got[i], m.data[i])
+			}
+		}
+	}
+	snaps, err := r.Snapshots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i, s := range snaps {
+		names = append(names, s.Name)
+		if i > 0 && s.Parent != snaps[i-1].Name {
+			t.Fatalf("%s: snapshot %s has parent %q, want %q", what, s.Name, s.Parent, snaps[i-1].Name)
+		}
+	}
+	if fmt.Sprint(names) != fmt.Sprint(m.snaps) {
+		t.Fatalf("%s: snapshots %v, want %v", what, names, m.snaps)
+	}
+}
+
+// TestReplicaMatchesModel runs random operations, unaligned ones included,
+// against a replica and a byte-slice model, reopening it now and then.
+func TestReplicaMatchesModel(t *testing.T) {
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			dir := t.TempDir()
+			size := int64(3<<20 + 5*BlockSize)
+			r := open(t, dir, size)
+			defer func() { r.Close() }()
+			m := &model{data: make([]byte, size), saved: map[string][]byte{}}
+			rng := rand.New(rand.NewPCG(seed, 99))
+			randRange := func(max int64) (int64, int64) {
+				size := int64(len(m.data))
+				off := rng.Int64N(size)
+				if rng.IntN(2) == 0 {
+					off -= off % BlockSize
+				}
+				n := 1 + rng.Int64N(min(max, size-off))
+				return off, n
+			}
+			next := 0
+			for it := range 600 {
+				switch op := rng.IntN(100); {
+				case op < 40:
+					off, n := randRange(64 << 10)
+					p := make([]byte, n)
+					for i := range p {
+						p[i] = byte(rng.Uint32() | 1)
+					}
+					if _, err := r.WriteAt(p, off); err != nil {
+						t.Fatal(err)
+					}
+					copy(m.data[off:], p)
+				case op < 55:
+					off, n := randRange(256 << 10)
+					got := make([]byte, n)
+					if _, err := r.ReadAt(got, off); err != nil {
+						t.Fatal(err)
+					}
+					if !bytes.Equal(got, m.data[off:off+n]) {
+						t.Fatalf("it %d: read %d@%d differs", it, n, off)
+					}
+				case op < 65:
+					off, n := randRange(512 << 10)
+					if err := r.Unmap(off, n); err != nil {
+						t.Fatal(err)
+					}
+					clear(m.data[off : off+n])
+				case op < 73:
+					name := fmt.Sprintf("s%d", next)
+					next++
+					if err := r.Snapshot(name, true); err != nil {
+						t.Fatal(err)
+					}
+					m.snaps = append(m.snaps, name)
+					m.saved[name] = append([]byte(nil), m.data...)
+				case op < 80 && len(m.snaps) > 0:
+					i := rng.IntN(len(m.snaps))
+					if err := r.DeleteSnapshot(m.snaps[i]); err != nil {
+						t.Fatal(err)
+					}
+					delete(m.saved, m.snaps[i])
+					m.snaps = append(m.snaps[:i:i], m.snaps[i+1:]...)
+				case op < 84 && len(m.snaps) > 0:
+					i := rng.IntN(len(m.snaps))
+					name := m.snaps[i]
+					if err := r.Revert(name); err != nil {
+						t.Fatal(err)
+					}
+					for _, s := range m.snaps[i+1:] {
+						delete(m.saved, s)
+					}
+					m.snaps = m.snaps[:i+1]
+					m.data = append(m.data[:0:0], m.saved[name]...)
+					// The snapshot is older than any expansion since: pad.
+					if grow := r.Size() - int64(len(m.data)); grow > 0 {
+						m.data = append(m.data, make([]byte, grow)...)
+					}
+				case op < 87:
+					ns := r.Size() + int64(1+rng.IntN(4))*BlockSize
+					if err := r.Expand(ns); err != nil {
+						t.Fatal(err)
+					}
+					m.data = append(m.data, make([]byte, ns-int64(len(m.data)))...)
+				case op < 92:
+					if err := r.Flush(); err != nil {
+						t.Fatal(err)
+					}
+				default:
+					if err := r.Close(); err != nil {
+						t.Fatal(err)
+					}
+					r = open(t, dir, 0)
+					m.check(t, r, fmt.Sprintf("it %d after reopen", it))
+				}
+			}
+			m.check(t, r, "end")
+		})
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f")
+	os.WriteFile(file, []byte("x"), 0o600)
+	if _, err := Open(file, Options{Size: 1 << 20}); !errors.Is(err, ErrNotReplica) {
+		t.Fatalf("a file: %v", err)
+	}
+	other := filepath.Join(dir, "other")
+	os.MkdirAll(other, 0o700)
+	os.WriteFile(filepath.Join(other, "precious.db"), []byte("x"), 0o600)
+	if _, err := Open(other, Options{Size: 1 << 20}); !errors.Is(err, ErrNotReplica) {
+		t.Fatalf("a non-empty directory: %v", err)
+	}
+	if _, err := Open(filepath.Join(dir, "new"), Options{}); !errors.Is(err, ErrNotReplica) {
+		t.Fatalf("no size, no replica: %v", err)
+	}
+	if _, err := Open(filepath.Join(dir, "odd"), Options{Size: 1000}); !errors.Is(err, ErrInvalidSize) {
+		t.Fatalf("unaligned size: %v", err)
+	}
+	good := filepath.Join(dir, "good")
+	r := open(t, good, 1<<20)
+	r.Close()
+	if _, err := Open(good, Options{Size: 2 << 20}); !errors.Is(err, ErrSizeMismatch) {
+		t.Fatalf("size mismatch: %v", err)
+	}
+	r = open(t, good, 1<<20) // same size is fine
+	defer r.Close()
+	if _, err := r.ReadAt(make([]byte, 2), 1<<20-1); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("read past the end: %v", err)
+	}
+	if err := r.Snapshot("../x", true); !errors.Is(err, ErrInvalidName) {
+		t.Fatalf("bad name: %v", err)
+	}
+	if err := r.Snapshot("a", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Snapshot("a", true); !errors.Is(err, ErrSnapshotExists) {
+		t.Fatalf("duplicate: %v", err)
+	}
+	if err := r.DeleteSnapshot("zz"); !errors.Is(err, ErrSnapshotNotFound) {
+		t.Fatalf("missing: %v", err)
+	}
+	if err := r.Expand(4096); !errors.Is(err, ErrInvalidSize) {
+		t.Fatalf("shrink: %v", err)
+	}
+}
+
+func allocated(t *testing.T, path string) int64 {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// TestUnmapSemantics: unmapped ranges read as zeros; space is freed where
+// no snapshot holds older data, and older data never shows through.
+func TestUnmapSemantics(t *testing.T) {
+	dir := t.TempDir()
+	r := open(t, dir, 8<<20)
+	defer r.Close()
+	ones := bytes.Repeat([]byte{1}, 4<<20)
+	r.WriteAt(ones, 0)
+	r.Flush()
+	headPath := filepath.Join(dir, r.meta.Head)
+	before := allocated(t, headPath)
+	if err := r.Unmap(0, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	if after := allocated(t, headPath); after > before-(2<<20) {
+		t.Fatalf("unmap without snapshots freed %d bytes, want 2 MiB", before-after)
+	}
+	// Now with older data in a snapshot below.
+	r.Snapshot("base", true)
+	r.WriteAt(bytes.Repeat([]byte{2}, 4096), 3<<20)
+	if err := r.Unmap(3<<20-100, 1<<20); err != nil { // unaligned, over snapshot data
+		t.Fatal(err)
+	}
+	got := make([]byte, 1<<20)
+	r.ReadAt(got, 3<<20-100)
+	if !bytes.Equal(got, make([]byte, 1<<20)) {
+		t.Fatal("unmapped range over a snapshot does not read as zeros")
+	}
+	edge := make([]byte, 2)
+	r.ReadAt(edge, 3<<20-101)
+	if edge[0] != 1 || edge[1] != 0 {
+		t.Fatalf("bytes around the unmap: %v, want [1 0]", edge)
+	}
+	// And it stays so after reopening (the zeros are real, not an index trick).
+	r.Close()
+	r = open(t, dir, 0)
+	r.ReadAt(got, 3<<20-100)
+	if !bytes.Equal(got, make([]byte, 1<<20)) {
+		t.Fatal("after reopen, snapshot data shows through an unmapped range")
+	}
+}
+
+func TestDebrisRemovedOnOpen(t *testing.T) {
+	dir := t.TempDir()
+	r := open(t, dir, 1<<20)
+	r.Close()
+	os.WriteFile(filepath.Join(dir, "layer-000099.img"), []byte("orphan"), 0o600)
+	os.WriteFile(filepath.Join(dir, "volume.meta.tmp"), []byte("{half"), 0o600)
+	r = open(t, dir, 0)
+	defer r.Close()
+	for _, f := range []string{"layer-000099.img", "volume.meta.tmp"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s survived open: %v", f, err)
+		}
+	}
+}
+
+func TestEpochPersists(t *testing.T) {
+	dir := t.TempDir()
+	r := open(t, dir, 1<<20)
+	if err := r.CheckEpoch(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetEpoch(7, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CheckEpoch(6); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("old epoch accepted: %v", err)
+	}
+	r.Close()
+	r = open(t, dir, 0)
+	defer r.Close()
+	if r.Epoch() != 7 || r.CheckEpoch(7) != nil {
+		t.Fatalf("epoch after reopen: %d", r.Epoch())
+	}
+}
+
+func TestWriteIntentBitmap(t *testing.T) {
+	dir := t.TempDir()
+	r, err := Open(dir, Options{Size: 16 << 20, RegionSize: 1 << 20, ClearDelay: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirty := func() []int64 {
+		in, err := r.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []int64
+		for i := range in.Dirty.Count {
+			if in.Dirty.IsDirty(i) {
+				out = append(out, i)
+			}
+		}
+		return out
+	}
+	// A new replica starts clean.
+	if d := dirty(); len(d) != 0 {
+		t.Fatalf("new replica dirty: %v", d)
+	}
+	r.WriteAt([]byte("x"), 3<<20+5)
+	r.WriteAt(make([]byte, 8192), 5<<20-4096) // spans regions 4 and 5
+	if d := fmt.Sprint(dirty()); d != "[3 4 5]" {
+		t.Fatalf("dirty after writes: %s", d)
+	}
+	// Degraded (the default after open): a flush clears nothing.
+	r.Flush()
+	r.Flush()
+	if d := fmt.Sprint(dirty()); d != "[3 4 5]" {
+		t.Fatalf("degraded flush cleared bits: %s", d)
+	}
+	// The bits are durable: a crash (no Close) and reopen keeps them.
+	r2dir := dir
+	r.Close()
+	r, _ = Open(r2dir, Options{ClearDelay: -1})
+	if d := fmt.Sprint(dirty()); d != "[3 4 5]" {
+		t.Fatalf("dirty after reopen: %s", d)
+	}
+	// A complete set: the first flush rotates the window, the second clears.
+	r.SetEpoch(1, false)
+	r.Flush()
+	r.Flush()
+	if d := dirty(); len(d) != 0 {
+		t.Fatalf("clean set, quiet regions, two flushes: still dirty %v", d)
+	}
+	r.WriteAt([]byte("y"), 9<<20)
+	r.Flush() // written in the current window: kept
+	if d := fmt.Sprint(dirty()); d != "[9]" {
+		t.Fatalf("recently written region: %s", d)
+	}
+	// A revert marks everything.
+	r.Snapshot("s", true)
+	r.Revert("s")
+	if n := len(dirty()); n != 16 {
+		t.Fatalf("after revert %d dirty regions, want all 16", n)
+	}
+	r.Close()
+	// A missing bitmap on an existing replica: assume everything differs.
+	os.Remove(filepath.Join(dir, dirtyFileName))
+	r, _ = Open(dir, Options{ClearDelay: -1})
+	defer r.Close()
+	if n := len(dirty()); n != 16 {
+		t.Fatalf("lost bitmap: %d dirty regions, want all 16", n)
+	}
+}
+
+func TestSnapshotDeleteKeepsData(t *testing.T) {
+	dir := t.TempDir()
+	r := open(t, dir, 1<<20)
+	defer r.Close()
+	r.WriteAt(bytes.Repeat([]byte{1}, 8192), 0)
+	r.Snapshot("a", true)
+	r.WriteAt(bytes.Repeat([]byte{2}, 4096), 4096)
+	r.Snapshot("b", false)
+	r.WriteAt(bytes.Repeat([]byte{3}, 4096), 8192)
+	want := append(append(bytes.Repeat([]byte{1}, 4096), bytes.Repeat([]byte{2}, 4096)...), bytes.Repeat([]byte{3}, 4096)...)
+	for _, name := range []string{"a", "b"} {
+		if err := r.DeleteSnapshot(name); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(want))
+		r.ReadAt(got, 0)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("after deleting %s the data changed", name)
+		}
+	}
+	in, _ := r.Info()
+	if len(in.Snapshots) != 0 || in.HeadBytes != 3*4096 {
+		t.Fatalf("after deleting both: %+v", in)
+	}
+}

@@ -1,0 +1,300 @@
+package replica
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// SnapshotInfo describes one snapshot in the chain.
+type SnapshotInfo struct {
+	Name        string
+	Parent      string // the next older snapshot; "" for the oldest
+	Created     time.Time
+	UserCreated bool
+	// DataBytes is the data this layer holds itself (allocated blocks).
+	DataBytes int64
+}
+
+// Info is a summary of the replica.
+type Info struct {
+	Dir       string
+	Size      int64
+	Epoch     uint64
+	Head      string
+	HeadBytes int64 // data held by the head layer
+	Snapshots []SnapshotInfo
+	Dirty     DirtyRegions
+	// IndexBytes is the memory the block indexes of all layers take.
+	IndexBytes int64
+}
+
+// Info returns the replica's size, epoch, chain and dirty regions.
+func (r *Replica) Info() (Info, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return Info{}, ErrClosed
+	}
+	in := Info{Dir: r.dir, Size: r.size.Load(), Epoch: r.epoch.Load(), Head: r.meta.Head, Snapshots: r.snapshotsLocked(), Dirty: r.dirty.snapshot()}
+	in.HeadBytes = r.head().idx.count() * BlockSize
+	for _, l := range r.layers {
+		in.IndexBytes += l.idx.memBytes()
+	}
+	return in, nil
+}
+
+// Snapshots lists the snapshots, oldest first.
+func (r *Replica) Snapshots() ([]SnapshotInfo, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return nil, ErrClosed
+	}
+	return r.snapshotsLocked(), nil
+}
+
+func (r *Replica) snapshotsLocked() []SnapshotInfo {
+	out := make([]SnapshotInfo, 0, len(r.meta.Snapshots))
+	for i, s := range r.meta.Snapshots {
+		si := SnapshotInfo{Name: s.Name, Created: s.Created, UserCreated: s.UserCreated, DataBytes: r.layers[i].idx.count() * BlockSize}
+		if i > 0 {
+			si.Parent = r.meta.Snapshots[i-1].Name
+		}
+		out = append(out, si)
+	}
+	return out
+}
+
+func (r *Replica) findSnapshot(name string) int {
+	for i, s := range r.meta.Snapshots {
+		if s.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// commit writes m as the new metadata; on success it becomes r.meta.
+func (r *Replica) commit(m metadata) error {
+	if err := writeMeta(r.dir, m); err != nil {
+		return err
+	}
+	r.meta = m
+	return nil
+}
+
+// Snapshot makes the current head an immutable snapshot called name and
+// puts a new empty head on top. The engine pauses I/O around it so that
+// every replica snapshots the same data.
+//
+// Crash story: the new head file is created and synced first; the
+// metadata naming it is committed next (atomically). A crash before the
+// commit leaves the old metadata and an unnamed file, removed on open; a
+// crash after leaves the snapshot taken.
+func (r *Replica) Snapshot(name string, userCreated bool) error {
+	if !snapshotName.MatchString(name) {
+		return fmt.Errorf("%w: %q: use 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalidName, name)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	if r.findSnapshot(name) >= 0 {
+		return fmt.Errorf("%w: %q", ErrSnapshotExists, name)
+	}
+	old := r.head()
+	if err := old.f.Sync(); err != nil {
+		return fmt.Errorf("snapshot %s: sync head: %w", name, err)
+	}
+	m := r.meta
+	newHead := layerFile(m.NextLayer)
+	m.NextLayer++
+	if err := newLayerFile(r.dir, newHead, m.Size); err != nil {
+		return fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	nl, err := openLayer(r.dir, newHead, "")
+	if err != nil {
+		os.Remove(filepath.Join(r.dir, newHead))
+		return fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	nl.idx.grow(m.Size / BlockSize)
+	m.Snapshots = append(append([]snapshotMeta(nil), m.Snapshots...),
+		snapshotMeta{Name: name, File: old.file, Created: time.Now().UTC(), UserCreated: userCreated})
+	m.Head = newHead
+	if err := r.commit(m); err != nil {
+		nl.f.Close()
+		os.Remove(filepath.Join(r.dir, newHead))
+		return fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	old.name = name
+	r.layers = append(r.layers, nl)
+	r.log.Info("snapshot created", "name", name)
+	return nil
+}
+
+// DeleteSnapshot removes a snapshot by merging its blocks into its child
+// (the next newer snapshot or the head) wherever the child has none, which
+// leaves what every read returns unchanged.
+//
+// Crash story: blocks are copied into the child first; since each copied
+// block equals what a read through the chain already returned, a crash
+// mid-copy changes nothing visible. The child is synced, then metadata
+// without the snapshot is committed, then the file is removed (a crash
+// before the removal leaves a file that open deletes).
+func (r *Replica) DeleteSnapshot(name string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	i := r.findSnapshot(name)
+	if i < 0 {
+		return fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
+	}
+	src, child := r.layers[i], r.layers[i+1]
+	buf := make([]byte, 1<<20)
+	blocks := src.idx.blocks
+	for b := int64(0); b < blocks; {
+		n, data := src.idx.run(b, blocks-b)
+		if data {
+			for c := b; c < b+n; {
+				cn, has := child.idx.run(c, b+n-c)
+				if !has {
+					if err := copyBlocks(src, child, c, cn, buf); err != nil {
+						return fmt.Errorf("delete snapshot %s: %w", name, err)
+					}
+				}
+				c += cn
+			}
+		}
+		b += n
+	}
+	if err := child.f.Sync(); err != nil {
+		return fmt.Errorf("delete snapshot %s: sync: %w", name, err)
+	}
+	m := r.meta
+	m.Snapshots = append(append([]snapshotMeta(nil), m.Snapshots[:i]...), m.Snapshots[i+1:]...)
+	if err := r.commit(m); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", name, err)
+	}
+	src.f.Close()
+	r.layers = append(r.layers[:i:i], r.layers[i+1:]...)
+	if err := os.Remove(filepath.Join(r.dir, src.file)); err != nil {
+		r.log.Error(err, "removing a deleted snapshot's file failed; the next open removes it", "file", src.file)
+	}
+	r.log.Info("snapshot deleted", "name", name)
+	return nil
+}
+
+// copyBlocks copies blocks [b, b+n) from one layer's file to another's.
+func copyBlocks(from, to *layer, b, n int64, buf []byte) error {
+	for n > 0 {
+		k := min(n, int64(len(buf))/BlockSize)
+		p := buf[:k*BlockSize]
+		if _, err := from.f.ReadAt(p, b*BlockSize); err != nil {
+			return fmt.Errorf("read %s: %w", from.file, err)
+		}
+		if _, err := to.f.WriteAt(p, b*BlockSize); err != nil {
+			return fmt.Errorf("write %s: %w", to.file, err)
+		}
+		to.idx.set(b, k)
+		b += k
+		n -= k
+	}
+	return nil
+}
+
+// Revert discards the head and every snapshot newer than name, and puts a
+// new empty head on top of name: the volume then reads as it did when name
+// was taken. The replica must not be serving I/O (the engine detaches the
+// frontend first). Every region is marked dirty, since the data changed
+// wholesale.
+//
+// Crash story: the new head is created, then the metadata committed, then
+// the discarded files removed; a crash leaves either the old chain or the
+// reverted one, plus files that open deletes.
+func (r *Replica) Revert(name string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	i := r.findSnapshot(name)
+	if i < 0 {
+		return fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
+	}
+	m := r.meta
+	newHead := layerFile(m.NextLayer)
+	m.NextLayer++
+	if err := newLayerFile(r.dir, newHead, m.Size); err != nil {
+		return fmt.Errorf("revert to %s: %w", name, err)
+	}
+	nl, err := openLayer(r.dir, newHead, "")
+	if err != nil {
+		return fmt.Errorf("revert to %s: %w", name, err)
+	}
+	nl.idx.grow(m.Size / BlockSize)
+	if err := r.dirty.markAll(); err != nil {
+		nl.f.Close()
+		return fmt.Errorf("revert to %s: %w", name, err)
+	}
+	m.Snapshots = append([]snapshotMeta(nil), m.Snapshots[:i+1]...)
+	m.Head = newHead
+	if err := r.commit(m); err != nil {
+		nl.f.Close()
+		return fmt.Errorf("revert to %s: %w", name, err)
+	}
+	dropped := r.layers[i+1:]
+	r.layers = append(r.layers[:i+1:i+1], nl)
+	for _, l := range dropped {
+		l.f.Close()
+		if err := os.Remove(filepath.Join(r.dir, l.file)); err != nil {
+			r.log.Error(err, "removing a discarded layer failed; the next open removes it", "file", l.file)
+		}
+	}
+	r.log.Info("reverted", "snapshot", name, "discarded layers", len(dropped))
+	return nil
+}
+
+// Expand grows the volume to size bytes (a multiple of 4096, not smaller
+// than the current size). The new space reads as zeros.
+//
+// Crash story: the head is extended and synced before the metadata is
+// committed; a crash in between leaves a longer head that open trims back.
+func (r *Replica) Expand(size int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	cur := r.meta.Size
+	if size%BlockSize != 0 || size < cur {
+		return fmt.Errorf("%w: cannot expand from %d to %d bytes: the new size must be a multiple of %d and at least the current size",
+			ErrInvalidSize, cur, size, BlockSize)
+	}
+	if size == cur {
+		return nil
+	}
+	head := r.head()
+	if err := head.f.Truncate(size); err != nil {
+		return fmt.Errorf("expand: %w", err)
+	}
+	if err := head.f.Sync(); err != nil {
+		return fmt.Errorf("expand: %w", err)
+	}
+	if err := r.dirty.grow(size); err != nil {
+		return fmt.Errorf("expand: %w", err)
+	}
+	m := r.meta
+	m.Size = size
+	if err := r.commit(m); err != nil {
+		return fmt.Errorf("expand: %w", err)
+	}
+	head.idx.grow(size / BlockSize)
+	r.size.Store(size)
+	r.log.Info("expanded", "from", cur, "to", size)
+	return nil
+}
