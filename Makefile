@@ -28,8 +28,14 @@ KUSTOMIZE_VERSION ?= v5.7.1
 ENVTEST_K8S_VERSION ?= 1.37.1
 ENVTEST_ETCD_VERSION ?= 3.7.3
 
+PROTOC_GEN_GO_VERSION ?= v1.36.11
+PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
+
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 KUSTOMIZE ?= $(LOCALBIN)/kustomize-$(KUSTOMIZE_VERSION)
+PROTOC_GEN_GO ?= $(LOCALBIN)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)
+PROTOC_GEN_GO_GRPC ?= $(LOCALBIN)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)
+PROTOS := $(shell find dataplane/api -name '*.proto' 2>/dev/null)
 
 ##@ General
 
@@ -47,8 +53,16 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs (config/crd/bases) and RBAC (confi
 	  output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate DeepCopy methods (api/v1alpha1/zz_generated.deepcopy.go).
+generate: $(CONTROLLER_GEN) proto ## Generate DeepCopy methods (api/v1alpha1/zz_generated.deepcopy.go) and gRPC code.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
+
+.PHONY: proto
+proto: $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Generate Go code from dataplane/api/**/*.proto (protoc from Debian's protobuf-compiler).
+	hack/install-protoc.sh
+	cd dataplane/api && protoc --proto_path=. \
+	  --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=paths=source_relative \
+	  --plugin=protoc-gen-go-grpc=$(PROTOC_GEN_GO_GRPC) --go-grpc_out=. --go-grpc_opt=paths=source_relative \
+	  $(patsubst dataplane/api/%,%,$(PROTOS))
 
 .PHONY: fmt
 fmt: ## Run gofmt -w on both modules.
@@ -64,7 +78,7 @@ lint: vet ## go vet plus a gofmt check (fails on unformatted files).
 	if [[ -n "$$unformatted" ]]; then echo "not gofmt -s formatted (run 'make fmt'):"; echo "$$unformatted"; exit 1; fi
 
 .PHONY: verify
-verify: $(CONTROLLER_GEN) $(KUSTOMIZE) ## Regenerate code and manifests and fail if that changes anything; build kustomizations.
+verify: $(CONTROLLER_GEN) $(KUSTOMIZE) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate code and manifests and fail if that changes anything; build kustomizations.
 	CONTROLLER_GEN=$(CONTROLLER_GEN) hack/verify-generated.sh
 	@for k in config/crd config/rbac config/samples config/default; do \
 	  $(KUSTOMIZE) build $$k >/dev/null || { echo "kustomize build $$k failed"; exit 1; }; done
@@ -137,5 +151,11 @@ $(CONTROLLER_GEN): | $(LOCALBIN)
 $(KUSTOMIZE): | $(LOCALBIN)
 	hack/go-install-tool.sh $@ sigs.k8s.io/kustomize/kustomize/v5 $(KUSTOMIZE_VERSION)
 
+$(PROTOC_GEN_GO): | $(LOCALBIN)
+	hack/go-install-tool.sh $@ google.golang.org/protobuf/cmd/protoc-gen-go $(PROTOC_GEN_GO_VERSION)
+
+$(PROTOC_GEN_GO_GRPC): | $(LOCALBIN)
+	hack/go-install-tool.sh $@ google.golang.org/grpc/cmd/protoc-gen-go-grpc $(PROTOC_GEN_GO_GRPC_VERSION)
+
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(KUSTOMIZE) envtest ## Install every pinned tool.
+tools: $(CONTROLLER_GEN) $(KUSTOMIZE) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) envtest ## Install every pinned tool.

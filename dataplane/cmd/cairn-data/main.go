@@ -1,34 +1,45 @@
 // Command cairn-data is Cairn's data-plane binary. Each part of the data
-// plane is a subcommand; they are added as they are built.
+// plane is a subcommand.
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/cairn-io/cairn/dataplane"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
 func usage(w io.Writer) {
 	fmt.Fprint(w, `usage: cairn-data <command> [flags]
 
 commands:
+  replica   serve one replica directory over dataconn (data) and gRPC (control)
   version   print the data-plane version
   help      print this message
+
+Run 'cairn-data <command> -h' for a command's flags.
 `)
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		usage(stderr)
 		return 2
 	}
 	switch args[0] {
+	case "replica":
+		return runReplica(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, dataplane.Version)
 		return 0

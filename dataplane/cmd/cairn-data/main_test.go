@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 )
@@ -19,7 +20,7 @@ func TestRun(t *testing.T) {
 		{args: []string{"bogus"}, code: 2, inStderr: `unknown command "bogus"`},
 	} {
 		var out, errb bytes.Buffer
-		if code := run(tc.args, &out, &errb); code != tc.code {
+		if code := run(context.Background(), tc.args, &out, &errb); code != tc.code {
 			t.Errorf("run(%q) = %d, want %d", tc.args, code, tc.code)
 		}
 		if !strings.Contains(out.String(), tc.inStdout) {

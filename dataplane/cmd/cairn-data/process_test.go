@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	grpcstatus "google.golang.org/grpc/status"
+
+	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
+	"github.com/cairn-io/cairn/dataplane/dataconn"
+)
+
+// TestMain lets tests run this package's main code as a real child
+// process: with CAIRN_DATA_EXEC=1 the test binary acts as cairn-data.
+func TestMain(m *testing.M) {
+	if os.Getenv("CAIRN_DATA_EXEC") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// proc is a running cairn-data child process.
+type proc struct {
+	cmd     *exec.Cmd
+	data    string
+	control string
+	stderr  *syncBuffer
+	exited  chan struct{}
+	waitErr error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// command returns a cairn-data command from the test binary.
+func command(args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "CAIRN_DATA_EXEC=1")
+	return cmd
+}
+
+// start runs cairn-data with args and waits for its "ready" line.
+func start(t testing.TB, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: command(args...), stderr: &syncBuffer{}, exited: make(chan struct{})}
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.waitErr = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() { p.cmd.Process.Kill(); <-p.exited })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		<-p.exited
+		t.Fatalf("cairn-data %v exited before ready: %v\n%s", args, err, p.stderr.String())
+	}
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, "data="); ok {
+			p.data = v
+		}
+		if v, ok := strings.CutPrefix(f, "control="); ok {
+			p.control = v
+		}
+	}
+	if p.data == "" {
+		t.Fatalf("no data address in %q", line)
+	}
+	go io.Copy(io.Discard, out)
+	return p
+}
+
+func (p *proc) waitExit(t testing.TB) int {
+	t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("cairn-data did not exit\n%s", p.stderr.String())
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+func dialData(t testing.TB, addr string, epoch uint64) *dataconn.Client {
+	t.Helper()
+	c, err := dataconn.Dial(context.Background(), "tcp", addr, dataconn.ClientOptions{Conns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetEpoch(epoch)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func dialControl(t testing.TB, addr string) replicav1.ReplicaServiceClient {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return replicav1.NewReplicaServiceClient(cc)
+}
+
+// runExit runs cairn-data to completion and returns its exit code and stderr.
+func runExit(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	cmd := command(args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	_ = cmd.Run()
+	return cmd.ProcessState.ExitCode(), stderr.String()
+}
+
+func TestReplicaCommandErrors(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(dir+"/afile", []byte("x"), 0o600)
+	// A replica to conflict with.
+	p := start(t, "replica", "--dir", dir+"/r", "--size", "4Mi", "--listen", "127.0.0.1:0")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing flags", []string{"replica"}, "usage: cairn-data replica"},
+		{"bad size", []string{"replica", "--dir", dir + "/x", "--size", "ten", "--listen", "127.0.0.1:0"}, "--size: \"ten\" is not a size"},
+		{"dir is a file", []string{"replica", "--dir", dir + "/afile", "--size", "4Mi", "--listen", "127.0.0.1:0"}, "is a file, not a directory"},
+		{"size mismatch", []string{"replica", "--dir", dir + "/r", "--size", "8Mi", "--listen", "127.0.0.1:0"}, "holds a replica of 4194304 bytes, but 8388608 were asked for"},
+		{"port in use", []string{"replica", "--dir", dir + "/y", "--size", "4Mi", "--listen", p.data}, "the port is already in use"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stderr := runExit(t, tc.args...)
+			if code == 0 || !strings.Contains(stderr, tc.want) {
+				t.Fatalf("exit %d, stderr:\n%s\nwant it to contain %q", code, stderr, tc.want)
+			}
+		})
+	}
+}
+
+func TestReplicaServesAndControls(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	p := start(t, "replica", "--dir", dir, "--size", "16Mi", "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
+	ctl := dialControl(t, p.control)
+	if _, err := ctl.SetEpoch(ctx, &replicav1.SetEpochRequest{Epoch: 3}); err != nil {
+		t.Fatal(err)
+	}
+	d := dialData(t, p.data, 3)
+	if err := d.WriteAt(ctx, bytes.Repeat([]byte{7}, 8192), 1<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: "snap1", UserCreated: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WriteAt(ctx, bytes.Repeat([]byte{8}, 4096), 1<<20, true); err != nil {
+		t.Fatal(err)
+	}
+	in, err := ctl.Info(ctx, &replicav1.InfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Size != 16<<20 || in.Epoch != 3 || len(in.Snapshots) != 1 || in.Snapshots[0].DataBytes != 8192 || in.HeadBytes != 4096 || in.Dirty.Dirty != 1 || in.DataAddress != p.data {
+		t.Fatalf("info: %+v", in)
+	}
+	// A client with an old epoch is refused.
+	old := dialData(t, p.data, 2)
+	if err := old.WriteAt(ctx, []byte("x"), 0, false); !errors.Is(err, dataconn.CodeStaleEpoch) {
+		t.Fatalf("stale client: %v", err)
+	}
+	if _, err := ctl.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: "snap1"}); code(err) != "AlreadyExists" {
+		t.Fatalf("duplicate snapshot: %v", err)
+	}
+	if _, err := ctl.SnapshotDelete(ctx, &replicav1.SnapshotDeleteRequest{Name: "nope"}); code(err) != "NotFound" {
+		t.Fatalf("missing snapshot: %v", err)
+	}
+	if _, err := ctl.Expand(ctx, &replicav1.ExpandRequest{Size: 1 << 20}); code(err) != "InvalidArgument" {
+		t.Fatalf("shrink: %v", err)
+	}
+	if _, err := ctl.Expand(ctx, &replicav1.ExpandRequest{Size: 32 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 8192)
+	if err := d.ReadAt(ctx, got, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:4096], bytes.Repeat([]byte{8}, 4096)) || !bytes.Equal(got[4096:], bytes.Repeat([]byte{7}, 4096)) {
+		t.Fatal("reads through the chain are wrong")
+	}
+	if _, err := ctl.SnapshotRevert(ctx, &replicav1.SnapshotRevertRequest{Name: "snap1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ReadAt(ctx, got, 1<<20); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{7}, 8192)) {
+		t.Fatalf("after revert: %v", err)
+	}
+	if _, err := ctl.Close(ctx, &replicav1.CloseRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.waitExit(t); code != 0 {
+		t.Fatalf("exit %d after Close\n%s", code, p.stderr.String())
+	}
+}
+
+// code is the gRPC status code of err, as a name ("OK" for nil).
+func code(err error) string { return grpcstatus.Code(err).String() }
+
+func TestReplicaSIGTERM(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	p := start(t, "replica", "--dir", dir, "--size", "4Mi", "--listen", "127.0.0.1:0")
+	d := dialData(t, p.data, 0)
+	if err := d.WriteAt(ctx, []byte("kept"), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.waitExit(t); code != 0 {
+		t.Fatalf("exit %d after SIGTERM\n%s", code, p.stderr.String())
+	}
+	p = start(t, "replica", "--dir", dir, "--listen", "127.0.0.1:0")
+	d = dialData(t, p.data, 0)
+	got := make([]byte, 4)
+	if err := d.ReadAt(ctx, got, 0); err != nil || string(got) != "kept" {
+		t.Fatalf("after restart: %q, %v", got, err)
+	}
+}

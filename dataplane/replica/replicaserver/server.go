@@ -1,0 +1,151 @@
+// Package replicaserver puts a replica on the network: its data over
+// dataconn and its control API over gRPC. The replica package itself does
+// no networking.
+package replicaserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
+	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/replica"
+)
+
+// Backend adapts a replica to dataconn.Backend, mapping the replica's
+// errors to wire codes (stale epoch, out of range; ENOSPC is mapped by
+// dataconn itself).
+type Backend struct{ R *replica.Replica }
+
+var _ dataconn.Backend = Backend{}
+var _ dataconn.EpochChecker = Backend{}
+
+func wire(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, replica.ErrStaleEpoch):
+		return fmt.Errorf("%w: %w", dataconn.CodeStaleEpoch, err)
+	case errors.Is(err, replica.ErrOutOfRange):
+		return fmt.Errorf("%w: %w", dataconn.CodeOutOfRange, err)
+	case errors.Is(err, replica.ErrClosed):
+		return fmt.Errorf("%w: %w", dataconn.CodeShutdown, err)
+	}
+	return err
+}
+
+func (b Backend) ReadAt(p []byte, off int64) (int, error) {
+	n, err := b.R.ReadAt(p, off)
+	return n, wire(err)
+}
+
+func (b Backend) WriteAt(p []byte, off int64) (int, error) {
+	n, err := b.R.WriteAt(p, off)
+	return n, wire(err)
+}
+
+func (b Backend) Flush() error                  { return wire(b.R.Flush()) }
+func (b Backend) Unmap(off, length int64) error { return wire(b.R.Unmap(off, length)) }
+func (b Backend) Size() int64                   { return b.R.Size() }
+func (b Backend) CheckEpoch(e uint64) error     { return wire(b.R.CheckEpoch(e)) }
+
+// Control implements the gRPC ReplicaService for one replica.
+type Control struct {
+	replicav1.UnimplementedReplicaServiceServer
+	R *replica.Replica
+	// DataAddress is reported in Info.
+	DataAddress string
+	// OnClose is called (once, in the background) after Close has closed
+	// the replica, so the process can stop serving and exit.
+	OnClose func()
+}
+
+// grpcErr maps replica errors to gRPC status codes.
+func grpcErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var code codes.Code
+	switch {
+	case errors.Is(err, replica.ErrSnapshotNotFound):
+		code = codes.NotFound
+	case errors.Is(err, replica.ErrSnapshotExists):
+		code = codes.AlreadyExists
+	case errors.Is(err, replica.ErrInvalidName), errors.Is(err, replica.ErrInvalidSize):
+		code = codes.InvalidArgument
+	case errors.Is(err, replica.ErrClosed):
+		code = codes.FailedPrecondition
+	default:
+		code = codes.Internal
+	}
+	return status.Error(code, err.Error())
+}
+
+func toProto(s replica.SnapshotInfo) *replicav1.Snapshot {
+	return &replicav1.Snapshot{Name: s.Name, Parent: s.Parent, CreatedUnixNano: s.Created.UnixNano(), UserCreated: s.UserCreated, DataBytes: s.DataBytes}
+}
+
+func (c *Control) Info(context.Context, *replicav1.InfoRequest) (*replicav1.InfoResponse, error) {
+	in, err := c.R.Info()
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	out := &replicav1.InfoResponse{
+		Size: in.Size, Epoch: in.Epoch, Head: in.Head, HeadBytes: in.HeadBytes, IndexBytes: in.IndexBytes, DataAddress: c.DataAddress,
+		Dirty: &replicav1.DirtyRegions{RegionSize: in.Dirty.RegionSize, Count: in.Dirty.Count, Bits: in.Dirty.Bits, Dirty: in.Dirty.Dirty()},
+	}
+	for _, s := range in.Snapshots {
+		out.Snapshots = append(out.Snapshots, toProto(s))
+	}
+	return out, nil
+}
+
+func (c *Control) SnapshotCreate(_ context.Context, req *replicav1.SnapshotCreateRequest) (*replicav1.SnapshotCreateResponse, error) {
+	return &replicav1.SnapshotCreateResponse{}, grpcErr(c.R.Snapshot(req.GetName(), req.GetUserCreated()))
+}
+
+func (c *Control) SnapshotList(context.Context, *replicav1.SnapshotListRequest) (*replicav1.SnapshotListResponse, error) {
+	snaps, err := c.R.Snapshots()
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	out := &replicav1.SnapshotListResponse{}
+	for _, s := range snaps {
+		out.Snapshots = append(out.Snapshots, toProto(s))
+	}
+	return out, nil
+}
+
+func (c *Control) SnapshotDelete(_ context.Context, req *replicav1.SnapshotDeleteRequest) (*replicav1.SnapshotDeleteResponse, error) {
+	return &replicav1.SnapshotDeleteResponse{}, grpcErr(c.R.DeleteSnapshot(req.GetName()))
+}
+
+func (c *Control) SnapshotRevert(_ context.Context, req *replicav1.SnapshotRevertRequest) (*replicav1.SnapshotRevertResponse, error) {
+	return &replicav1.SnapshotRevertResponse{}, grpcErr(c.R.Revert(req.GetName()))
+}
+
+func (c *Control) Expand(_ context.Context, req *replicav1.ExpandRequest) (*replicav1.ExpandResponse, error) {
+	return &replicav1.ExpandResponse{}, grpcErr(c.R.Expand(req.GetSize()))
+}
+
+func (c *Control) SetEpoch(_ context.Context, req *replicav1.SetEpochRequest) (*replicav1.SetEpochResponse, error) {
+	return &replicav1.SetEpochResponse{}, grpcErr(c.R.SetEpoch(req.GetEpoch(), req.GetDegraded()))
+}
+
+func (c *Control) Close(context.Context, *replicav1.CloseRequest) (*replicav1.CloseResponse, error) {
+	err := c.R.Flush()
+	if err == nil || errors.Is(err, replica.ErrClosed) {
+		err = c.R.Close()
+	}
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	if c.OnClose != nil {
+		go c.OnClose()
+	}
+	return &replicav1.CloseResponse{}, nil
+}
