@@ -98,6 +98,10 @@ test: verify lint envtest ## Verify generated code, lint, run every test of both
 
 FUZZTIME ?= 60s
 
+.PHONY: bench-replica
+bench-replica: ## 4 KiB random I/O through dataconn to one replica vs the raw file (ratio), and index memory per TiB.
+	cd dataplane && $(GO) test -run '^$$' -bench . -benchtime 1x ./replica/...
+
 .PHONY: fuzz
 fuzz: ## Fuzz the dataconn decoder for $(FUZZTIME) (new crashers land in dataplane/dataconn/testdata/fuzz).
 	cd dataplane && $(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./dataconn

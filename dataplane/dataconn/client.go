@@ -1,6 +1,7 @@
 package dataconn
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -336,8 +337,9 @@ func (cc *clientConn) writeLoop() {
 func (cc *clientConn) readLoop() {
 	defer cc.c.wg.Done()
 	var hb [HeaderSize]byte
+	br := bufio.NewReaderSize(cc.nc, readBufferSize)
 	for {
-		if _, err := io.ReadFull(cc.nc, hb[:]); err != nil {
+		if _, err := io.ReadFull(br, hb[:]); err != nil {
 			cc.c.fail(fmt.Errorf("%w: read: %w", ErrConnectionLost, err))
 			return
 		}
@@ -350,7 +352,7 @@ func (cc *clientConn) readLoop() {
 			return
 		}
 		cl := cc.claim(h.Seq)
-		if err := cc.complete(cl, h); err != nil {
+		if err := cc.complete(br, cl, h); err != nil {
 			if cl != nil {
 				cl.complete(fmt.Errorf("%w: %w", ErrClientFailed, err))
 			}
@@ -362,9 +364,9 @@ func (cc *clientConn) readLoop() {
 
 // complete reads the reply's payload and completes cl (nil when the call
 // is no longer pending). A returned error means the stream is unusable.
-func (cc *clientConn) complete(cl *call, h Header) error {
+func (cc *clientConn) complete(br *bufio.Reader, cl *call, h Header) error {
 	if cl == nil {
-		if _, err := io.CopyN(io.Discard, cc.nc, int64(h.PayloadLen)); err != nil {
+		if _, err := io.CopyN(io.Discard, br, int64(h.PayloadLen)); err != nil {
 			return fmt.Errorf("%w: read: %w", ErrConnectionLost, unexpectedEOF(err))
 		}
 		return nil
@@ -383,7 +385,7 @@ func (cc *clientConn) complete(cl *call, h Header) error {
 		dst = cl.buf
 	}
 	if len(dst) > 0 {
-		if _, err := io.ReadFull(cc.nc, dst); err != nil {
+		if _, err := io.ReadFull(br, dst); err != nil {
 			return fmt.Errorf("%w: read: %w", ErrConnectionLost, unexpectedEOF(err))
 		}
 	}

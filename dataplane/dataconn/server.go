@@ -1,6 +1,7 @@
 package dataconn
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -297,6 +298,10 @@ func codeOf(err error) Code {
 	return CodeIO
 }
 
+// readBufferSize is the buffer each connection reads through, so that a
+// burst of pipelined frames costs one read syscall, not two per frame.
+const readBufferSize = 256 << 10
+
 type serverConn struct {
 	s        *Server
 	nc       net.Conn
@@ -327,8 +332,9 @@ func (sc *serverConn) run() {
 
 func (sc *serverConn) readLoop() error {
 	var hb [HeaderSize]byte
+	br := bufio.NewReaderSize(sc.nc, readBufferSize) // many frames per read syscall
 	for {
-		if _, err := io.ReadFull(sc.nc, hb[:]); err != nil {
+		if _, err := io.ReadFull(br, hb[:]); err != nil {
 			return err
 		}
 		h, err := ParseHeader(hb[:], sc.s.opts.MaxPayload)
@@ -341,7 +347,7 @@ func (sc *serverConn) readLoop() error {
 		var buf []byte
 		if h.PayloadLen > 0 {
 			buf = sc.s.pool.get(int(h.PayloadLen))
-			if _, err := io.ReadFull(sc.nc, buf); err != nil {
+			if _, err := io.ReadFull(br, buf); err != nil {
 				sc.s.pool.put(buf)
 				return unexpectedEOF(err)
 			}
