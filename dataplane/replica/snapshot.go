@@ -2,6 +2,7 @@ package replica
 
 import (
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"time"
@@ -298,3 +299,126 @@ func (r *Replica) Expand(size int64) error {
 	r.log.Info("expanded", "from", cur, "to", size)
 	return nil
 }
+
+// Extent is a run of data in a volume view.
+type Extent struct {
+	Offset int64
+	Data   []byte
+}
+
+// snapshotTop returns how many layers make up the view at snapshot name
+// (that layer and everything older), or an error.
+func (r *Replica) snapshotTop(name string) (int, error) {
+	if r.closed {
+		return 0, ErrClosed
+	}
+	i := r.findSnapshot(name)
+	if i < 0 {
+		return 0, fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
+	}
+	return i + 1, nil
+}
+
+// ReadSnapshot returns the data in [off, off+length) of the volume as it was
+// when snapshot name was taken, as extents; ranges no layer holds (holes,
+// which read as zeros) are left out. It is what a rebuild copies.
+func (r *Replica) ReadSnapshot(name string, off, length int64) ([]Extent, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	top, err := r.snapshotTop(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.checkRange(off, length); err != nil {
+		return nil, err
+	}
+	if off%BlockSize != 0 || length%BlockSize != 0 {
+		return nil, fmt.Errorf("%w: snapshot reads must be block-aligned", ErrInvalidSize)
+	}
+	var out []Extent
+	for b, end := off/BlockSize, (off+length)/BlockSize; b < end; {
+		li, n := r.resolve(b, end-b, top)
+		if li >= 0 {
+			p := make([]byte, n*BlockSize)
+			if _, err := r.layers[li].f.ReadAt(p, b*BlockSize); err != nil {
+				return nil, fmt.Errorf("read %s: %w", r.layers[li].file, err)
+			}
+			// Merge with the previous extent when contiguous.
+			if k := len(out) - 1; k >= 0 && out[k].Offset+int64(len(out[k].Data)) == b*BlockSize {
+				out[k].Data = append(out[k].Data, p...)
+			} else {
+				out = append(out, Extent{Offset: b * BlockSize, Data: p})
+			}
+		}
+		b += n
+	}
+	return out, nil
+}
+
+// WriteLayer writes p at off directly into the layer of snapshot name, not
+// the head. A rebuild uses it to fill in, under a new replica's head, the
+// data older than the rebuild snapshot while the head already takes new
+// writes. The replica must not serve reads meanwhile (the engine keeps it
+// write-only), since snapshots are otherwise immutable.
+func (r *Replica) WriteLayer(name string, p []byte, off int64) error {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	top, err := r.snapshotTop(name)
+	if err != nil {
+		return err
+	}
+	if err := r.checkRange(off, int64(len(p))); err != nil {
+		return err
+	}
+	if off%BlockSize != 0 || len(p)%BlockSize != 0 {
+		return fmt.Errorf("%w: layer writes must be block-aligned", ErrInvalidSize)
+	}
+	l := r.layers[top-1]
+	if _, err := l.f.WriteAt(p, off); err != nil {
+		return fmt.Errorf("write %s: %w", l.file, err)
+	}
+	l.idx.set(off/BlockSize, int64(len(p))/BlockSize)
+	return nil
+}
+
+// SyncLayers makes every layer's data durable (after a rebuild's copy).
+func (r *Replica) SyncLayers() error {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return ErrClosed
+	}
+	for _, l := range r.layers {
+		if err := l.f.Sync(); err != nil {
+			return fmt.Errorf("sync %s: %w", l.file, err)
+		}
+	}
+	return nil
+}
+
+// Checksum returns the CRC-32C of [off, off+length) of the volume as it was
+// at snapshot name (holes count as zeros), to verify a rebuild.
+func (r *Replica) Checksum(name string, off, length int64) (uint32, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	top, err := r.snapshotTop(name)
+	if err != nil {
+		return 0, err
+	}
+	if err := r.checkRange(off, length); err != nil {
+		return 0, err
+	}
+	h := crc32.New(castagnoli)
+	buf := make([]byte, min(length, 1<<20))
+	for done := int64(0); done < length; {
+		n := min(int64(len(buf)), length-done)
+		if err := r.readChain(buf[:n], off+done, top); err != nil {
+			return 0, err
+		}
+		h.Write(buf[:n])
+		done += n
+	}
+	return h.Sum32(), nil
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -12,10 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
-	"google.golang.org/grpc"
 
-	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
-	"github.com/cairn-io/cairn/dataplane/dataconn"
 	"github.com/cairn-io/cairn/dataplane/replica"
 	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
 )
@@ -86,54 +83,25 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		closeReplica()
 		return fail("%v", err)
 	}
-	ctx, stop := context.WithCancel(ctx)
-	defer stop()
-	data := dataconn.NewServer(replicaserver.Backend{R: r}, dataconn.ServerOptions{Workers: *workers, Logger: log.WithName("dataconn")})
-	go func() {
-		if err := data.Serve(dl); err != nil && !errors.Is(err, dataconn.ErrServerClosed) {
-			log.Error(err, "data listener failed")
-			stop()
-		}
-	}()
-	var gs *grpc.Server
+	var cl net.Listener
 	controlShown := "none"
 	if *controlAddr != "" {
-		cl, err := listen("--control-listen", *controlAddr)
-		if err != nil {
-			data.Close()
+		if cl, err = listen("--control-listen", *controlAddr); err != nil {
+			dl.Close()
 			closeReplica()
 			return fail("%v", err)
 		}
-		gs = grpc.NewServer()
-		replicav1.RegisterReplicaServiceServer(gs, &replicaserver.Control{R: r, DataAddress: dl.Addr().String(), OnClose: stop})
-		go func() {
-			if err := gs.Serve(cl); err != nil {
-				log.Error(err, "control listener failed")
-				stop()
-			}
-		}()
 		controlShown = cl.Addr().String()
 	}
+	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: *workers, Logger: log})
 	fmt.Fprintf(stdout, "ready data=%s control=%s size=%d\n", dl.Addr(), controlShown, r.Size())
-	<-ctx.Done()
-
-	// Shut down: let requests already read finish (bounded), make the data
-	// durable, close the replica, stop the control API.
+	select {
+	case <-ctx.Done():
+	case <-run.Done:
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := data.Shutdown(sctx); err != nil {
-		log.Error(err, "data connections did not drain in time; closed them")
-	}
-	closeReplica()
-	if gs != nil {
-		done := make(chan struct{})
-		go func() { gs.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			gs.Stop()
-		}
-	}
+	run.Shutdown(sctx)
 	log.Info("stopped")
 	return 0
 }

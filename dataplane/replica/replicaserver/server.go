@@ -79,6 +79,8 @@ func grpcErr(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, replica.ErrClosed):
 		code = codes.FailedPrecondition
+	case errors.Is(err, replica.ErrOutOfRange):
+		code = codes.OutOfRange
 	default:
 		code = codes.Internal
 	}
@@ -148,4 +150,39 @@ func (c *Control) Close(context.Context, *replicav1.CloseRequest) (*replicav1.Cl
 		go c.OnClose()
 	}
 	return &replicav1.CloseResponse{}, nil
+}
+
+// MaxSnapshotRead bounds one SnapshotRead call, so replies stay well under
+// gRPC's message limits.
+const MaxSnapshotRead = 4 << 20
+
+func (c *Control) SnapshotRead(_ context.Context, req *replicav1.SnapshotReadRequest) (*replicav1.SnapshotReadResponse, error) {
+	if req.GetLength() > MaxSnapshotRead {
+		return nil, status.Errorf(codes.InvalidArgument, "snapshot reads are limited to %d bytes per call, got %d", MaxSnapshotRead, req.GetLength())
+	}
+	ext, err := c.R.ReadSnapshot(req.GetSnapshot(), req.GetOffset(), req.GetLength())
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	out := &replicav1.SnapshotReadResponse{}
+	for _, e := range ext {
+		out.Extents = append(out.Extents, &replicav1.Extent{Offset: e.Offset, Data: e.Data})
+	}
+	return out, nil
+}
+
+func (c *Control) LayerWrite(_ context.Context, req *replicav1.LayerWriteRequest) (*replicav1.LayerWriteResponse, error) {
+	return &replicav1.LayerWriteResponse{}, grpcErr(c.R.WriteLayer(req.GetSnapshot(), req.GetData(), req.GetOffset()))
+}
+
+func (c *Control) SyncLayers(context.Context, *replicav1.SyncLayersRequest) (*replicav1.SyncLayersResponse, error) {
+	return &replicav1.SyncLayersResponse{}, grpcErr(c.R.SyncLayers())
+}
+
+func (c *Control) Checksum(_ context.Context, req *replicav1.ChecksumRequest) (*replicav1.ChecksumResponse, error) {
+	sum, err := c.R.Checksum(req.GetSnapshot(), req.GetOffset(), req.GetLength())
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	return &replicav1.ChecksumResponse{Crc32C: sum}, nil
 }

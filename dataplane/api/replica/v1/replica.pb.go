@@ -24,6 +24,434 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type Extent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Offset        int64                  `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Extent) Reset() {
+	*x = Extent{}
+	mi := &file_replica_v1_replica_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Extent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Extent) ProtoMessage() {}
+
+func (x *Extent) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Extent.ProtoReflect.Descriptor instead.
+func (*Extent) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Extent) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *Extent) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type SnapshotReadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Offset        int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        int64                  `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotReadRequest) Reset() {
+	*x = SnapshotReadRequest{}
+	mi := &file_replica_v1_replica_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotReadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotReadRequest) ProtoMessage() {}
+
+func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SnapshotReadRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *SnapshotReadRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *SnapshotReadRequest) GetLength() int64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+type SnapshotReadResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Extents       []*Extent              `protobuf:"bytes,1,rep,name=extents,proto3" json:"extents,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotReadResponse) Reset() {
+	*x = SnapshotReadResponse{}
+	mi := &file_replica_v1_replica_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotReadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotReadResponse) ProtoMessage() {}
+
+func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SnapshotReadResponse) GetExtents() []*Extent {
+	if x != nil {
+		return x.Extents
+	}
+	return nil
+}
+
+type LayerWriteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Offset        int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerWriteRequest) Reset() {
+	*x = LayerWriteRequest{}
+	mi := &file_replica_v1_replica_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerWriteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerWriteRequest) ProtoMessage() {}
+
+func (x *LayerWriteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerWriteRequest.ProtoReflect.Descriptor instead.
+func (*LayerWriteRequest) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *LayerWriteRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *LayerWriteRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *LayerWriteRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type LayerWriteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerWriteResponse) Reset() {
+	*x = LayerWriteResponse{}
+	mi := &file_replica_v1_replica_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerWriteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerWriteResponse) ProtoMessage() {}
+
+func (x *LayerWriteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerWriteResponse.ProtoReflect.Descriptor instead.
+func (*LayerWriteResponse) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{4}
+}
+
+type SyncLayersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncLayersRequest) Reset() {
+	*x = SyncLayersRequest{}
+	mi := &file_replica_v1_replica_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncLayersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncLayersRequest) ProtoMessage() {}
+
+func (x *SyncLayersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncLayersRequest.ProtoReflect.Descriptor instead.
+func (*SyncLayersRequest) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{5}
+}
+
+type SyncLayersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncLayersResponse) Reset() {
+	*x = SyncLayersResponse{}
+	mi := &file_replica_v1_replica_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncLayersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncLayersResponse) ProtoMessage() {}
+
+func (x *SyncLayersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncLayersResponse.ProtoReflect.Descriptor instead.
+func (*SyncLayersResponse) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{6}
+}
+
+type ChecksumRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Offset        int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        int64                  `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChecksumRequest) Reset() {
+	*x = ChecksumRequest{}
+	mi := &file_replica_v1_replica_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChecksumRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChecksumRequest) ProtoMessage() {}
+
+func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChecksumRequest.ProtoReflect.Descriptor instead.
+func (*ChecksumRequest) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ChecksumRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *ChecksumRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ChecksumRequest) GetLength() int64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+type ChecksumResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Crc32C        uint32                 `protobuf:"varint,1,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChecksumResponse) Reset() {
+	*x = ChecksumResponse{}
+	mi := &file_replica_v1_replica_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChecksumResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChecksumResponse) ProtoMessage() {}
+
+func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChecksumResponse.ProtoReflect.Descriptor instead.
+func (*ChecksumResponse) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ChecksumResponse) GetCrc32C() uint32 {
+	if x != nil {
+		return x.Crc32C
+	}
+	return 0
+}
+
 type Snapshot struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -39,7 +467,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_replica_v1_replica_proto_msgTypes[0]
+	mi := &file_replica_v1_replica_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -51,7 +479,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[0]
+	mi := &file_replica_v1_replica_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -64,7 +492,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{0}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Snapshot) GetName() string {
@@ -116,7 +544,7 @@ type DirtyRegions struct {
 
 func (x *DirtyRegions) Reset() {
 	*x = DirtyRegions{}
-	mi := &file_replica_v1_replica_proto_msgTypes[1]
+	mi := &file_replica_v1_replica_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -128,7 +556,7 @@ func (x *DirtyRegions) String() string {
 func (*DirtyRegions) ProtoMessage() {}
 
 func (x *DirtyRegions) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[1]
+	mi := &file_replica_v1_replica_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -141,7 +569,7 @@ func (x *DirtyRegions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirtyRegions.ProtoReflect.Descriptor instead.
 func (*DirtyRegions) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{1}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DirtyRegions) GetRegionSize() int64 {
@@ -180,7 +608,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[2]
+	mi := &file_replica_v1_replica_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -192,7 +620,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[2]
+	mi := &file_replica_v1_replica_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -205,7 +633,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{2}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{11}
 }
 
 type InfoResponse struct {
@@ -226,7 +654,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[3]
+	mi := &file_replica_v1_replica_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -238,7 +666,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[3]
+	mi := &file_replica_v1_replica_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -251,7 +679,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{3}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *InfoResponse) GetSize() int64 {
@@ -320,7 +748,7 @@ type SnapshotCreateRequest struct {
 
 func (x *SnapshotCreateRequest) Reset() {
 	*x = SnapshotCreateRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[4]
+	mi := &file_replica_v1_replica_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -332,7 +760,7 @@ func (x *SnapshotCreateRequest) String() string {
 func (*SnapshotCreateRequest) ProtoMessage() {}
 
 func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[4]
+	mi := &file_replica_v1_replica_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -345,7 +773,7 @@ func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{4}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SnapshotCreateRequest) GetName() string {
@@ -370,7 +798,7 @@ type SnapshotCreateResponse struct {
 
 func (x *SnapshotCreateResponse) Reset() {
 	*x = SnapshotCreateResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[5]
+	mi := &file_replica_v1_replica_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +810,7 @@ func (x *SnapshotCreateResponse) String() string {
 func (*SnapshotCreateResponse) ProtoMessage() {}
 
 func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[5]
+	mi := &file_replica_v1_replica_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +823,7 @@ func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{5}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{14}
 }
 
 type SnapshotListRequest struct {
@@ -406,7 +834,7 @@ type SnapshotListRequest struct {
 
 func (x *SnapshotListRequest) Reset() {
 	*x = SnapshotListRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[6]
+	mi := &file_replica_v1_replica_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -418,7 +846,7 @@ func (x *SnapshotListRequest) String() string {
 func (*SnapshotListRequest) ProtoMessage() {}
 
 func (x *SnapshotListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[6]
+	mi := &file_replica_v1_replica_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -431,7 +859,7 @@ func (x *SnapshotListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotListRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{6}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{15}
 }
 
 type SnapshotListResponse struct {
@@ -443,7 +871,7 @@ type SnapshotListResponse struct {
 
 func (x *SnapshotListResponse) Reset() {
 	*x = SnapshotListResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[7]
+	mi := &file_replica_v1_replica_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -455,7 +883,7 @@ func (x *SnapshotListResponse) String() string {
 func (*SnapshotListResponse) ProtoMessage() {}
 
 func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[7]
+	mi := &file_replica_v1_replica_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -468,7 +896,7 @@ func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotListResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{7}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SnapshotListResponse) GetSnapshots() []*Snapshot {
@@ -487,7 +915,7 @@ type SnapshotDeleteRequest struct {
 
 func (x *SnapshotDeleteRequest) Reset() {
 	*x = SnapshotDeleteRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[8]
+	mi := &file_replica_v1_replica_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -499,7 +927,7 @@ func (x *SnapshotDeleteRequest) String() string {
 func (*SnapshotDeleteRequest) ProtoMessage() {}
 
 func (x *SnapshotDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[8]
+	mi := &file_replica_v1_replica_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -512,7 +940,7 @@ func (x *SnapshotDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotDeleteRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{8}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SnapshotDeleteRequest) GetName() string {
@@ -530,7 +958,7 @@ type SnapshotDeleteResponse struct {
 
 func (x *SnapshotDeleteResponse) Reset() {
 	*x = SnapshotDeleteResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[9]
+	mi := &file_replica_v1_replica_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +970,7 @@ func (x *SnapshotDeleteResponse) String() string {
 func (*SnapshotDeleteResponse) ProtoMessage() {}
 
 func (x *SnapshotDeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[9]
+	mi := &file_replica_v1_replica_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +983,7 @@ func (x *SnapshotDeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotDeleteResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotDeleteResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{9}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{18}
 }
 
 type SnapshotRevertRequest struct {
@@ -567,7 +995,7 @@ type SnapshotRevertRequest struct {
 
 func (x *SnapshotRevertRequest) Reset() {
 	*x = SnapshotRevertRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[10]
+	mi := &file_replica_v1_replica_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +1007,7 @@ func (x *SnapshotRevertRequest) String() string {
 func (*SnapshotRevertRequest) ProtoMessage() {}
 
 func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[10]
+	mi := &file_replica_v1_replica_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +1020,7 @@ func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{10}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SnapshotRevertRequest) GetName() string {
@@ -610,7 +1038,7 @@ type SnapshotRevertResponse struct {
 
 func (x *SnapshotRevertResponse) Reset() {
 	*x = SnapshotRevertResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	mi := &file_replica_v1_replica_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +1050,7 @@ func (x *SnapshotRevertResponse) String() string {
 func (*SnapshotRevertResponse) ProtoMessage() {}
 
 func (x *SnapshotRevertResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	mi := &file_replica_v1_replica_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,7 +1063,7 @@ func (x *SnapshotRevertResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{11}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{20}
 }
 
 type ExpandRequest struct {
@@ -647,7 +1075,7 @@ type ExpandRequest struct {
 
 func (x *ExpandRequest) Reset() {
 	*x = ExpandRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[12]
+	mi := &file_replica_v1_replica_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -659,7 +1087,7 @@ func (x *ExpandRequest) String() string {
 func (*ExpandRequest) ProtoMessage() {}
 
 func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[12]
+	mi := &file_replica_v1_replica_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -672,7 +1100,7 @@ func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandRequest.ProtoReflect.Descriptor instead.
 func (*ExpandRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{12}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExpandRequest) GetSize() int64 {
@@ -690,7 +1118,7 @@ type ExpandResponse struct {
 
 func (x *ExpandResponse) Reset() {
 	*x = ExpandResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[13]
+	mi := &file_replica_v1_replica_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +1130,7 @@ func (x *ExpandResponse) String() string {
 func (*ExpandResponse) ProtoMessage() {}
 
 func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[13]
+	mi := &file_replica_v1_replica_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +1143,7 @@ func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandResponse.ProtoReflect.Descriptor instead.
 func (*ExpandResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{13}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{22}
 }
 
 type SetEpochRequest struct {
@@ -730,7 +1158,7 @@ type SetEpochRequest struct {
 
 func (x *SetEpochRequest) Reset() {
 	*x = SetEpochRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[14]
+	mi := &file_replica_v1_replica_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +1170,7 @@ func (x *SetEpochRequest) String() string {
 func (*SetEpochRequest) ProtoMessage() {}
 
 func (x *SetEpochRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[14]
+	mi := &file_replica_v1_replica_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +1183,7 @@ func (x *SetEpochRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochRequest.ProtoReflect.Descriptor instead.
 func (*SetEpochRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{14}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetEpochRequest) GetEpoch() uint64 {
@@ -780,7 +1208,7 @@ type SetEpochResponse struct {
 
 func (x *SetEpochResponse) Reset() {
 	*x = SetEpochResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[15]
+	mi := &file_replica_v1_replica_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +1220,7 @@ func (x *SetEpochResponse) String() string {
 func (*SetEpochResponse) ProtoMessage() {}
 
 func (x *SetEpochResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[15]
+	mi := &file_replica_v1_replica_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +1233,7 @@ func (x *SetEpochResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochResponse.ProtoReflect.Descriptor instead.
 func (*SetEpochResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{15}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{24}
 }
 
 type CloseRequest struct {
@@ -816,7 +1244,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[16]
+	mi := &file_replica_v1_replica_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +1256,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[16]
+	mi := &file_replica_v1_replica_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +1269,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{16}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{25}
 }
 
 type CloseResponse struct {
@@ -852,7 +1280,7 @@ type CloseResponse struct {
 
 func (x *CloseResponse) Reset() {
 	*x = CloseResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[17]
+	mi := &file_replica_v1_replica_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -864,7 +1292,7 @@ func (x *CloseResponse) String() string {
 func (*CloseResponse) ProtoMessage() {}
 
 func (x *CloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[17]
+	mi := &file_replica_v1_replica_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -877,14 +1305,36 @@ func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
 func (*CloseResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{17}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{26}
 }
 
 var File_replica_v1_replica_proto protoreflect.FileDescriptor
 
 const file_replica_v1_replica_proto_rawDesc = "" +
 	"\n" +
-	"\x18replica/v1/replica.proto\x12\x10cairn.replica.v1\"\xa4\x01\n" +
+	"\x18replica/v1/replica.proto\x12\x10cairn.replica.v1\"4\n" +
+	"\x06Extent\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"a\n" +
+	"\x13SnapshotReadRequest\x12\x1a\n" +
+	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x03R\x06length\"J\n" +
+	"\x14SnapshotReadResponse\x122\n" +
+	"\aextents\x18\x01 \x03(\v2\x18.cairn.replica.v1.ExtentR\aextents\"[\n" +
+	"\x11LayerWriteRequest\x12\x1a\n" +
+	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"\x14\n" +
+	"\x12LayerWriteResponse\"\x13\n" +
+	"\x11SyncLayersRequest\"\x14\n" +
+	"\x12SyncLayersResponse\"]\n" +
+	"\x0fChecksumRequest\x12\x1a\n" +
+	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x03R\x06length\"*\n" +
+	"\x10ChecksumResponse\x12\x16\n" +
+	"\x06crc32c\x18\x01 \x01(\rR\x06crc32c\"\xa4\x01\n" +
 	"\bSnapshot\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\tR\x06parent\x12*\n" +
@@ -931,7 +1381,7 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\bdegraded\x18\x02 \x01(\bR\bdegraded\"\x12\n" +
 	"\x10SetEpochResponse\"\x0e\n" +
 	"\fCloseRequest\"\x0f\n" +
-	"\rCloseResponse2\xcf\x05\n" +
+	"\rCloseResponse2\xb3\b\n" +
 	"\x0eReplicaService\x12E\n" +
 	"\x04Info\x12\x1d.cairn.replica.v1.InfoRequest\x1a\x1e.cairn.replica.v1.InfoResponse\x12c\n" +
 	"\x0eSnapshotCreate\x12'.cairn.replica.v1.SnapshotCreateRequest\x1a(.cairn.replica.v1.SnapshotCreateResponse\x12]\n" +
@@ -940,7 +1390,13 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\x0eSnapshotRevert\x12'.cairn.replica.v1.SnapshotRevertRequest\x1a(.cairn.replica.v1.SnapshotRevertResponse\x12K\n" +
 	"\x06Expand\x12\x1f.cairn.replica.v1.ExpandRequest\x1a .cairn.replica.v1.ExpandResponse\x12Q\n" +
 	"\bSetEpoch\x12!.cairn.replica.v1.SetEpochRequest\x1a\".cairn.replica.v1.SetEpochResponse\x12H\n" +
-	"\x05Close\x12\x1e.cairn.replica.v1.CloseRequest\x1a\x1f.cairn.replica.v1.CloseResponseB>Z<github.com/cairn-io/cairn/dataplane/api/replica/v1;replicav1b\x06proto3"
+	"\x05Close\x12\x1e.cairn.replica.v1.CloseRequest\x1a\x1f.cairn.replica.v1.CloseResponse\x12]\n" +
+	"\fSnapshotRead\x12%.cairn.replica.v1.SnapshotReadRequest\x1a&.cairn.replica.v1.SnapshotReadResponse\x12W\n" +
+	"\n" +
+	"LayerWrite\x12#.cairn.replica.v1.LayerWriteRequest\x1a$.cairn.replica.v1.LayerWriteResponse\x12W\n" +
+	"\n" +
+	"SyncLayers\x12#.cairn.replica.v1.SyncLayersRequest\x1a$.cairn.replica.v1.SyncLayersResponse\x12Q\n" +
+	"\bChecksum\x12!.cairn.replica.v1.ChecksumRequest\x1a\".cairn.replica.v1.ChecksumResponseB>Z<github.com/cairn-io/cairn/dataplane/api/replica/v1;replicav1b\x06proto3"
 
 var (
 	file_replica_v1_replica_proto_rawDescOnce sync.Once
@@ -954,52 +1410,70 @@ func file_replica_v1_replica_proto_rawDescGZIP() []byte {
 	return file_replica_v1_replica_proto_rawDescData
 }
 
-var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_replica_v1_replica_proto_goTypes = []any{
-	(*Snapshot)(nil),               // 0: cairn.replica.v1.Snapshot
-	(*DirtyRegions)(nil),           // 1: cairn.replica.v1.DirtyRegions
-	(*InfoRequest)(nil),            // 2: cairn.replica.v1.InfoRequest
-	(*InfoResponse)(nil),           // 3: cairn.replica.v1.InfoResponse
-	(*SnapshotCreateRequest)(nil),  // 4: cairn.replica.v1.SnapshotCreateRequest
-	(*SnapshotCreateResponse)(nil), // 5: cairn.replica.v1.SnapshotCreateResponse
-	(*SnapshotListRequest)(nil),    // 6: cairn.replica.v1.SnapshotListRequest
-	(*SnapshotListResponse)(nil),   // 7: cairn.replica.v1.SnapshotListResponse
-	(*SnapshotDeleteRequest)(nil),  // 8: cairn.replica.v1.SnapshotDeleteRequest
-	(*SnapshotDeleteResponse)(nil), // 9: cairn.replica.v1.SnapshotDeleteResponse
-	(*SnapshotRevertRequest)(nil),  // 10: cairn.replica.v1.SnapshotRevertRequest
-	(*SnapshotRevertResponse)(nil), // 11: cairn.replica.v1.SnapshotRevertResponse
-	(*ExpandRequest)(nil),          // 12: cairn.replica.v1.ExpandRequest
-	(*ExpandResponse)(nil),         // 13: cairn.replica.v1.ExpandResponse
-	(*SetEpochRequest)(nil),        // 14: cairn.replica.v1.SetEpochRequest
-	(*SetEpochResponse)(nil),       // 15: cairn.replica.v1.SetEpochResponse
-	(*CloseRequest)(nil),           // 16: cairn.replica.v1.CloseRequest
-	(*CloseResponse)(nil),          // 17: cairn.replica.v1.CloseResponse
+	(*Extent)(nil),                 // 0: cairn.replica.v1.Extent
+	(*SnapshotReadRequest)(nil),    // 1: cairn.replica.v1.SnapshotReadRequest
+	(*SnapshotReadResponse)(nil),   // 2: cairn.replica.v1.SnapshotReadResponse
+	(*LayerWriteRequest)(nil),      // 3: cairn.replica.v1.LayerWriteRequest
+	(*LayerWriteResponse)(nil),     // 4: cairn.replica.v1.LayerWriteResponse
+	(*SyncLayersRequest)(nil),      // 5: cairn.replica.v1.SyncLayersRequest
+	(*SyncLayersResponse)(nil),     // 6: cairn.replica.v1.SyncLayersResponse
+	(*ChecksumRequest)(nil),        // 7: cairn.replica.v1.ChecksumRequest
+	(*ChecksumResponse)(nil),       // 8: cairn.replica.v1.ChecksumResponse
+	(*Snapshot)(nil),               // 9: cairn.replica.v1.Snapshot
+	(*DirtyRegions)(nil),           // 10: cairn.replica.v1.DirtyRegions
+	(*InfoRequest)(nil),            // 11: cairn.replica.v1.InfoRequest
+	(*InfoResponse)(nil),           // 12: cairn.replica.v1.InfoResponse
+	(*SnapshotCreateRequest)(nil),  // 13: cairn.replica.v1.SnapshotCreateRequest
+	(*SnapshotCreateResponse)(nil), // 14: cairn.replica.v1.SnapshotCreateResponse
+	(*SnapshotListRequest)(nil),    // 15: cairn.replica.v1.SnapshotListRequest
+	(*SnapshotListResponse)(nil),   // 16: cairn.replica.v1.SnapshotListResponse
+	(*SnapshotDeleteRequest)(nil),  // 17: cairn.replica.v1.SnapshotDeleteRequest
+	(*SnapshotDeleteResponse)(nil), // 18: cairn.replica.v1.SnapshotDeleteResponse
+	(*SnapshotRevertRequest)(nil),  // 19: cairn.replica.v1.SnapshotRevertRequest
+	(*SnapshotRevertResponse)(nil), // 20: cairn.replica.v1.SnapshotRevertResponse
+	(*ExpandRequest)(nil),          // 21: cairn.replica.v1.ExpandRequest
+	(*ExpandResponse)(nil),         // 22: cairn.replica.v1.ExpandResponse
+	(*SetEpochRequest)(nil),        // 23: cairn.replica.v1.SetEpochRequest
+	(*SetEpochResponse)(nil),       // 24: cairn.replica.v1.SetEpochResponse
+	(*CloseRequest)(nil),           // 25: cairn.replica.v1.CloseRequest
+	(*CloseResponse)(nil),          // 26: cairn.replica.v1.CloseResponse
 }
 var file_replica_v1_replica_proto_depIdxs = []int32{
-	0,  // 0: cairn.replica.v1.InfoResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
-	1,  // 1: cairn.replica.v1.InfoResponse.dirty:type_name -> cairn.replica.v1.DirtyRegions
-	0,  // 2: cairn.replica.v1.SnapshotListResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
-	2,  // 3: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
-	4,  // 4: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
-	6,  // 5: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
-	8,  // 6: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
-	10, // 7: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
-	12, // 8: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
-	14, // 9: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
-	16, // 10: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
-	3,  // 11: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
-	5,  // 12: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
-	7,  // 13: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
-	9,  // 14: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
-	11, // 15: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
-	13, // 16: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
-	15, // 17: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
-	17, // 18: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
-	11, // [11:19] is the sub-list for method output_type
-	3,  // [3:11] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	0,  // 0: cairn.replica.v1.SnapshotReadResponse.extents:type_name -> cairn.replica.v1.Extent
+	9,  // 1: cairn.replica.v1.InfoResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
+	10, // 2: cairn.replica.v1.InfoResponse.dirty:type_name -> cairn.replica.v1.DirtyRegions
+	9,  // 3: cairn.replica.v1.SnapshotListResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
+	11, // 4: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
+	13, // 5: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
+	15, // 6: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
+	17, // 7: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
+	19, // 8: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
+	21, // 9: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
+	23, // 10: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
+	25, // 11: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
+	1,  // 12: cairn.replica.v1.ReplicaService.SnapshotRead:input_type -> cairn.replica.v1.SnapshotReadRequest
+	3,  // 13: cairn.replica.v1.ReplicaService.LayerWrite:input_type -> cairn.replica.v1.LayerWriteRequest
+	5,  // 14: cairn.replica.v1.ReplicaService.SyncLayers:input_type -> cairn.replica.v1.SyncLayersRequest
+	7,  // 15: cairn.replica.v1.ReplicaService.Checksum:input_type -> cairn.replica.v1.ChecksumRequest
+	12, // 16: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
+	14, // 17: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
+	16, // 18: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
+	18, // 19: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
+	20, // 20: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
+	22, // 21: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
+	24, // 22: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
+	26, // 23: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
+	2,  // 24: cairn.replica.v1.ReplicaService.SnapshotRead:output_type -> cairn.replica.v1.SnapshotReadResponse
+	4,  // 25: cairn.replica.v1.ReplicaService.LayerWrite:output_type -> cairn.replica.v1.LayerWriteResponse
+	6,  // 26: cairn.replica.v1.ReplicaService.SyncLayers:output_type -> cairn.replica.v1.SyncLayersResponse
+	8,  // 27: cairn.replica.v1.ReplicaService.Checksum:output_type -> cairn.replica.v1.ChecksumResponse
+	16, // [16:28] is the sub-list for method output_type
+	4,  // [4:16] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_replica_v1_replica_proto_init() }
@@ -1013,7 +1487,7 @@ func file_replica_v1_replica_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_replica_v1_replica_proto_rawDesc), len(file_replica_v1_replica_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,10 @@ const (
 	ReplicaService_Expand_FullMethodName         = "/cairn.replica.v1.ReplicaService/Expand"
 	ReplicaService_SetEpoch_FullMethodName       = "/cairn.replica.v1.ReplicaService/SetEpoch"
 	ReplicaService_Close_FullMethodName          = "/cairn.replica.v1.ReplicaService/Close"
+	ReplicaService_SnapshotRead_FullMethodName   = "/cairn.replica.v1.ReplicaService/SnapshotRead"
+	ReplicaService_LayerWrite_FullMethodName     = "/cairn.replica.v1.ReplicaService/LayerWrite"
+	ReplicaService_SyncLayers_FullMethodName     = "/cairn.replica.v1.ReplicaService/SyncLayers"
+	ReplicaService_Checksum_FullMethodName       = "/cairn.replica.v1.ReplicaService/Checksum"
 )
 
 // ReplicaServiceClient is the client API for ReplicaService service.
@@ -55,6 +59,17 @@ type ReplicaServiceClient interface {
 	SetEpoch(ctx context.Context, in *SetEpochRequest, opts ...grpc.CallOption) (*SetEpochResponse, error)
 	// Close flushes, stops serving and closes the replica; the process exits.
 	Close(ctx context.Context, in *CloseRequest, opts ...grpc.CallOption) (*CloseResponse, error)
+	// Rebuild support.
+	// SnapshotRead returns the data (holes left out) of a range of the volume
+	// as it was at a snapshot. Block-aligned; at most 4 MiB per call.
+	SnapshotRead(ctx context.Context, in *SnapshotReadRequest, opts ...grpc.CallOption) (*SnapshotReadResponse, error)
+	// LayerWrite writes block-aligned data into a snapshot's own layer, below
+	// the head, while the replica is write-only in a rebuild.
+	LayerWrite(ctx context.Context, in *LayerWriteRequest, opts ...grpc.CallOption) (*LayerWriteResponse, error)
+	// SyncLayers makes every layer durable.
+	SyncLayers(ctx context.Context, in *SyncLayersRequest, opts ...grpc.CallOption) (*SyncLayersResponse, error)
+	// Checksum returns the CRC-32C of a range of the view at a snapshot.
+	Checksum(ctx context.Context, in *ChecksumRequest, opts ...grpc.CallOption) (*ChecksumResponse, error)
 }
 
 type replicaServiceClient struct {
@@ -145,6 +160,46 @@ func (c *replicaServiceClient) Close(ctx context.Context, in *CloseRequest, opts
 	return out, nil
 }
 
+func (c *replicaServiceClient) SnapshotRead(ctx context.Context, in *SnapshotReadRequest, opts ...grpc.CallOption) (*SnapshotReadResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SnapshotReadResponse)
+	err := c.cc.Invoke(ctx, ReplicaService_SnapshotRead_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *replicaServiceClient) LayerWrite(ctx context.Context, in *LayerWriteRequest, opts ...grpc.CallOption) (*LayerWriteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LayerWriteResponse)
+	err := c.cc.Invoke(ctx, ReplicaService_LayerWrite_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *replicaServiceClient) SyncLayers(ctx context.Context, in *SyncLayersRequest, opts ...grpc.CallOption) (*SyncLayersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SyncLayersResponse)
+	err := c.cc.Invoke(ctx, ReplicaService_SyncLayers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *replicaServiceClient) Checksum(ctx context.Context, in *ChecksumRequest, opts ...grpc.CallOption) (*ChecksumResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChecksumResponse)
+	err := c.cc.Invoke(ctx, ReplicaService_Checksum_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ReplicaServiceServer is the server API for ReplicaService service.
 // All implementations must embed UnimplementedReplicaServiceServer
 // for forward compatibility.
@@ -168,6 +223,17 @@ type ReplicaServiceServer interface {
 	SetEpoch(context.Context, *SetEpochRequest) (*SetEpochResponse, error)
 	// Close flushes, stops serving and closes the replica; the process exits.
 	Close(context.Context, *CloseRequest) (*CloseResponse, error)
+	// Rebuild support.
+	// SnapshotRead returns the data (holes left out) of a range of the volume
+	// as it was at a snapshot. Block-aligned; at most 4 MiB per call.
+	SnapshotRead(context.Context, *SnapshotReadRequest) (*SnapshotReadResponse, error)
+	// LayerWrite writes block-aligned data into a snapshot's own layer, below
+	// the head, while the replica is write-only in a rebuild.
+	LayerWrite(context.Context, *LayerWriteRequest) (*LayerWriteResponse, error)
+	// SyncLayers makes every layer durable.
+	SyncLayers(context.Context, *SyncLayersRequest) (*SyncLayersResponse, error)
+	// Checksum returns the CRC-32C of a range of the view at a snapshot.
+	Checksum(context.Context, *ChecksumRequest) (*ChecksumResponse, error)
 	mustEmbedUnimplementedReplicaServiceServer()
 }
 
@@ -201,6 +267,18 @@ func (UnimplementedReplicaServiceServer) SetEpoch(context.Context, *SetEpochRequ
 }
 func (UnimplementedReplicaServiceServer) Close(context.Context, *CloseRequest) (*CloseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Close not implemented")
+}
+func (UnimplementedReplicaServiceServer) SnapshotRead(context.Context, *SnapshotReadRequest) (*SnapshotReadResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SnapshotRead not implemented")
+}
+func (UnimplementedReplicaServiceServer) LayerWrite(context.Context, *LayerWriteRequest) (*LayerWriteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LayerWrite not implemented")
+}
+func (UnimplementedReplicaServiceServer) SyncLayers(context.Context, *SyncLayersRequest) (*SyncLayersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SyncLayers not implemented")
+}
+func (UnimplementedReplicaServiceServer) Checksum(context.Context, *ChecksumRequest) (*ChecksumResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Checksum not implemented")
 }
 func (UnimplementedReplicaServiceServer) mustEmbedUnimplementedReplicaServiceServer() {}
 func (UnimplementedReplicaServiceServer) testEmbeddedByValue()                        {}
@@ -367,6 +445,78 @@ func _ReplicaService_Close_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ReplicaService_SnapshotRead_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SnapshotReadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServiceServer).SnapshotRead(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ReplicaService_SnapshotRead_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServiceServer).SnapshotRead(ctx, req.(*SnapshotReadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ReplicaService_LayerWrite_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LayerWriteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServiceServer).LayerWrite(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ReplicaService_LayerWrite_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServiceServer).LayerWrite(ctx, req.(*LayerWriteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ReplicaService_SyncLayers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SyncLayersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServiceServer).SyncLayers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ReplicaService_SyncLayers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServiceServer).SyncLayers(ctx, req.(*SyncLayersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ReplicaService_Checksum_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChecksumRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServiceServer).Checksum(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ReplicaService_Checksum_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServiceServer).Checksum(ctx, req.(*ChecksumRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ReplicaService_ServiceDesc is the grpc.ServiceDesc for ReplicaService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -405,6 +555,22 @@ var ReplicaService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Close",
 			Handler:    _ReplicaService_Close_Handler,
+		},
+		{
+			MethodName: "SnapshotRead",
+			Handler:    _ReplicaService_SnapshotRead_Handler,
+		},
+		{
+			MethodName: "LayerWrite",
+			Handler:    _ReplicaService_LayerWrite_Handler,
+		},
+		{
+			MethodName: "SyncLayers",
+			Handler:    _ReplicaService_SyncLayers_Handler,
+		},
+		{
+			MethodName: "Checksum",
+			Handler:    _ReplicaService_Checksum_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

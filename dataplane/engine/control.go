@@ -1,0 +1,190 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ReplicaStatus describes one member of the set.
+type ReplicaStatus struct {
+	Address string
+	Mode    Mode
+	Since   time.Time
+	Error   string
+}
+
+// Replicas lists the members with their modes.
+func (e *Engine) Replicas() []ReplicaStatus {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]ReplicaStatus, 0, len(e.members))
+	for _, m := range e.members {
+		s := ReplicaStatus{Address: m.addr, Mode: m.mode, Since: m.since}
+		if m.err != nil {
+			s.Error = m.err.Error()
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// Robustness summarises the set: "healthy" (every wanted replica RW),
+// "degraded" (some RW, fewer than wanted) or "faulted" (none RW).
+func (e *Engine) Robustness() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch rw := e.rwCountLocked(); {
+	case rw == 0:
+		return "faulted"
+	case rw < e.wanted:
+		return "degraded"
+	}
+	return "healthy"
+}
+
+// RemoveReplica drops a member: it is failed (if not already) and
+// forgotten. The last RW replica cannot be removed.
+func (e *Engine) RemoveReplica(ctx context.Context, addr string) error {
+	e.mu.Lock()
+	idx := -1
+	for i, m := range e.members {
+		if m.addr == addr {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		e.mu.Unlock()
+		return fmt.Errorf("%w: %s is not a member", ErrInvalid, addr)
+	}
+	m := e.members[idx]
+	if m.mode == ModeRW && e.rwCountLocked() == 1 {
+		e.mu.Unlock()
+		return fmt.Errorf("%w: %s is the last RW replica; removing it would lose the volume", ErrInvalid, addr)
+	}
+	rb := e.rebuilds[addr]
+	e.mu.Unlock()
+	if rb != nil && rb.status().State == RebuildInProgress {
+		rb.cancel()
+		<-rb.fin
+	}
+	if e.markFailed(m, errors.New("removed on request")) {
+		e.afterFailure(ctx)
+	}
+	e.mu.Lock()
+	for i, x := range e.members {
+		if x == m {
+			e.members = append(e.members[:i:i], e.members[i+1:]...)
+			break
+		}
+	}
+	e.mu.Unlock()
+	return nil
+}
+
+// forEachWritable runs fn on every RW and WO member with I/O paused and
+// fails those for which it errs (unless tolerate says the error is fine).
+// It returns ErrNoReplica if no RW replica succeeded.
+func (e *Engine) forEachWritable(ctx context.Context, what string, fn func(*member) error, tolerate func(error) bool) error {
+	e.pause()
+	defer e.resume()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ok := 0
+	failed := false
+	var last error
+	for _, m := range e.members {
+		if m.mode == ModeERR {
+			continue
+		}
+		err := fn(m)
+		if err != nil && (tolerate == nil || !tolerate(err)) {
+			e.setMode(m, ModeERR, fmt.Errorf("%s: %w", what, err))
+			failed, last = true, err
+			continue
+		}
+		if m.mode == ModeRW {
+			ok++
+		}
+	}
+	if failed {
+		if err := e.publishEpochLocked(ctx, true); err != nil {
+			return err
+		}
+	}
+	if ok == 0 {
+		return fmt.Errorf("%w: %s failed on every replica: %v", ErrNoReplica, what, last)
+	}
+	return nil
+}
+
+// Snapshot takes a crash-consistent snapshot: new I/O is paused and I/O in
+// flight drained, every replica is flushed and snapshotted under the same
+// name, then I/O resumes.
+func (e *Engine) Snapshot(ctx context.Context, name string) error {
+	return e.forEachWritable(ctx, "snapshot "+name, func(m *member) error {
+		if err := m.r.Flush(ctx); err != nil {
+			return err
+		}
+		return m.r.Snapshot(ctx, name, true)
+	}, nil)
+}
+
+// Snapshots lists the snapshots as the first RW replica reports them.
+func (e *Engine) Snapshots(ctx context.Context) ([]SnapshotInfo, error) {
+	rs := e.readable()
+	if len(rs) == 0 {
+		return nil, fmt.Errorf("%w: no RW replica", ErrNoReplica)
+	}
+	info, err := rs[0].r.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return info.Snapshots, nil
+}
+
+// ErrSnapshotNotFound is what a Replica returns (wrapped) for a missing
+// snapshot; the client implementation maps its transport's code to it.
+var ErrSnapshotNotFound = errors.New("snapshot not found")
+
+// DeleteSnapshot removes a snapshot on every replica (merging its data
+// into its child). Replicas that never had it (rebuilt since) are skipped.
+// A snapshot an active rebuild uses cannot be deleted.
+func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
+	e.mu.Lock()
+	for _, rb := range e.rebuilds {
+		if st := rb.status(); st.State == RebuildInProgress && st.Snapshot == name {
+			e.mu.Unlock()
+			return fmt.Errorf("%w: snapshot %s is in use by the rebuild of %s", ErrInvalid, name, st.Replica)
+		}
+	}
+	e.mu.Unlock()
+	return e.forEachWritable(ctx, "delete snapshot "+name, func(m *member) error { return m.r.DeleteSnapshot(ctx, name) },
+		func(err error) bool { return errors.Is(err, ErrSnapshotNotFound) })
+}
+
+// Revert makes the volume read as it did at snapshot name, on every
+// replica; replicas that lack the snapshot are failed (they need a
+// rebuild). The frontend's users must have stopped using the volume: the
+// data changes under them.
+func (e *Engine) Revert(ctx context.Context, name string) error {
+	return e.forEachWritable(ctx, "revert to "+name, func(m *member) error {
+		if m.mode == ModeWO {
+			return errors.New("a replica being rebuilt cannot be reverted")
+		}
+		return m.r.Revert(ctx, name)
+	}, nil)
+}
+
+// Expand grows the volume on every replica.
+func (e *Engine) Expand(ctx context.Context, size int64) error {
+	if cur := e.Size(); size < cur || size%4096 != 0 {
+		return fmt.Errorf("%w: cannot expand from %d to %d bytes (must grow, in multiples of 4096)", ErrInvalid, cur, size)
+	}
+	err := e.forEachWritable(ctx, "expand", func(m *member) error { return m.r.Expand(ctx, size) }, nil)
+	if err == nil {
+		e.size.Store(size)
+	}
+	return err
+}

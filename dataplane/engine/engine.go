@@ -1,0 +1,603 @@
+// Package engine turns N replicas into one reliable block device: every
+// write goes to all writable replicas, reads come from RW replicas, failed
+// replicas are dropped (ERR), and new ones are rebuilt while I/O goes on.
+// It is a library: replicas come through the Replica interface and the
+// frontends (NBD, FUSE) call the I/O methods.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// Errors.
+var (
+	// ErrNoReplica: no RW replica took the request; the volume is faulted.
+	ErrNoReplica = errors.New("no healthy replica")
+	// ErrOutOfRange: the request goes past the end of the volume.
+	ErrOutOfRange = errors.New("out of range")
+	// ErrClosed: the engine was closed.
+	ErrClosed = errors.New("engine closed")
+	// ErrInvalid: a control request that cannot be carried out as asked.
+	ErrInvalid = errors.New("invalid request")
+)
+
+// Options configure Open.
+type Options struct {
+	// Name is the volume name, for logs and reports.
+	Name string
+	// Size is the volume size; 0 takes the replicas' size.
+	Size int64
+	// Replicas are the replicas' addresses.
+	Replicas []string
+	// Wanted is how many RW replicas make the set complete (healthy).
+	// Default: len(Replicas).
+	Wanted int
+	// Dial connects to a replica.
+	Dial Dialer
+	// Logger receives events. Default: discard.
+	Logger logr.Logger
+}
+
+// cand is a replica being considered at open, with what it reported.
+type cand struct {
+	m    *member
+	info ReplicaInfo
+}
+
+type member struct {
+	addr  string
+	r     Replica
+	mode  Mode // written only by Engine.setMode, under Engine.mu
+	since time.Time
+	err   error
+	stats stats
+}
+
+// Engine serves one volume from a set of replicas.
+type Engine struct {
+	opts Options
+	log  logr.Logger
+
+	// io is held shared by every data operation and exclusively to pause
+	// I/O (snapshots, epoch changes, mode changes that need a quiet set).
+	io     sync.RWMutex
+	ranges rangeLock
+
+	mu       sync.Mutex // members, modes, epoch, rebuilds, failed
+	members  []*member
+	epoch    uint64
+	wanted   int
+	closed   bool
+	rebuilds map[string]*rebuild
+	// failed records replicas that failed during this engine's life while
+	// the set stayed degraded since: their write-intent bits were kept on
+	// the survivors, so if they come back they resync only dirty regions.
+	failed map[string]bool
+
+	size atomic.Int64
+	rr   atomic.Uint64
+	io_  ioStats
+}
+
+// Open connects to the replicas, keeps those whose size and epoch agree,
+// bumps the epoch on them, and makes their contents agree where a previous
+// engine may have left writes half done (the union of their write-intent
+// bitmaps). At least one replica must be usable.
+func Open(ctx context.Context, opts Options) (*Engine, error) {
+	if opts.Dial == nil || len(opts.Replicas) == 0 {
+		return nil, fmt.Errorf("%w: need at least one replica and a dialer", ErrInvalid)
+	}
+	if opts.Wanted <= 0 {
+		opts.Wanted = len(opts.Replicas)
+	}
+	e := &Engine{opts: opts, log: opts.Logger.WithValues("volume", opts.Name), wanted: opts.Wanted,
+		rebuilds: map[string]*rebuild{}, failed: map[string]bool{}}
+	var good []cand
+	var maxEpoch uint64
+	for _, addr := range opts.Replicas {
+		m := &member{addr: addr, mode: ModeRW, since: time.Now()}
+		r, err := opts.Dial(ctx, addr)
+		if err == nil {
+			m.r = r
+			var info ReplicaInfo
+			if info, err = r.Info(ctx); err == nil {
+				good = append(good, cand{m, info})
+				maxEpoch = max(maxEpoch, info.Epoch)
+			}
+		}
+		if err != nil {
+			m.mode, m.err = ModeERR, fmt.Errorf("open: %w", err)
+			e.log.Info("replica unusable at open", "replica", addr, "reason", err.Error())
+		}
+		e.members = append(e.members, m)
+	}
+	size := opts.Size
+	if size == 0 && len(good) > 0 {
+		size = good[0].info.Size
+	}
+	var usable []cand
+	for _, c := range good {
+		var why string
+		switch {
+		case c.info.Size != size:
+			why = fmt.Sprintf("its size is %d bytes, the volume's %d", c.info.Size, size)
+		case c.info.Epoch < maxEpoch:
+			why = fmt.Sprintf("its epoch %d is older than %d: it missed changes and needs a rebuild", c.info.Epoch, maxEpoch)
+		}
+		if why != "" {
+			c.m.mode, c.m.err = ModeERR, errors.New(why)
+			c.m.r.Close()
+			e.log.Info("replica left out at open", "replica", c.m.addr, "reason", why)
+			continue
+		}
+		usable = append(usable, c)
+	}
+	if len(usable) == 0 {
+		e.closeAll()
+		return nil, fmt.Errorf("%w: none of %d replicas is usable (%v)", ErrNoReplica, len(opts.Replicas), e.memberErrors())
+	}
+	e.size.Store(size)
+	e.epoch = maxEpoch + 1
+	for _, c := range usable {
+		if err := c.m.r.SetEpoch(ctx, e.epoch, true); err != nil {
+			c.m.mode, c.m.err = ModeERR, fmt.Errorf("set epoch: %w", err)
+			continue
+		}
+		c.m.r.SetRequestEpoch(e.epoch)
+	}
+	if err := e.reconcile(ctx, usable[0].m, usable); err != nil {
+		e.closeAll()
+		return nil, err
+	}
+	if e.rwCount() == 0 {
+		e.closeAll()
+		return nil, fmt.Errorf("%w: every replica failed while opening (%v)", ErrNoReplica, e.memberErrors())
+	}
+	if err := e.publishEpoch(ctx, false); err != nil {
+		e.closeAll()
+		return nil, err
+	}
+	for _, m := range e.members {
+		if m.mode != ModeERR {
+			go e.watch(m)
+		}
+	}
+	e.log.Info("engine opened", "size", size, "epoch", e.epoch, "rw", e.rwCount(), "wanted", e.wanted)
+	return e, nil
+}
+
+// reconcile copies, from src to the other usable replicas, every region
+// any of them marks dirty: a previous engine may have died with writes
+// applied on some replicas only, and readers must not see two versions.
+func (e *Engine) reconcile(ctx context.Context, src *member, usable []cand) error {
+	if len(usable) < 2 {
+		return nil
+	}
+	union := map[int64]bool{}
+	var regionSize int64
+	for _, c := range usable {
+		regionSize = c.info.DirtyRegionSize
+		for r := range c.info.DirtyCount {
+			if c.info.Dirty[r/64]&(1<<(r%64)) != 0 {
+				union[r] = true
+			}
+		}
+	}
+	if len(union) == 0 || regionSize <= 0 {
+		return nil
+	}
+	e.log.Info("reconciling regions a previous engine may have left different", "regions", len(union))
+	size := e.size.Load()
+	buf := make([]byte, regionSize)
+	for r := range union {
+		off := r * regionSize
+		n := min(regionSize, size-off)
+		if n <= 0 || src.mode != ModeRW {
+			continue
+		}
+		if err := src.r.ReadAt(ctx, buf[:n], off); err != nil {
+			return fmt.Errorf("reconcile: read from %s: %w", src.addr, err)
+		}
+		for _, c := range usable {
+			if c.m == src || c.m.mode != ModeRW {
+				continue
+			}
+			if err := c.m.r.WriteAt(ctx, buf[:n], off, false); err != nil {
+				e.setMode(c.m, ModeERR, fmt.Errorf("reconcile: %w", err))
+			}
+		}
+	}
+	for _, c := range usable {
+		if c.m.mode == ModeRW {
+			if err := c.m.r.Flush(ctx); err != nil {
+				e.setMode(c.m, ModeERR, fmt.Errorf("reconcile: flush: %w", err))
+			}
+		}
+	}
+	return nil
+}
+
+// setMode is the only writer of member modes. Callers hold e.mu, except
+// during Open before the engine is shared.
+func (e *Engine) setMode(m *member, to Mode, cause error) error {
+	if err := transition(m.mode, to); err != nil {
+		return err
+	}
+	e.log.Info("replica mode", "replica", m.addr, "from", m.mode.String(), "to", to.String(), "cause", fmt.Sprint(cause))
+	m.mode, m.since, m.err = to, time.Now(), cause
+	if to == ModeERR {
+		e.failed[m.addr] = true
+		go m.r.Close() // stop its traffic; pending requests fail at once
+	}
+	return nil
+}
+
+// watch fails a replica whose connection dies on its own.
+func (e *Engine) watch(m *member) {
+	<-m.r.Failed()
+	if e.markFailed(m, errors.New("connection to the replica failed")) {
+		e.afterFailure(context.Background())
+	}
+}
+
+// markFailed moves m to ERR, reporting whether it changed.
+func (e *Engine) markFailed(m *member, cause error) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if m.mode == ModeERR || e.closed {
+		return false
+	}
+	return e.setMode(m, ModeERR, cause) == nil
+}
+
+// afterFailure bumps the epoch on the surviving replicas, with I/O paused,
+// marking the set degraded so their write-intent bits are kept. The failed
+// replica keeps its old epoch: if it comes back it is recognised as stale.
+func (e *Engine) afterFailure(ctx context.Context) {
+	e.io.Lock()
+	defer e.io.Unlock()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return
+	}
+	if err := e.publishEpochLocked(ctx, true); err != nil {
+		e.log.Error(err, "after a replica failure")
+	}
+}
+
+// publishEpoch takes the locks and calls publishEpochLocked.
+func (e *Engine) publishEpoch(ctx context.Context, bump bool) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.publishEpochLocked(ctx, bump)
+}
+
+// publishEpochLocked (optionally bumps and) sets the epoch and the degraded
+// flag on every writable replica; one that refuses is failed. I/O must be
+// paused when bumping. Returns ErrNoReplica if no RW replica remains.
+func (e *Engine) publishEpochLocked(ctx context.Context, bump bool) error {
+	if bump {
+		e.epoch++
+	}
+	for {
+		degraded := e.degradedLocked()
+		changed := false
+		for _, m := range e.members {
+			if m.mode == ModeERR {
+				continue
+			}
+			if err := m.r.SetEpoch(ctx, e.epoch, degraded); err != nil {
+				e.setMode(m, ModeERR, fmt.Errorf("set epoch %d: %w", e.epoch, err))
+				changed = true
+				continue
+			}
+			m.r.SetRequestEpoch(e.epoch)
+		}
+		if !changed {
+			if !degraded {
+				clear(e.failed) // bits may be cleared from now on
+			}
+			break
+		}
+	}
+	if e.rwCountLocked() == 0 {
+		return fmt.Errorf("%w: %v", ErrNoReplica, e.memberErrorsLocked())
+	}
+	return nil
+}
+
+func (e *Engine) degradedLocked() bool {
+	rw := 0
+	for _, m := range e.members {
+		switch m.mode {
+		case ModeRW:
+			rw++
+		case ModeWO:
+			return true
+		}
+	}
+	return rw < e.wanted
+}
+
+func (e *Engine) rwCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.rwCountLocked()
+}
+
+func (e *Engine) rwCountLocked() int {
+	n := 0
+	for _, m := range e.members {
+		if m.mode == ModeRW {
+			n++
+		}
+	}
+	return n
+}
+
+func (e *Engine) memberErrors() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.memberErrorsLocked()
+}
+
+func (e *Engine) memberErrorsLocked() string {
+	s := ""
+	for _, m := range e.members {
+		if m.err != nil {
+			s += fmt.Sprintf("%s: %v; ", m.addr, m.err)
+		}
+	}
+	return s
+}
+
+// writable returns the RW and WO members with their modes at the time;
+// readable the RW ones.
+func (e *Engine) writable() ([]*member, []Mode) { return e.select_(ModeRW, ModeWO) }
+func (e *Engine) readable() []*member {
+	ms, _ := e.select_(ModeRW, ModeRW)
+	return ms
+}
+
+func (e *Engine) select_(a, b Mode) ([]*member, []Mode) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]*member, 0, len(e.members))
+	modes := make([]Mode, 0, len(e.members))
+	for _, m := range e.members {
+		if m.mode == a || m.mode == b {
+			out = append(out, m)
+			modes = append(modes, m.mode)
+		}
+	}
+	return out, modes
+}
+
+// Size is the volume size in bytes.
+func (e *Engine) Size() int64 { return e.size.Load() }
+
+// Epoch is the current epoch.
+func (e *Engine) Epoch() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.epoch
+}
+
+func (e *Engine) checkRange(off, n int64) error {
+	if size := e.size.Load(); off < 0 || n < 0 || off > size || n > size-off {
+		return fmt.Errorf("%w: %d bytes at %d, volume size %d", ErrOutOfRange, n, off, size)
+	}
+	return nil
+}
+
+// ReadAt reads from one RW replica (round robin), trying the next if it
+// fails; a replica that fails a read is moved to ERR.
+func (e *Engine) ReadAt(ctx context.Context, p []byte, off int64) error {
+	if err := e.checkRange(off, int64(len(p))); err != nil {
+		return err
+	}
+	for len(p) > MaxIO {
+		if err := e.readAt(ctx, p[:MaxIO], off); err != nil {
+			return err
+		}
+		p, off = p[MaxIO:], off+MaxIO
+	}
+	return e.readAt(ctx, p, off)
+}
+
+// MaxIO is the largest piece a request is split into on its way to the
+// replicas (dataconn frames are bounded).
+const MaxIO = 1 << 20
+
+// maxUnmap bounds one unmap request (its length is 32 bits on the wire).
+const maxUnmap = 1 << 30
+
+func (e *Engine) readAt(ctx context.Context, p []byte, off int64) error {
+	e.io.RLock()
+	rs := e.readable()
+	failed := false
+	var err error = fmt.Errorf("%w: no RW replica to read from", ErrNoReplica)
+	start := int(e.rr.Add(1))
+	for i := range rs {
+		m := rs[(start+i)%len(rs)]
+		t := time.Now()
+		rerr := m.r.ReadAt(ctx, p, off)
+		m.stats.record(opRead, len(p), time.Since(t), rerr)
+		if rerr == nil {
+			err = nil
+			break
+		}
+		if ctx.Err() != nil {
+			err = ctx.Err()
+			break
+		}
+		failed = e.markFailed(m, fmt.Errorf("read failed: %w", rerr)) || failed
+		err = fmt.Errorf("%w: last error: %w", ErrNoReplica, rerr)
+	}
+	e.io.RUnlock()
+	if failed {
+		e.afterFailure(ctx)
+	}
+	e.io_.record(opRead, len(p), err)
+	return err
+}
+
+type op uint8
+
+const (
+	opRead op = iota
+	opWrite
+	opFlush
+	opUnmap
+)
+
+// fanout runs fn on every member concurrently and returns their errors.
+func fanout(ms []*member, o op, n int, fn func(*member) error) []error {
+	errs := make([]error, len(ms))
+	run := func(i int) {
+		t := time.Now()
+		errs[i] = fn(ms[i])
+		ms[i].stats.record(o, n, time.Since(t), errs[i])
+	}
+	if len(ms) == 1 {
+		run(0)
+		return errs
+	}
+	var wg sync.WaitGroup
+	for i := range ms {
+		wg.Add(1)
+		go func() { defer wg.Done(); run(i) }()
+	}
+	wg.Wait()
+	return errs
+}
+
+// mutate sends a write-like operation (write, unmap, flush) to every
+// writable replica. Replicas that fail are moved to ERR before this
+// returns, so an acknowledged operation is on every RW replica; it fails
+// only if no RW replica took it.
+func (e *Engine) mutate(ctx context.Context, o op, off, n int64, fn func(*member) error) error {
+	e.io.RLock()
+	var lr *lockedRange
+	if o != opFlush {
+		lr = e.ranges.lock(off, n)
+	}
+	ms, modes := e.writable()
+	errs := fanout(ms, o, int(n), fn)
+	okRW, failed := 0, false
+	var last error
+	for i, m := range ms {
+		if errs[i] == nil {
+			if modes[i] == ModeRW {
+				okRW++
+			}
+			continue
+		}
+		last = errs[i]
+		if ctx.Err() == nil {
+			failed = e.markFailed(m, fmt.Errorf("%s failed: %w", opName(o), errs[i])) || failed
+		}
+	}
+	if lr != nil {
+		e.ranges.unlock(lr)
+	}
+	e.io.RUnlock()
+	if failed {
+		e.afterFailure(ctx)
+	}
+	var err error
+	switch {
+	case okRW > 0:
+	case ctx.Err() != nil:
+		err = ctx.Err()
+	case last != nil:
+		err = fmt.Errorf("%w: %s: last error: %w", ErrNoReplica, opName(o), last)
+	default:
+		err = fmt.Errorf("%w: no RW replica", ErrNoReplica)
+	}
+	e.io_.record(o, int(n), err)
+	return err
+}
+
+func opName(o op) string {
+	return [...]string{"read", "write", "flush", "unmap"}[o]
+}
+
+// WriteAt writes p at off to every writable replica; with fua the data is
+// durable on each before it returns.
+func (e *Engine) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	if err := e.checkRange(off, int64(len(p))); err != nil {
+		return err
+	}
+	for {
+		chunk := p[:min(len(p), MaxIO)]
+		last := len(chunk) == len(p)
+		if err := e.mutate(ctx, opWrite, off, int64(len(chunk)), func(m *member) error {
+			return m.r.WriteAt(ctx, chunk, off, fua && last) // FUA on the last piece makes all durable: the flush covers earlier ones
+		}); err != nil {
+			return err
+		}
+		if last {
+			return nil
+		}
+		p, off = p[MaxIO:], off+MaxIO
+	}
+}
+
+// Unmap discards [off, off+length) on every writable replica.
+func (e *Engine) Unmap(ctx context.Context, off, length int64) error {
+	if err := e.checkRange(off, length); err != nil {
+		return err
+	}
+	for length > 0 {
+		n := min(length, maxUnmap)
+		o := off
+		if err := e.mutate(ctx, opUnmap, o, n, func(m *member) error { return m.r.Unmap(ctx, o, n) }); err != nil {
+			return err
+		}
+		off, length = off+n, length-n
+	}
+	return nil
+}
+
+// Flush makes every completed write durable on every writable replica.
+func (e *Engine) Flush(ctx context.Context) error {
+	return e.mutate(ctx, opFlush, 0, 0, func(m *member) error { return m.r.Flush(ctx) })
+}
+
+// pause stops new I/O and waits for I/O in flight; resume undoes it.
+func (e *Engine) pause()  { e.io.Lock() }
+func (e *Engine) resume() { e.io.Unlock() }
+
+// Close stops rebuilds and closes every replica connection. Callers stop
+// the frontend first.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	for _, rb := range e.rebuilds {
+		rb.cancel()
+	}
+	e.mu.Unlock()
+	e.closeAll()
+	return nil
+}
+
+func (e *Engine) closeAll() {
+	for _, m := range e.members {
+		if m.r != nil {
+			m.r.Close()
+		}
+	}
+}

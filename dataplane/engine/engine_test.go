@@ -1,0 +1,447 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/engine"
+	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
+	"github.com/cairn-io/cairn/dataplane/replica"
+	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
+)
+
+// testReplica is a real replica served on loopback in this process.
+type testReplica struct {
+	t        *testing.T
+	dir      string
+	addr     string // "data,control"
+	data     string
+	ctl      string
+	run      *replicaserver.Running
+	killOnce sync.Once
+}
+
+func listenOn(t *testing.T, addr string) net.Listener {
+	t.Helper()
+	var l net.Listener
+	var err error
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if l, err = net.Listen("tcp", addr); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the old socket is still closing
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// startReplica serves a replica in dir; with addr set it reuses those ports
+// (a replica coming back at the same address).
+func startReplica(t *testing.T, dir string, size int64, addr string) *testReplica {
+	t.Helper()
+	dataAddr, ctlAddr := "127.0.0.1:0", "127.0.0.1:0"
+	if addr != "" {
+		dataAddr, ctlAddr, _ = replicaclient.SplitAddress(addr)
+	}
+	r, err := replica.Open(dir, replica.Options{Size: size, ClearDelay: -1}) // clear bits on the next flushes
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, cl := listenOn(t, dataAddr), listenOn(t, ctlAddr)
+	tr := &testReplica{t: t, dir: dir, data: dl.Addr().String(), ctl: cl.Addr().String()}
+	tr.addr = tr.data + "," + tr.ctl
+	tr.run = replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl})
+	t.Cleanup(tr.kill)
+	return tr
+}
+
+func (tr *testReplica) kill() { tr.killOnce.Do(tr.run.Kill) }
+
+func dialer() engine.Dialer {
+	return replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{
+		Conns: 2, RequestTimeout: 5 * time.Second, PingInterval: 200 * time.Millisecond, PingTimeout: 2 * time.Second}})
+}
+
+func cluster(t *testing.T, n int, size int64) (*engine.Engine, []*testReplica) {
+	t.Helper()
+	var reps []*testReplica
+	var addrs []string
+	for i := range n {
+		tr := startReplica(t, filepath.Join(t.TempDir(), fmt.Sprint("r", i)), size, "")
+		reps = append(reps, tr)
+		addrs = append(addrs, tr.addr)
+	}
+	e, err := engine.Open(context.Background(), engine.Options{Name: "test", Replicas: addrs, Dial: dialer()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e, reps
+}
+
+func pattern(seed, n int) []byte {
+	p := make([]byte, n)
+	r := rand.New(rand.NewPCG(uint64(seed), 3))
+	for i := range p {
+		p[i] = byte(r.Uint32())
+	}
+	return p
+}
+
+func modes(e *engine.Engine) map[string]string {
+	out := map[string]string{}
+	for _, r := range e.Replicas() {
+		out[r.Address] = r.Mode.String()
+	}
+	return out
+}
+
+// readReplica reads straight from one replica's directory view, bypassing
+// the engine (the replica is served; we use its dataconn with its epoch).
+func readReplica(t *testing.T, tr *testReplica, epoch uint64, p []byte, off int64) {
+	t.Helper()
+	c, err := dataconn.Dial(context.Background(), "tcp", tr.data, dataconn.ClientOptions{Conns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetEpoch(epoch)
+	if err := c.ReadAt(context.Background(), p, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWritesReachEveryReplica(t *testing.T) {
+	ctx := context.Background()
+	e, reps := cluster(t, 3, 8<<20)
+	data := pattern(1, 1<<20)
+	if err := e.WriteAt(ctx, data, 4096, true); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data))
+	if err := e.ReadAt(ctx, got, 4096); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read through the engine: %v", err)
+	}
+	for _, tr := range reps {
+		readReplica(t, tr, e.Epoch(), got, 4096)
+		if !bytes.Equal(got, data) {
+			t.Fatalf("replica %s lacks the write", tr.addr)
+		}
+	}
+	if e.Robustness() != "healthy" {
+		t.Fatal(e.Robustness())
+	}
+	if _, err := engine.Open(ctx, engine.Options{Replicas: []string{reps[0].addr}, Dial: dialer(), Size: 4 << 20}); err == nil {
+		t.Fatal("opened a replica of the wrong size")
+	}
+}
+
+// verifier writes unique data to blocks from several goroutines and checks
+// every block it wrote, with zero tolerated errors.
+type verifier struct {
+	mu      sync.Mutex
+	content map[int64][]byte
+	errs    atomic.Int64
+	ops     atomic.Int64
+}
+
+func (v *verifier) run(ctx context.Context, t *testing.T, e *engine.Engine, workers int, blocks int64) *sync.WaitGroup {
+	v.content = map[int64][]byte{}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 5))
+			for i := 0; ctx.Err() == nil; i++ {
+				b := int64(w) + int64(workers)*r.Int64N(blocks/int64(workers))
+				p := pattern(w*1000003+i, 4096)
+				if err := e.WriteAt(context.Background(), p, b*4096, false); err != nil {
+					v.errs.Add(1)
+					t.Errorf("write block %d: %v", b, err)
+					return
+				}
+				got := make([]byte, 4096)
+				if err := e.ReadAt(context.Background(), got, b*4096); err != nil || !bytes.Equal(got, p) {
+					v.errs.Add(1)
+					t.Errorf("read back block %d: %v", b, err)
+					return
+				}
+				v.mu.Lock()
+				v.content[b] = p
+				v.mu.Unlock()
+				v.ops.Add(1)
+			}
+		}()
+	}
+	return &wg
+}
+
+func (v *verifier) check(t *testing.T, read func(p []byte, off int64) error) {
+	t.Helper()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	got := make([]byte, 4096)
+	for b, want := range v.content {
+		if err := read(got, b*4096); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("block %d differs", b)
+		}
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestKillRebuildLoseOriginals: kill one of three replicas during
+// continuous verified writes (no errors allowed), rebuild a fresh replica
+// while the writes go on, then kill both original survivors and read every
+// byte back from the rebuilt one.
+func TestKillRebuildLoseOriginals(t *testing.T) {
+	ctx := context.Background()
+	const size = 32 << 20
+	e, reps := cluster(t, 3, size)
+	base := pattern(7, size)
+	if err := e.WriteAt(ctx, base, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	v := &verifier{}
+	wg := v.run(wctx, t, e, 4, size/4096)
+	waitFor(t, "writes to start", func() bool { return v.ops.Load() > 100 })
+	epoch := e.Epoch()
+	reps[1].kill()
+	waitFor(t, "the killed replica to be ERR", func() bool { return modes(e)[reps[1].addr] == "ERR" })
+	// The survivors' epoch is bumped right after (with I/O paused).
+	waitFor(t, "the epoch to be bumped", func() bool { return e.Epoch() > epoch })
+	if e.Robustness() != "degraded" {
+		t.Fatalf("after a failure: %s", e.Robustness())
+	}
+	n := v.ops.Load()
+	waitFor(t, "writes to go on", func() bool { return v.ops.Load() > n+100 })
+
+	fresh := startReplica(t, filepath.Join(t.TempDir(), "fresh"), size, "")
+	if err := e.AddReplica(ctx, fresh.addr); err != nil {
+		t.Fatal(err)
+	}
+	if m := modes(e)[fresh.addr]; m != "WO" && m != "RW" {
+		t.Fatalf("new replica is %s", m)
+	}
+	st, err := e.WaitRebuild(ctx, fresh.addr)
+	if err != nil || st.State != engine.RebuildComplete {
+		t.Fatalf("rebuild: %+v %v", st, err)
+	}
+	if st.DirtyOnly || st.BytesDone != size || st.BytesTotal != size {
+		t.Fatalf("full rebuild status: %+v", st)
+	}
+	stop()
+	wg.Wait()
+	if v.errs.Load() != 0 {
+		t.Fatalf("%d I/O errors", v.errs.Load())
+	}
+	if modes(e)[fresh.addr] != "RW" {
+		t.Fatalf("rebuilt replica is %s", modes(e)[fresh.addr])
+	}
+	// Lose the originals: the rebuilt replica alone must hold everything.
+	reps[0].kill()
+	reps[2].kill()
+	copyBase := append([]byte(nil), base...)
+	for b, p := range v.content {
+		copy(copyBase[b*4096:], p)
+	}
+	got := make([]byte, size)
+	waitFor(t, "originals to be dropped", func() bool {
+		m := modes(e)
+		return m[reps[0].addr] == "ERR" && m[reps[2].addr] == "ERR"
+	})
+	if err := e.ReadAt(ctx, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, copyBase) {
+		t.Fatal("the rebuilt replica's data differs from what was written")
+	}
+}
+
+// TestReturningReplicaCopiesOnlyDirtyRegions: a replica that goes away and
+// comes back with its data resyncs only the regions written meanwhile.
+func TestReturningReplicaCopiesOnlyDirtyRegions(t *testing.T) {
+	ctx := context.Background()
+	const size = 64 << 20
+	e, reps := cluster(t, 3, size)
+	if err := e.WriteAt(ctx, pattern(1, size), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	// Let the set settle clean: flushes clear the write-intent bits.
+	waitFor(t, "bits to clear", func() bool {
+		return e.Flush(ctx) == nil && dirtyCount(t, reps[0])+dirtyCount(t, reps[1])+dirtyCount(t, reps[2]) == 0
+	})
+	r1 := reps[1]
+	r1.kill()
+	waitFor(t, "ERR", func() bool { return modes(e)[r1.addr] == "ERR" })
+	// Write to 3 regions while it is away.
+	for _, off := range []int64{5 << 20, 20<<20 + 4096, 40 << 20} {
+		if err := e.WriteAt(ctx, pattern(int(off), 8192), off, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	back := startReplica(t, r1.dir, 0, r1.addr)
+	if err := e.AddReplica(ctx, back.addr); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.WaitRebuild(ctx, back.addr)
+	if err != nil || st.State != engine.RebuildComplete {
+		t.Fatalf("rebuild: %+v %v", st, err)
+	}
+	if !st.DirtyOnly {
+		t.Fatal("a returning replica was fully rebuilt")
+	}
+	// 3 regions of 1 MiB written while away (plus at most a few regions the
+	// returning replica itself marked dirty before it died).
+	if st.BytesCopied < 3<<20 || st.BytesCopied > 8<<20 {
+		t.Fatalf("copied %d bytes, want about 3 MiB of %d", st.BytesCopied, size)
+	}
+	t.Logf("returning replica: copied %d of %d bytes", st.BytesCopied, size)
+	// Only the returning replica left: it must be right everywhere.
+	reps[0].kill()
+	reps[2].kill()
+	waitFor(t, "originals dropped", func() bool { return modes(e)[reps[0].addr] == "ERR" && modes(e)[reps[2].addr] == "ERR" })
+	want := pattern(1, size)
+	for _, off := range []int64{5 << 20, 20<<20 + 4096, 40 << 20} {
+		copy(want[off:], pattern(int(off), 8192))
+	}
+	got := make([]byte, size)
+	if err := e.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("returning replica's data is wrong: %v", err)
+	}
+}
+
+func dirtyCount(t *testing.T, tr *testReplica) int64 {
+	in, err := tr.run.R.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in.Dirty.Dirty()
+}
+
+func TestSnapshotRevertRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	e, _ := cluster(t, 2, 4<<20)
+	a := pattern(1, 1<<20)
+	e.WriteAt(ctx, a, 0, false)
+	if err := e.Snapshot(ctx, "before"); err != nil {
+		t.Fatal(err)
+	}
+	e.WriteAt(ctx, pattern(2, 1<<20), 0, false)
+	snaps, err := e.Snapshots(ctx)
+	if err != nil || len(snaps) != 1 || snaps[0].Name != "before" || !snaps[0].UserCreated {
+		t.Fatalf("snapshots: %+v %v", snaps, err)
+	}
+	if err := e.Revert(ctx, "before"); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 1<<20)
+	if err := e.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, a) {
+		t.Fatalf("after revert: %v", err)
+	}
+	if err := e.DeleteSnapshot(ctx, "before"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, a) {
+		t.Fatalf("after delete: %v", err)
+	}
+	if err := e.Expand(ctx, 8<<20); err != nil || e.Size() != 8<<20 {
+		t.Fatalf("expand: %v", err)
+	}
+	if err := e.WriteAt(ctx, a, 7<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	if e.Robustness() != "healthy" {
+		t.Fatal(e.Robustness(), modes(e))
+	}
+}
+
+// TestStaleReplicaLeftOutAtOpen: a replica that missed an epoch change is
+// never served: a new engine leaves it out.
+func TestStaleReplicaLeftOutAtOpen(t *testing.T) {
+	ctx := context.Background()
+	e, reps := cluster(t, 3, 4<<20)
+	reps[2].kill() // misses the epoch bump that follows
+	waitFor(t, "ERR", func() bool { return modes(e)[reps[2].addr] == "ERR" })
+	e.WriteAt(ctx, pattern(3, 4096), 0, false)
+	e.Close()
+	back := startReplica(t, reps[2].dir, 0, reps[2].addr)
+	e2, err := engine.Open(ctx, engine.Options{Replicas: []string{reps[0].addr, reps[1].addr, back.addr}, Dial: dialer()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	if m := modes(e2); m[back.addr] != "ERR" || m[reps[0].addr] != "RW" {
+		t.Fatalf("modes at reopen: %v", m)
+	}
+	for _, r := range e2.Replicas() {
+		if r.Address == back.addr && r.Error == "" {
+			t.Fatal("no reason given for leaving the stale replica out")
+		}
+	}
+}
+
+// TestOverlappingWritesKeepReplicasIdentical hammers a few blocks with
+// concurrent writes and checks that every replica ends with the same data.
+func TestOverlappingWritesKeepReplicasIdentical(t *testing.T) {
+	ctx := context.Background()
+	e, reps := cluster(t, 3, 1<<20)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				off := int64((w+i)%4) * 2048 // overlapping, unaligned
+				if err := e.WriteAt(ctx, pattern(w*1000+i, 6144), off, false); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	want := make([]byte, 16384)
+	readReplica(t, reps[0], e.Epoch(), want, 0)
+	for _, tr := range reps[1:] {
+		got := make([]byte, len(want))
+		readReplica(t, tr, e.Epoch(), got, 0)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("replica %s diverged", tr.addr)
+		}
+	}
+}
+
+func TestRemoveLastReplicaRefused(t *testing.T) {
+	e, reps := cluster(t, 1, 1<<20)
+	if err := e.RemoveReplica(context.Background(), reps[0].addr); !errors.Is(err, engine.ErrInvalid) {
+		t.Fatalf("removing the last RW replica: %v", err)
+	}
+}

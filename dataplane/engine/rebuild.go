@@ -1,0 +1,344 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// RebuildState is the phase of a rebuild.
+type RebuildState string
+
+// Rebuild states.
+const (
+	RebuildInProgress RebuildState = "in-progress"
+	RebuildComplete   RebuildState = "complete"
+	RebuildFailed     RebuildState = "failed"
+	RebuildCancelled  RebuildState = "cancelled"
+)
+
+// RebuildStatus reports one rebuild.
+type RebuildStatus struct {
+	Replica  string
+	Source   string
+	Snapshot string
+	State    RebuildState
+	// DirtyOnly is true when only regions marked in the write-intent bitmaps
+	// are copied (a returning replica); false for a full copy.
+	DirtyOnly bool
+	// BytesDone and BytesTotal measure progress through the regions to copy.
+	BytesDone, BytesTotal int64
+	// BytesCopied is the data actually sent (holes are skipped).
+	BytesCopied int64
+	Started     time.Time
+	Finished    time.Time
+	Error       string
+}
+
+type rebuild struct {
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	st     RebuildStatus
+	done   atomic.Int64
+	copied atomic.Int64
+	fin    chan struct{}
+}
+
+func (rb *rebuild) status() RebuildStatus {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	s := rb.st
+	s.BytesDone, s.BytesCopied = rb.done.Load(), rb.copied.Load()
+	return s
+}
+
+// RebuildChunk is how much a rebuild copies per request.
+const RebuildChunk = 4 << 20
+
+// AddReplica adds the replica at addr in WO mode behind a snapshot taken
+// on every replica at this moment, and rebuilds it in the background:
+// the data older than the snapshot is copied from an RW replica while new
+// writes reach it directly, then verified, then the replica becomes RW.
+// A replica that failed earlier in this engine's life, while the set has
+// stayed degraded since, copies only the regions marked dirty in its own
+// and the source's write-intent bitmaps; any other copies everything,
+// skipping holes. AddReplica returns once the replica is taking writes.
+func (e *Engine) AddReplica(ctx context.Context, addr string) error {
+	e.mu.Lock()
+	for _, m := range e.members {
+		if m.addr == addr && m.mode != ModeERR {
+			e.mu.Unlock()
+			return fmt.Errorf("%w: %s is already a %s member", ErrInvalid, addr, m.mode)
+		}
+	}
+	if rb := e.rebuilds[addr]; rb != nil && rb.status().State == RebuildInProgress {
+		e.mu.Unlock()
+		return fmt.Errorf("%w: %s is already being rebuilt", ErrInvalid, addr)
+	}
+	dirtyOnly := e.failed[addr]
+	e.mu.Unlock()
+
+	r, err := e.opts.Dial(ctx, addr)
+	if err != nil {
+		return fmt.Errorf("add replica %s: %w", addr, err)
+	}
+	tinfo, err := r.Info(ctx)
+	if err == nil && tinfo.Size < e.Size() {
+		err = r.Expand(ctx, e.Size())
+	}
+	if err == nil && tinfo.Size > e.Size() {
+		err = fmt.Errorf("%w: the replica is %d bytes, larger than the volume (%d)", ErrInvalid, tinfo.Size, e.Size())
+	}
+	if err != nil {
+		r.Close()
+		return fmt.Errorf("add replica %s: %w", addr, err)
+	}
+
+	// Pause I/O: snapshot everyone at the same point, add the new member.
+	e.pause()
+	e.mu.Lock()
+	snap := fmt.Sprintf("rebuild-%d-%d", e.epoch, time.Now().UnixNano()%1e6)
+	var src *member
+	var srcInfo ReplicaInfo
+	for _, m := range e.members {
+		if m.mode == ModeERR {
+			continue
+		}
+		err := m.r.Flush(ctx)
+		if err == nil {
+			err = m.r.Snapshot(ctx, snap, false)
+		}
+		if err == nil && src == nil && m.mode == ModeRW {
+			if srcInfo, err = m.r.Info(ctx); err == nil {
+				src = m
+			}
+		}
+		if err != nil {
+			e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", err))
+		}
+	}
+	if err == nil && src == nil {
+		err = fmt.Errorf("%w: no RW replica to rebuild from", ErrNoReplica)
+	}
+	if err == nil {
+		err = r.Snapshot(ctx, snap, false) // its current head (stale or empty) sits below the new head
+	}
+	var nm *member
+	if err == nil {
+		nm = &member{addr: addr, r: r, mode: ModeWO, since: time.Now()}
+		e.members = append(e.members, nm)
+		err = e.publishEpochLocked(ctx, true)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	rb := &rebuild{cancel: cancel, fin: make(chan struct{}), st: RebuildStatus{
+		Replica: addr, Snapshot: snap, State: RebuildInProgress, DirtyOnly: dirtyOnly, Started: time.Now()}}
+	if src != nil {
+		rb.st.Source = src.addr
+	}
+	if err == nil && nm.mode == ModeERR {
+		err = fmt.Errorf("the new replica failed while joining: %v", nm.err)
+	}
+	if err == nil {
+		e.rebuilds[addr] = rb
+	}
+	e.mu.Unlock()
+	e.resume()
+	if err != nil {
+		cancel()
+		if nm == nil {
+			r.Close()
+		}
+		return fmt.Errorf("add replica %s: %w", addr, err)
+	}
+	go e.watch(nm)
+
+	// The regions to copy.
+	size := e.Size()
+	var regions []span
+	if dirtyOnly {
+		regions = dirtySpans(size, srcInfo, tinfo)
+	} else {
+		regions = []span{{0, size}}
+	}
+	var total int64
+	for _, s := range regions {
+		total += s.n
+	}
+	rb.mu.Lock()
+	rb.st.BytesTotal = total
+	rb.mu.Unlock()
+	e.log.Info("rebuild started", "replica", addr, "source", src.addr, "snapshot", snap, "dirtyOnly", dirtyOnly, "bytes", total)
+	go e.runRebuild(rctx, rb, src, nm, regions)
+	return nil
+}
+
+
+type span struct{ off, n int64 }
+
+// dirtySpans is the union of two write-intent bitmaps as byte ranges.
+func dirtySpans(size int64, a, b ReplicaInfo) []span {
+	rs := a.DirtyRegionSize
+	if rs <= 0 || rs != b.DirtyRegionSize {
+		return []span{{0, size}} // bitmaps not comparable: copy everything
+	}
+	var out []span
+	for r := int64(0); r*rs < size; r++ {
+		if bit(a.Dirty, a.DirtyCount, r) || bit(b.Dirty, b.DirtyCount, r) {
+			off := r * rs
+			n := min(rs, size-off)
+			if k := len(out) - 1; k >= 0 && out[k].off+out[k].n == off {
+				out[k].n += n
+			} else {
+				out = append(out, span{off, n})
+			}
+		}
+	}
+	return out
+}
+
+func bit(w []uint64, count, r int64) bool {
+	return r < count && int(r/64) < len(w) && w[r/64]&(1<<(r%64)) != 0
+}
+
+func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, regions []span) {
+	defer close(rb.fin)
+	err := e.copyAndVerify(ctx, rb, src, dst, regions)
+	if err == nil {
+		e.pause()
+		e.mu.Lock()
+		if dst.mode != ModeWO {
+			err = fmt.Errorf("the replica left write-only mode during the rebuild: %v", dst.err)
+		} else if err = e.setMode(dst, ModeRW, nil); err == nil {
+			err = e.publishEpochLocked(ctx, true)
+		}
+		e.mu.Unlock()
+		e.resume()
+	}
+	rb.mu.Lock()
+	rb.st.Finished = time.Now()
+	switch {
+	case err == nil:
+		rb.st.State = RebuildComplete
+	case errors.Is(err, context.Canceled):
+		rb.st.State, rb.st.Error = RebuildCancelled, "cancelled"
+	default:
+		rb.st.State, rb.st.Error = RebuildFailed, err.Error()
+	}
+	st := rb.st.State
+	rb.mu.Unlock()
+	if err != nil {
+		if e.markFailed(dst, fmt.Errorf("rebuild %s: %w", st, err)) {
+			e.afterFailure(context.Background())
+		}
+		e.log.Info("rebuild ended", "replica", dst.addr, "state", string(st), "error", err.Error())
+		return
+	}
+	e.log.Info("rebuild complete", "replica", dst.addr, "copied", rb.copied.Load())
+}
+
+// copyAndVerify copies the view at the rebuild snapshot, region by region,
+// from src into dst's snapshot layer, then compares checksums.
+func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *member, regions []span) error {
+	snap := rb.st.Snapshot
+	dirtyOnly := rb.st.DirtyOnly
+	for _, s := range regions {
+		for off := s.off; off < s.off+s.n; off += RebuildChunk {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if e.modeOf(dst) != ModeWO {
+				return errors.New("the replica failed during the rebuild")
+			}
+			n := min(RebuildChunk, s.off+s.n-off)
+			ext, err := src.r.ReadSnapshot(ctx, snap, off, n)
+			if err != nil {
+				return fmt.Errorf("read from %s: %w", src.addr, err)
+			}
+			if dirtyOnly {
+				// The target may hold stale data here, even where the source
+				// has holes: write the whole region, zeros included.
+				buf := make([]byte, n)
+				for _, x := range ext {
+					copy(buf[x.Offset-off:], x.Data)
+				}
+				ext = []Extent{{Offset: off, Data: buf}}
+			}
+			for _, x := range ext {
+				if err := dst.r.WriteLayer(ctx, snap, x.Data, x.Offset); err != nil {
+					return fmt.Errorf("write to %s: %w", dst.addr, err)
+				}
+				rb.copied.Add(int64(len(x.Data)))
+			}
+			rb.done.Add(n)
+		}
+	}
+	if err := dst.r.SyncLayers(ctx); err != nil {
+		return fmt.Errorf("sync %s: %w", dst.addr, err)
+	}
+	for _, s := range regions {
+		for off := s.off; off < s.off+s.n; off += RebuildChunk {
+			n := min(RebuildChunk, s.off+s.n-off)
+			a, err := src.r.Checksum(ctx, snap, off, n)
+			if err != nil {
+				return fmt.Errorf("verify: checksum on %s: %w", src.addr, err)
+			}
+			b, err := dst.r.Checksum(ctx, snap, off, n)
+			if err != nil {
+				return fmt.Errorf("verify: checksum on %s: %w", dst.addr, err)
+			}
+			if a != b {
+				return fmt.Errorf("verify: bytes %d..%d differ after the copy (%08x vs %08x)", off, off+n, a, b)
+			}
+		}
+	}
+	return nil
+}
+
+func (e *Engine) modeOf(m *member) Mode {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return m.mode
+}
+
+// CancelRebuild stops the rebuild of addr; the replica ends in ERR.
+func (e *Engine) CancelRebuild(addr string) error {
+	e.mu.Lock()
+	rb := e.rebuilds[addr]
+	e.mu.Unlock()
+	if rb == nil || rb.status().State != RebuildInProgress {
+		return fmt.Errorf("%w: no rebuild in progress for %s", ErrInvalid, addr)
+	}
+	rb.cancel()
+	<-rb.fin
+	return nil
+}
+
+// Rebuilds returns the status of every rebuild this engine ran or runs.
+func (e *Engine) Rebuilds() []RebuildStatus {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]RebuildStatus, 0, len(e.rebuilds))
+	for _, rb := range e.rebuilds {
+		out = append(out, rb.status())
+	}
+	return out
+}
+
+// WaitRebuild blocks until the rebuild of addr ends or ctx does.
+func (e *Engine) WaitRebuild(ctx context.Context, addr string) (RebuildStatus, error) {
+	e.mu.Lock()
+	rb := e.rebuilds[addr]
+	e.mu.Unlock()
+	if rb == nil {
+		return RebuildStatus{}, fmt.Errorf("%w: no rebuild for %s", ErrInvalid, addr)
+	}
+	select {
+	case <-rb.fin:
+		return rb.status(), nil
+	case <-ctx.Done():
+		return rb.status(), ctx.Err()
+	}
+}

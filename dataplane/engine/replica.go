@@ -1,0 +1,69 @@
+package engine
+
+import (
+	"context"
+	"time"
+)
+
+// Replica is the engine's view of one replica: data I/O (dataconn in
+// production) and control (gRPC). The engine never imports a transport;
+// engine/replicaclient implements this over the network.
+type Replica interface {
+	ReadAt(ctx context.Context, p []byte, off int64) error
+	WriteAt(ctx context.Context, p []byte, off int64, fua bool) error
+	Flush(ctx context.Context) error
+	Unmap(ctx context.Context, off, length int64) error
+	// SetRequestEpoch sets the epoch carried by later data requests.
+	SetRequestEpoch(e uint64)
+	// Failed is closed when the data connection fails on its own (broken
+	// connection, missed liveness ping).
+	Failed() <-chan struct{}
+
+	Info(ctx context.Context) (ReplicaInfo, error)
+	// SetEpoch persists the replica's epoch and whether the set is degraded.
+	SetEpoch(ctx context.Context, epoch uint64, degraded bool) error
+	Snapshot(ctx context.Context, name string, userCreated bool) error
+	DeleteSnapshot(ctx context.Context, name string) error
+	Revert(ctx context.Context, name string) error
+	Expand(ctx context.Context, size int64) error
+	// ReadSnapshot returns the data extents of [off, off+length) of the
+	// view at snapshot name (holes left out).
+	ReadSnapshot(ctx context.Context, name string, off, length int64) ([]Extent, error)
+	// WriteLayer writes into snapshot name's own layer, below the head.
+	WriteLayer(ctx context.Context, name string, p []byte, off int64) error
+	SyncLayers(ctx context.Context) error
+	// Checksum is the CRC-32C of [off, off+length) of the view at name.
+	Checksum(ctx context.Context, name string, off, length int64) (uint32, error)
+
+	Close() error
+}
+
+// Extent is a run of data at an offset.
+type Extent struct {
+	Offset int64
+	Data   []byte
+}
+
+// ReplicaInfo is what a replica reports of itself.
+type ReplicaInfo struct {
+	Size      int64
+	Epoch     uint64
+	HeadBytes int64
+	Snapshots []SnapshotInfo
+	// Dirty is the write-intent bitmap: bit r%64 of word r/64 is region r.
+	DirtyRegionSize int64
+	DirtyCount      int64
+	Dirty           []uint64
+}
+
+// SnapshotInfo describes one snapshot.
+type SnapshotInfo struct {
+	Name        string
+	Parent      string
+	Created     time.Time
+	UserCreated bool
+	DataBytes   int64
+}
+
+// Dialer connects to the replica at address.
+type Dialer func(ctx context.Context, address string) (Replica, error)

@@ -1,0 +1,107 @@
+package replicaserver
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+
+	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
+	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/replica"
+)
+
+// MaxControlMessage bounds gRPC control messages: rebuild data moves in
+// chunks of up to 4 MiB, plus framing.
+const MaxControlMessage = 16 << 20
+
+// Options configure Start.
+type Options struct {
+	// Data is the listener for dataconn (required).
+	Data net.Listener
+	// Control is the listener for the gRPC control API (optional).
+	Control net.Listener
+	// Workers bounds concurrent I/O (see dataconn.ServerOptions).
+	Workers int
+	Logger  logr.Logger
+}
+
+// Running is a replica being served.
+type Running struct {
+	R    *replica.Replica
+	data *dataconn.Server
+	gs   *grpc.Server
+	log  logr.Logger
+	// Done is closed when the control API's Close was called or a
+	// listener failed: the owner should call Shutdown.
+	Done     <-chan struct{}
+	stopOnce sync.Once
+}
+
+// Start serves r on the listeners until Shutdown or Kill.
+func Start(r *replica.Replica, opts Options) *Running {
+	done := make(chan struct{})
+	var once sync.Once
+	stop := func() { once.Do(func() { close(done) }) }
+	run := &Running{R: r, log: opts.Logger, Done: done,
+		data: dataconn.NewServer(Backend{R: r}, dataconn.ServerOptions{Workers: opts.Workers, Logger: opts.Logger.WithName("dataconn")})}
+	go func() {
+		if err := run.data.Serve(opts.Data); err != nil && !errors.Is(err, dataconn.ErrServerClosed) {
+			opts.Logger.Error(err, "data listener failed")
+			stop()
+		}
+	}()
+	if opts.Control != nil {
+		run.gs = grpc.NewServer(grpc.MaxRecvMsgSize(MaxControlMessage), grpc.MaxSendMsgSize(MaxControlMessage))
+		replicav1.RegisterReplicaServiceServer(run.gs, &Control{R: r, DataAddress: opts.Data.Addr().String(), OnClose: stop})
+		go func() {
+			if err := run.gs.Serve(opts.Control); err != nil {
+				opts.Logger.Error(err, "control listener failed")
+				stop()
+			}
+		}()
+	}
+	return run
+}
+
+// Shutdown lets requests already read finish (bounded by ctx), makes the
+// data durable, closes the replica and stops the control API.
+func (run *Running) Shutdown(ctx context.Context) {
+	run.stopOnce.Do(func() {
+		if err := run.data.Shutdown(ctx); err != nil {
+			run.log.Error(err, "data connections did not drain in time; closed them")
+		}
+		if err := run.R.Flush(); err != nil && !errors.Is(err, replica.ErrClosed) {
+			run.log.Error(err, "final flush failed")
+		}
+		if err := run.R.Close(); err != nil {
+			run.log.Error(err, "close failed")
+		}
+		if run.gs != nil {
+			done := make(chan struct{})
+			go func() { run.gs.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				run.gs.Stop()
+			}
+		}
+	})
+}
+
+// Kill stops serving at once, as if the process died: connections are cut
+// and nothing is flushed (the page cache keeps what was written, as after
+// a SIGKILL). The replica is closed so its directory can be reopened.
+func (run *Running) Kill() {
+	run.stopOnce.Do(func() {
+		if run.gs != nil {
+			run.gs.Stop()
+		}
+		run.data.Close()
+		run.R.Close()
+	})
+}
