@@ -175,7 +175,6 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	return nil
 }
 
-
 type span struct{ off, n int64 }
 
 // dirtySpans is the union of two write-intent bitmaps as byte ranges.
