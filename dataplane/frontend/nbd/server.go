@@ -1,0 +1,376 @@
+package nbd
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+
+	"github.com/go-logr/logr"
+)
+
+// Device is what an NBD export serves; the engine implements it.
+type Device interface {
+	ReadAt(ctx context.Context, p []byte, off int64) error
+	WriteAt(ctx context.Context, p []byte, off int64, fua bool) error
+	Flush(ctx context.Context) error
+	Unmap(ctx context.Context, off, length int64) error
+	Size() int64
+}
+
+// Options configure a Server.
+type Options struct {
+	// ExportName is the export's name; clients asking for "" get it too.
+	ExportName string
+	// MaxInFlight bounds concurrent requests per connection. Default 128.
+	MaxInFlight int
+	Logger      logr.Logger
+}
+
+// Server serves one Device to any number of NBD clients.
+type Server struct {
+	dev  Device
+	opts Options
+	log  logr.Logger
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewServer returns a Server for dev.
+func NewServer(dev Device, opts Options) *Server {
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = 128
+	}
+	return &Server{dev: dev, opts: opts, log: opts.Logger, conns: map[net.Conn]struct{}{}}
+}
+
+// Serve accepts clients on l until Close.
+func (s *Server) Serve(l net.Listener) error {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			return err
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			if err := s.serveConn(c); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				s.log.Info("nbd client closed", "reason", err.Error())
+			}
+			c.Close()
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// Close disconnects every client and waits for their requests to end.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Server) serveConn(c net.Conn) error {
+	if err := s.handshake(c); err != nil {
+		return err
+	}
+	return s.transmit(c)
+}
+
+func (s *Server) transmissionFlags() uint16 { return transmissionFlagsBase }
+
+// handshake runs the fixed-newstyle negotiation until the client picks the
+// export (EXPORT_NAME or GO). It returns an error to close the connection.
+func (s *Server) handshake(c net.Conn) error {
+	var hello [18]byte
+	binary.BigEndian.PutUint64(hello[0:], magicNBD)
+	binary.BigEndian.PutUint64(hello[8:], magicOpt)
+	binary.BigEndian.PutUint16(hello[16:], flagFixedNewstyle|flagNoZeroes)
+	if _, err := c.Write(hello[:]); err != nil {
+		return err
+	}
+	var cf [4]byte
+	if _, err := io.ReadFull(c, cf[:]); err != nil {
+		return err
+	}
+	clientFlags := binary.BigEndian.Uint32(cf[:])
+	if clientFlags&clientFixed == 0 {
+		return errors.New("client does not speak fixed newstyle")
+	}
+	if clientFlags&^(clientFixed|clientNoZeroes) != 0 {
+		return fmt.Errorf("unknown client flags 0x%x", clientFlags)
+	}
+	noZeroes := clientFlags&clientNoZeroes != 0
+	for {
+		var oh [16]byte
+		if _, err := io.ReadFull(c, oh[:]); err != nil {
+			return err
+		}
+		if binary.BigEndian.Uint64(oh[0:]) != magicOpt {
+			return errors.New("bad option magic")
+		}
+		opt := binary.BigEndian.Uint32(oh[8:])
+		n := binary.BigEndian.Uint32(oh[12:])
+		if n > maxOptionLength {
+			return fmt.Errorf("option %d: %d bytes of data is too long", opt, n)
+		}
+		data := make([]byte, n)
+		if _, err := io.ReadFull(c, data); err != nil {
+			return err
+		}
+		switch opt {
+		case optExportName:
+			if !s.nameOK(string(data)) {
+				return fmt.Errorf("unknown export %q", data)
+			}
+			reply := make([]byte, 10, 10+124)
+			binary.BigEndian.PutUint64(reply[0:], uint64(s.dev.Size()))
+			binary.BigEndian.PutUint16(reply[8:], s.transmissionFlags())
+			if !noZeroes {
+				reply = append(reply, make([]byte, 124)...)
+			}
+			_, err := c.Write(reply)
+			return err
+		case optAbort:
+			s.optReply(c, opt, repAck, nil)
+			return io.EOF
+		case optList:
+			if n != 0 {
+				if err := s.optReply(c, opt, repErrInvalid, []byte("LIST takes no data")); err != nil {
+					return err
+				}
+				continue
+			}
+			name := []byte(s.opts.ExportName)
+			d := binary.BigEndian.AppendUint32(nil, uint32(len(name)))
+			if err := s.optReply(c, opt, repServer, append(d, name...)); err != nil {
+				return err
+			}
+			if err := s.optReply(c, opt, repAck, nil); err != nil {
+				return err
+			}
+		case optInfo, optGo:
+			name, ok := parseInfoRequest(data)
+			var err error
+			switch {
+			case !ok:
+				err = s.optReply(c, opt, repErrInvalid, []byte("malformed INFO/GO request"))
+			case !s.nameOK(name):
+				err = s.optReply(c, opt, repErrUnknown, []byte("no such export: "+name))
+			default:
+				ex := binary.BigEndian.AppendUint16(nil, infoExport)
+				ex = binary.BigEndian.AppendUint64(ex, uint64(s.dev.Size()))
+				ex = binary.BigEndian.AppendUint16(ex, s.transmissionFlags())
+				bs := binary.BigEndian.AppendUint16(nil, infoBlockSize)
+				bs = binary.BigEndian.AppendUint32(bs, 512)        // minimum
+				bs = binary.BigEndian.AppendUint32(bs, 4096)       // preferred
+				bs = binary.BigEndian.AppendUint32(bs, MaxRequest) // maximum
+				if err = s.optReply(c, opt, repInfo, ex); err == nil {
+					if err = s.optReply(c, opt, repInfo, bs); err == nil {
+						err = s.optReply(c, opt, repAck, nil)
+					}
+				}
+				if err == nil && opt == optGo {
+					return nil
+				}
+			}
+			if err != nil {
+				return err
+			}
+		default: // STARTTLS, STRUCTURED_REPLY, META_CONTEXT, ...: not supported
+			if err := s.optReply(c, opt, repErrUnsup, nil); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (s *Server) nameOK(name string) bool { return name == "" || name == s.opts.ExportName }
+
+// parseInfoRequest reads the export name out of an INFO/GO request.
+func parseInfoRequest(d []byte) (string, bool) {
+	if len(d) < 4 {
+		return "", false
+	}
+	n := binary.BigEndian.Uint32(d)
+	if uint64(n)+6 > uint64(len(d)) {
+		return "", false
+	}
+	name := string(d[4 : 4+n])
+	k := binary.BigEndian.Uint16(d[4+n:])
+	if int(4+n+2+2*uint32(k)) != len(d) {
+		return "", false
+	}
+	return name, true
+}
+
+func (s *Server) optReply(c net.Conn, opt, typ uint32, data []byte) error {
+	b := make([]byte, 20, 20+len(data))
+	binary.BigEndian.PutUint64(b[0:], magicOptReply)
+	binary.BigEndian.PutUint32(b[8:], opt)
+	binary.BigEndian.PutUint32(b[12:], typ)
+	binary.BigEndian.PutUint32(b[16:], uint32(len(data)))
+	_, err := c.Write(append(b, data...))
+	return err
+}
+
+// transmit serves requests until DISC or a broken connection. Requests run
+// concurrently; replies go out as they complete, matched by handle.
+func (s *Server) transmit(c net.Conn) error {
+	var wmu sync.Mutex
+	reply := func(handle uint64, errno uint32, data []byte) error {
+		var h [16]byte
+		binary.BigEndian.PutUint32(h[0:], magicSimpleRep)
+		binary.BigEndian.PutUint32(h[4:], errno)
+		binary.BigEndian.PutUint64(h[8:], handle)
+		bufs := net.Buffers{h[:]}
+		if errno == 0 && len(data) > 0 {
+			bufs = append(bufs, data)
+		}
+		wmu.Lock()
+		defer wmu.Unlock()
+		_, err := bufs.WriteTo(c)
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sem := make(chan struct{}, s.opts.MaxInFlight)
+	var inflight sync.WaitGroup
+	defer inflight.Wait()
+	var hdr [28]byte
+	for {
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return err
+		}
+		if binary.BigEndian.Uint32(hdr[0:]) != magicRequest {
+			return errors.New("bad request magic")
+		}
+		flags := binary.BigEndian.Uint16(hdr[4:])
+		typ := binary.BigEndian.Uint16(hdr[6:])
+		handle := binary.BigEndian.Uint64(hdr[8:])
+		off := binary.BigEndian.Uint64(hdr[16:])
+		length := binary.BigEndian.Uint32(hdr[24:])
+
+		var payload []byte
+		if typ == cmdWrite {
+			if length > MaxRequest {
+				// We cannot trust the stream to carry that much; drop the client.
+				return fmt.Errorf("write of %d bytes exceeds the %d-byte maximum", length, MaxRequest)
+			}
+			payload = make([]byte, length)
+			if _, err := io.ReadFull(c, payload); err != nil {
+				return err
+			}
+		}
+		if typ == cmdDisc {
+			return nil // inflight requests finish (deferred Wait), then close
+		}
+		sem <- struct{}{}
+		inflight.Add(1)
+		go func() {
+			defer func() { <-sem; inflight.Done() }()
+			data, errno := s.do(ctx, typ, flags, int64(off), int64(length), payload)
+			if err := reply(handle, errno, data); err != nil {
+				c.Close() // the reader sees it and ends the loop
+			}
+		}()
+	}
+}
+
+// do runs one command and returns read data and an NBD error number.
+func (s *Server) do(ctx context.Context, typ, flags uint16, off, length int64, payload []byte) ([]byte, uint32) {
+	size := s.dev.Size()
+	inRange := off >= 0 && length >= 0 && off <= size && length <= size-off
+	fua := flags&cmdFlagFUA != 0
+	switch typ {
+	case cmdRead:
+		if length > MaxRequest {
+			return nil, errOverflow
+		}
+		if !inRange {
+			return nil, errInval
+		}
+		p := make([]byte, length)
+		if err := s.dev.ReadAt(ctx, p, off); err != nil {
+			return nil, s.errno("read", err)
+		}
+		return p, 0
+	case cmdWrite:
+		if !inRange {
+			return nil, errNoSpc
+		}
+		return nil, s.errno("write", s.dev.WriteAt(ctx, payload, off, fua))
+	case cmdFlush:
+		return nil, s.errno("flush", s.dev.Flush(ctx))
+	case cmdTrim:
+		if !inRange {
+			return nil, errNoSpc
+		}
+		err := s.dev.Unmap(ctx, off, length)
+		if err == nil && fua {
+			err = s.dev.Flush(ctx)
+		}
+		return nil, s.errno("trim", err)
+	case cmdWriteZeroes:
+		if !inRange {
+			return nil, errNoSpc
+		}
+		var err error
+		if flags&cmdFlagNoHole != 0 {
+			// The client wants the space allocated: write real zeros.
+			zero := make([]byte, min(length, 1<<20))
+			for done := int64(0); done < length && err == nil; done += int64(len(zero)) {
+				n := min(int64(len(zero)), length-done)
+				err = s.dev.WriteAt(ctx, zero[:n], off+done, false)
+			}
+		} else {
+			err = s.dev.Unmap(ctx, off, length) // unmapped ranges read as zeros
+		}
+		if err == nil && fua {
+			err = s.dev.Flush(ctx)
+		}
+		return nil, s.errno("write zeroes", err)
+	}
+	return nil, errInval
+}
+
+func (s *Server) errno(what string, err error) uint32 {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, syscall.ENOSPC):
+		return errNoSpc
+	case errors.Is(err, context.Canceled):
+		return errShutdown
+	}
+	s.log.Info("nbd request failed", "op", what, "error", err.Error())
+	return errIO
+}
