@@ -98,6 +98,11 @@ test: verify lint envtest ## Verify generated code, lint, run every test of both
 
 FUZZTIME ?= 60s
 
+.PHONY: demo
+demo: build ## See it work: 3 replicas + engine on loopback, kill one, rebuild, verify every byte (no Kubernetes).
+	hack/install-test-tools.sh
+	hack/demo.sh
+
 .PHONY: bench-replica
 bench-replica: ## 4 KiB random I/O through dataconn to one replica vs the raw file (ratio), and index memory per TiB.
 	cd dataplane && $(GO) test -run '^$$' -bench . -benchtime 1x ./replica/...

@@ -25,6 +25,8 @@ func usage(w io.Writer) {
 
 commands:
   replica   serve one replica directory over dataconn (data) and gRPC (control)
+  engine    serve a volume from its replicas through a frontend (nbd, fuse)
+  ctl       talk to an engine's control API (replicas, rebuilds, snapshots)
   version   print the data-plane version
   help      print this message
 
@@ -40,6 +42,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "replica":
 		return runReplica(ctx, args[1:], stdout, stderr)
+	case "engine":
+		return runEngine(ctx, args[1:], stdout, stderr)
+	case "ctl":
+		return runCtl(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, dataplane.Version)
 		return 0

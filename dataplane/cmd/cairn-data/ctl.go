@@ -1,0 +1,241 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+)
+
+func human(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+const ctlUsage = `usage: cairn-data ctl --engine HOST:PORT <command> [args]
+
+commands:
+  info                       size, frontend, endpoint, robustness, epoch
+  replicas                   replicas and their modes (RW, WO, ERR)
+  add ADDRESS [--wait]       add a replica and rebuild it (--wait: show progress until done)
+  remove ADDRESS             drop a replica
+  rebuilds                   rebuild progress
+  cancel ADDRESS             cancel a rebuild
+  snapshot create|delete|revert NAME
+  snapshot list
+  expand SIZE                grow the volume
+  metrics                    operation counts and latency
+`
+
+func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cairn-data ctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("engine", "", "the engine's control address (its --listen)")
+	fs.Usage = func() { fmt.Fprint(stderr, ctlUsage) }
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	rest := fs.Args()
+	if *addr == "" || len(rest) == 0 {
+		fs.Usage()
+		return 2
+	}
+	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Fprintln(stderr, "cairn-data ctl:", err)
+		return 1
+	}
+	defer cc.Close()
+	c := enginev1.NewEngineServiceClient(cc)
+	if err := ctlDo(ctx, c, rest, stdout); err != nil {
+		fmt.Fprintln(stderr, "cairn-data ctl:", err)
+		return 1
+	}
+	return 0
+}
+
+func arg(rest []string, i int, what string) (string, error) {
+	if len(rest) <= i {
+		return "", fmt.Errorf("%s: missing %s", rest[0], what)
+	}
+	return rest[i], nil
+}
+
+func ctlDo(ctx context.Context, c enginev1.EngineServiceClient, rest []string, out io.Writer) error {
+	switch rest[0] {
+	case "info":
+		in, err := c.VolumeInfo(ctx, &enginev1.VolumeInfoRequest{})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "volume %s: %s, %s frontend at %s, %s, epoch %d\n", in.Name, human(in.Size), in.Frontend, in.Endpoint, in.Robustness, in.Epoch)
+	case "replicas":
+		rs, err := c.ReplicaList(ctx, &enginev1.ReplicaListRequest{})
+		if err != nil {
+			return err
+		}
+		for _, r := range rs.Replicas {
+			line := fmt.Sprintf("%-4s %s", r.Mode, r.Address)
+			if r.Error != "" {
+				line += "  (" + r.Error + ")"
+			}
+			fmt.Fprintln(out, line)
+		}
+	case "add":
+		a, err := arg(rest, 1, "ADDRESS")
+		if err != nil {
+			return err
+		}
+		if _, err := c.ReplicaAdd(ctx, &enginev1.ReplicaAddRequest{Address: a}); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "added %s (write-only); rebuilding\n", a)
+		if len(rest) > 2 && rest[2] == "--wait" {
+			return waitRebuild(ctx, c, a, out)
+		}
+	case "remove":
+		a, err := arg(rest, 1, "ADDRESS")
+		if err != nil {
+			return err
+		}
+		_, err = c.ReplicaRemove(ctx, &enginev1.ReplicaRemoveRequest{Address: a})
+		return err
+	case "rebuilds":
+		rs, err := c.RebuildStatus(ctx, &enginev1.RebuildStatusRequest{})
+		if err != nil {
+			return err
+		}
+		for _, r := range rs.Rebuilds {
+			fmt.Fprintln(out, rebuildLine(r))
+		}
+	case "cancel":
+		a, err := arg(rest, 1, "ADDRESS")
+		if err != nil {
+			return err
+		}
+		_, err = c.RebuildCancel(ctx, &enginev1.RebuildCancelRequest{Replica: a})
+		return err
+	case "snapshot":
+		sub, err := arg(rest, 1, "create, list, delete or revert")
+		if err != nil {
+			return err
+		}
+		if sub == "list" {
+			ss, err := c.SnapshotList(ctx, &enginev1.SnapshotListRequest{})
+			if err != nil {
+				return err
+			}
+			for _, s := range ss.Snapshots {
+				fmt.Fprintf(out, "%s\t%s\t%s\tuser=%v\n", s.Name, time.Unix(0, s.CreatedUnixNano).UTC().Format(time.RFC3339), human(s.DataBytes), s.UserCreated)
+			}
+			return nil
+		}
+		name, err := arg(rest, 2, "NAME")
+		if err != nil {
+			return err
+		}
+		switch sub {
+		case "create":
+			_, err = c.SnapshotCreate(ctx, &enginev1.SnapshotCreateRequest{Name: name})
+		case "delete":
+			_, err = c.SnapshotDelete(ctx, &enginev1.SnapshotDeleteRequest{Name: name})
+		case "revert":
+			_, err = c.SnapshotRevert(ctx, &enginev1.SnapshotRevertRequest{Name: name})
+		default:
+			return fmt.Errorf("snapshot %s: use create, list, delete or revert", sub)
+		}
+		return err
+	case "expand":
+		s, err := arg(rest, 1, "SIZE")
+		if err != nil {
+			return err
+		}
+		size, err := parseSize(s)
+		if err != nil {
+			return err
+		}
+		_, err = c.Expand(ctx, &enginev1.ExpandRequest{Size: size})
+		return err
+	case "metrics":
+		m, err := c.Metrics(ctx, &enginev1.MetricsRequest{})
+		if err != nil {
+			return err
+		}
+		for _, x := range []struct {
+			n string
+			m *enginev1.OpMetrics
+		}{{"read", m.Read}, {"write", m.Write}, {"flush", m.Flush}, {"unmap", m.Unmap}} {
+			fmt.Fprintf(out, "%-6s ops=%d bytes=%d errors=%d\n", x.n, x.m.GetOps(), x.m.GetBytes(), x.m.GetErrors())
+		}
+		for _, r := range m.Replicas {
+			fmt.Fprintf(out, "replica %s: read ops=%d write ops=%d errors=%d\n", r.Address, r.Read.GetOps(), r.Write.GetOps(),
+				r.Read.GetErrors()+r.Write.GetErrors()+r.Flush.GetErrors()+r.Unmap.GetErrors())
+		}
+	default:
+		return fmt.Errorf("unknown command %q\n\n%s", rest[0], ctlUsage)
+	}
+	return nil
+}
+
+func rebuildLine(r *enginev1.Rebuild) string {
+	pct := 100
+	if r.BytesTotal > 0 {
+		pct = int(r.BytesDone * 100 / r.BytesTotal)
+	}
+	kind := "full"
+	if r.DirtyOnly {
+		kind = "dirty regions only"
+	}
+	s := fmt.Sprintf("%s: %s %3d%% (%s of %s, %s copied, %s) from %s", r.Replica, r.State, pct,
+		human(r.BytesDone), human(r.BytesTotal), human(r.BytesCopied), kind, r.Source)
+	if r.Error != "" {
+		s += ": " + r.Error
+	}
+	return s
+}
+
+// waitRebuild prints progress until the rebuild of addr ends.
+func waitRebuild(ctx context.Context, c enginev1.EngineServiceClient, addr string, out io.Writer) error {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	last := ""
+	for {
+		rs, err := c.RebuildStatus(ctx, &enginev1.RebuildStatusRequest{})
+		if err != nil {
+			return err
+		}
+		for _, r := range rs.Rebuilds {
+			if r.Replica != addr {
+				continue
+			}
+			if line := rebuildLine(r); line != last {
+				fmt.Fprintln(out, "  "+line)
+				last = line
+			}
+			switch r.State {
+			case "complete":
+				return nil
+			case "failed", "cancelled":
+				return fmt.Errorf("rebuild of %s %s: %s", addr, r.State, r.Error)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

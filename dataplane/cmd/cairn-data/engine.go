@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/engine"
+	"github.com/cairn-io/cairn/dataplane/engine/engineserver"
+	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
+	"github.com/cairn-io/cairn/dataplane/frontend/nbd"
+)
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// frontend is a started frontend: where it serves and how to stop it.
+type frontend struct {
+	endpoint string
+	stop     func()
+}
+
+func startNBD(e *engine.Engine, name, sock string, log func(string)) (*frontend, error) {
+	if sock == "" {
+		return nil, errors.New("--frontend nbd needs --nbd-socket PATH")
+	}
+	if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		// A socket left by an engine that died; if something still answers
+		// on it, refuse rather than steal it.
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("--nbd-socket %s: another server is listening on it", sock)
+		}
+		os.Remove(sock)
+	}
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, fmt.Errorf("--nbd-socket %s: %w", sock, err)
+	}
+	s := nbd.NewServer(e, nbd.Options{ExportName: name})
+	go func() {
+		if err := s.Serve(l); err != nil {
+			log("nbd listener failed: " + err.Error())
+		}
+	}()
+	return &frontend{endpoint: sock, stop: func() { l.Close(); s.Close(); os.Remove(sock) }}, nil
+}
+
+func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cairn-data engine", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	name := fs.String("name", "", "volume name (required)")
+	sizeFlag := fs.String("size", "", "volume size, e.g. 10Gi (default: the replicas' size)")
+	var replicas stringList
+	fs.Var(&replicas, "replica", "replica address HOST:PORT (control on PORT+1) or DATA,CONTROL; repeat for each replica (required)")
+	wanted := fs.Int("wanted", 0, "replicas that make the volume healthy (default: the number of --replica)")
+	fe := fs.String("frontend", "nbd", "how to expose the volume: nbd or fuse")
+	sock := fs.String("nbd-socket", "", "unix socket path for the nbd frontend")
+	fuseDir := fs.String("fuse-dir", "", "mount directory for the fuse frontend")
+	listenAddr := fs.String("listen", "", "host:port for the gRPC control API (default: none)")
+	timeout := fs.Duration("replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: cairn-data engine --name NAME --replica HOST:PORT ... --frontend nbd|fuse [--nbd-socket PATH | --fuse-dir DIR] [--listen HOST:PORT]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "cairn-data engine: "+format+"\n", a...)
+		return 1
+	}
+	if *name == "" || len(replicas) == 0 {
+		fs.Usage()
+		return 2
+	}
+	var size int64
+	if *sizeFlag != "" {
+		var err error
+		if size, err = parseSize(*sizeFlag); err != nil {
+			return fail("--size: %v", err)
+		}
+	}
+	if *fe != "nbd" && *fe != "fuse" {
+		return fail("--frontend %q: use nbd or fuse", *fe)
+	}
+	log := newLogger(stderr, "engine")
+	octx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	e, err := engine.Open(octx, engine.Options{
+		Name: *name, Size: size, Replicas: replicas, Wanted: *wanted, Logger: log,
+		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: *timeout, Logger: log}}),
+	})
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer e.Close()
+	var f *frontend
+	switch *fe {
+	case "nbd":
+		f, err = startNBD(e, *name, *sock, func(m string) { log.Info(m) })
+	case "fuse":
+		f, err = startFUSE(e, *name, *fuseDir, log)
+	}
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer f.stop()
+	controlShown := "none"
+	if *listenAddr != "" {
+		l, err := listen("--listen", *listenAddr)
+		if err != nil {
+			return fail("%v", err)
+		}
+		gs := grpc.NewServer()
+		enginev1.RegisterEngineServiceServer(gs, &engineserver.Server{E: e, Name: *name, Frontend: *fe, Endpoint: f.endpoint})
+		go gs.Serve(l)
+		defer gs.Stop()
+		controlShown = l.Addr().String()
+	}
+	fmt.Fprintf(stdout, "ready endpoint=%s control=%s size=%d\n", f.endpoint, controlShown, e.Size())
+	<-ctx.Done()
+	log.Info("stopping: detaching the frontend, flushing")
+	f.stop()
+	fctx, fcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer fcancel()
+	if err := e.Flush(fctx); err != nil {
+		log.Error(err, "final flush failed")
+	}
+	return 0
+}

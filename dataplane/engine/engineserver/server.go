@@ -1,0 +1,136 @@
+// Package engineserver serves an engine's control API over gRPC.
+package engineserver
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	"github.com/cairn-io/cairn/dataplane/engine"
+)
+
+// Server implements EngineService for one engine.
+type Server struct {
+	enginev1.UnimplementedEngineServiceServer
+	E        *engine.Engine
+	Name     string
+	Frontend string
+	Endpoint string
+}
+
+func grpcErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var code codes.Code
+	switch {
+	case errors.Is(err, engine.ErrInvalid):
+		code = codes.InvalidArgument
+	case errors.Is(err, engine.ErrSnapshotNotFound):
+		code = codes.NotFound
+	case errors.Is(err, engine.ErrNoReplica):
+		code = codes.Unavailable
+	case errors.Is(err, engine.ErrClosed):
+		code = codes.FailedPrecondition
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	default:
+		code = codes.Internal
+	}
+	return status.Error(code, err.Error())
+}
+
+func (s *Server) VolumeInfo(context.Context, *enginev1.VolumeInfoRequest) (*enginev1.VolumeInfoResponse, error) {
+	return &enginev1.VolumeInfoResponse{Name: s.Name, Size: s.E.Size(), Frontend: s.Frontend, Endpoint: s.Endpoint,
+		Robustness: s.E.Robustness(), Epoch: s.E.Epoch()}, nil
+}
+
+func (s *Server) ReplicaList(context.Context, *enginev1.ReplicaListRequest) (*enginev1.ReplicaListResponse, error) {
+	out := &enginev1.ReplicaListResponse{}
+	for _, r := range s.E.Replicas() {
+		out.Replicas = append(out.Replicas, &enginev1.Replica{Address: r.Address, Mode: r.Mode.String(),
+			SinceUnixNano: r.Since.UnixNano(), Error: r.Error})
+	}
+	return out, nil
+}
+
+func (s *Server) ReplicaAdd(ctx context.Context, req *enginev1.ReplicaAddRequest) (*enginev1.ReplicaAddResponse, error) {
+	if req.GetAddress() == "" {
+		return nil, status.Error(codes.InvalidArgument, "address is required")
+	}
+	return &enginev1.ReplicaAddResponse{}, grpcErr(s.E.AddReplica(ctx, req.GetAddress()))
+}
+
+func (s *Server) ReplicaRemove(ctx context.Context, req *enginev1.ReplicaRemoveRequest) (*enginev1.ReplicaRemoveResponse, error) {
+	return &enginev1.ReplicaRemoveResponse{}, grpcErr(s.E.RemoveReplica(ctx, req.GetAddress()))
+}
+
+func (s *Server) RebuildStatus(context.Context, *enginev1.RebuildStatusRequest) (*enginev1.RebuildStatusResponse, error) {
+	out := &enginev1.RebuildStatusResponse{}
+	for _, r := range s.E.Rebuilds() {
+		rb := &enginev1.Rebuild{Replica: r.Replica, Source: r.Source, Snapshot: r.Snapshot, State: string(r.State),
+			DirtyOnly: r.DirtyOnly, BytesDone: r.BytesDone, BytesTotal: r.BytesTotal, BytesCopied: r.BytesCopied,
+			StartedUnixNano: r.Started.UnixNano(), Error: r.Error}
+		if !r.Finished.IsZero() {
+			rb.FinishedUnixNano = r.Finished.UnixNano()
+		}
+		out.Rebuilds = append(out.Rebuilds, rb)
+	}
+	return out, nil
+}
+
+func (s *Server) RebuildCancel(_ context.Context, req *enginev1.RebuildCancelRequest) (*enginev1.RebuildCancelResponse, error) {
+	return &enginev1.RebuildCancelResponse{}, grpcErr(s.E.CancelRebuild(req.GetReplica()))
+}
+
+func (s *Server) SnapshotCreate(ctx context.Context, req *enginev1.SnapshotCreateRequest) (*enginev1.SnapshotCreateResponse, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name is required")
+	}
+	return &enginev1.SnapshotCreateResponse{}, grpcErr(s.E.Snapshot(ctx, req.GetName()))
+}
+
+func (s *Server) SnapshotList(ctx context.Context, _ *enginev1.SnapshotListRequest) (*enginev1.SnapshotListResponse, error) {
+	snaps, err := s.E.Snapshots(ctx)
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	out := &enginev1.SnapshotListResponse{}
+	for _, x := range snaps {
+		out.Snapshots = append(out.Snapshots, &enginev1.Snapshot{Name: x.Name, Parent: x.Parent,
+			CreatedUnixNano: x.Created.UnixNano(), UserCreated: x.UserCreated, DataBytes: x.DataBytes})
+	}
+	return out, nil
+}
+
+func (s *Server) SnapshotDelete(ctx context.Context, req *enginev1.SnapshotDeleteRequest) (*enginev1.SnapshotDeleteResponse, error) {
+	return &enginev1.SnapshotDeleteResponse{}, grpcErr(s.E.DeleteSnapshot(ctx, req.GetName()))
+}
+
+func (s *Server) SnapshotRevert(ctx context.Context, req *enginev1.SnapshotRevertRequest) (*enginev1.SnapshotRevertResponse, error) {
+	return &enginev1.SnapshotRevertResponse{}, grpcErr(s.E.Revert(ctx, req.GetName()))
+}
+
+func (s *Server) Expand(ctx context.Context, req *enginev1.ExpandRequest) (*enginev1.ExpandResponse, error) {
+	return &enginev1.ExpandResponse{}, grpcErr(s.E.Expand(ctx, req.GetSize()))
+}
+
+func opMetrics(m engine.OpMetrics) *enginev1.OpMetrics {
+	return &enginev1.OpMetrics{Ops: m.Ops, Bytes: m.Bytes, Errors: m.Errors, Latency: m.Latency}
+}
+
+func (s *Server) Metrics(context.Context, *enginev1.MetricsRequest) (*enginev1.MetricsResponse, error) {
+	m := s.E.Metrics()
+	out := &enginev1.MetricsResponse{Read: opMetrics(m.Read), Write: opMetrics(m.Write), Flush: opMetrics(m.Flush), Unmap: opMetrics(m.Unmap)}
+	for _, b := range engine.LatencyBuckets {
+		out.LatencyBoundsNs = append(out.LatencyBoundsNs, b.Nanoseconds())
+	}
+	for addr, r := range m.Replicas {
+		out.Replicas = append(out.Replicas, &enginev1.ReplicaMetrics{Address: addr, Read: opMetrics(r.Read),
+			Write: opMetrics(r.Write), Flush: opMetrics(r.Flush), Unmap: opMetrics(r.Unmap)})
+	}
+	return out, nil
+}
