@@ -89,8 +89,12 @@ envtest: ## Get kube-apiserver, etcd and kubectl for envtest into bin/k8s (built
 	@LOCALBIN=$(LOCALBIN) CAIRN_CACHE=$(CAIRN_CACHE) ENVTEST_K8S_VERSION=$(ENVTEST_K8S_VERSION) \
 	  ENVTEST_ETCD_VERSION=$(ENVTEST_ETCD_VERSION) hack/envtest.sh >/dev/null
 
+.PHONY: test-tools
+test-tools: ## Install the real clients the tests drive (qemu-utils, libnbd-bin, fio, e2fsprogs) if missing.
+	hack/install-test-tools.sh
+
 .PHONY: test
-test: verify lint envtest ## Verify generated code, lint, run every test of both modules (envtest included), build each module alone.
+test: verify lint envtest test-tools ## Verify generated code, lint, run every test of both modules (envtest included), build each module alone.
 	export KUBEBUILDER_ASSETS="$$(LOCALBIN=$(LOCALBIN) CAIRN_CACHE=$(CAIRN_CACHE) ENVTEST_K8S_VERSION=$(ENVTEST_K8S_VERSION) ENVTEST_ETCD_VERSION=$(ENVTEST_ETCD_VERSION) hack/envtest.sh)"; \
 	  $(GO) test $(GOTESTFLAGS) ./... ./dataplane/...
 	GOWORK=off $(GO) build ./...

@@ -93,8 +93,8 @@ func start(t testing.TB, args ...string) *proc {
 			p.control = v
 		}
 	}
-	if p.data == "" {
-		t.Fatalf("no data address in %q", line)
+	if !strings.HasPrefix(line, "ready ") {
+		t.Fatalf("unexpected first line %q", line)
 	}
 	go io.Copy(io.Discard, out)
 	return p

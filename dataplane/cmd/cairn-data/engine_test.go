@@ -1,0 +1,142 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func needTool(t *testing.T, tool string) {
+	t.Helper()
+	if _, err := exec.LookPath(tool); err != nil {
+		t.Skipf("%s not installed (make test installs it: hack/install-test-tools.sh)", tool)
+	}
+}
+
+// volume is replica processes plus an engine process with the NBD frontend.
+type volume struct {
+	replicas []*proc
+	addrs    []string
+	engine   *proc
+	sock     string
+	uri      string
+}
+
+func startVolume(t *testing.T, n int, size string) *volume {
+	t.Helper()
+	dir := t.TempDir()
+	v := &volume{sock: filepath.Join(dir, "vol.sock")}
+	for i := range n {
+		p := start(t, "replica", "--dir", filepath.Join(dir, fmt.Sprint("r", i)), "--size", size,
+			"--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
+		v.replicas = append(v.replicas, p)
+		v.addrs = append(v.addrs, p.data+","+p.control)
+	}
+	args := []string{"engine", "--name", "vol", "--frontend", "nbd", "--nbd-socket", v.sock, "--listen", "127.0.0.1:0",
+		"--replica-timeout", "3s"}
+	for _, a := range v.addrs {
+		args = append(args, "--replica", a)
+	}
+	v.engine = start(t, args...)
+	v.uri = "nbd+unix:///vol?socket=" + v.sock
+	return v
+}
+
+func (v *volume) ctl(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := command(append([]string{"ctl", "--engine", v.engine.control}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("ctl %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func qemuIO(t *testing.T, uri string, cmds ...string) string {
+	t.Helper()
+	args := []string{"-f", "raw"}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	out, err := exec.Command("qemu-io", append(args, uri)...).CombinedOutput()
+	if err != nil || strings.Contains(string(out), "Pattern verification failed") || strings.Contains(string(out), "error") {
+		t.Fatalf("qemu-io %v: %v\n%s", cmds, err, out)
+	}
+	return string(out)
+}
+
+func TestEngineProcessQemuIO(t *testing.T) {
+	needTool(t, "qemu-io")
+	v := startVolume(t, 3, "64Mi")
+	qemuIO(t, v.uri, "write -P 0x5a 0 8M", "write -P 0x6b -f 8M 1M", "discard 16M 4M", "flush")
+	qemuIO(t, v.uri, "read -P 0x5a 0 8M", "read -P 0x6b 8M 1M", "read -P 0 16M 4M")
+	if out := v.ctl(t, "info"); !strings.Contains(out, "healthy") || !strings.Contains(out, v.sock) {
+		t.Fatalf("info: %s", out)
+	}
+	// SIGTERM: the engine detaches the frontend (the socket goes) and exits 0.
+	v.engine.cmd.Process.Signal(syscall.SIGTERM)
+	if code := v.engine.waitExit(t); code != 0 {
+		t.Fatalf("engine exit %d\n%s", code, v.engine.stderr.String())
+	}
+	if _, err := os.Stat(v.sock); !os.IsNotExist(err) {
+		t.Fatalf("the NBD socket was left behind: %v", err)
+	}
+}
+
+// TestEngineSurvivesReplicaKillUnderFio kills one of three replica
+// processes while fio writes continuously with crc32c verification; fio
+// must finish without a single error, and the engine must report the
+// replica ERR and the volume degraded.
+func TestEngineSurvivesReplicaKillUnderFio(t *testing.T) {
+	needTool(t, "fio")
+	v := startVolume(t, 3, "128Mi")
+	fio := exec.Command("fio", "--name=verified", "--ioengine=nbd", "--uri="+v.uri, "--rw=randwrite", "--bs=4k",
+		"--size=64M", "--iodepth=16", "--verify=crc32c", "--verify_backlog=256", "--verify_fatal=1",
+		"--time_based", "--runtime=4s", "--output-format=terse", "--terse-version=3")
+	out := &syncBuffer{}
+	fio.Stdout, fio.Stderr = out, out
+	if err := fio.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Kill once writes are flowing.
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(v.ctl(t, "metrics"), "write  ops=") || metricOps(v.ctl(t, "metrics"), "write") < 2000 {
+		if time.Now().After(deadline) {
+			t.Fatal("fio never got going")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	v.replicas[1].cmd.Process.Kill()
+	v.replicas[1].waitExit(t)
+	err := fio.Wait()
+	if err != nil {
+		t.Fatalf("fio failed after a replica was killed: %v\n%s", err, out.String())
+	}
+	fields := strings.Split(strings.TrimSpace(out.String()), ";")
+	if len(fields) < 5 || fields[4] != "0" { // terse v3: field 5 is the error count
+		t.Fatalf("fio reported errors: %s", out.String())
+	}
+	if r := v.ctl(t, "replicas"); strings.Count(r, "ERR") != 1 || strings.Count(r, "RW") != 2 {
+		t.Fatalf("replicas after the kill:\n%s", r)
+	}
+	if info := v.ctl(t, "info"); !strings.Contains(info, "degraded") {
+		t.Fatalf("info after the kill: %s", info)
+	}
+}
+
+func metricOps(metrics, op string) int {
+	for _, line := range strings.Split(metrics, "\n") {
+		if strings.HasPrefix(line, op) {
+			var n int
+			fmt.Sscanf(line[strings.Index(line, "ops=")+4:], "%d", &n)
+			return n
+		}
+	}
+	return 0
+}
+
