@@ -113,6 +113,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	case "nbd":
 		f, err = startNBD(e, *name, *sock, func(m string) { log.Info(m) })
 	case "fuse":
+		if *fuseDir == "" {
+			return fail("--frontend fuse needs --fuse-dir DIR")
+		}
 		f, err = startFUSE(e, *name, *fuseDir, log)
 	}
 	if err != nil {

@@ -139,4 +139,3 @@ func metricOps(metrics, op string) int {
 	}
 	return 0
 }
-

@@ -1,13 +1,20 @@
 package main
 
 import (
-	"errors"
-
 	"github.com/go-logr/logr"
 
 	"github.com/cairn-io/cairn/dataplane/engine"
+	"github.com/cairn-io/cairn/dataplane/frontend/fuse"
 )
 
 func startFUSE(e *engine.Engine, name, dir string, log logr.Logger) (*frontend, error) {
-	return nil, errors.New("--frontend fuse is not available yet")
+	f, err := fuse.Start(e, fuse.Options{Name: name, Dir: dir, Logger: log.WithName("fuse")})
+	if err != nil {
+		return nil, err
+	}
+	return &frontend{endpoint: f.Endpoint(), stop: func() {
+		if err := f.Stop(); err != nil {
+			log.Error(err, "detaching the fuse frontend")
+		}
+	}}, nil
 }

@@ -34,12 +34,13 @@ func TestMain(m *testing.M) {
 
 // proc is a running cairn-data child process.
 type proc struct {
-	cmd     *exec.Cmd
-	data    string
-	control string
-	stderr  *syncBuffer
-	exited  chan struct{}
-	waitErr error
+	cmd      *exec.Cmd
+	data     string
+	control  string
+	endpoint string
+	stderr   *syncBuffer
+	exited   chan struct{}
+	waitErr  error
 }
 
 type syncBuffer struct {
@@ -91,6 +92,9 @@ func start(t testing.TB, args ...string) *proc {
 		}
 		if v, ok := strings.CutPrefix(f, "control="); ok {
 			p.control = v
+		}
+		if v, ok := strings.CutPrefix(f, "endpoint="); ok {
+			p.endpoint = v
 		}
 	}
 	if !strings.HasPrefix(line, "ready ") {

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: FUSE mount, loop devices, mkfs and mount (CI runs as root)")
+	}
+}
+
+func sh(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func mounted(path string) bool {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	return strings.Contains(string(b), " "+path+" ")
+}
+
+func loopAttached(dev string) bool {
+	out, _ := exec.Command("losetup", "--list", "--noheadings", "--output", "NAME").Output()
+	for _, l := range strings.Fields(string(out)) {
+		if l == dev {
+			return true
+		}
+	}
+	return false
+}
+
+// TestFUSEFrontendFilesystem: the engine with the FUSE frontend gives a
+// loop device that takes mkfs.ext4, a mount and files; a replica is
+// SIGKILLed while files are written; after unmount e2fsck finds the
+// filesystem clean; SIGTERM leaves no mount and no loop device behind.
+func TestFUSEFrontendFilesystem(t *testing.T) {
+	needRoot(t)
+	needTool(t, "mkfs.ext4")
+	dir := t.TempDir()
+	var addrs []string
+	var reps []*proc
+	for i := range 3 {
+		p := start(t, "replica", "--dir", filepath.Join(dir, fmt.Sprint("r", i)), "--size", "256Mi",
+			"--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
+		reps = append(reps, p)
+		addrs = append(addrs, p.data+","+p.control)
+	}
+	fuseDir := filepath.Join(dir, "fuse")
+	args := []string{"engine", "--name", "vol", "--frontend", "fuse", "--fuse-dir", fuseDir, "--replica-timeout", "3s", "--listen", "127.0.0.1:0"}
+	for _, a := range addrs {
+		args = append(args, "--replica", a)
+	}
+	eng := start(t, args...)
+	dev := eng.endpoint
+	if !strings.HasPrefix(dev, "/dev/loop") {
+		t.Fatalf("endpoint %q is not a loop device", dev)
+	}
+	// The loop device is backed by the volume file in the FUSE mount.
+	if out := sh(t, "losetup", "--list", "--noheadings", "--output", "BACK-FILE", dev); strings.TrimSpace(out) != filepath.Join(fuseDir, "vol") {
+		t.Fatalf("%s is backed by %q", dev, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", filepath.Join(dir, "mnt")).Run() })
+
+	sh(t, "mkfs.ext4", "-q", "-F", dev)
+	mnt := filepath.Join(dir, "mnt")
+	os.MkdirAll(mnt, 0o755)
+	sh(t, "mount", dev, mnt)
+	write := func(from, to int) {
+		for i := from; i < to; i++ {
+			data := []byte(strings.Repeat(fmt.Sprintf("file %d ", i), 20000))
+			if err := os.WriteFile(filepath.Join(mnt, fmt.Sprintf("f%03d", i)), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sh(t, "sync", "-f", mnt)
+	}
+	write(0, 20)
+	t.Logf("20 files written and synced through %s", dev)
+	reps[2].cmd.Process.Kill() // a replica dies under the filesystem
+	reps[2].waitExit(t)
+	write(20, 40)
+	for i := 0; i < 40; i++ {
+		b, err := os.ReadFile(filepath.Join(mnt, fmt.Sprintf("f%03d", i)))
+		if err != nil || !strings.HasPrefix(string(b), fmt.Sprintf("file %d ", i)) || len(b) != len(fmt.Sprintf("file %d ", i))*20000 {
+			t.Fatalf("file %d: %v (%d bytes)", i, err, len(b))
+		}
+	}
+	v := &volume{engine: eng}
+	if r := v.ctl(t, "replicas"); strings.Count(r, "ERR") != 1 {
+		t.Fatalf("the killed replica is not ERR:\n%s", r)
+	}
+	sh(t, "umount", mnt)
+	t.Log(sh(t, "e2fsck", "-fn", dev))
+
+	eng.cmd.Process.Signal(syscall.SIGTERM)
+	if code := eng.waitExit(t); code != 0 {
+		t.Fatalf("engine exit %d\n%s", code, eng.stderr.String())
+	}
+	if mounted(fuseDir) {
+		t.Fatal("the FUSE mount was left behind")
+	}
+	if loopAttached(dev) {
+		t.Fatalf("%s is still attached", dev)
+	}
+}

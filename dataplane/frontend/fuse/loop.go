@@ -1,0 +1,72 @@
+package fuse
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// loopDevice is a loop device attached to a file.
+type loopDevice struct {
+	path string
+	f    *os.File
+}
+
+// attachLoop attaches a free loop device to file with a 4 KiB logical block
+// size, set to clear itself when its last user goes (so a crash of this
+// process cannot leak it once nothing has it mounted).
+func attachLoop(file string) (*loopDevice, error) {
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("loop devices unavailable: %w", err)
+	}
+	defer ctl.Close()
+	backing, err := os.OpenFile(file, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open volume file: %w", err)
+	}
+	defer backing.Close() // the loop device keeps its own reference
+	for attempt := 0; attempt < 16; attempt++ {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return nil, fmt.Errorf("find a free loop device: %w", err)
+		}
+		path := fmt.Sprintf("/dev/loop%d", n)
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			// Containers often have only a few /dev/loopN nodes.
+			if err := unix.Mknod(path, unix.S_IFBLK|0o660, int(unix.Mkdev(7, uint32(n)))); err != nil && !errors.Is(err, os.ErrExist) {
+				return nil, fmt.Errorf("create %s: %w", path, err)
+			}
+		}
+		lf, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", path, err)
+		}
+		cfg := unix.LoopConfig{Fd: uint32(backing.Fd()), Size: 4096}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		copy(cfg.Info.File_name[:], file)
+		err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
+		if errors.Is(err, unix.EBUSY) {
+			lf.Close() // another process took it between GET_FREE and CONFIGURE
+			continue
+		}
+		if err != nil {
+			lf.Close()
+			return nil, fmt.Errorf("attach %s to %s: %w", path, file, err)
+		}
+		return &loopDevice{path: path, f: lf}, nil
+	}
+	return nil, errors.New("no free loop device after 16 attempts")
+}
+
+// detach clears the loop device. If it is in use (a mounted filesystem),
+// autoclear detaches it when that user goes.
+func (l *loopDevice) detach() error {
+	err := unix.IoctlSetInt(int(l.f.Fd()), unix.LOOP_CLR_FD, 0)
+	if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENXIO) {
+		err = nil // in use: autoclear takes over; or already gone
+	}
+	return errors.Join(err, l.f.Close())
+}
