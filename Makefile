@@ -102,6 +102,11 @@ test: verify lint envtest test-tools ## Verify generated code, lint, run every t
 
 FUZZTIME ?= 60s
 
+.PHONY: bench
+bench: build ## fio: raw file vs qemu-nbd vs the engine with 1 and 3 replicas (table with ratios), and a 1 GiB rebuild.
+	hack/install-test-tools.sh
+	cd dataplane && $(GO) run ./test/bench --bin $(LOCALBIN)/cairn-data $(BENCHFLAGS)
+
 .PHONY: demo
 demo: build ## See it work: 3 replicas + engine on loopback, kill one, rebuild, verify every byte (no Kubernetes).
 	hack/install-test-tools.sh
