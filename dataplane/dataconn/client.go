@@ -102,6 +102,7 @@ type clientConn struct {
 	c     *Client
 	nc    net.Conn
 	sendq chan *call
+	wmu   sync.Mutex // held while writing to nc
 
 	mu      sync.Mutex
 	closed  bool
@@ -132,8 +133,11 @@ func NewClient(streams []net.Conn, opts ClientOptions) *Client {
 	opts.setDefaults()
 	c := &Client{opts: opts, log: opts.Logger, done: make(chan struct{})}
 	for _, nc := range streams {
-		cc := &clientConn{c: c, nc: nc, sendq: make(chan *call, 512), pending: map[uint64]*call{}}
-		c.conns = append(c.conns, cc)
+		c.conns = append(c.conns, &clientConn{c: c, nc: nc, sendq: make(chan *call, 512), pending: map[uint64]*call{}})
+	}
+	// Start only once c.conns is complete: a connection that fails at once
+	// makes fail() walk every connection.
+	for _, cc := range c.conns {
 		c.wg.Add(2)
 		go cc.writeLoop()
 		go cc.readLoop()
@@ -230,11 +234,37 @@ func (c *Client) doOn(ctx context.Context, cc *clientConn, cl *call, h Header, t
 		return c.err
 	}
 	cc.pending[h.Seq] = cl
+	alone := len(cc.pending) == 1
 	cc.mu.Unlock()
 
-	select {
-	case cc.sendq <- cl:
-	case <-c.done: // fail() has completed cl, or will: it was registered
+	// Fast path: when this is the only request in flight on the connection
+	// (queue depth 1), send it from this goroutine, sparing the hand-off to
+	// the writer. Otherwise queue it: the writer batches everything queued
+	// into one vectored write, so a burst costs one syscall.
+	sent := false
+	if alone && len(cc.sendq) == 0 && cc.wmu.TryLock() {
+		if len(cc.sendq) == 0 {
+			bufs := net.Buffers{cl.hdr[:]}
+			if len(cl.payload) > 0 {
+				bufs = append(bufs, cl.payload)
+			}
+			if _, err := bufs.WriteTo(cc.nc); err != nil {
+				cc.wmu.Unlock()
+				c.fail(fmt.Errorf("%w: write: %w", ErrConnectionLost, err))
+				<-cl.done
+				return cl.err
+			}
+			c.frames.Add(1)
+			c.batches.Add(1)
+			sent = true
+		}
+		cc.wmu.Unlock()
+	}
+	if !sent {
+		select {
+		case cc.sendq <- cl:
+		case <-c.done: // fail() has completed cl, or will: it was registered
+		}
 	}
 
 	timer := time.NewTimer(timeout)
@@ -323,7 +353,10 @@ func (cc *clientConn) writeLoop() {
 			}
 		}
 		v := bufs
-		if _, err := v.WriteTo(cc.nc); err != nil {
+		cc.wmu.Lock()
+		_, err := v.WriteTo(cc.nc)
+		cc.wmu.Unlock()
+		if err != nil {
 			cc.c.fail(fmt.Errorf("%w: write: %w", ErrConnectionLost, err))
 			return
 		}

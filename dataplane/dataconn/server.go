@@ -9,6 +9,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -213,6 +214,7 @@ func (s *Server) worker() {
 	defer s.workersWG.Done()
 	for j := range s.jobs {
 		s.handle(j)
+		j.sc.active.Add(-1)
 		j.sc.inflight.Done()
 	}
 }
@@ -263,7 +265,9 @@ func (s *Server) handle(j job) {
 	rh.PayloadLen = uint32(len(payload))
 	rh.PayloadCRC = Checksum(payload)
 	PutHeader(r.hdr[:], &rh)
-	j.sc.replies <- r
+	if !j.sc.sendDirect(r) {
+		j.sc.replies <- r
+	}
 }
 
 // check validates a request against the volume and the epoch.
@@ -308,6 +312,9 @@ type serverConn struct {
 	log      logr.Logger
 	replies  chan reply
 	inflight sync.WaitGroup
+	wmu      sync.Mutex   // held while writing to nc
+	wfailed  bool         // a write failed: the connection is going away (under wmu)
+	active   atomic.Int32 // requests handed to workers and not yet answered
 }
 
 func (sc *serverConn) run() {
@@ -357,8 +364,43 @@ func (sc *serverConn) readLoop() error {
 			}
 		}
 		sc.inflight.Add(1)
-		sc.s.jobs <- job{sc: sc, h: h, buf: buf}
+		j := job{sc: sc, h: h, buf: buf}
+		if br.Buffered() == 0 && sc.active.Load() == 0 && len(sc.replies) == 0 && (h.Op == OpRead || h.Op == OpWrite) {
+			// Nothing else has arrived: run it here and reply directly,
+			// sparing two hand-offs (the common case at queue depth 1).
+			sc.s.handle(j)
+			sc.inflight.Done()
+			continue
+		}
+		sc.active.Add(1)
+		sc.s.jobs <- j
 	}
+}
+
+// send writes replies now if no other writer holds the connection and
+// nothing is queued before them; it reports whether it did.
+func (sc *serverConn) sendDirect(r reply) bool {
+	if len(sc.replies) != 0 || !sc.wmu.TryLock() {
+		return false
+	}
+	defer sc.wmu.Unlock()
+	if len(sc.replies) != 0 {
+		return false
+	}
+	if !sc.wfailed {
+		bufs := net.Buffers{r.hdr[:]}
+		if len(r.payload) > 0 {
+			bufs = append(bufs, r.payload)
+		}
+		if _, err := bufs.WriteTo(sc.nc); err != nil {
+			sc.wfailed = true
+			sc.nc.Close()
+		}
+	}
+	if r.pooled {
+		sc.s.pool.put(r.payload)
+	}
+	return true
 }
 
 // writeLoop writes queued replies, batching every reply that is ready into
@@ -366,7 +408,6 @@ func (sc *serverConn) readLoop() error {
 func (sc *serverConn) writeLoop() {
 	batch := make([]reply, 0, 64)
 	var bufs net.Buffers
-	failed := false
 	for r := range sc.replies {
 		batch = append(batch[:0], r)
 	drain:
@@ -381,7 +422,8 @@ func (sc *serverConn) writeLoop() {
 				break drain
 			}
 		}
-		if !failed {
+		sc.wmu.Lock()
+		if !sc.wfailed {
 			bufs = bufs[:0]
 			for i := range batch {
 				bufs = append(bufs, batch[i].hdr[:])
@@ -391,10 +433,11 @@ func (sc *serverConn) writeLoop() {
 			}
 			v := bufs // WriteTo consumes its receiver; keep bufs' backing array
 			if _, err := v.WriteTo(sc.nc); err != nil {
-				failed = true // keep draining so workers never block; the reader sees the close
+				sc.wfailed = true // keep draining so workers never block; the reader sees the close
 				sc.nc.Close()
 			}
 		}
+		sc.wmu.Unlock()
 		for i := range batch {
 			if batch[i].pooled {
 				sc.s.pool.put(batch[i].payload)

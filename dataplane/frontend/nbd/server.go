@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/go-logr/logr"
@@ -266,8 +268,10 @@ func (s *Server) transmit(c net.Conn) error {
 	var inflight sync.WaitGroup
 	defer inflight.Wait()
 	var hdr [28]byte
+	br := bufio.NewReaderSize(c, 256<<10) // many requests per read syscall
+	var active atomic.Int32               // requests running in goroutines
 	for {
-		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
 			return err
 		}
 		if binary.BigEndian.Uint32(hdr[0:]) != magicRequest {
@@ -285,22 +289,33 @@ func (s *Server) transmit(c net.Conn) error {
 				// We cannot trust the stream to carry that much; drop the client.
 				return fmt.Errorf("write of %d bytes exceeds the %d-byte maximum", length, MaxRequest)
 			}
-			payload = make([]byte, length)
-			if _, err := io.ReadFull(c, payload); err != nil {
+			payload = getBuf(int(length))
+			if _, err := io.ReadFull(br, payload); err != nil {
+				putBuf(payload)
 				return err
 			}
 		}
 		if typ == cmdDisc {
 			return nil // inflight requests finish (deferred Wait), then close
 		}
-		sem <- struct{}{}
-		inflight.Add(1)
-		go func() {
-			defer func() { <-sem; inflight.Done() }()
+		serve := func() {
 			data, errno := s.do(ctx, typ, flags, int64(off), int64(length), payload)
+			putBuf(payload)
 			if err := reply(handle, errno, data); err != nil {
 				c.Close() // the reader sees it and ends the loop
 			}
+			putBuf(data)
+		}
+		if br.Buffered() == 0 && active.Load() == 0 && (typ == cmdRead || typ == cmdWrite) {
+			serve() // queue depth 1: no hand-off to another goroutine
+			continue
+		}
+		sem <- struct{}{}
+		inflight.Add(1)
+		active.Add(1)
+		go func() {
+			defer func() { active.Add(-1); <-sem; inflight.Done() }()
+			serve()
 		}()
 	}
 }
@@ -318,8 +333,9 @@ func (s *Server) do(ctx context.Context, typ, flags uint16, off, length int64, p
 		if !inRange {
 			return nil, errInval
 		}
-		p := make([]byte, length)
+		p := getBuf(int(length))
 		if err := s.dev.ReadAt(ctx, p, off); err != nil {
+			putBuf(p)
 			return nil, s.errno("read", err)
 		}
 		return p, 0
@@ -373,4 +389,42 @@ func (s *Server) errno(what string, err error) uint32 {
 	}
 	s.log.Info("nbd request failed", "op", what, "error", err.Error())
 	return errIO
+}
+
+// Request buffers come from size-class pools (powers of two from 4 KiB to
+// MaxRequest) so steady I/O does not allocate per request.
+var bufPools [14]sync.Pool // 4 KiB << i, i = 0..13 (32 MiB)
+
+func bufClass(n int) int {
+	c := 0
+	for 4096<<c < n {
+		c++
+	}
+	return c
+}
+
+func getBuf(n int) []byte {
+	if n == 0 {
+		return nil
+	}
+	c := bufClass(n)
+	if c >= len(bufPools) {
+		return make([]byte, n)
+	}
+	if b, ok := bufPools[c].Get().(*[]byte); ok {
+		return (*b)[:n]
+	}
+	return make([]byte, n, 4096<<c)
+}
+
+func putBuf(b []byte) {
+	if cap(b) == 0 {
+		return
+	}
+	c := bufClass(cap(b))
+	if c >= len(bufPools) || cap(b) != 4096<<c {
+		return
+	}
+	b = b[:0]
+	bufPools[c].Put(&b)
 }

@@ -30,6 +30,8 @@ var (
 	dir     = flag.String("dir", "", "work directory on the disk to measure (default: a temporary directory)")
 	size    = flag.String("size", "1G", "file and volume size")
 	runtime = flag.Duration("runtime", 8*time.Second, "duration of each fio job")
+	only    = flag.String("targets", "raw,qemu-nbd,cairn-1,cairn-3", "targets to measure (the ratio columns need all four)")
+	rebuild = flag.Bool("rebuild", true, "also time a full rebuild")
 )
 
 type workload struct {
@@ -185,10 +187,15 @@ func main() {
 		must(err)
 		defer os.RemoveAll(work)
 	}
-	targets := []func(string) target{raw, qemuNBD, func(w string) target { return cairn(w, 1) }, func(w string) target { return cairn(w, 3) }}
+	targets := map[string]func(string) target{"raw": raw, "qemu-nbd": qemuNBD,
+		"cairn-1": func(w string) target { return cairn(w, 1) }, "cairn-3": func(w string) target { return cairn(w, 3) }}
 	results := map[string][]float64{}
 	var names []string
-	for _, mk := range targets {
+	for _, name := range strings.Split(*only, ",") {
+		mk := targets[name]
+		if mk == nil {
+			must(fmt.Errorf("unknown target %q", name))
+		}
 		t := mk(work)
 		names = append(names, t.name)
 		fmt.Fprintf(os.Stderr, "bench: %s: prefill\n", t.name)
@@ -209,12 +216,19 @@ func main() {
 		for _, n := range names {
 			fmt.Printf("%12.0f", results[n][i])
 		}
+		if len(names) < 4 {
+			fmt.Println()
+			continue
+		}
 		r, q, c1, c3 := results["raw"][i], results["qemu-nbd"][i], results["cairn-1"][i], results["cairn-3"][i]
 		if w.lower {
 			fmt.Printf("%14.2f%14.2f%14s\n", c1/q, c3/r, "-")
 		} else {
 			fmt.Printf("%14.2f%14.2f%14.2f\n", c1/q, c3/r, c3/(r/3))
 		}
+	}
+	if !*rebuild {
+		return
 	}
 	rb := measureRebuild(work)
 	fmt.Printf("\nfull rebuild of %s (written data) to a new replica: %.1f s\n", *size, rb.Seconds())
