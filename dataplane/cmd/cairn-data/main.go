@@ -37,6 +37,8 @@ commands:
   replica   serve one replica directory over dataconn (data) and gRPC (control)
   engine    serve a volume from its replicas through a frontend (nbd, fuse)
   ctl       talk to an engine's control API (replicas, rebuilds, snapshots)
+  instance-manager
+            supervise this node's engine and replica processes for the manager (gRPC)
   version   print the data-plane version
   help      print this message
 
@@ -56,6 +58,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runEngine(ctx, args[1:], stdout, stderr)
 	case "ctl":
 		return runCtl(ctx, args[1:], stdout, stderr)
+	case "instance-manager":
+		return runInstanceManager(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, dataplane.Version)
 		return 0

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/cairn-io/cairn/dataplane"
+	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/instancemanager"
+)
+
+// serverTLS builds a TLS config that requires client certificates signed
+// by the CA in caFile.
+func serverTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-client-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--tls-client-ca %s: no PEM certificate in it", caFile)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool,
+		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}, nil
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func parsePortRange(s string) (int, int, error) {
+	a, b, ok := strings.Cut(s, "-")
+	lo, err1 := strconv.Atoi(a)
+	hi, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("%q: use A-B, e.g. 10000-10999", s)
+	}
+	return lo, hi, nil
+}
+
+func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cairn-data instance-manager", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listenAddr := fs.String("listen", "", "host:port for the gRPC API (required)")
+	node := fs.String("node", "", "this node's name (required)")
+	var dataDirs stringList
+	fs.Var(&dataDirs, "data-dir", "a data directory replicas may use; repeat for each (reported by NodeInfo)")
+	portRange := fs.String("port-range", "10000-10999", "ports handed to engine and replica processes, A-B")
+	logDir := fs.String("log-dir", "", "directory for process logs (required)")
+	stateDir := fs.String("state-dir", "", "directory recording children, to kill leftovers after a restart (default: --log-dir)")
+	binary := fs.String("binary", "", "cairn-data binary the children run (default: this one)")
+	grace := fs.Duration("stop-grace", 10*time.Second, "time a process has to exit after SIGTERM before SIGKILL")
+	certFile := fs.String("tls-cert", "", "server certificate (PEM); with --tls-key and --tls-client-ca enables mutual TLS")
+	keyFile := fs.String("tls-key", "", "server private key (PEM)")
+	caFile := fs.String("tls-client-ca", "", "CA (PEM) that signs the client certificates to accept")
+	insecure := fs.Bool("insecure", false, "serve without TLS on a non-loopback address (anyone who reaches the port can run processes: tests only)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: cairn-data instance-manager --listen HOST:PORT --node NAME --data-dir DIR... --port-range A-B --log-dir DIR [--tls-cert F --tls-key F --tls-client-ca F]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "cairn-data instance-manager: "+format+"\n", a...)
+		return 1
+	}
+	if *listenAddr == "" || *node == "" || *logDir == "" {
+		fs.Usage()
+		return 2
+	}
+	lo, hi, err := parsePortRange(*portRange)
+	if err != nil {
+		return fail("--port-range %v", err)
+	}
+	var opts []grpc.ServerOption
+	tlsFlags := 0
+	for _, f := range []string{*certFile, *keyFile, *caFile} {
+		if f != "" {
+			tlsFlags++
+		}
+	}
+	switch {
+	case tlsFlags == 3:
+		cfg, err := serverTLS(*certFile, *keyFile, *caFile)
+		if err != nil {
+			return fail("%v", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg)))
+	case tlsFlags != 0:
+		return fail("mutual TLS needs all three of --tls-cert, --tls-key and --tls-client-ca")
+	case !isLoopback(*listenAddr) && !*insecure:
+		return fail("refusing to serve without TLS on %s: anyone who can reach it could run processes on this node. "+
+			"Give --tls-cert, --tls-key and --tls-client-ca (see docs/security.md), listen on loopback, or pass --insecure for a test setup", *listenAddr)
+	}
+	for _, d := range dataDirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return fail("--data-dir %s: not a directory", d)
+		}
+	}
+	log := newLogger(stderr, "instance-manager")
+	sup, err := instancemanager.New(instancemanager.Options{Binary: *binary, PortMin: lo, PortMax: hi, LogDir: *logDir,
+		StateDir: *stateDir, StopGrace: *grace, Logger: log})
+	if err != nil {
+		return fail("%v", err)
+	}
+	l, err := listen("--listen", *listenAddr)
+	if err != nil {
+		sup.Close()
+		return fail("%v", err)
+	}
+	gs := grpc.NewServer(opts...)
+	imv1.RegisterInstanceManagerServiceServer(gs, &instancemanager.Server{S: sup, NodeName: *node, Version: dataplane.Version, DataDirs: dataDirs})
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- gs.Serve(l) }()
+	fmt.Fprintf(stdout, "ready control=%s node=%s\n", l.Addr(), *node)
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			log.Error(err, "gRPC server failed")
+		}
+	}
+	log.Info("stopping: engines first, then replicas")
+	sup.Close()
+	gs.Stop()
+	log.Info("stopped")
+	return 0
+}

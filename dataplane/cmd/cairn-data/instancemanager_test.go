@@ -1,0 +1,452 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	grpcstatus "google.golang.org/grpc/status"
+
+	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+)
+
+type imHandle struct {
+	p      *proc
+	c      imv1.InstanceManagerServiceClient
+	dir    string
+	logDir string
+}
+
+func startIM(t *testing.T, portRange string, extra ...string) *imHandle {
+	t.Helper()
+	dir := t.TempDir()
+	h := &imHandle{dir: dir, logDir: filepath.Join(dir, "logs")}
+	args := append([]string{"instance-manager", "--listen", "127.0.0.1:0", "--node", "node-a", "--data-dir", dir,
+		"--port-range", portRange, "--log-dir", h.logDir, "--stop-grace", "5s"}, extra...)
+	h.p = start(t, args...)
+	cc, err := grpc.NewClient(h.p.control, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	h.c = imv1.NewInstanceManagerServiceClient(cc)
+	return h
+}
+
+// freePortRange finds n free consecutive ports (best effort) for a test.
+func freePortRange(t *testing.T, n int) string {
+	t.Helper()
+	for base := 20000 + os.Getpid()%20000; base < 60000; base += n {
+		ok := true
+		for p := base; p < base+n; p++ {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+			if err != nil {
+				ok = false
+				break
+			}
+			l.Close()
+		}
+		if ok {
+			return fmt.Sprintf("%d-%d", base, base+n-1)
+		}
+	}
+	t.Fatal("no free port range")
+	return ""
+}
+
+func replicaArgs(dir string) []string {
+	return []string{"--dir", dir, "--size", "16Mi", "--listen", "127.0.0.1:${PORT0}", "--control-listen", "127.0.0.1:${PORT1}"}
+}
+
+func alive(pid int32) bool { return syscall.Kill(int(pid), 0) == nil }
+
+// watchAll collects events from a watch stream in the background.
+type watchLog struct {
+	mu     sync.Mutex
+	events []*imv1.ProcessEvent
+}
+
+func (w *watchLog) states(name string) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for _, e := range w.events {
+		if e.Process != nil && e.Process.Name == name {
+			s := strings.TrimPrefix(e.Process.State.String(), "PROCESS_STATE_")
+			if e.Type == imv1.ProcessEvent_TYPE_DELETE {
+				s = "DELETED"
+			}
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func watch(t *testing.T, c imv1.InstanceManagerServiceClient) *watchLog {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st, err := c.ProcessWatch(ctx, &imv1.ProcessWatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := st.Recv()
+	if err != nil || first.Type != imv1.ProcessEvent_TYPE_SNAPSHOT {
+		t.Fatalf("first watch event: %v %v", first, err)
+	}
+	w := &watchLog{events: []*imv1.ProcessEvent{first}}
+	go func() {
+		for {
+			ev, err := st.Recv()
+			if err != nil {
+				return
+			}
+			w.mu.Lock()
+			w.events = append(w.events, ev)
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+func waitState(t *testing.T, c imv1.InstanceManagerServiceClient, name string, want imv1.ProcessState) *imv1.Process {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		p, err := c.ProcessGet(context.Background(), &imv1.ProcessGetRequest{Name: name})
+		if err == nil && p.State == want {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never reached %s: %v %v", name, want, p, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestInstanceManagerLifecycle(t *testing.T) {
+	ctx := context.Background()
+	im := startIM(t, freePortRange(t, 8))
+	w := watch(t, im.c)
+
+	p, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "vol-r-a", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
+		Args: replicaArgs(filepath.Join(im.dir, "ra")), PortCount: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Ports) != 2 || p.Ports[1] != p.Ports[0]+1 || !strings.Contains(strings.Join(p.Args, " "), fmt.Sprintf("127.0.0.1:%d", p.Ports[0])) {
+		t.Fatalf("ports %v not substituted into %v", p.Ports, p.Args)
+	}
+	running := waitState(t, im.c, "vol-r-a", imv1.ProcessState_PROCESS_STATE_RUNNING)
+	// The replica really serves on the allocated port.
+	if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", running.Ports[0])); err != nil {
+		t.Fatal(err)
+	} else {
+		c.Close()
+	}
+	// Idempotent create: ALREADY_EXISTS with the existing process attached.
+	_, err = im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "vol-r-a", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA, PortCount: 2})
+	st := grpcstatus.Convert(err)
+	if st.Code() != codes.AlreadyExists || len(st.Details()) != 1 || st.Details()[0].(*imv1.Process).Pid != running.Pid {
+		t.Fatalf("second create: %v %v", err, st.Details())
+	}
+	list, _ := im.c.ProcessList(ctx, &imv1.ProcessListRequest{})
+	if len(list.Processes) != 1 {
+		t.Fatalf("list: %v", list)
+	}
+	// Logs: the replica's own log lines.
+	ls, err := im.c.ProcessLog(ctx, &imv1.ProcessLogRequest{Name: "vol-r-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for {
+		l, err := ls.Recv()
+		if err != nil {
+			break
+		}
+		lines = append(lines, l.Line)
+	}
+	if !strings.Contains(strings.Join(lines, "\n"), "replica opened") {
+		t.Fatalf("log: %v", lines)
+	}
+	if _, err := im.c.ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: "vol-r-a"}); err != nil {
+		t.Fatal(err)
+	}
+	if alive(running.Pid) {
+		t.Fatal("the process survived its deletion")
+	}
+	if _, err := im.c.ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: "vol-r-a"}); err != nil {
+		t.Fatalf("deleting a missing process: %v", err)
+	}
+	if _, err := im.c.ProcessGet(ctx, &imv1.ProcessGetRequest{Name: "vol-r-a"}); grpcstatus.Code(err) != codes.NotFound {
+		t.Fatalf("get after delete: %v", err)
+	}
+	// The watcher saw every transition, in order, with consecutive seqs.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(w.states("vol-r-a")) < 5 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := strings.Join(w.states("vol-r-a"), ","); got != "STARTING,RUNNING,STOPPING,STOPPED,DELETED" {
+		t.Fatalf("watched transitions: %s", got)
+	}
+	w.mu.Lock()
+	for i := 1; i < len(w.events); i++ {
+		if w.events[i].Seq != w.events[i-1].Seq+1 {
+			t.Fatalf("watch seqs jump: %d then %d", w.events[i-1].Seq, w.events[i].Seq)
+		}
+	}
+	w.mu.Unlock()
+}
+
+func TestInstanceManagerCrashAndPorts(t *testing.T) {
+	ctx := context.Background()
+	im := startIM(t, freePortRange(t, 4))
+	// A child that fails at once: reported as error with its exit code and
+	// the last lines of its log.
+	_, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "bad", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
+		Args: []string{"--dir", filepath.Join(im.dir, "bad"), "--size", "ten", "--listen", "127.0.0.1:${PORT0}"}, PortCount: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := waitState(t, im.c, "bad", imv1.ProcessState_PROCESS_STATE_ERROR)
+	if p.ExitCode != 1 || !strings.Contains(strings.Join(p.LogTail, "\n"), `--size: "ten" is not a size`) || p.Error == "" {
+		t.Fatalf("crashed child: exit %d, error %q, tail %q", p.ExitCode, p.Error, p.LogTail)
+	}
+	// Its port went back to the pool: 4 ports = two replicas of 2.
+	for _, n := range []string{"a", "b"} {
+		if _, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "r-" + n, Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
+			Args: replicaArgs(filepath.Join(im.dir, n)), PortCount: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "r-c", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
+		Args: replicaArgs(filepath.Join(im.dir, "c")), PortCount: 2})
+	if grpcstatus.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a third replica in a 4-port range: %v", err)
+	}
+	// Bad requests.
+	for _, req := range []*imv1.ProcessCreateRequest{
+		{Name: "Bad_Name", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA},
+		{Name: "x", Kind: imv1.ProcessKind_PROCESS_KIND_UNSPECIFIED},
+		{Name: "y", Kind: imv1.ProcessKind_PROCESS_KIND_ENGINE, PortCount: 99},
+	} {
+		if _, err := im.c.ProcessCreate(ctx, req); grpcstatus.Code(err) != codes.InvalidArgument {
+			t.Fatalf("%v: %v", req, err)
+		}
+	}
+}
+
+func TestInstanceManagerConcurrentCreates(t *testing.T) {
+	ctx := context.Background()
+	im := startIM(t, freePortRange(t, 40))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	created, exists := 0, 0
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "same", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
+				Args: replicaArgs(filepath.Join(im.dir, "same")), PortCount: 2})
+			mu.Lock()
+			defer mu.Unlock()
+			switch grpcstatus.Code(err) {
+			case codes.OK:
+				created++
+			case codes.AlreadyExists:
+				exists++
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if created != 1 || exists != 9 {
+		t.Fatalf("10 concurrent creates: %d created, %d already existed", created, exists)
+	}
+	list, _ := im.c.ProcessList(ctx, &imv1.ProcessListRequest{})
+	if len(list.Processes) != 1 {
+		t.Fatalf("%d processes", len(list.Processes))
+	}
+}
+
+// TestInstanceManagerStopsChildren: SIGTERM stops every child (engines
+// first) and leaves none; SIGKILL of the manager takes its children too.
+func TestInstanceManagerStopsChildren(t *testing.T) {
+	ctx := context.Background()
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		t.Run(sig.String(), func(t *testing.T) {
+			im := startIM(t, freePortRange(t, 16))
+			w := watch(t, im.c)
+			var pids []int32
+			var addrs []string
+			for _, n := range []string{"a", "b"} {
+				if _, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "r-" + n, Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
+					Args: replicaArgs(filepath.Join(im.dir, n)), PortCount: 2}); err != nil {
+					t.Fatal(err)
+				}
+				p := waitState(t, im.c, "r-"+n, imv1.ProcessState_PROCESS_STATE_RUNNING)
+				pids = append(pids, p.Pid)
+				addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", p.Ports[0]))
+			}
+			_, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "e", Kind: imv1.ProcessKind_PROCESS_KIND_ENGINE,
+				Args: []string{"--name", "v", "--replica", addrs[0], "--replica", addrs[1], "--frontend", "nbd",
+					"--nbd-socket", filepath.Join(im.dir, "v.sock"), "--listen", "127.0.0.1:${PORT0}"}, PortCount: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pids = append(pids, waitState(t, im.c, "e", imv1.ProcessState_PROCESS_STATE_RUNNING).Pid)
+			im.p.cmd.Process.Signal(sig)
+			code := im.p.waitExit(t)
+			if sig == syscall.SIGTERM && code != 0 {
+				t.Fatalf("exit %d\n%s", code, im.p.stderr.String())
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for _, pid := range pids {
+				for alive(pid) {
+					if time.Now().After(deadline) {
+						t.Fatalf("child %d outlived the instance manager (%s)", pid, sig)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			if sig == syscall.SIGTERM {
+				// Engines stop before replicas: the engine is stopped before
+				// any replica is asked to stop.
+				w.mu.Lock()
+				var engineStopped, firstReplicaStopping uint64
+				for _, ev := range w.events {
+					if ev.Process == nil {
+						continue
+					}
+					switch {
+					case ev.Process.Name == "e" && ev.Process.State == imv1.ProcessState_PROCESS_STATE_STOPPED:
+						engineStopped = ev.Seq
+					case ev.Process.Name != "e" && ev.Process.State == imv1.ProcessState_PROCESS_STATE_STOPPING && firstReplicaStopping == 0:
+						firstReplicaStopping = ev.Seq
+					}
+				}
+				w.mu.Unlock()
+				if engineStopped == 0 || firstReplicaStopping == 0 || engineStopped > firstReplicaStopping {
+					t.Fatalf("stop order: engine stopped at seq %d, first replica stopping at %d", engineStopped, firstReplicaStopping)
+				}
+			}
+		})
+	}
+}
+
+// TestInstanceManagerTLS: with mutual TLS, a client without a certificate
+// from the CA is refused; one with it gets through. Without TLS, a
+// non-loopback address is refused.
+func TestInstanceManagerTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, caKey := newCA(t)
+	writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", ca.Raw)
+	srvCert, srvKey := issue(t, ca, caKey, "instance-manager", true)
+	writePEM(t, filepath.Join(dir, "srv.pem"), "CERTIFICATE", srvCert.Raw)
+	writeKey(t, filepath.Join(dir, "srv.key"), srvKey)
+	im := start(t, "instance-manager", "--listen", "127.0.0.1:0", "--node", "n", "--log-dir", filepath.Join(dir, "logs"),
+		"--port-range", freePortRange(t, 2), "--tls-cert", filepath.Join(dir, "srv.pem"), "--tls-key", filepath.Join(dir, "srv.key"),
+		"--tls-client-ca", filepath.Join(dir, "ca.pem"))
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	call := func(cfg *tls.Config) error {
+		cc, err := grpc.NewClient(im.control, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err = imv1.NewInstanceManagerServiceClient(cc).NodeInfo(ctx, &imv1.NodeInfoRequest{})
+		return err
+	}
+	if err := call(&tls.Config{RootCAs: pool, ServerName: "instance-manager"}); err == nil {
+		t.Fatal("a client without a certificate got through")
+	}
+	other, otherKey := newCA(t) // a certificate from some other CA
+	oc, ok := issue(t, other, otherKey, "intruder", false)
+	if err := call(&tls.Config{RootCAs: pool, ServerName: "instance-manager",
+		Certificates: []tls.Certificate{{Certificate: [][]byte{oc.Raw}, PrivateKey: ok}}}); err == nil {
+		t.Fatal("a client with a certificate from another CA got through")
+	}
+	cc, ck := issue(t, ca, caKey, "cairn-manager", false)
+	if err := call(&tls.Config{RootCAs: pool, ServerName: "instance-manager",
+		Certificates: []tls.Certificate{{Certificate: [][]byte{cc.Raw}, PrivateKey: ck}}}); err != nil {
+		t.Fatalf("the manager's client was refused: %v", err)
+	}
+	// No TLS on a non-loopback address: refused with the reason.
+	code, stderr := runExit(t, "instance-manager", "--listen", "0.0.0.0:0", "--node", "n", "--log-dir", filepath.Join(dir, "l2"))
+	if code == 0 || !strings.Contains(stderr, "refusing to serve without TLS") {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+}
+
+func newCA(t *testing.T) (*x509.Certificate, *ecdsa.PrivateKey) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "cairn test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return c, key
+}
+
+func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, name string, server bool) (*x509.Certificate, *ecdsa.PrivateKey) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	if server {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.DNSNames = []string{name}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return c, key
+}
+
+func writePEM(t *testing.T, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeKey(t *testing.T, path string, key *ecdsa.PrivateKey) {
+	t.Helper()
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePEM(t, path, "EC PRIVATE KEY", der)
+}
+

@@ -1,0 +1,70 @@
+package instancemanager
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// TestKillOrphans: a child recorded by a previous instance manager is
+// killed; a record whose pid now belongs to another process is not.
+func TestKillOrphans(t *testing.T) {
+	dir := t.TempDir()
+	orphan := exec.Command("sleep", "60")
+	orphan.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := orphan.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { orphan.Wait(); close(done) }()
+	writePIDFile(dir, "old-replica", orphan.Process.Pid)
+
+	bystander := exec.Command("sleep", "60")
+	if err := bystander.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer bystander.Process.Kill()
+	// A record with the right pid but another start time: a reused pid.
+	os.WriteFile(filepath.Join(dir, "stale.pid"), []byte(fmt.Sprintf("%d 1\n", bystander.Process.Pid)), 0o600)
+
+	if n := killOrphans(dir, logr.Discard()); n != 1 {
+		t.Fatalf("killed %d, want 1", n)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the orphan survived")
+	}
+	if err := bystander.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatal("a process that merely reused a recorded pid was killed")
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "*.pid")); len(files) != 0 {
+		t.Fatalf("records left: %v", files)
+	}
+}
+
+func TestPortRange(t *testing.T) {
+	r, err := newPortRange(100, 104)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := r.alloc(2)
+	b, _ := r.alloc(2)
+	if _, ok := r.alloc(2); ok {
+		t.Fatal("allocated past the end")
+	}
+	r.release(a)
+	c, ok := r.alloc(2)
+	if !ok || c[0] != 100 || b[0] != 102 {
+		t.Fatalf("a=%v b=%v c=%v", a, b, c)
+	}
+	if _, err := newPortRange(5, 4); err == nil {
+		t.Fatal("an inverted range was accepted")
+	}
+}
