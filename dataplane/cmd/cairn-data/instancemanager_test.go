@@ -189,8 +189,40 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 	if !strings.Contains(strings.Join(lines, "\n"), "replica opened") {
 		t.Fatalf("log: %v", lines)
 	}
+	// Follow: a stream that ends when the process is deleted.
+	fctx, fcancel := context.WithCancel(ctx)
+	defer fcancel()
+	follow, err := im.c.ProcessLog(fctx, &imv1.ProcessLogRequest{Name: "vol-r-a", Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	followed := make(chan []string, 1)
+	go func() {
+		var got []string
+		for {
+			l, err := follow.Recv()
+			if err != nil {
+				followed <- got
+				return
+			}
+			got = append(got, l.Line)
+		}
+	}()
+	ni, err := im.c.NodeInfo(ctx, &imv1.NodeInfoRequest{})
+	if err != nil || ni.NodeName != "node-a" || len(ni.DataDirs) != 1 || ni.DataDirs[0].Path != im.dir ||
+		ni.DataDirs[0].TotalBytes <= 0 || ni.DataDirs[0].AvailableBytes <= 0 || ni.DataDirs[0].Filesystem == "" {
+		t.Fatalf("node info: %v %v", ni, err)
+	}
 	if _, err := im.c.ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: "vol-r-a"}); err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case got := <-followed: // the replica logs its shutdown: the follower sees it, then the end
+		if !strings.Contains(strings.Join(got, "\n"), "replica closed") {
+			t.Fatalf("followed lines lack the shutdown: %q", got)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the follow stream did not end when the process was deleted")
 	}
 	if alive(running.Pid) {
 		t.Fatal("the process survived its deletion")
