@@ -43,6 +43,10 @@ type Options struct {
 	Dial Dialer
 	// Logger receives events. Default: discard.
 	Logger logr.Logger
+	// UnsafeAckEarly breaks the engine on purpose, for testing the chaos
+	// harness: a write is acknowledged as soon as the first RW replica has
+	// it, while the others are still writing. Never set it otherwise.
+	UnsafeAckEarly bool
 }
 
 // cand is a replica being considered at open, with what it reported.
@@ -84,6 +88,12 @@ type Engine struct {
 	size atomic.Int64
 	rr   atomic.Uint64
 	io_  ioStats
+	// needBump is set when a replica is failed and cleared once the
+	// survivors' epoch has been bumped. No write is acknowledged while it
+	// is set: otherwise a write acknowledged by the survivors alone could
+	// be lost if the engine died before the bump, since the failed
+	// replica would still carry the same epoch and be trusted again.
+	needBump atomic.Bool
 }
 
 // Open connects to the replicas, keeps those whose size and epoch agree,
@@ -160,7 +170,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		e.closeAll()
 		return nil, fmt.Errorf("%w: every replica failed while opening (%v)", ErrNoReplica, e.memberErrors())
 	}
-	if err := e.publishEpoch(ctx, false); err != nil {
+	// A replica failed while reconciling already has the new epoch: bump
+	// again so it cannot be trusted by a later engine.
+	if err := e.publishEpoch(ctx, e.needBump.Load()); err != nil {
 		e.closeAll()
 		return nil, err
 	}
@@ -233,6 +245,7 @@ func (e *Engine) setMode(m *member, to Mode, cause error) error {
 	e.log.Info("replica mode", "replica", m.addr, "from", m.mode.String(), "to", to.String(), "cause", fmt.Sprint(cause))
 	m.mode, m.since, m.err = to, time.Now(), cause
 	if to == ModeERR {
+		e.needBump.Store(true) // until the survivors' epoch moves past it
 		e.failed[m.addr] = true
 		go m.r.Close() // stop its traffic; pending requests fail at once
 	}
@@ -265,8 +278,8 @@ func (e *Engine) afterFailure(ctx context.Context) {
 	defer e.io.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
-		return
+	if e.closed || !e.needBump.Swap(false) {
+		return // someone else bumped it already
 	}
 	if err := e.publishEpochLocked(ctx, true); err != nil {
 		e.log.Error(err, "after a replica failure")
@@ -286,6 +299,7 @@ func (e *Engine) publishEpoch(ctx context.Context, bump bool) error {
 func (e *Engine) publishEpochLocked(ctx context.Context, bump bool) error {
 	if bump {
 		e.epoch++
+		e.needBump.Store(false)
 	}
 	for {
 		degraded := e.degradedLocked()
@@ -491,6 +505,9 @@ func (e *Engine) mutate(ctx context.Context, o op, off, n int64, fn func(*member
 		lr = e.ranges.lock(off, n)
 	}
 	ms, modes := e.writable()
+	if e.opts.UnsafeAckEarly && o == opWrite && len(ms) > 1 {
+		return e.mutateEarly(ctx, lr, ms, modes, fn)
+	}
 	errs := fanout(ms, o, int(n), fn)
 	okRW, failed := 0, false
 	var last error
@@ -510,7 +527,9 @@ func (e *Engine) mutate(ctx context.Context, o op, off, n int64, fn func(*member
 		e.ranges.unlock(lr)
 	}
 	e.io.RUnlock()
-	if failed {
+	if failed || e.needBump.Load() {
+		// Acknowledge only once every failed replica is fenced off by the
+		// epoch bump (see needBump).
 		e.afterFailure(ctx)
 	}
 	var err error
@@ -524,6 +543,34 @@ func (e *Engine) mutate(ctx context.Context, o op, off, n int64, fn func(*member
 		err = fmt.Errorf("%w: no RW replica", ErrNoReplica)
 	}
 	e.io_.record(o, int(n), err)
+	return err
+}
+
+// mutateEarly is the deliberately broken write path of UnsafeAckEarly.
+func (e *Engine) mutateEarly(ctx context.Context, lr *lockedRange, ms []*member, modes []Mode, fn func(*member) error) error {
+	first := make(chan error, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := fn(m)
+			if err != nil || modes[i] == ModeRW {
+				first <- err
+			}
+		}()
+	}
+	go func() { // release the range and I/O lock only when all have answered
+		wg.Wait()
+		e.ranges.unlock(lr)
+		e.io.RUnlock()
+	}()
+	var err error
+	for range ms {
+		if err = <-first; err == nil {
+			return nil
+		}
+	}
 	return err
 }
 

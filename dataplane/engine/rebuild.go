@@ -143,6 +143,11 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	}
 	if err == nil {
 		e.rebuilds[addr] = rb
+	} else if e.needBump.Load() {
+		// A member failed while we prepared: fence it off before resuming.
+		if berr := e.publishEpochLocked(ctx, true); berr != nil {
+			e.log.Error(berr, "bumping the epoch after a failed replica add")
+		}
 	}
 	e.mu.Unlock()
 	e.resume()

@@ -98,10 +98,15 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail("--frontend %q: use nbd or fuse", *fe)
 	}
 	log := newLogger(stderr, "engine")
+	unsafeEarly := os.Getenv("CAIRN_UNSAFE_ACK_EARLY") == "1"
+	if unsafeEarly {
+		log.Info("WARNING: CAIRN_UNSAFE_ACK_EARLY=1: writes are acknowledged before every replica has them; " +
+			"this mode exists only to prove the chaos harness catches the bug. Acknowledged data can be lost.")
+	}
 	octx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	e, err := engine.Open(octx, engine.Options{
-		Name: *name, Size: size, Replicas: replicas, Wanted: *wanted, Logger: log,
+		Name: *name, Size: size, Replicas: replicas, Wanted: *wanted, Logger: log, UnsafeAckEarly: unsafeEarly,
 		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: *timeout, Logger: log}}),
 	})
 	if err != nil {
