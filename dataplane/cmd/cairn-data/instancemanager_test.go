@@ -481,4 +481,3 @@ func writeKey(t *testing.T, path string, key *ecdsa.PrivateKey) {
 	}
 	writePEM(t, path, "EC PRIVATE KEY", der)
 }
-
