@@ -57,6 +57,7 @@ type cand struct {
 
 type member struct {
 	addr  string
+	id    string // the replica's ID (from Info)
 	r     Replica
 	mode  Mode // written only by Engine.setMode, under Engine.mu
 	since time.Time
@@ -80,10 +81,11 @@ type Engine struct {
 	wanted   int
 	closed   bool
 	rebuilds map[string]*rebuild
-	// failed records replicas that failed during this engine's life while
-	// the set stayed degraded since: their write-intent bits were kept on
-	// the survivors, so if they come back they resync only dirty regions.
-	failed map[string]bool
+	// failed records, by address, the ID of replicas that failed during
+	// this engine's life while the set stayed degraded since: their
+	// write-intent bits were kept on the survivors, so if the same replica
+	// (same ID) comes back it resyncs only dirty regions.
+	failed map[string]string
 
 	size atomic.Int64
 	rr   atomic.Uint64
@@ -108,7 +110,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		opts.Wanted = len(opts.Replicas)
 	}
 	e := &Engine{opts: opts, log: opts.Logger.WithValues("volume", opts.Name), wanted: opts.Wanted,
-		rebuilds: map[string]*rebuild{}, failed: map[string]bool{}}
+		rebuilds: map[string]*rebuild{}, failed: map[string]string{}}
 	var good []cand
 	var maxEpoch uint64
 	for _, addr := range opts.Replicas {
@@ -135,7 +137,10 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	var usable []cand
 	for _, c := range good {
 		var why string
+		c.m.id = c.info.ID
 		switch {
+		case c.info.Rebuilding:
+			why = "a rebuild of it started and did not finish: its data is incomplete"
 		case c.info.Size != size:
 			why = fmt.Sprintf("its size is %d bytes, the volume's %d", c.info.Size, size)
 		case c.info.Epoch < maxEpoch:
@@ -156,7 +161,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.size.Store(size)
 	e.epoch = maxEpoch + 1
 	for _, c := range usable {
-		if err := c.m.r.SetEpoch(ctx, e.epoch, true); err != nil {
+		if err := c.m.r.SetEpoch(ctx, e.epoch, true, false); err != nil {
 			c.m.mode, c.m.err = ModeERR, fmt.Errorf("set epoch: %w", err)
 			continue
 		}
@@ -245,9 +250,9 @@ func (e *Engine) setMode(m *member, to Mode, cause error) error {
 	e.log.Info("replica mode", "replica", m.addr, "from", m.mode.String(), "to", to.String(), "cause", fmt.Sprint(cause))
 	m.mode, m.since, m.err = to, time.Now(), cause
 	if to == ModeERR {
-		e.needBump.Store(true) // until the survivors' epoch moves past it
-		e.failed[m.addr] = true
-		go m.r.Close() // stop its traffic; pending requests fail at once
+		e.needBump.Store(true)  // until the survivors' epoch moves past it
+		e.failed[m.addr] = m.id // a replica failed mid-rebuild is refused dirty-only resync by its persisted rebuilding flag
+		go m.r.Close()          // stop its traffic; pending requests fail at once
 	}
 	return nil
 }
@@ -308,7 +313,7 @@ func (e *Engine) publishEpochLocked(ctx context.Context, bump bool) error {
 			if m.mode == ModeERR {
 				continue
 			}
-			if err := m.r.SetEpoch(ctx, e.epoch, degraded); err != nil {
+			if err := m.r.SetEpoch(ctx, e.epoch, degraded, m.mode == ModeWO); err != nil {
 				e.setMode(m, ModeERR, fmt.Errorf("set epoch %d: %w", e.epoch, err))
 				changed = true
 				continue

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -443,5 +444,65 @@ func TestRemoveLastReplicaRefused(t *testing.T) {
 	e, reps := cluster(t, 1, 1<<20)
 	if err := e.RemoveReplica(context.Background(), reps[0].addr); !errors.Is(err, engine.ErrInvalid) {
 		t.Fatalf("removing the last RW replica: %v", err)
+	}
+}
+
+// TestNewReplicaAtOldAddressGetsFullRebuild: an empty replica started at
+// the address of a failed one must not be taken for the one that failed
+// (it would get only the dirty regions and miss everything else).
+func TestNewReplicaAtOldAddressGetsFullRebuild(t *testing.T) {
+	ctx := context.Background()
+	const size = 16 << 20
+	e, reps := cluster(t, 3, size)
+	data := pattern(9, size)
+	if err := e.WriteAt(ctx, data, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	r1 := reps[1]
+	r1.kill()
+	waitFor(t, "ERR", func() bool { return modes(e)[r1.addr] == "ERR" })
+	e.WriteAt(ctx, pattern(10, 4096), 0, false)
+	copy(data, pattern(10, 4096))
+	fresh := startReplica(t, filepath.Join(t.TempDir(), "new-disk"), size, r1.addr) // same address, new data
+	if err := e.AddReplica(ctx, fresh.addr); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.WaitRebuild(ctx, fresh.addr)
+	if err != nil || st.State != engine.RebuildComplete || st.DirtyOnly {
+		t.Fatalf("rebuild of a new replica at an old address: %+v %v", st, err)
+	}
+	if n := len(e.Replicas()); n != 3 {
+		t.Fatalf("%d members after replacing one, want 3: %+v", n, e.Replicas())
+	}
+	reps[0].kill()
+	reps[2].kill()
+	waitFor(t, "originals dropped", func() bool { return modes(e)[reps[0].addr] == "ERR" && modes(e)[reps[2].addr] == "ERR" })
+	got := make([]byte, size)
+	if err := e.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the replacement's data is incomplete: %v", err)
+	}
+}
+
+// TestUnfinishedRebuildLeftOutAtOpen: a replica whose rebuild never
+// completed (the engine died) is never opened as a healthy member.
+func TestUnfinishedRebuildLeftOutAtOpen(t *testing.T) {
+	ctx := context.Background()
+	e, reps := cluster(t, 2, 4<<20)
+	epoch := e.Epoch()
+	e.Close()
+	// What an engine leaves on a replica it was rebuilding when it died:
+	// the current epoch, marked rebuilding.
+	if err := reps[1].run.R.SetEpoch(epoch, true, true); err != nil {
+		t.Fatal(err)
+	}
+	e2, err := engine.Open(ctx, engine.Options{Replicas: []string{reps[0].addr, reps[1].addr}, Dial: dialer()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	for _, r := range e2.Replicas() {
+		if r.Address == reps[1].addr && (r.Mode != engine.ModeERR || !strings.Contains(r.Error, "rebuild")) {
+			t.Fatalf("half-rebuilt replica at open: %+v", r)
+		}
 	}
 }

@@ -78,7 +78,7 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 		e.mu.Unlock()
 		return fmt.Errorf("%w: %s is already being rebuilt", ErrInvalid, addr)
 	}
-	dirtyOnly := e.failed[addr]
+	failedID, wasMember := e.failed[addr]
 	e.mu.Unlock()
 
 	r, err := e.opts.Dial(ctx, addr)
@@ -96,6 +96,10 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 		r.Close()
 		return fmt.Errorf("add replica %s: %w", addr, err)
 	}
+	// Only the very replica that failed (same ID, data intact, not halfway
+	// through an earlier rebuild) may copy just the dirty regions; a new
+	// replica at the same address gets everything.
+	dirtyOnly := wasMember && failedID != "" && failedID == tinfo.ID && !tinfo.Rebuilding
 
 	// Pause I/O: snapshot everyone at the same point, add the new member.
 	e.pause()
@@ -128,8 +132,16 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	}
 	var nm *member
 	if err == nil {
-		nm = &member{addr: addr, r: r, mode: ModeWO, since: time.Now()}
-		e.members = append(e.members, nm)
+		nm = &member{addr: addr, id: tinfo.ID, r: r, mode: ModeWO, since: time.Now()}
+		// The new member replaces any failed entry at the same address.
+		kept := e.members[:0]
+		for _, m := range e.members {
+			if m.addr != addr || m.mode != ModeERR {
+				kept = append(kept, m)
+			}
+		}
+		e.members = append(kept, nm)
+		// Persists "rebuilding" on the new replica with the new epoch.
 		err = e.publishEpochLocked(ctx, true)
 	}
 	rctx, cancel := context.WithCancel(context.Background())

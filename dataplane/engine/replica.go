@@ -20,8 +20,9 @@ type Replica interface {
 	Failed() <-chan struct{}
 
 	Info(ctx context.Context) (ReplicaInfo, error)
-	// SetEpoch persists the replica's epoch and whether the set is degraded.
-	SetEpoch(ctx context.Context, epoch uint64, degraded bool) error
+	// SetEpoch persists the replica's epoch, whether the set is degraded,
+	// and whether this replica is being rebuilt (incomplete).
+	SetEpoch(ctx context.Context, epoch uint64, degraded, rebuilding bool) error
 	Snapshot(ctx context.Context, name string, userCreated bool) error
 	DeleteSnapshot(ctx context.Context, name string) error
 	Revert(ctx context.Context, name string) error
@@ -46,10 +47,15 @@ type Extent struct {
 
 // ReplicaInfo is what a replica reports of itself.
 type ReplicaInfo struct {
-	Size      int64
-	Epoch     uint64
-	HeadBytes int64
-	Snapshots []SnapshotInfo
+	// ID is fixed when the replica is created; a new replica at an old
+	// address has another.
+	ID string
+	// Rebuilding: a rebuild of this replica started and did not finish.
+	Rebuilding bool
+	Size       int64
+	Epoch      uint64
+	HeadBytes  int64
+	Snapshots  []SnapshotInfo
 	// Dirty is the write-intent bitmap: bit r%64 of word r/64 is region r.
 	DirtyRegionSize int64
 	DirtyCount      int64

@@ -24,11 +24,17 @@ const (
 )
 
 type metadata struct {
-	FormatVersion int    `json:"formatVersion"`
-	Size          int64  `json:"size"`
-	Epoch         uint64 `json:"epoch"`
-	RegionSize    int64  `json:"regionSize"`
-	NextLayer     uint64 `json:"nextLayer"`
+	FormatVersion int `json:"formatVersion"`
+	// ID is random, set when the replica is created: it tells a replica
+	// that comes back from a new one at the same address.
+	ID    string `json:"id"`
+	Size  int64  `json:"size"`
+	Epoch uint64 `json:"epoch"`
+	// Rebuilding is true while the replica is being rebuilt: its data is
+	// incomplete and no engine may open it as a healthy member.
+	Rebuilding bool   `json:"rebuilding,omitempty"`
+	RegionSize int64  `json:"regionSize"`
+	NextLayer  uint64 `json:"nextLayer"`
 	// Head is the file name of the writable layer.
 	Head string `json:"head"`
 	// Snapshots are the immutable layers, oldest first; each is the parent

@@ -6,6 +6,8 @@
 package replica
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -158,7 +160,11 @@ func create(dir string, opts Options) (metadata, error) {
 				ErrNotReplica, dir, e.Name(), metaFileName)
 		}
 	}
-	m := metadata{FormatVersion: formatVersion, Size: opts.Size, RegionSize: opts.RegionSize, NextLayer: 2, Head: layerFile(1)}
+	id := make([]byte, 8)
+	if _, err := rand.Read(id); err != nil {
+		return metadata{}, err
+	}
+	m := metadata{FormatVersion: formatVersion, ID: hex.EncodeToString(id), Size: opts.Size, RegionSize: opts.RegionSize, NextLayer: 2, Head: layerFile(1)}
 	if err := newLayerFile(dir, m.Head, m.Size); err != nil {
 		return metadata{}, err
 	}
@@ -245,9 +251,11 @@ func (r *Replica) CheckEpoch(e uint64) error {
 
 // SetEpoch persists a new epoch and says whether the replica set is
 // degraded (missing a member), which keeps write-intent bits from being
-// cleared. The engine calls it on open and on every change of the set, with
-// I/O paused, and before any flush that follows a member's failure.
-func (r *Replica) SetEpoch(e uint64, degraded bool) error {
+// cleared, and whether this replica is being rebuilt (its data incomplete,
+// persisted so that no later engine trusts it). The engine calls it on
+// open and on every change of the set, with I/O paused, and before any
+// flush that follows a member's failure.
+func (r *Replica) SetEpoch(e uint64, degraded, rebuilding bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -255,6 +263,7 @@ func (r *Replica) SetEpoch(e uint64, degraded bool) error {
 	}
 	m := r.meta
 	m.Epoch = e
+	m.Rebuilding = rebuilding
 	if err := writeMeta(r.dir, m); err != nil {
 		return fmt.Errorf("set epoch: %w", err)
 	}

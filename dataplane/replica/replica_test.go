@@ -275,7 +275,7 @@ func TestEpochPersists(t *testing.T) {
 	if err := r.CheckEpoch(0); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.SetEpoch(7, false); err != nil {
+	if err := r.SetEpoch(7, false, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.CheckEpoch(6); !errors.Is(err, ErrStaleEpoch) {
@@ -331,7 +331,7 @@ func TestWriteIntentBitmap(t *testing.T) {
 		t.Fatalf("dirty after reopen: %s", d)
 	}
 	// A complete set: the first flush rotates the window, the second clears.
-	r.SetEpoch(1, false)
+	r.SetEpoch(1, false, false)
 	r.Flush()
 	r.Flush()
 	if d := dirty(); len(d) != 0 {

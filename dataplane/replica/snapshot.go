@@ -20,13 +20,15 @@ type SnapshotInfo struct {
 
 // Info is a summary of the replica.
 type Info struct {
-	Dir       string
-	Size      int64
-	Epoch     uint64
-	Head      string
-	HeadBytes int64 // data held by the head layer
-	Snapshots []SnapshotInfo
-	Dirty     DirtyRegions
+	ID         string
+	Rebuilding bool
+	Dir        string
+	Size       int64
+	Epoch      uint64
+	Head       string
+	HeadBytes  int64 // data held by the head layer
+	Snapshots  []SnapshotInfo
+	Dirty      DirtyRegions
 	// IndexBytes is the memory the block indexes of all layers take.
 	IndexBytes int64
 }
@@ -38,7 +40,7 @@ func (r *Replica) Info() (Info, error) {
 	if r.closed {
 		return Info{}, ErrClosed
 	}
-	in := Info{Dir: r.dir, Size: r.size.Load(), Epoch: r.epoch.Load(), Head: r.meta.Head, Snapshots: r.snapshotsLocked(), Dirty: r.dirty.snapshot()}
+	in := Info{ID: r.meta.ID, Rebuilding: r.meta.Rebuilding, Dir: r.dir, Size: r.size.Load(), Epoch: r.epoch.Load(), Head: r.meta.Head, Snapshots: r.snapshotsLocked(), Dirty: r.dirty.snapshot()}
 	in.HeadBytes = r.head().idx.count() * BlockSize
 	for _, l := range r.layers {
 		in.IndexBytes += l.idx.memBytes()

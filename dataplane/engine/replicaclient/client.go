@@ -113,7 +113,7 @@ func (c *Client) Info(ctx context.Context) (engine.ReplicaInfo, error) {
 	if err != nil {
 		return engine.ReplicaInfo{}, err
 	}
-	out := engine.ReplicaInfo{Size: in.Size, Epoch: in.Epoch, HeadBytes: in.HeadBytes}
+	out := engine.ReplicaInfo{ID: in.Id, Rebuilding: in.Rebuilding, Size: in.Size, Epoch: in.Epoch, HeadBytes: in.HeadBytes}
 	if d := in.Dirty; d != nil {
 		out.DirtyRegionSize, out.DirtyCount, out.Dirty = d.RegionSize, d.Count, d.Bits
 	}
@@ -124,10 +124,10 @@ func (c *Client) Info(ctx context.Context) (engine.ReplicaInfo, error) {
 	return out, nil
 }
 
-func (c *Client) SetEpoch(ctx context.Context, epoch uint64, degraded bool) error {
+func (c *Client) SetEpoch(ctx context.Context, epoch uint64, degraded, rebuilding bool) error {
 	ctx, cancel := c.cctx(ctx)
 	defer cancel()
-	_, err := c.ctl.SetEpoch(ctx, &replicav1.SetEpochRequest{Epoch: epoch, Degraded: degraded})
+	_, err := c.ctl.SetEpoch(ctx, &replicav1.SetEpochRequest{Epoch: epoch, Degraded: degraded, Rebuilding: rebuilding})
 	return err
 }
 

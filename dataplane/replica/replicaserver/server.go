@@ -97,7 +97,7 @@ func (c *Control) Info(context.Context, *replicav1.InfoRequest) (*replicav1.Info
 		return nil, grpcErr(err)
 	}
 	out := &replicav1.InfoResponse{
-		Size: in.Size, Epoch: in.Epoch, Head: in.Head, HeadBytes: in.HeadBytes, IndexBytes: in.IndexBytes, DataAddress: c.DataAddress,
+		Id: in.ID, Rebuilding: in.Rebuilding, Size: in.Size, Epoch: in.Epoch, Head: in.Head, HeadBytes: in.HeadBytes, IndexBytes: in.IndexBytes, DataAddress: c.DataAddress,
 		Dirty: &replicav1.DirtyRegions{RegionSize: in.Dirty.RegionSize, Count: in.Dirty.Count, Bits: in.Dirty.Bits, Dirty: in.Dirty.Dirty()},
 	}
 	for _, s := range in.Snapshots {
@@ -135,7 +135,7 @@ func (c *Control) Expand(_ context.Context, req *replicav1.ExpandRequest) (*repl
 }
 
 func (c *Control) SetEpoch(_ context.Context, req *replicav1.SetEpochRequest) (*replicav1.SetEpochResponse, error) {
-	return &replicav1.SetEpochResponse{}, grpcErr(c.R.SetEpoch(req.GetEpoch(), req.GetDegraded()))
+	return &replicav1.SetEpochResponse{}, grpcErr(c.R.SetEpoch(req.GetEpoch(), req.GetDegraded(), req.GetRebuilding()))
 }
 
 func (c *Control) Close(context.Context, *replicav1.CloseRequest) (*replicav1.CloseResponse, error) {

@@ -647,7 +647,11 @@ type InfoResponse struct {
 	// Memory taken by the block indexes of all layers.
 	IndexBytes int64 `protobuf:"varint,7,opt,name=index_bytes,json=indexBytes,proto3" json:"index_bytes,omitempty"`
 	// The dataconn address this process serves.
-	DataAddress   string `protobuf:"bytes,8,opt,name=data_address,json=dataAddress,proto3" json:"data_address,omitempty"`
+	DataAddress string `protobuf:"bytes,8,opt,name=data_address,json=dataAddress,proto3" json:"data_address,omitempty"`
+	// Random, fixed when the replica was created.
+	Id string `protobuf:"bytes,9,opt,name=id,proto3" json:"id,omitempty"`
+	// True while a rebuild of this replica has not completed.
+	Rebuilding    bool `protobuf:"varint,10,opt,name=rebuilding,proto3" json:"rebuilding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -736,6 +740,20 @@ func (x *InfoResponse) GetDataAddress() string {
 		return x.DataAddress
 	}
 	return ""
+}
+
+func (x *InfoResponse) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *InfoResponse) GetRebuilding() bool {
+	if x != nil {
+		return x.Rebuilding
+	}
+	return false
 }
 
 type SnapshotCreateRequest struct {
@@ -1151,7 +1169,10 @@ type SetEpochRequest struct {
 	Epoch uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// True while the replica set is missing a member: write-intent bits are
 	// then kept, so the missing member can resync only what changed.
-	Degraded      bool `protobuf:"varint,2,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	Degraded bool `protobuf:"varint,2,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	// True while this replica is being rebuilt; persisted, so that no engine
+	// opens it as a healthy member before the rebuild completes.
+	Rebuilding    bool `protobuf:"varint,3,opt,name=rebuilding,proto3" json:"rebuilding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1196,6 +1217,13 @@ func (x *SetEpochRequest) GetEpoch() uint64 {
 func (x *SetEpochRequest) GetDegraded() bool {
 	if x != nil {
 		return x.Degraded
+	}
+	return false
+}
+
+func (x *SetEpochRequest) GetRebuilding() bool {
+	if x != nil {
+		return x.Rebuilding
 	}
 	return false
 }
@@ -1348,7 +1376,7 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x12\n" +
 	"\x04bits\x18\x03 \x03(\x06R\x04bits\x12\x14\n" +
 	"\x05dirty\x18\x04 \x01(\x03R\x05dirty\"\r\n" +
-	"\vInfoRequest\"\x9f\x02\n" +
+	"\vInfoRequest\"\xcf\x02\n" +
 	"\fInfoResponse\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x12\n" +
@@ -1359,7 +1387,12 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\x05dirty\x18\x06 \x01(\v2\x1e.cairn.replica.v1.DirtyRegionsR\x05dirty\x12\x1f\n" +
 	"\vindex_bytes\x18\a \x01(\x03R\n" +
 	"indexBytes\x12!\n" +
-	"\fdata_address\x18\b \x01(\tR\vdataAddress\"N\n" +
+	"\fdata_address\x18\b \x01(\tR\vdataAddress\x12\x0e\n" +
+	"\x02id\x18\t \x01(\tR\x02id\x12\x1e\n" +
+	"\n" +
+	"rebuilding\x18\n" +
+	" \x01(\bR\n" +
+	"rebuilding\"N\n" +
 	"\x15SnapshotCreateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fuser_created\x18\x02 \x01(\bR\vuserCreated\"\x18\n" +
@@ -1375,10 +1408,13 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\x16SnapshotRevertResponse\"#\n" +
 	"\rExpandRequest\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\"\x10\n" +
-	"\x0eExpandResponse\"C\n" +
+	"\x0eExpandResponse\"c\n" +
 	"\x0fSetEpochRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1a\n" +
-	"\bdegraded\x18\x02 \x01(\bR\bdegraded\"\x12\n" +
+	"\bdegraded\x18\x02 \x01(\bR\bdegraded\x12\x1e\n" +
+	"\n" +
+	"rebuilding\x18\x03 \x01(\bR\n" +
+	"rebuilding\"\x12\n" +
 	"\x10SetEpochResponse\"\x0e\n" +
 	"\fCloseRequest\"\x0f\n" +
 	"\rCloseResponse2\xb3\b\n" +
