@@ -506,3 +506,43 @@ func TestUnfinishedRebuildLeftOutAtOpen(t *testing.T) {
 		}
 	}
 }
+
+// TestFullRebuildOverStaleData: a full rebuild onto a replica that still
+// holds old data (not eligible for a dirty-only resync, e.g. after an
+// engine restart) must not let that data show where the source has holes.
+func TestFullRebuildOverStaleData(t *testing.T) {
+	ctx := context.Background()
+	const size = 8 << 20
+	e, reps := cluster(t, 2, size)
+	if err := e.WriteAt(ctx, pattern(1, size), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	r1 := reps[1]
+	r1.kill()
+	waitFor(t, "ERR", func() bool { return modes(e)[r1.addr] == "ERR" })
+	if err := e.Unmap(ctx, 0, size); err != nil { // the source now has holes everywhere
+		t.Fatal(err)
+	}
+	e.Close()
+	// A new engine knows nothing of the failure: the returning replica (with
+	// its old data) gets a full rebuild.
+	e2, err := engine.Open(ctx, engine.Options{Replicas: []string{reps[0].addr}, Dial: dialer(), Wanted: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	back := startReplica(t, r1.dir, 0, r1.addr)
+	if err := e2.AddReplica(ctx, back.addr); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e2.WaitRebuild(ctx, back.addr)
+	if err != nil || st.State != engine.RebuildComplete || st.DirtyOnly || !st.Fill {
+		t.Fatalf("rebuild: %+v %v", st, err)
+	}
+	reps[0].kill()
+	waitFor(t, "source dropped", func() bool { return modes(e2)[reps[0].addr] == "ERR" })
+	got := make([]byte, size)
+	if err := e2.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, make([]byte, size)) {
+		t.Fatalf("old data shows through after a full rebuild: %v", err)
+	}
+}

@@ -29,6 +29,10 @@ type RebuildStatus struct {
 	// DirtyOnly is true when only regions marked in the write-intent bitmaps
 	// are copied (a returning replica); false for a full copy.
 	DirtyOnly bool
+	// Fill is true when the target already held data: regions are written
+	// whole, zeros included, so none of its old data shows through where
+	// the source has holes.
+	Fill bool
 	// BytesDone and BytesTotal measure progress through the regions to copy.
 	BytesDone, BytesTotal int64
 	// BytesCopied is the data actually sent (holes are skipped).
@@ -107,28 +111,31 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	snap := fmt.Sprintf("rebuild-%d-%d", e.epoch, time.Now().UnixNano()%1e6)
 	var src *member
 	var srcInfo ReplicaInfo
+	// The target first: if it cannot take the snapshot (a full disk, say),
+	// the members are left untouched.
+	err = r.Snapshot(ctx, snap, false) // its current head (stale or empty) sits below the new head
 	for _, m := range e.members {
+		if err != nil {
+			break
+		}
 		if m.mode == ModeERR {
 			continue
 		}
-		err := m.r.Flush(ctx)
-		if err == nil {
-			err = m.r.Snapshot(ctx, snap, false)
+		merr := m.r.Flush(ctx)
+		if merr == nil {
+			merr = m.r.Snapshot(ctx, snap, false)
 		}
-		if err == nil && src == nil && m.mode == ModeRW {
-			if srcInfo, err = m.r.Info(ctx); err == nil {
+		if merr == nil && src == nil && m.mode == ModeRW {
+			if srcInfo, merr = m.r.Info(ctx); merr == nil {
 				src = m
 			}
 		}
-		if err != nil {
-			e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", err))
+		if merr != nil {
+			e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", merr))
 		}
 	}
 	if err == nil && src == nil {
 		err = fmt.Errorf("%w: no RW replica to rebuild from", ErrNoReplica)
-	}
-	if err == nil {
-		err = r.Snapshot(ctx, snap, false) // its current head (stale or empty) sits below the new head
 	}
 	var nm *member
 	if err == nil {
@@ -146,7 +153,8 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	}
 	rctx, cancel := context.WithCancel(context.Background())
 	rb := &rebuild{cancel: cancel, fin: make(chan struct{}), st: RebuildStatus{
-		Replica: addr, Snapshot: snap, State: RebuildInProgress, DirtyOnly: dirtyOnly, Started: time.Now()}}
+		Replica: addr, Snapshot: snap, State: RebuildInProgress, DirtyOnly: dirtyOnly, Started: time.Now(),
+		Fill: dirtyOnly || tinfo.HeadBytes > 0 || len(tinfo.Snapshots) > 0}}
 	if src != nil {
 		rb.st.Source = src.addr
 	}
@@ -253,13 +261,18 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 		return
 	}
 	e.log.Info("rebuild complete", "replica", dst.addr, "copied", rb.copied.Load())
+	// The rebuild snapshot has served its purpose: merge it away on every
+	// replica, or each rebuild would leave a layer behind for good.
+	if err := e.DeleteSnapshot(context.Background(), rb.st.Snapshot); err != nil {
+		e.log.Error(err, "removing the rebuild snapshot; it stays until deleted by hand", "snapshot", rb.st.Snapshot)
+	}
 }
 
 // copyAndVerify copies the view at the rebuild snapshot, region by region,
 // from src into dst's snapshot layer, then compares checksums.
 func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *member, regions []span) error {
 	snap := rb.st.Snapshot
-	dirtyOnly := rb.st.DirtyOnly
+	fill := rb.st.Fill
 	for _, s := range regions {
 		for off := s.off; off < s.off+s.n; off += RebuildChunk {
 			if err := ctx.Err(); err != nil {
@@ -273,7 +286,7 @@ func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *membe
 			if err != nil {
 				return fmt.Errorf("read from %s: %w", src.addr, err)
 			}
-			if dirtyOnly {
+			if fill {
 				// The target may hold stale data here, even where the source
 				// has holes: write the whole region, zeros included.
 				buf := make([]byte, n)

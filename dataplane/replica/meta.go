@@ -47,6 +47,9 @@ type snapshotMeta struct {
 	File        string    `json:"file"`
 	Created     time.Time `json:"created"`
 	UserCreated bool      `json:"userCreated"`
+	// Deleting is set before a deletion that rewrites this layer starts;
+	// open finishes such a deletion, and the snapshot is never served.
+	Deleting bool `json:"deleting,omitempty"`
 }
 
 var snapshotName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)

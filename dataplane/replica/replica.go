@@ -138,6 +138,17 @@ func Open(dir string, opts Options) (*Replica, error) {
 		r.closeLayers()
 		return nil, err
 	}
+	// Finish any deletion a crash interrupted.
+	for i := 0; i < len(r.meta.Snapshots); i++ {
+		if r.meta.Snapshots[i].Deleting {
+			r.log.Info("finishing an interrupted snapshot deletion", "name", r.meta.Snapshots[i].Name)
+			if err := r.deleteSnapshotLocked(i); err != nil {
+				r.Close()
+				return nil, fmt.Errorf("open replica %s: finish deleting snapshot %s: %w", dir, r.meta.Snapshots[i].Name, err)
+			}
+			i--
+		}
+	}
 	r.log.Info("replica opened", "dir", dir, "size", m.Size, "epoch", m.Epoch, "snapshots", len(m.Snapshots), "created", !existing)
 	return r, nil
 }

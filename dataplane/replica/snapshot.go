@@ -138,15 +138,21 @@ func (r *Replica) Snapshot(name string, userCreated bool) error {
 	return nil
 }
 
-// DeleteSnapshot removes a snapshot by merging its blocks into its child
-// (the next newer snapshot or the head) wherever the child has none, which
-// leaves what every read returns unchanged.
+// DeleteSnapshot removes a snapshot, leaving what every read returns
+// unchanged. It copies whichever side is smaller:
 //
-// Crash story: blocks are copied into the child first; since each copied
-// block equals what a read through the chain already returned, a crash
-// mid-copy changes nothing visible. The child is synced, then metadata
-// without the snapshot is committed, then the file is removed (a crash
-// before the removal leaves a file that open deletes).
+//   - the snapshot's blocks into its child (the next newer snapshot or the
+//     head) where the child has none; or, when the child holds less,
+//   - the child's blocks into the snapshot's layer, which then takes the
+//     child's place (after a rebuild, the rebuild snapshot holds the whole
+//     volume and the head only the writes since: this copies the few).
+//
+// Crash story: in the first case each copied block equals what a read
+// already returned, so a crash mid-copy changes nothing visible. The
+// second rewrites the snapshot's layer, so the intent is committed first
+// (the snapshot is marked deleting and no longer served); a crash mid-copy
+// is finished by the next open. Either way the metadata without the
+// snapshot is committed before any file is removed.
 func (r *Replica) DeleteSnapshot(name string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -154,11 +160,22 @@ func (r *Replica) DeleteSnapshot(name string) error {
 		return ErrClosed
 	}
 	i := r.findSnapshot(name)
-	if i < 0 {
+	if i < 0 || r.meta.Snapshots[i].Deleting {
 		return fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
 	}
+	if err := r.deleteSnapshotLocked(i); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", name, err)
+	}
+	r.log.Info("snapshot deleted", "name", name)
+	return nil
+}
+
+func (r *Replica) deleteSnapshotLocked(i int) error {
 	src, child := r.layers[i], r.layers[i+1]
 	buf := make([]byte, 1<<20)
+	if r.meta.Snapshots[i].Deleting || child.idx.count() < src.idx.count() {
+		return r.mergeChildInto(i, buf)
+	}
 	blocks := src.idx.blocks
 	for b := int64(0); b < blocks; {
 		n, data := src.idx.run(b, blocks-b)
@@ -167,7 +184,7 @@ func (r *Replica) DeleteSnapshot(name string) error {
 				cn, has := child.idx.run(c, b+n-c)
 				if !has {
 					if err := copyBlocks(src, child, c, cn, buf); err != nil {
-						return fmt.Errorf("delete snapshot %s: %w", name, err)
+						return err
 					}
 				}
 				c += cn
@@ -176,20 +193,72 @@ func (r *Replica) DeleteSnapshot(name string) error {
 		b += n
 	}
 	if err := child.f.Sync(); err != nil {
-		return fmt.Errorf("delete snapshot %s: sync: %w", name, err)
+		return fmt.Errorf("sync: %w", err)
 	}
 	m := r.meta
 	m.Snapshots = append(append([]snapshotMeta(nil), m.Snapshots[:i]...), m.Snapshots[i+1:]...)
 	if err := r.commit(m); err != nil {
-		return fmt.Errorf("delete snapshot %s: %w", name, err)
+		return err
 	}
 	src.f.Close()
 	r.layers = append(r.layers[:i:i], r.layers[i+1:]...)
-	if err := os.Remove(filepath.Join(r.dir, src.file)); err != nil {
-		r.log.Error(err, "removing a deleted snapshot's file failed; the next open removes it", "file", src.file)
-	}
-	r.log.Info("snapshot deleted", "name", name)
+	r.removeFile(src.file)
 	return nil
+}
+
+// mergeChildInto copies layer i+1's blocks into layer i and makes layer
+// i's file take layer i+1's place.
+func (r *Replica) mergeChildInto(i int, buf []byte) error {
+	src, child := r.layers[i], r.layers[i+1]
+	if !r.meta.Snapshots[i].Deleting {
+		m := r.meta
+		m.Snapshots = append([]snapshotMeta(nil), m.Snapshots...)
+		m.Snapshots[i].Deleting = true
+		if err := r.commit(m); err != nil {
+			return err
+		}
+	}
+	if fi, err := child.f.Stat(); err == nil && fi.Size() > 0 {
+		if err := src.f.Truncate(max(fi.Size(), r.meta.Size)); err != nil { // the child may be longer (expansion)
+			return err
+		}
+		src.idx.grow(fi.Size() / BlockSize)
+	}
+	blocks := child.idx.blocks
+	for b := int64(0); b < blocks; {
+		n, data := child.idx.run(b, blocks-b)
+		if data {
+			if err := copyBlocks(child, src, b, n, buf); err != nil {
+				return err
+			}
+		}
+		b += n
+	}
+	if err := src.f.Sync(); err != nil {
+		return fmt.Errorf("sync: %w", err)
+	}
+	m := r.meta
+	m.Snapshots = append([]snapshotMeta(nil), m.Snapshots...)
+	if i+1 < len(m.Snapshots) {
+		m.Snapshots[i+1].File = src.file // the child snapshot now lives in src's file
+	} else {
+		m.Head = src.file // the child was the head
+	}
+	m.Snapshots = append(m.Snapshots[:i:i], m.Snapshots[i+1:]...)
+	if err := r.commit(m); err != nil {
+		return err
+	}
+	child.f.Close()
+	src.name = child.name
+	r.layers = append(r.layers[:i+1:i+1], r.layers[i+2:]...)
+	r.removeFile(child.file)
+	return nil
+}
+
+func (r *Replica) removeFile(name string) {
+	if err := os.Remove(filepath.Join(r.dir, name)); err != nil {
+		r.log.Error(err, "removing a merged layer failed; the next open removes it", "file", name)
+	}
 }
 
 // copyBlocks copies blocks [b, b+n) from one layer's file to another's.
@@ -226,7 +295,7 @@ func (r *Replica) Revert(name string) error {
 		return ErrClosed
 	}
 	i := r.findSnapshot(name)
-	if i < 0 {
+	if i < 0 || r.meta.Snapshots[i].Deleting {
 		return fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
 	}
 	m := r.meta
@@ -315,7 +384,7 @@ func (r *Replica) snapshotTop(name string) (int, error) {
 		return 0, ErrClosed
 	}
 	i := r.findSnapshot(name)
-	if i < 0 {
+	if i < 0 || r.meta.Snapshots[i].Deleting {
 		return 0, fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
 	}
 	return i + 1, nil

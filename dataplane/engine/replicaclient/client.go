@@ -24,8 +24,13 @@ import (
 type Options struct {
 	// Data are the dataconn client options (connections, timeouts).
 	Data dataconn.ClientOptions
-	// ControlTimeout bounds each control call. Default 30s.
+	// ControlTimeout bounds bulk control calls (rebuild reads and writes,
+	// checksums, revert, expand). Default 30s.
 	ControlTimeout time.Duration
+	// QuickTimeout bounds the calls a failover waits on (SetEpoch, Info,
+	// snapshot create), so a hung replica cannot stall the volume for
+	// long. Default: Data.RequestTimeout, or 10s.
+	QuickTimeout time.Duration
 }
 
 // SplitAddress parses a replica address: "HOST:PORT" means data on PORT and
@@ -56,6 +61,12 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	if opts.ControlTimeout <= 0 {
 		opts.ControlTimeout = 30 * time.Second
 	}
+	if opts.QuickTimeout <= 0 {
+		opts.QuickTimeout = opts.Data.RequestTimeout
+	}
+	if opts.QuickTimeout <= 0 {
+		opts.QuickTimeout = 10 * time.Second
+	}
 	dataAddr, ctlAddr, err := SplitAddress(addr)
 	if err != nil {
 		return nil, err
@@ -70,7 +81,7 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 		cc.Close()
 		return nil, err
 	}
-	return &Client{data: d, cc: cc, ctl: replicav1.NewReplicaServiceClient(cc), timeout: opts.ControlTimeout}, nil
+	return &Client{data: d, cc: cc, ctl: replicav1.NewReplicaServiceClient(cc), timeout: opts.ControlTimeout, quick: opts.QuickTimeout}, nil
 }
 
 // Client is a connected replica.
@@ -79,6 +90,7 @@ type Client struct {
 	cc      *grpc.ClientConn
 	ctl     replicav1.ReplicaServiceClient
 	timeout time.Duration
+	quick   time.Duration
 }
 
 var _ engine.Replica = (*Client)(nil)
@@ -98,6 +110,10 @@ func (c *Client) cctx(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, c.timeout)
 }
 
+func (c *Client) qctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.quick)
+}
+
 // mapErr turns gRPC codes the engine cares about into its sentinels.
 func mapErr(err error) error {
 	if status.Code(err) == codes.NotFound {
@@ -107,7 +123,7 @@ func mapErr(err error) error {
 }
 
 func (c *Client) Info(ctx context.Context) (engine.ReplicaInfo, error) {
-	ctx, cancel := c.cctx(ctx)
+	ctx, cancel := c.qctx(ctx)
 	defer cancel()
 	in, err := c.ctl.Info(ctx, &replicav1.InfoRequest{})
 	if err != nil {
@@ -125,14 +141,14 @@ func (c *Client) Info(ctx context.Context) (engine.ReplicaInfo, error) {
 }
 
 func (c *Client) SetEpoch(ctx context.Context, epoch uint64, degraded, rebuilding bool) error {
-	ctx, cancel := c.cctx(ctx)
+	ctx, cancel := c.qctx(ctx)
 	defer cancel()
 	_, err := c.ctl.SetEpoch(ctx, &replicav1.SetEpochRequest{Epoch: epoch, Degraded: degraded, Rebuilding: rebuilding})
 	return err
 }
 
 func (c *Client) Snapshot(ctx context.Context, name string, user bool) error {
-	ctx, cancel := c.cctx(ctx)
+	ctx, cancel := c.qctx(ctx)
 	defer cancel()
 	_, err := c.ctl.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: name, UserCreated: user})
 	return err

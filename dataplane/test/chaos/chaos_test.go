@@ -1,0 +1,148 @@
+package chaos
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var (
+	schedules = flag.Int("chaos.schedules", 0, "number of schedules; 0 runs the short version (until every fault kind has run once)")
+	seedFlag  = flag.Uint64("chaos.seed", 0, "seed of the first schedule (the next ones use seed+1, ...); 0 picks one from the clock")
+	duration  = flag.Duration("chaos.duration", 3*time.Second, "workload time per schedule")
+	verbose   = flag.Bool("chaos.verbose", false, "print every fault as it is injected")
+)
+
+var cairnData string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := func() int {
+		if testing.Short() {
+			return m.Run()
+		}
+		dir, err := os.MkdirTemp("", "cairn-chaos-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		cairnData = os.Getenv("CAIRN_DATA")
+		if cairnData == "" {
+			cairnData = filepath.Join(dir, "cairn-data")
+			out, err := exec.Command("go", "build", "-o", cairnData, "../../cmd/cairn-data").CombinedOutput()
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "building cairn-data: %v\n%s", err, out)
+				return 1
+			}
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: iptables partitions and a tmpfs disk (CI runs as root)")
+	}
+	if _, err := exec.LookPath("iptables"); err != nil {
+		t.Skip("needs iptables (make test installs it: hack/install-test-tools.sh)")
+	}
+	if testing.Short() {
+		t.Skip("chaos schedules are skipped with -short")
+	}
+}
+
+func config(seed uint64) Config {
+	cfg := Config{Bin: cairnData, Work: os.TempDir(), Seed: seed, Duration: *duration, DiskFaults: true}
+	if *verbose {
+		cfg.Verbose = os.Stdout
+	}
+	return cfg
+}
+
+func report(t *testing.T, r Result) {
+	fmt.Println(r.Line())
+	if len(r.Problems) == 0 {
+		return
+	}
+	t.Errorf("seed %d: %s", r.Seed, strings.Join(r.Problems, "; "))
+	fmt.Printf("  replay: make chaos SCHEDULES=1 SEED=%d\n", r.Seed)
+	if r.Visualization != "" {
+		fmt.Printf("  history (open in a browser; the red operations are where no linearization exists): %s\n", r.Visualization)
+	}
+	if r.Dir != "" {
+		fmt.Printf("  logs of every process: %s\n", r.Dir)
+	}
+}
+
+// TestChaos runs randomized fault schedules against the real data plane.
+// Without -chaos.schedules it is the short version make test runs: new
+// schedules until every fault kind has been injected at least once.
+func TestChaos(t *testing.T) {
+	needRoot(t)
+	seed := *seedFlag
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano() % 1e9)
+	}
+	n, ops, violations := 0, 0, 0
+	seen := map[Fault]int{}
+	for i := 0; ; i++ {
+		if *schedules > 0 && i >= *schedules {
+			break
+		}
+		if *schedules == 0 && (len(seen) == len(AllFaults) || i >= 12) {
+			break
+		}
+		r := Run(config(seed + uint64(i)))
+		report(t, r)
+		n++
+		ops += r.Ops
+		if len(r.Problems) > 0 {
+			violations++
+		}
+		for f, k := range r.Faults {
+			seen[f] += k
+		}
+	}
+	fmt.Printf("%d schedules, %d ops, %d violations\n", n, ops, violations)
+	if *schedules == 0 {
+		for _, f := range AllFaults {
+			if seen[f] == 0 {
+				t.Errorf("fault %s never ran in the short version", f)
+			}
+		}
+	}
+}
+
+// TestChaosCatchesBrokenEngine runs the engine in its deliberately broken
+// mode (writes acknowledged before every replica has them) and checks that
+// the harness reports a violation with a seed to replay it.
+func TestChaosCatchesBrokenEngine(t *testing.T) {
+	needRoot(t)
+	seed := *seedFlag
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano() % 1e9)
+	}
+	for i := range 10 {
+		cfg := config(seed + uint64(i))
+		cfg.UnsafeEngine = true
+		cfg.Faults = []Fault{FaultPauseReplica, FaultKillReplica, FaultRejoinReplica}
+		r := Run(cfg)
+		fmt.Println("broken engine:", r.Line())
+		if len(r.Problems) > 0 {
+			fmt.Printf("  caught; replay with: make chaos SCHEDULES=1 SEED=%d (and CAIRN_UNSAFE_ACK_EARLY in the engine)\n", r.Seed)
+			if r.Dir != "" {
+				os.RemoveAll(r.Dir)
+			}
+			return
+		}
+	}
+	t.Fatal("the harness did not catch an engine that acknowledges writes early in 10 schedules")
+}

@@ -1,0 +1,389 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+)
+
+// iptComment tags every firewall rule the harness adds, so teardown and the
+// leak check can find them.
+const iptComment = "cairn-chaos"
+
+type node struct {
+	idx         int
+	base        string // directory holding this node's generations
+	dir         string
+	data, ctl   int
+	cmd         *exec.Cmd
+	exited      chan struct{}
+	paused      bool
+	partitioned bool
+	tmpfs       string // mount point when the node's disk is a small tmpfs
+	ballast     string // file filling that tmpfs, while the disk is "full"
+	gen         int
+}
+
+func (n *node) addr() string {
+	return fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", n.data, n.ctl)
+}
+
+func (n *node) alive() bool {
+	if n.cmd == nil {
+		return false
+	}
+	select {
+	case <-n.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// reachable: alive and answering (not paused, not partitioned).
+func (n *node) reachable() bool { return n.alive() && !n.paused && !n.partitioned }
+
+type cluster struct {
+	cfg     Config
+	work    string
+	nodes   []*node
+	engine  *exec.Cmd
+	engDone chan struct{}
+	engPort int
+	sock    string
+	cc      *grpc.ClientConn
+	ctl     enginev1.EngineServiceClient
+	logs    []*os.File
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func newCluster(cfg Config, work string) (*cluster, error) {
+	c := &cluster{cfg: cfg, work: work, sock: filepath.Join(work, "engine.sock")}
+	var err error
+	if c.engPort, err = freePort(); err != nil {
+		return nil, err
+	}
+	for i := range cfg.Replicas {
+		n := &node{idx: i, base: filepath.Join(work, fmt.Sprintf("r%d", i))}
+		if n.data, err = freePort(); err != nil {
+			return nil, err
+		}
+		if n.ctl, err = freePort(); err != nil {
+			return nil, err
+		}
+		os.MkdirAll(n.base, 0o700)
+		if i == cfg.Replicas-1 && cfg.DiskFaults {
+			// The last node's disk is a small tmpfs that the nemesis can fill.
+			n.tmpfs = n.base
+			size := cfg.Size*6 + 8<<20 // room for a head, a rebuild layer and the metadata
+			if err := unix.Mount("tmpfs", n.tmpfs, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
+				return nil, fmt.Errorf("mount tmpfs for the disk-full fault: %w", err)
+			}
+		}
+		n.dir = filepath.Join(n.base, "gen0")
+		c.nodes = append(c.nodes, n)
+	}
+	c.cc, err = grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", c.engPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	c.ctl = enginev1.NewEngineServiceClient(c.cc)
+	return c, nil
+}
+
+func (c *cluster) logFile(name string) io.Writer {
+	f, err := os.OpenFile(filepath.Join(c.work, name+".log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return io.Discard
+	}
+	c.logs = append(c.logs, f)
+	return f
+}
+
+// start runs cairn-data and waits for its ready line.
+func (c *cluster) start(logName string, env []string, args ...string) (*exec.Cmd, chan struct{}, error) {
+	cmd := exec.Command(c.cfg.Bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = c.logFile(logName)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	done := make(chan struct{})
+	ready := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		ready <- line
+		io.Copy(io.Discard, out)
+	}()
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case line := <-ready:
+		if !strings.HasPrefix(line, "ready ") {
+			cmd.Process.Kill()
+			<-done
+			return nil, nil, fmt.Errorf("%s did not start (see %s.log)", args[0], logName)
+		}
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		return nil, nil, fmt.Errorf("%s did not become ready", args[0])
+	}
+	return cmd, done, nil
+}
+
+func (c *cluster) startNode(n *node) error {
+	cmd, done, err := c.start(fmt.Sprintf("replica%d", n.idx), nil, "replica", "--dir", n.dir, "--size", strconv.FormatInt(c.cfg.Size, 10),
+		"--listen", fmt.Sprintf("127.0.0.1:%d", n.data), "--control-listen", fmt.Sprintf("127.0.0.1:%d", n.ctl))
+	if err != nil {
+		return err
+	}
+	n.cmd, n.exited, n.paused = cmd, done, false
+	return nil
+}
+
+// startEngine runs an engine on the given nodes.
+func (c *cluster) startEngine(nodes []*node) error {
+	args := []string{"engine", "--name", "chaos", "--frontend", "nbd", "--nbd-socket", c.sock,
+		"--listen", fmt.Sprintf("127.0.0.1:%d", c.engPort), "--replica-timeout", "1s", "--wanted", strconv.Itoa(len(c.nodes))}
+	for _, n := range nodes {
+		args = append(args, "--replica", n.addr())
+	}
+	var env []string
+	if c.cfg.UnsafeEngine {
+		env = append(env, "CAIRN_UNSAFE_ACK_EARLY=1")
+	}
+	cmd, done, err := c.start("engine", env, args...)
+	if err != nil {
+		return err
+	}
+	c.engine, c.engDone = cmd, done
+	return nil
+}
+
+func (c *cluster) engineAlive() bool {
+	if c.engine == nil {
+		return false
+	}
+	select {
+	case <-c.engDone:
+		return false
+	default:
+		return true
+	}
+}
+
+func (c *cluster) killEngine() {
+	if c.engineAlive() {
+		c.engine.Process.Kill()
+		<-c.engDone
+	}
+}
+
+func (c *cluster) killNode(n *node) {
+	if n.alive() {
+		if n.paused {
+			n.cmd.Process.Signal(syscall.SIGCONT)
+		}
+		n.cmd.Process.Kill()
+		<-n.exited
+	}
+	n.paused = false
+}
+
+// modes returns the engine's view: address → RW/WO/ERR.
+func (c *cluster) modes(ctx context.Context) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rs, err := c.ctl.ReplicaList(ctx, &enginev1.ReplicaListRequest{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, r := range rs.Replicas {
+		out[r.Address] = r.Mode
+	}
+	return out, nil
+}
+
+// healthy counts nodes that are reachable and RW, other than skip.
+func (c *cluster) healthy(ctx context.Context, skip *node) int {
+	m, err := c.modes(ctx)
+	if err != nil {
+		return 0
+	}
+	k := 0
+	for _, n := range c.nodes {
+		if n != skip && n.reachable() && n.ballast == "" && m[n.addr()] == "RW" {
+			k++
+		}
+	}
+	return k
+}
+
+func ipt(args ...string) error {
+	out, err := exec.Command("iptables", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("iptables %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func partitionRules(n *node) [][]string {
+	var rules [][]string
+	for _, p := range []int{n.data, n.ctl} {
+		ps := strconv.Itoa(p)
+		rules = append(rules,
+			[]string{"INPUT", "-i", "lo", "-p", "tcp", "--dport", ps, "-m", "comment", "--comment", iptComment, "-j", "DROP"},
+			[]string{"OUTPUT", "-o", "lo", "-p", "tcp", "--sport", ps, "-m", "comment", "--comment", iptComment, "-j", "DROP"})
+	}
+	return rules
+}
+
+func (c *cluster) partition(n *node) error {
+	for _, r := range partitionRules(n) {
+		if err := ipt(append([]string{"-A"}, r...)...); err != nil {
+			return err
+		}
+	}
+	n.partitioned = true
+	return nil
+}
+
+func (c *cluster) heal(n *node) {
+	if n.partitioned {
+		for _, r := range partitionRules(n) {
+			ipt(append([]string{"-D"}, r...)...)
+		}
+		n.partitioned = false
+	}
+	if n.paused && n.alive() {
+		n.cmd.Process.Signal(syscall.SIGCONT)
+	}
+	n.paused = false
+	if n.ballast != "" {
+		os.Remove(n.ballast)
+		n.ballast = ""
+	}
+}
+
+// fillDisk fills the node's tmpfs so its next allocation fails (ENOSPC).
+func (c *cluster) fillDisk(n *node) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(n.tmpfs, &st); err != nil {
+		return err
+	}
+	n.ballast = filepath.Join(n.tmpfs, "ballast")
+	f, err := os.Create(n.ballast)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Fallocate(int(f.Fd()), 0, 0, int64(st.Bavail)*st.Bsize)
+}
+
+// rejoin brings a failed node back into the engine: restart it if it died,
+// then add it (a returning replica resyncs its dirty regions; a fresh one
+// is rebuilt in full).
+func (c *cluster) rejoin(ctx context.Context, n *node) error {
+	if !n.alive() {
+		if err := c.startNode(n); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err := c.ctl.ReplicaAdd(ctx, &enginev1.ReplicaAddRequest{Address: n.addr()})
+	return err
+}
+
+// replace swaps a node for an empty replica at the same address.
+func (c *cluster) replace(ctx context.Context, n *node) error {
+	c.killNode(n)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	c.ctl.ReplicaRemove(rctx, &enginev1.ReplicaRemoveRequest{Address: n.addr()})
+	cancel()
+	n.gen++
+	os.RemoveAll(n.dir)
+	n.dir = filepath.Join(n.base, fmt.Sprintf("gen%d", n.gen))
+	return c.rejoin(ctx, n)
+}
+
+// teardown stops everything and undoes every change to the host.
+func (c *cluster) teardown() {
+	for _, n := range c.nodes {
+		c.heal(n)
+	}
+	if c.engineAlive() {
+		c.engine.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.engDone:
+		case <-time.After(10 * time.Second):
+			c.killEngine()
+		}
+	}
+	for _, n := range c.nodes {
+		c.killNode(n)
+		if n.tmpfs != "" {
+			unix.Unmount(n.tmpfs, unix.MNT_DETACH)
+		}
+	}
+	if c.cc != nil {
+		c.cc.Close()
+	}
+	for _, f := range c.logs {
+		f.Close()
+	}
+}
+
+// leaks reports anything the schedule left behind on the host.
+func (c *cluster) leaks() []string {
+	var out []string
+	for _, n := range c.nodes {
+		if n.alive() {
+			out = append(out, fmt.Sprintf("replica %d still running", n.idx))
+		}
+	}
+	if c.engineAlive() {
+		out = append(out, "engine still running")
+	}
+	if b, err := exec.Command("iptables", "-S").Output(); err == nil && strings.Contains(string(b), iptComment) {
+		out = append(out, "firewall rules left")
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(b), c.work) {
+		out = append(out, "mounts left under "+c.work)
+	}
+	if _, err := os.Stat(c.sock); err == nil {
+		out = append(out, "NBD socket left")
+	}
+	return out
+}
+
+const sigstop = syscall.SIGSTOP

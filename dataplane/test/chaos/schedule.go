@@ -1,0 +1,465 @@
+// Package chaos tests the data plane the way Jepsen tests databases: real
+// engine and replica processes, several clients doing reads, writes,
+// trims and flushes through the NBD frontend, a nemesis injecting faults
+// on a random schedule drawn from a seed, and checkers that prove the
+// history linearizable per block, the replicas identical after healing,
+// the volume healthy, and the host left as it was.
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	"github.com/cairn-io/cairn/dataplane/dataconn"
+)
+
+// Fault is a kind of fault the nemesis injects.
+type Fault string
+
+// Faults.
+const (
+	FaultKillReplica      Fault = "kill-replica"      // SIGKILL a replica
+	FaultPauseReplica     Fault = "pause-replica"     // SIGSTOP, SIGCONT later: a hung peer
+	FaultPartitionReplica Fault = "partition-replica" // drop its packets (iptables), heal later
+	FaultFillDisk         Fault = "fill-disk"         // its disk (a tmpfs) fills up: ENOSPC
+	FaultKillEngine       Fault = "kill-engine"       // SIGKILL the engine, start a new one on the survivors
+	FaultReplaceReplica   Fault = "replace-replica"   // swap a replica for an empty one: full rebuild
+	FaultRejoinReplica    Fault = "rejoin-replica"    // bring a failed replica back: stale, then resynced
+)
+
+// AllFaults lists every fault kind.
+var AllFaults = []Fault{FaultKillReplica, FaultPauseReplica, FaultPartitionReplica, FaultFillDisk,
+	FaultKillEngine, FaultReplaceReplica, FaultRejoinReplica}
+
+// Config describes one schedule.
+type Config struct {
+	Bin          string        // cairn-data
+	Work         string        // parent of the schedule's directory
+	Seed         uint64        // drives the workload and the nemesis
+	Duration     time.Duration // workload time, default 3s
+	Clients      int           // default 4
+	Replicas     int           // default 3
+	Blocks       int           // blocks the clients contend on, default 48
+	Size         int64         // volume size, default 16 MiB
+	Faults       []Fault       // default AllFaults
+	FaultEvery   time.Duration // mean time between faults, default 250ms
+	DiskFaults   bool          // put the last replica on a small tmpfs (needs root)
+	UnsafeEngine bool          // run the deliberately broken engine
+	Verbose      io.Writer
+}
+
+func (c *Config) defaults() {
+	if c.Duration <= 0 {
+		c.Duration = 3 * time.Second
+	}
+	if c.Clients <= 0 {
+		c.Clients = 4
+	}
+	if c.Replicas <= 0 {
+		c.Replicas = 3
+	}
+	if c.Blocks <= 0 {
+		c.Blocks = 48
+	}
+	if c.Size <= 0 {
+		c.Size = 16 << 20
+	}
+	if len(c.Faults) == 0 {
+		c.Faults = AllFaults
+	}
+	if c.FaultEvery <= 0 {
+		c.FaultEvery = 250 * time.Millisecond
+	}
+	if c.Verbose == nil {
+		c.Verbose = io.Discard
+	}
+}
+
+// Result is what one schedule did and found.
+type Result struct {
+	Seed     uint64
+	Ops      int
+	Faults   map[Fault]int
+	Elapsed  time.Duration
+	Problems []string // violations; empty means the schedule passed
+	// Visualization is a porcupine HTML file for a linearizability
+	// violation; Dir keeps the schedule's logs when something failed.
+	Visualization string
+	Dir           string
+}
+
+// Line is the one-line summary of a schedule.
+func (r Result) Line() string {
+	var fs []string
+	for f, n := range r.Faults {
+		fs = append(fs, fmt.Sprintf("%s=%d", f, n))
+	}
+	sort.Strings(fs)
+	verdict := "ok"
+	if len(r.Problems) > 0 {
+		verdict = "VIOLATION: " + strings.Join(r.Problems, "; ")
+	}
+	return fmt.Sprintf("seed=%d ops=%d faults[%s] %.1fs %s", r.Seed, r.Ops, strings.Join(fs, " "), r.Elapsed.Seconds(), verdict)
+}
+
+func (c *cluster) blockOffset(b int) int64 {
+	stride := c.cfg.Size / int64(c.cfg.Blocks)
+	stride -= stride % BlockSize
+	return int64(b) * stride
+}
+
+// Run runs one schedule.
+func Run(cfg Config) (res Result) {
+	cfg.defaults()
+	start := time.Now()
+	res = Result{Seed: cfg.Seed, Faults: map[Fault]int{}}
+	defer func() { res.Elapsed = time.Since(start) }()
+	work, err := os.MkdirTemp(cfg.Work, fmt.Sprintf("seed-%d-", cfg.Seed))
+	if err != nil {
+		res.Problems = append(res.Problems, err.Error())
+		return res
+	}
+	res.Dir = work
+	c, err := newCluster(cfg, work)
+	if err != nil {
+		res.Problems = append(res.Problems, "setup: "+err.Error())
+		return res
+	}
+	defer func() {
+		c.teardown()
+		if l := c.leaks(); len(l) > 0 {
+			res.Problems = append(res.Problems, "leaked: "+strings.Join(l, ", "))
+		}
+		if len(res.Problems) == 0 {
+			os.RemoveAll(work)
+			res.Dir = ""
+		}
+	}()
+	for _, n := range c.nodes {
+		if err := c.startNode(n); err != nil {
+			res.Problems = append(res.Problems, "setup: "+err.Error())
+			return res
+		}
+	}
+	if err := c.startEngine(c.nodes); err != nil {
+		res.Problems = append(res.Problems, "setup: "+err.Error())
+		return res
+	}
+
+	h := newHistory()
+	ctx, stop := context.WithTimeout(context.Background(), cfg.Duration)
+	var wg sync.WaitGroup
+	for id := range cfg.Clients {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.client(ctx, id, h, rand.New(rand.NewPCG(cfg.Seed, uint64(id)))) }()
+	}
+	c.nemesis(ctx, rand.New(rand.NewPCG(cfg.Seed, 1<<32)), res.Faults)
+	wg.Wait()
+	stop()
+
+	if err := c.healAll(context.Background()); err != nil {
+		res.Problems = append(res.Problems, "heal: "+err.Error())
+	}
+	c.finalReads(h)
+	res.Ops = h.len()
+
+	result, info := h.check(60 * time.Second)
+	switch result {
+	case porcupine.Illegal:
+		res.Problems = append(res.Problems, "history is not linearizable")
+		viz := filepath.Join(work, "history.html")
+		if err := porcupine.VisualizePath(registerModel, info, viz); err == nil {
+			res.Visualization = viz
+		}
+	case porcupine.Unknown:
+		res.Problems = append(res.Problems, "linearizability check timed out")
+	}
+	if p := c.checkReplicasIdentical(context.Background()); p != "" {
+		res.Problems = append(res.Problems, p)
+	}
+	return res
+}
+
+// client is one workload client: writes of unique values, reads, trims and
+// flushes on the shared blocks, each recorded with its invoke and
+// completion times. A write whose outcome is unknown (connection lost,
+// error reply) stays open forever in the history.
+func (c *cluster) client(ctx context.Context, id int, h *history, rng *rand.Rand) {
+	var conn *nbdClient
+	defer func() {
+		if conn != nil {
+			conn.close()
+		}
+	}()
+	seq := uint64(0)
+	for ctx.Err() == nil {
+		if conn == nil {
+			var err error
+			if conn, err = dialNBD(c.sock, "chaos", time.Second); err != nil {
+				conn = nil
+				time.Sleep(10 * time.Millisecond) // the engine is restarting: retry shortly
+				continue
+			}
+		}
+		b := rng.IntN(c.cfg.Blocks)
+		off := c.blockOffset(b)
+		call := h.now()
+		var err error
+		switch r := rng.IntN(100); {
+		case r < 45 || r >= 95 && r < 97: // write (or trim: value 0)
+			seq++
+			v := uint64(id+1)<<32 | seq
+			typ := uint16(nbdWrite)
+			var payload []byte
+			if r >= 95 {
+				v, typ = 0, nbdTrim
+			} else {
+				payload = encode(b, v)
+			}
+			_, err = conn.do(typ, off, BlockSize, payload, 10*time.Second)
+			ret := h.now()
+			if err != nil {
+				ret = forever
+			}
+			h.add(id, input{kind: opWrite, block: b, value: v}, output{}, call, ret)
+		case r < 95:
+			var data []byte
+			data, err = conn.do(nbdRead, off, BlockSize, nil, 10*time.Second)
+			if err == nil {
+				h.add(id, input{kind: opRead, block: b}, output{value: decode(b, data)}, call, h.now())
+			}
+		default:
+			_, err = conn.do(nbdFlush, 0, 0, nil, 10*time.Second)
+		}
+		if err != nil {
+			conn.c.Close()
+			conn = nil
+		}
+	}
+}
+
+// nemesis injects faults until ctx ends, never taking the last healthy
+// replica: the guarantee under test holds while one RW replica survives.
+func (c *cluster) nemesis(ctx context.Context, rng *rand.Rand, count map[Fault]int) {
+	type timed struct {
+		n  *node
+		at time.Time
+	}
+	var toHeal []timed
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(rng.Int64N(int64(2 * c.cfg.FaultEvery)))):
+		}
+		now := time.Now()
+		kept := toHeal[:0]
+		for _, t := range toHeal {
+			if now.After(t.at) {
+				c.heal(t.n)
+			} else {
+				kept = append(kept, t)
+			}
+		}
+		toHeal = kept
+		if ctx.Err() != nil {
+			break
+		}
+		f := c.cfg.Faults[rng.IntN(len(c.cfg.Faults))]
+		n := c.nodes[rng.IntN(len(c.nodes))]
+		healIn := time.Duration(300+rng.IntN(900)) * time.Millisecond
+		switch f {
+		case FaultKillReplica, FaultPauseReplica, FaultPartitionReplica, FaultFillDisk, FaultReplaceReplica:
+			if f == FaultFillDisk && (n.tmpfs == "" || n.ballast != "") {
+				continue
+			}
+			if !n.reachable() || c.healthy(ctx, n) < 1 {
+				continue // would take the last healthy replica
+			}
+			var err error
+			switch f {
+			case FaultKillReplica:
+				c.killNode(n)
+			case FaultPauseReplica:
+				err = n.cmd.Process.Signal(os.Signal(sigstop))
+				n.paused = true
+				toHeal = append(toHeal, timed{n, now.Add(healIn)})
+			case FaultPartitionReplica:
+				err = c.partition(n)
+				toHeal = append(toHeal, timed{n, now.Add(healIn)})
+			case FaultFillDisk:
+				err = c.fillDisk(n)
+				toHeal = append(toHeal, timed{n, now.Add(healIn)})
+			case FaultReplaceReplica:
+				err = c.replace(ctx, n)
+			}
+			if err != nil {
+				fmt.Fprintf(c.cfg.Verbose, "nemesis: %s on replica %d: %v\n", f, n.idx, err)
+				continue
+			}
+		case FaultKillEngine:
+			// A new engine needs a reachable replica that the old one had RW.
+			m, err := c.modes(ctx)
+			if err != nil {
+				continue
+			}
+			var up []*node
+			ok := false
+			for _, x := range c.nodes {
+				if x.reachable() {
+					up = append(up, x)
+					if m[x.addr()] == "RW" && x.ballast == "" {
+						ok = true
+					}
+				}
+			}
+			if !ok {
+				continue
+			}
+			c.killEngine()
+			if err := c.startEngine(up); err != nil {
+				fmt.Fprintf(c.cfg.Verbose, "nemesis: restarting the engine: %v\n", err)
+				continue
+			}
+		case FaultRejoinReplica:
+			m, err := c.modes(ctx)
+			if err != nil || (n.alive() && m[n.addr()] != "ERR" && m[n.addr()] != "") || n.paused || n.partitioned || n.ballast != "" {
+				continue
+			}
+			if err := c.rejoin(ctx, n); err != nil {
+				fmt.Fprintf(c.cfg.Verbose, "nemesis: rejoin replica %d: %v\n", n.idx, err)
+				continue
+			}
+		}
+		count[f]++
+		fmt.Fprintf(c.cfg.Verbose, "nemesis: %s replica %d\n", f, n.idx)
+	}
+	for _, t := range toHeal {
+		c.heal(t.n)
+	}
+}
+
+// healAll undoes every fault and brings every replica back as RW.
+func (c *cluster) healAll(ctx context.Context) error {
+	for _, n := range c.nodes {
+		c.heal(n)
+	}
+	if !c.engineAlive() {
+		var up []*node
+		for _, n := range c.nodes {
+			if n.alive() {
+				up = append(up, n)
+			}
+		}
+		if err := c.startEngine(up); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	lastTry := map[*node]time.Time{}
+	for {
+		m, err := c.modes(ctx)
+		if err == nil {
+			rw, busy := 0, false
+			for _, n := range c.nodes {
+				switch m[n.addr()] {
+				case "RW":
+					rw++
+				case "WO":
+					busy = true // rebuilding
+				default: // ERR or not a member
+					busy = true
+					if time.Since(lastTry[n]) < time.Second {
+						continue // the engine may not have noticed a failure yet; do not hammer it
+					}
+					lastTry[n] = time.Now()
+					if err := c.rejoin(ctx, n); err != nil {
+						fmt.Fprintf(c.cfg.Verbose, "heal: rejoin replica %d: %v\n", n.idx, err)
+					}
+				}
+			}
+			if rw == len(c.nodes) && !busy {
+				in, err := c.ctl.VolumeInfo(ctx, &enginev1.VolumeInfoRequest{})
+				if err == nil && in.Robustness == "healthy" {
+					return nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the volume did not become healthy: %v %v", m, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// finalReads reads every block once the schedule has healed: every
+// acknowledged write must still be there.
+func (c *cluster) finalReads(h *history) {
+	conn, err := dialNBD(c.sock, "chaos", 5*time.Second)
+	if err != nil {
+		return
+	}
+	defer conn.close()
+	for b := range c.cfg.Blocks {
+		call := h.now()
+		data, err := conn.do(nbdRead, c.blockOffset(b), BlockSize, nil, 10*time.Second)
+		if err == nil {
+			h.add(c.cfg.Clients, input{kind: opRead, block: b}, output{value: decode(b, data)}, call, h.now())
+		}
+	}
+}
+
+// checkReplicasIdentical reads the whole volume from every replica
+// directly and compares region checksums.
+func (c *cluster) checkReplicasIdentical(ctx context.Context) string {
+	in, err := c.ctl.VolumeInfo(ctx, &enginev1.VolumeInfoRequest{})
+	if err != nil {
+		return "volume info: " + err.Error()
+	}
+	if in.Robustness != "healthy" {
+		return "volume is " + in.Robustness + " after healing"
+	}
+	const region = 1 << 20
+	var ref [][32]byte
+	for _, n := range c.nodes {
+		d, err := dataconn.Dial(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", n.data), dataconn.ClientOptions{Conns: 1})
+		if err != nil {
+			return fmt.Sprintf("replica %d: %v", n.idx, err)
+		}
+		d.SetEpoch(in.Epoch)
+		buf := make([]byte, region)
+		var sums [][32]byte
+		for off := int64(0); off < c.cfg.Size; off += region {
+			if err := d.ReadAt(ctx, buf, off); err != nil {
+				d.Close()
+				return fmt.Sprintf("replica %d: read: %v", n.idx, err)
+			}
+			sums = append(sums, sha256.Sum256(buf))
+		}
+		d.Close()
+		if ref == nil {
+			ref = sums
+			continue
+		}
+		for i := range sums {
+			if !bytes.Equal(sums[i][:], ref[i][:]) {
+				return fmt.Sprintf("replica %d differs from replica 0 in region %d (bytes %d..%d)", n.idx, i, i*region, (i+1)*region)
+			}
+		}
+	}
+	return ""
+}
+
+
