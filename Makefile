@@ -107,6 +107,14 @@ bench: build ## fio: raw file vs qemu-nbd vs the engine with 1 and 3 replicas (t
 	hack/install-test-tools.sh
 	cd dataplane && $(GO) run ./test/bench --bin $(LOCALBIN)/cairn-data $(BENCHFLAGS)
 
+.PHONY: chaos
+SCHEDULES ?= 100
+SEED ?= 0
+chaos: ## Randomized fault schedules against real processes: make chaos SCHEDULES=N SEED=S [UNSAFE=1] (root).
+	hack/install-test-tools.sh
+	cd dataplane && $(GO) test -count=1 -timeout 0 -run '^TestChaos$$' ./test/chaos -args \
+	  -chaos.schedules=$(SCHEDULES) -chaos.seed=$(SEED) $(if $(UNSAFE),-chaos.unsafe-engine)
+
 .PHONY: demo
 demo: build ## See it work: 3 replicas + engine on loopback, kill one, rebuild, verify every byte (no Kubernetes).
 	hack/install-test-tools.sh

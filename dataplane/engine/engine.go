@@ -441,6 +441,7 @@ const maxUnmap = 1 << 30
 
 func (e *Engine) readAt(ctx context.Context, p []byte, off int64) error {
 	e.io.RLock()
+	lr := e.ranges.lock(off, int64(len(p)), false)
 	rs := e.readable()
 	failed := false
 	var err error = fmt.Errorf("%w: no RW replica to read from", ErrNoReplica)
@@ -461,6 +462,7 @@ func (e *Engine) readAt(ctx context.Context, p []byte, off int64) error {
 		failed = e.markFailed(m, fmt.Errorf("read failed: %w", rerr)) || failed
 		err = fmt.Errorf("%w: last error: %w", ErrNoReplica, rerr)
 	}
+	e.ranges.unlock(lr)
 	e.io.RUnlock()
 	if failed {
 		e.afterFailure(ctx)
@@ -507,7 +509,7 @@ func (e *Engine) mutate(ctx context.Context, o op, off, n int64, fn func(*member
 	e.io.RLock()
 	var lr *lockedRange
 	if o != opFlush {
-		lr = e.ranges.lock(off, n)
+		lr = e.ranges.lock(off, n, true)
 	}
 	ms, modes := e.writable()
 	if e.opts.UnsafeAckEarly && o == opWrite && len(ms) > 1 {

@@ -546,3 +546,34 @@ func TestFullRebuildOverStaleData(t *testing.T) {
 		t.Fatalf("old data shows through after a full rebuild: %v", err)
 	}
 }
+
+// TestReadsNeverTorn: reads racing overlapping writes return one whole
+// write's data, never a mixture.
+func TestReadsNeverTorn(t *testing.T) {
+	ctx := context.Background()
+	e, _ := cluster(t, 2, 1<<20)
+	a, b := bytes.Repeat([]byte{0xaa}, 64<<10), bytes.Repeat([]byte{0xbb}, 64<<10)
+	wctx, stop := context.WithTimeout(ctx, 2*time.Second)
+	defer stop()
+	go func() {
+		for i := 0; wctx.Err() == nil; i++ {
+			p := a
+			if i%2 == 1 {
+				p = b
+			}
+			e.WriteAt(ctx, p, 0, false)
+		}
+	}()
+	got := make([]byte, 64<<10)
+	reads := 0
+	for wctx.Err() == nil {
+		if err := e.ReadAt(ctx, got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, a) && !bytes.Equal(got, b) && !bytes.Equal(got, make([]byte, len(got))) {
+			t.Fatalf("read %d returned a mixture of two writes", reads)
+		}
+		reads++
+	}
+	t.Logf("%d reads, none torn", reads)
+}

@@ -2,9 +2,11 @@ package engine
 
 import "sync"
 
-// rangeLock serialises overlapping writes. Without it two concurrent writes
-// to the same block could reach two replicas in opposite orders and leave
-// them holding different data.
+// rangeLock serialises overlapping writes, and reads with overlapping
+// writes (reads share). Without it two concurrent writes to the same block
+// could reach two replicas in opposite orders and leave them holding
+// different data, and a read racing a write on a replica could return a
+// torn block (part old, part new), which no write ever produced.
 type rangeLock struct {
 	mu     sync.Mutex
 	active map[*lockedRange]struct{}
@@ -12,16 +14,18 @@ type rangeLock struct {
 
 type lockedRange struct {
 	off, end int64
+	write    bool
 	done     chan struct{}
 }
 
-func (l *rangeLock) lock(off, n int64) *lockedRange {
-	r := &lockedRange{off: off, end: off + n, done: make(chan struct{})}
+// lock takes [off, off+n) for a write (exclusive) or a read (shared).
+func (l *rangeLock) lock(off, n int64, write bool) *lockedRange {
+	r := &lockedRange{off: off, end: off + n, write: write, done: make(chan struct{})}
 	for {
 		l.mu.Lock()
 		var wait chan struct{}
 		for a := range l.active {
-			if a.off < r.end && r.off < a.end {
+			if a.off < r.end && r.off < a.end && (a.write || r.write) {
 				wait = a.done
 				break
 			}

@@ -16,6 +16,7 @@ var (
 	seedFlag  = flag.Uint64("chaos.seed", 0, "seed of the first schedule (the next ones use seed+1, ...); 0 picks one from the clock")
 	duration  = flag.Duration("chaos.duration", 3*time.Second, "workload time per schedule")
 	verbose   = flag.Bool("chaos.verbose", false, "print every fault as it is injected")
+	unsafe    = flag.Bool("chaos.unsafe-engine", false, "run the deliberately broken engine (to replay TestChaosCatchesBrokenEngine)")
 )
 
 var cairnData string
@@ -60,7 +61,7 @@ func needRoot(t *testing.T) {
 }
 
 func config(seed uint64) Config {
-	cfg := Config{Bin: cairnData, Work: os.TempDir(), Seed: seed, Duration: *duration, DiskFaults: true}
+	cfg := Config{Bin: cairnData, Work: os.TempDir(), Seed: seed, Duration: *duration, DiskFaults: true, UnsafeEngine: *unsafe}
 	if *verbose {
 		cfg.Verbose = os.Stdout
 	}
@@ -73,7 +74,14 @@ func report(t *testing.T, r Result) {
 		return
 	}
 	t.Errorf("seed %d: %s", r.Seed, strings.Join(r.Problems, "; "))
-	fmt.Printf("  replay: make chaos SCHEDULES=1 SEED=%d\n", r.Seed)
+	replay := fmt.Sprintf("make chaos SCHEDULES=1 SEED=%d", r.Seed)
+	if *unsafe {
+		replay += " UNSAFE=1"
+	}
+	fmt.Printf("  replay: %s\n", replay)
+	if r.Explanation != "" {
+		fmt.Print("  " + r.Explanation)
+	}
 	if r.Visualization != "" {
 		fmt.Printf("  history (open in a browser; the red operations are where no linearization exists): %s\n", r.Visualization)
 	}
@@ -137,7 +145,10 @@ func TestChaosCatchesBrokenEngine(t *testing.T) {
 		r := Run(cfg)
 		fmt.Println("broken engine:", r.Line())
 		if len(r.Problems) > 0 {
-			fmt.Printf("  caught; replay with: make chaos SCHEDULES=1 SEED=%d (and CAIRN_UNSAFE_ACK_EARLY in the engine)\n", r.Seed)
+			fmt.Printf("  caught; replay with: make chaos SCHEDULES=1 SEED=%d UNSAFE=1\n", r.Seed)
+			if r.Explanation != "" {
+				fmt.Print("  " + r.Explanation)
+			}
 			if r.Dir != "" {
 				os.RemoveAll(r.Dir)
 			}

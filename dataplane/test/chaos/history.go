@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -159,4 +161,43 @@ func (h *history) check(timeout time.Duration) (porcupine.CheckResult, porcupine
 	ops := append([]porcupine.Operation(nil), h.ops...)
 	h.mu.Unlock()
 	return porcupine.CheckOperationsVerbose(registerModel, ops, timeout)
+}
+
+// explain finds the blocks whose histories are not linearizable and, for
+// the first, the shortest prefix (by invocation) that is not, and returns
+// its last operations: the minimal history around the violation.
+func (h *history) explain() string {
+	h.mu.Lock()
+	ops := append([]porcupine.Operation(nil), h.ops...)
+	h.mu.Unlock()
+	for _, part := range registerModel.Partition(ops) {
+		if porcupine.CheckOperations(registerModel, part) {
+			continue
+		}
+		sort.Slice(part, func(i, j int) bool { return part[i].Call < part[j].Call })
+		lo, hi := 1, len(part) // the shortest failing prefix is in (lo-1, hi]
+		for lo < hi {
+			mid := (lo + hi) / 2
+			if porcupine.CheckOperations(registerModel, part[:mid]) {
+				lo = mid + 1
+			} else {
+				hi = mid
+			}
+		}
+		prefix := part[:hi]
+		from := max(0, len(prefix)-20)
+		var b strings.Builder
+		fmt.Fprintf(&b, "block %d: the first %d operations on it are not linearizable; the last %d:\n",
+			prefix[0].Input.(input).block, len(prefix), len(prefix)-from)
+		for _, op := range prefix[from:] {
+			ret := "never returned (outcome unknown)"
+			if op.Return < forever {
+				ret = fmt.Sprintf("returned %.6fs", float64(op.Return)/1e9)
+			}
+			fmt.Fprintf(&b, "    client %d  invoked %.6fs  %s  %s\n", op.ClientId, float64(op.Call)/1e9,
+				registerModel.DescribeOperation(op.Input, op.Output), ret)
+		}
+		return b.String()
+	}
+	return ""
 }

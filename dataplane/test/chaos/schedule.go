@@ -99,6 +99,8 @@ type Result struct {
 	// violation; Dir keeps the schedule's logs when something failed.
 	Visualization string
 	Dir           string
+	// Explanation is the minimal history around a linearizability violation.
+	Explanation string
 }
 
 // Line is the one-line summary of a schedule.
@@ -180,6 +182,7 @@ func Run(cfg Config) (res Result) {
 	switch result {
 	case porcupine.Illegal:
 		res.Problems = append(res.Problems, "history is not linearizable")
+		res.Explanation = h.explain()
 		viz := filepath.Join(work, "history.html")
 		if err := porcupine.VisualizePath(registerModel, info, viz); err == nil {
 			res.Visualization = viz
@@ -279,6 +282,22 @@ func (c *cluster) nemesis(ctx context.Context, rng *rand.Rand, count map[Fault]i
 		}
 		f := c.cfg.Faults[rng.IntN(len(c.cfg.Faults))]
 		n := c.nodes[rng.IntN(len(c.nodes))]
+		switch f {
+		case FaultFillDisk: // only the tmpfs node's disk can fill
+			n = c.nodes[len(c.nodes)-1]
+		case FaultRejoinReplica: // a node that is down or failed, if any
+			m, _ := c.modes(ctx)
+			var failed []*node
+			for _, x := range c.nodes {
+				if !x.paused && !x.partitioned && x.ballast == "" && (!x.alive() || m[x.addr()] == "ERR" || m[x.addr()] == "") {
+					failed = append(failed, x)
+				}
+			}
+			if len(failed) == 0 {
+				continue
+			}
+			n = failed[rng.IntN(len(failed))]
+		}
 		healIn := time.Duration(300+rng.IntN(900)) * time.Millisecond
 		switch f {
 		case FaultKillReplica, FaultPauseReplica, FaultPartitionReplica, FaultFillDisk, FaultReplaceReplica:
