@@ -480,5 +480,3 @@ func (c *cluster) checkReplicasIdentical(ctx context.Context) string {
 	}
 	return ""
 }
-
-
