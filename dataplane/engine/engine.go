@@ -506,10 +506,23 @@ func fanout(ms []*member, o op, n int, fn func(*member) error) []error {
 // returns, so an acknowledged operation is on every RW replica; it fails
 // only if no RW replica took it.
 func (e *Engine) mutate(ctx context.Context, o op, off, n int64, fn func(*member) error) error {
+	return e.mutateWith(ctx, o, off, n, nil, fn)
+}
+
+// mutateWith is mutate with prepare run once the range is locked, before
+// the fan-out (a read-modify-write reads there).
+func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare func() error, fn func(*member) error) error {
 	e.io.RLock()
 	var lr *lockedRange
 	if o != opFlush {
 		lr = e.ranges.lock(off, n, true)
+	}
+	if prepare != nil {
+		if err := prepare(); err != nil {
+			e.ranges.unlock(lr)
+			e.io.RUnlock()
+			return err
+		}
 	}
 	ms, modes := e.writable()
 	if e.opts.UnsafeAckEarly && o == opWrite && len(ms) > 1 {
@@ -594,9 +607,8 @@ func (e *Engine) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 	for {
 		chunk := p[:min(len(p), MaxIO)]
 		last := len(chunk) == len(p)
-		if err := e.mutate(ctx, opWrite, off, int64(len(chunk)), func(m *member) error {
-			return m.r.WriteAt(ctx, chunk, off, fua && last) // FUA on the last piece makes all durable: the flush covers earlier ones
-		}); err != nil {
+		// FUA on the last piece makes all durable: its flush covers the others.
+		if err := e.writeChunk(ctx, chunk, off, fua && last); err != nil {
 			return err
 		}
 		if last {
@@ -606,10 +618,52 @@ func (e *Engine) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 	}
 }
 
+// blockSize is the unit replicas are written in.
+const blockSize = 4096
+
+// writeChunk writes p at off. Replicas only ever get whole 4 KiB blocks: a
+// write that starts or ends inside a block is merged here with the block's
+// current data, read from an RW replica while the range is locked. (A
+// replica being rebuilt cannot merge a partial block itself: the older
+// data under it may not have been copied in yet.)
+func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool) error {
+	if off%blockSize == 0 && len(p)%blockSize == 0 {
+		return e.mutate(ctx, opWrite, off, int64(len(p)), func(m *member) error { return m.r.WriteAt(ctx, p, off, fua) })
+	}
+	start := off - off%blockSize
+	end := (off + int64(len(p)) + blockSize - 1) / blockSize * blockSize
+	buf := make([]byte, end-start)
+	return e.mutateWith(ctx, opWrite, start, end-start, func() error {
+		var last error = fmt.Errorf("%w: no RW replica to merge a partial block from", ErrNoReplica)
+		for _, m := range e.readable() {
+			if last = m.r.ReadAt(ctx, buf, start); last == nil {
+				copy(buf[off-start:], p)
+				return nil
+			}
+		}
+		return last
+	}, func(m *member) error { return m.r.WriteAt(ctx, buf, start, fua) })
+}
+
 // Unmap discards [off, off+length) on every writable replica.
 func (e *Engine) Unmap(ctx context.Context, off, length int64) error {
 	if err := e.checkRange(off, length); err != nil {
 		return err
+	}
+	// Partial blocks at either end become zero writes (merged here, see
+	// writeChunk); whole blocks are unmapped.
+	if head := (blockSize - off%blockSize) % blockSize; head > 0 {
+		k := min(head, length)
+		if err := e.writeChunk(ctx, make([]byte, k), off, false); err != nil {
+			return err
+		}
+		off, length = off+k, length-k
+	}
+	if tail := length % blockSize; tail > 0 {
+		if err := e.writeChunk(ctx, make([]byte, tail), off+length-tail, false); err != nil {
+			return err
+		}
+		length -= tail
 	}
 	for length > 0 {
 		n := min(length, maxUnmap)

@@ -409,9 +409,17 @@ func uniq(a, b int64) []int64 {
 	return []int64{a, b}
 }
 
+// ErrUnalignedWhileRebuilding: a partial-block write reached a replica
+// being rebuilt. It cannot be merged correctly (the older data below is
+// still being copied in), so the engine sends whole blocks only.
+var ErrUnalignedWhileRebuilding = errors.New("partial-block write to a replica being rebuilt")
+
 // writePartial writes part of block b (data at off, inside the block).
 func (r *Replica) writePartial(b int64, data []byte, off int64) error {
 	head := r.head()
+	if r.meta.Rebuilding && !head.idx.has(b) {
+		return fmt.Errorf("%w: block %d", ErrUnalignedWhileRebuilding, b)
+	}
 	mu := &r.rmw[b%int64(len(r.rmw))]
 	mu.Lock()
 	defer mu.Unlock()
@@ -500,7 +508,9 @@ func (r *Replica) Unmap(off, length int64) error {
 	below := len(r.layers) - 1
 	for b := first; b < last; {
 		li, n := r.resolve(b, last-b, below)
-		if li < 0 {
+		// While rebuilding, the layers below are still being filled: a
+		// hole punched now could later expose data copied in under it.
+		if li < 0 && !r.meta.Rebuilding {
 			if err := unix.Fallocate(int(head.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, b*BlockSize, n*BlockSize); err != nil {
 				return fmt.Errorf("punch hole: %w", err)
 			}
