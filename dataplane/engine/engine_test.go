@@ -613,7 +613,9 @@ func TestTrimAndPartialWriteDuringRebuild(t *testing.T) {
 	for _, r := range reps {
 		r.kill()
 	}
-	waitFor(t, "originals dropped", func() bool { return e.Robustness() == "degraded" && modes(e)[fresh.addr] == "RW" && modes(e)[reps[0].addr] == "ERR" && modes(e)[reps[1].addr] == "ERR" })
+	waitFor(t, "originals dropped", func() bool {
+		return e.Robustness() == "degraded" && modes(e)[fresh.addr] == "RW" && modes(e)[reps[0].addr] == "ERR" && modes(e)[reps[1].addr] == "ERR"
+	})
 	got := make([]byte, 32768)
 	if err := e.ReadAt(ctx, got, size-32768); err != nil {
 		t.Fatal(err)
