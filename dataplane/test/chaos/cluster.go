@@ -21,9 +21,10 @@ import (
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
 )
 
-// iptComment tags every firewall rule the harness adds, so teardown and the
-// leak check can find them.
-const iptComment = "cairn-chaos"
+// iptPrefix starts the comment on every firewall rule the harness adds;
+// each cluster adds its own name, so teardown and the leak check find
+// exactly its rules even when several runs share the host.
+const iptPrefix = "cairn-chaos:"
 
 type node struct {
 	idx         int
@@ -61,6 +62,7 @@ func (n *node) reachable() bool { return n.alive() && !n.paused && !n.partitione
 type cluster struct {
 	cfg     Config
 	work    string
+	iptTag  string
 	nodes   []*node
 	engine  *exec.Cmd
 	engDone chan struct{}
@@ -81,7 +83,7 @@ func freePort() (int, error) {
 }
 
 func newCluster(cfg Config, work string) (*cluster, error) {
-	c := &cluster{cfg: cfg, work: work, sock: filepath.Join(work, "engine.sock")}
+	c := &cluster{cfg: cfg, work: work, sock: filepath.Join(work, "engine.sock"), iptTag: iptPrefix + filepath.Base(work)}
 	var err error
 	if c.engPort, err = freePort(); err != nil {
 		return nil, err
@@ -256,19 +258,19 @@ func ipt(args ...string) error {
 	return nil
 }
 
-func partitionRules(n *node) [][]string {
+func (c *cluster) partitionRules(n *node) [][]string {
 	var rules [][]string
 	for _, p := range []int{n.data, n.ctl} {
 		ps := strconv.Itoa(p)
 		rules = append(rules,
-			[]string{"INPUT", "-i", "lo", "-p", "tcp", "--dport", ps, "-m", "comment", "--comment", iptComment, "-j", "DROP"},
-			[]string{"OUTPUT", "-o", "lo", "-p", "tcp", "--sport", ps, "-m", "comment", "--comment", iptComment, "-j", "DROP"})
+			[]string{"INPUT", "-i", "lo", "-p", "tcp", "--dport", ps, "-m", "comment", "--comment", c.iptTag, "-j", "DROP"},
+			[]string{"OUTPUT", "-o", "lo", "-p", "tcp", "--sport", ps, "-m", "comment", "--comment", c.iptTag, "-j", "DROP"})
 	}
 	return rules
 }
 
 func (c *cluster) partition(n *node) error {
-	for _, r := range partitionRules(n) {
+	for _, r := range c.partitionRules(n) {
 		if err := ipt(append([]string{"-A"}, r...)...); err != nil {
 			return err
 		}
@@ -279,7 +281,7 @@ func (c *cluster) partition(n *node) error {
 
 func (c *cluster) heal(n *node) {
 	if n.partitioned {
-		for _, r := range partitionRules(n) {
+		for _, r := range c.partitionRules(n) {
 			ipt(append([]string{"-D"}, r...)...)
 		}
 		n.partitioned = false
@@ -374,7 +376,7 @@ func (c *cluster) leaks() []string {
 	if c.engineAlive() {
 		out = append(out, "engine still running")
 	}
-	if b, err := exec.Command("iptables", "-S").Output(); err == nil && strings.Contains(string(b), iptComment) {
+	if b, err := exec.Command("iptables", "-S").Output(); err == nil && strings.Contains(string(b), c.iptTag) {
 		out = append(out, "firewall rules left")
 	}
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(b), c.work) {
