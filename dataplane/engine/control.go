@@ -123,6 +123,7 @@ func (e *Engine) forEachWritable(ctx context.Context, what string, fn func(*memb
 // flight drained, every replica is flushed and snapshotted under the same
 // name, then I/O resumes.
 func (e *Engine) Snapshot(ctx context.Context, name string) error {
+	ctx = detach(ctx) // the flush goes over dataconn
 	return e.forEachWritable(ctx, "snapshot "+name, func(m *member) error {
 		if err := m.r.Flush(ctx); err != nil {
 			return err

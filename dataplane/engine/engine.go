@@ -194,6 +194,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 // any of them marks dirty: a previous engine may have died with writes
 // applied on some replicas only, and readers must not see two versions.
 func (e *Engine) reconcile(ctx context.Context, src *member, usable []cand) error {
+	ctx = detach(ctx)
 	if len(usable) < 2 {
 		return nil
 	}
@@ -420,6 +421,7 @@ func (e *Engine) checkRange(off, n int64) error {
 // ReadAt reads from one RW replica (round robin), trying the next if it
 // fails; a replica that fails a read is moved to ERR.
 func (e *Engine) ReadAt(ctx context.Context, p []byte, off int64) error {
+	ctx = detach(ctx)
 	if err := e.checkRange(off, int64(len(p))); err != nil {
 		return err
 	}
@@ -601,6 +603,7 @@ func opName(o op) string {
 // WriteAt writes p at off to every writable replica; with fua the data is
 // durable on each before it returns.
 func (e *Engine) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	ctx = detach(ctx)
 	if err := e.checkRange(off, int64(len(p))); err != nil {
 		return err
 	}
@@ -617,6 +620,13 @@ func (e *Engine) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 		p, off = p[MaxIO:], off+MaxIO
 	}
 }
+
+// detach returns ctx without its cancellation and deadline, for calls on
+// the replicas' data path: a caller giving up (an NBD client gone, an RPC
+// deadline) must never count against a replica. Replicas are judged by
+// their own request timeout only (and a dataconn client that sees its
+// context end fails as a whole).
+func detach(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
 // blockSize is the unit replicas are written in.
 const blockSize = 4096
@@ -647,6 +657,7 @@ func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool) 
 
 // Unmap discards [off, off+length) on every writable replica.
 func (e *Engine) Unmap(ctx context.Context, off, length int64) error {
+	ctx = detach(ctx)
 	if err := e.checkRange(off, length); err != nil {
 		return err
 	}
@@ -678,6 +689,7 @@ func (e *Engine) Unmap(ctx context.Context, off, length int64) error {
 
 // Flush makes every completed write durable on every writable replica.
 func (e *Engine) Flush(ctx context.Context) error {
+	ctx = detach(ctx)
 	return e.mutate(ctx, opFlush, 0, 0, func(m *member) error { return m.r.Flush(ctx) })
 }
 

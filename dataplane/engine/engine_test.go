@@ -624,3 +624,22 @@ func TestTrimAndPartialWriteDuringRebuild(t *testing.T) {
 		t.Fatal("older data copied in by the rebuild shows through a trim or a partial write made during it")
 	}
 }
+
+// TestCallerGivingUpDoesNotFailReplicas: a request whose caller's context
+// is cancelled or past its deadline must not mark any replica failed.
+func TestCallerGivingUpDoesNotFailReplicas(t *testing.T) {
+	e, reps := cluster(t, 2, 4<<20)
+	for range 50 {
+		ctx, cancel := context.WithCancel(context.Background())
+		go cancel()
+		e.WriteAt(ctx, pattern(1, 1<<20), 0, false)
+		e.Flush(ctx)
+		dctx, dcancel := context.WithTimeout(context.Background(), time.Microsecond)
+		e.ReadAt(dctx, make([]byte, 1<<20), 0)
+		e.AddReplica(dctx, reps[0].addr) // refused (already a member); must not hurt it
+		dcancel()
+	}
+	if m := modes(e); m[reps[0].addr] != "RW" || m[reps[1].addr] != "RW" {
+		t.Fatalf("callers giving up failed replicas: %v", m)
+	}
+}

@@ -121,7 +121,7 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 		if m.mode == ModeERR {
 			continue
 		}
-		merr := m.r.Flush(ctx)
+		merr := m.r.Flush(detach(ctx))
 		if merr == nil {
 			merr = m.r.Snapshot(ctx, snap, false)
 		}
