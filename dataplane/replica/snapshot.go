@@ -79,6 +79,24 @@ func (r *Replica) findSnapshot(name string) int {
 	return -1
 }
 
+// createHead creates and opens an empty layer for a new head, taking its
+// number from m (the caller commits m). A crash before that commit leaves
+// an unnamed file, which open deletes.
+func (r *Replica) createHead(m *metadata) (*layer, error) {
+	file := layerFile(m.NextLayer)
+	m.NextLayer++
+	if err := newLayerFile(r.dir, file, m.Size); err != nil {
+		return nil, err
+	}
+	nl, err := openLayer(r.dir, file, "")
+	if err != nil {
+		os.Remove(filepath.Join(r.dir, file))
+		return nil, err
+	}
+	nl.idx.grow(m.Size / BlockSize)
+	return nl, nil
+}
+
 // commit writes m as the new metadata; on success it becomes r.meta.
 func (r *Replica) commit(m metadata) error {
 	if err := writeMeta(r.dir, m); err != nil {
@@ -113,17 +131,11 @@ func (r *Replica) Snapshot(name string, userCreated bool) error {
 		return fmt.Errorf("snapshot %s: sync head: %w", name, err)
 	}
 	m := r.meta
-	newHead := layerFile(m.NextLayer)
-	m.NextLayer++
-	if err := newLayerFile(r.dir, newHead, m.Size); err != nil {
-		return fmt.Errorf("snapshot %s: %w", name, err)
-	}
-	nl, err := openLayer(r.dir, newHead, "")
+	nl, err := r.createHead(&m)
 	if err != nil {
-		os.Remove(filepath.Join(r.dir, newHead))
 		return fmt.Errorf("snapshot %s: %w", name, err)
 	}
-	nl.idx.grow(m.Size / BlockSize)
+	newHead := nl.file
 	m.Snapshots = append(append([]snapshotMeta(nil), m.Snapshots...),
 		snapshotMeta{Name: name, File: old.file, Created: time.Now().UTC(), UserCreated: userCreated})
 	m.Head = newHead
@@ -156,12 +168,9 @@ func (r *Replica) Snapshot(name string, userCreated bool) error {
 func (r *Replica) DeleteSnapshot(name string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed {
-		return ErrClosed
-	}
-	i := r.findSnapshot(name)
-	if i < 0 || r.meta.Snapshots[i].Deleting {
-		return fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
+	i, err := r.snapshotIndex(name)
+	if err != nil {
+		return err
 	}
 	if err := r.deleteSnapshotLocked(i); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", name, err)
@@ -291,24 +300,16 @@ func copyBlocks(from, to *layer, b, n int64, buf []byte) error {
 func (r *Replica) Revert(name string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed {
-		return ErrClosed
-	}
-	i := r.findSnapshot(name)
-	if i < 0 || r.meta.Snapshots[i].Deleting {
-		return fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
+	i, err := r.snapshotIndex(name)
+	if err != nil {
+		return err
 	}
 	m := r.meta
-	newHead := layerFile(m.NextLayer)
-	m.NextLayer++
-	if err := newLayerFile(r.dir, newHead, m.Size); err != nil {
-		return fmt.Errorf("revert to %s: %w", name, err)
-	}
-	nl, err := openLayer(r.dir, newHead, "")
+	nl, err := r.createHead(&m)
 	if err != nil {
 		return fmt.Errorf("revert to %s: %w", name, err)
 	}
-	nl.idx.grow(m.Size / BlockSize)
+	newHead := nl.file
 	if err := r.dirty.markAll(); err != nil {
 		nl.f.Close()
 		return fmt.Errorf("revert to %s: %w", name, err)
@@ -377,9 +378,10 @@ type Extent struct {
 	Data   []byte
 }
 
-// snapshotTop returns how many layers make up the view at snapshot name
-// (that layer and everything older), or an error.
-func (r *Replica) snapshotTop(name string) (int, error) {
+// snapshotIndex returns the index of snapshot name in the chain, or an
+// error if the replica is closed or the snapshot is missing (or being
+// deleted). Callers hold r.mu.
+func (r *Replica) snapshotIndex(name string) (int, error) {
 	if r.closed {
 		return 0, ErrClosed
 	}
@@ -387,7 +389,14 @@ func (r *Replica) snapshotTop(name string) (int, error) {
 	if i < 0 || r.meta.Snapshots[i].Deleting {
 		return 0, fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
 	}
-	return i + 1, nil
+	return i, nil
+}
+
+// snapshotTop returns how many layers make up the view at snapshot name
+// (that layer and everything older), or an error.
+func (r *Replica) snapshotTop(name string) (int, error) {
+	i, err := r.snapshotIndex(name)
+	return i + 1, err
 }
 
 // ReadSnapshot returns the data in [off, off+length) of the volume as it was

@@ -17,16 +17,12 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/hanwen/go-fuse/v2/fs"
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/cairn-io/cairn/dataplane/frontend"
 )
 
-// Device is what the frontend serves; the engine implements it.
-type Device interface {
-	ReadAt(ctx context.Context, p []byte, off int64) error
-	WriteAt(ctx context.Context, p []byte, off int64, fua bool) error
-	Flush(ctx context.Context) error
-	Unmap(ctx context.Context, off, length int64) error
-	Size() int64
-}
+// Device is the block device served (see frontend.Device).
+type Device = frontend.Device
 
 // Options configure Start.
 type Options struct {

@@ -13,16 +13,12 @@ import (
 	"syscall"
 
 	"github.com/go-logr/logr"
+
+	"github.com/cairn-io/cairn/dataplane/frontend"
 )
 
-// Device is what an NBD export serves; the engine implements it.
-type Device interface {
-	ReadAt(ctx context.Context, p []byte, off int64) error
-	WriteAt(ctx context.Context, p []byte, off int64, fua bool) error
-	Flush(ctx context.Context) error
-	Unmap(ctx context.Context, off, length int64) error
-	Size() int64
-}
+// Device is the block device served (see frontend.Device).
+type Device = frontend.Device
 
 // Options configure a Server.
 type Options struct {
