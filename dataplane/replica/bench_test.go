@@ -10,8 +10,10 @@ import (
 // volume (Longhorn v1 keeps one byte per 4 KiB block: 256 MiB per TiB):
 //
 //   - empty and full: 128 KiB (16 bytes per 128 MiB chunk);
-//   - scattered: a real 1 TiB sparse replica after 20,000 random 4 KiB writes;
-//   - worst: data and holes alternating in every chunk, 32 MiB + 128 KiB.
+//   - scattered: a real 1 TiB sparse replica after 20,000 random 4 KiB
+//     writes (sparse chunks: a short sorted list each);
+//   - worst: more than 256 separate runs of data in every chunk, so every
+//     chunk needs its bitmap: 32 MiB + 128 KiB.
 func BenchmarkIndexMemory(b *testing.B) {
 	const tib = int64(1) << 40
 	report := func(b *testing.B, bytes int64) {
@@ -34,7 +36,9 @@ func BenchmarkIndexMemory(b *testing.B) {
 		for range b.N {
 			x := newBlockIndex(tib / BlockSize)
 			for c := int64(0); c < tib/BlockSize; c += chunkBlocks {
-				x.set(c, 1) // one block of data in every chunk: every chunk needs a bitmap
+				for k := int64(0); k <= arrayMax; k++ {
+					x.set(c+2*k, 1) // arrayMax+1 separate blocks: too many for the sparse form
+				}
 			}
 			report(b, x.memBytes())
 		}

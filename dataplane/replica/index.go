@@ -2,6 +2,7 @@ package replica
 
 import (
 	"math/bits"
+	"sort"
 	"sync"
 )
 
@@ -10,30 +11,35 @@ import (
 const BlockSize = 4096
 
 // chunkBlocks is how many blocks one index chunk covers (128 MiB). A chunk
-// that is all holes or all data costs only its 16-byte header; a mixed
-// chunk adds a 4 KiB bitmap.
+// is in one of four forms: all holes or all data (its 16-byte header only),
+// sparse (a sorted list of the blocks with data, at most arrayMax of them,
+// 2 bytes each) or mixed (a 4 KiB bitmap).
 const (
 	chunkBlocks = 1 << 15
 	chunkWords  = chunkBlocks / 64
+	arrayMax    = 256 // past this a chunk becomes a bitmap (4 KiB: 2,048 entries' worth)
 )
 
 type chunk struct {
-	bits  *[chunkWords]uint64 // nil when count is 0 (all holes) or chunkBlocks (all data)
+	bits  *[chunkWords]uint64 // the mixed form; nil otherwise
 	count uint32              // blocks with data
 }
 
-// blockIndex records which blocks of one layer hold data. The worst case
-// (alternating data and holes everywhere) is one bit per block, 32 MiB per
-// TiB; contiguous data and holes cost 16 bytes per 128 MiB, 128 KiB per TiB.
-// It is safe for concurrent use.
+// blockIndex records which blocks of one layer hold data. Per TiB:
+// contiguous data and holes cost 128 KiB (16 bytes per 128 MiB); scattered
+// small writes a few bytes each (sparse chunks); the worst case (every
+// chunk mixed) one bit per block, 32 MiB. It is safe for concurrent use.
 type blockIndex struct {
 	mu     sync.RWMutex
 	chunks []chunk
+	// sparse holds the sorted block offsets of chunks in the sparse form
+	// (0 < count < chunkBlocks and no bitmap).
+	sparse map[int64][]uint16
 	blocks int64
 }
 
 func newBlockIndex(blocks int64) *blockIndex {
-	return &blockIndex{chunks: make([]chunk, (blocks+chunkBlocks-1)/chunkBlocks), blocks: blocks}
+	return &blockIndex{chunks: make([]chunk, (blocks+chunkBlocks-1)/chunkBlocks), sparse: map[int64][]uint16{}, blocks: blocks}
 }
 
 // grow extends the index to cover blocks (expansion); new blocks are holes.
@@ -61,15 +67,20 @@ func (x *blockIndex) hasLocked(b int64) bool {
 	if b < 0 || b >= x.blocks {
 		return false
 	}
-	c := &x.chunks[b/chunkBlocks]
+	ci := b / chunkBlocks
+	c := &x.chunks[ci]
+	i := b % chunkBlocks
 	switch {
 	case c.count == 0:
 		return false
-	case c.bits == nil:
+	case c.bits != nil:
+		return c.bits[i/64]&(1<<(i%64)) != 0
+	case c.count == chunkBlocks:
 		return true
 	}
-	i := b % chunkBlocks
-	return c.bits[i/64]&(1<<(i%64)) != 0
+	arr := x.sparse[ci]
+	k := sort.Search(len(arr), func(j int) bool { return int64(arr[j]) >= i })
+	return k < len(arr) && int64(arr[k]) == i
 }
 
 // set marks blocks [b, b+n) as holding data.
@@ -92,16 +103,19 @@ func (x *blockIndex) update(b, n int64, v bool) {
 		ci := b / chunkBlocks
 		start := b % chunkBlocks
 		m := min(n, chunkBlocks-start)
-		x.chunks[ci].update(start, m, v)
+		x.updateChunk(ci, start, m, v)
 		b += m
 		n -= m
 	}
 }
 
-// update sets or clears [start, start+n) within one chunk.
-func (c *chunk) update(start, n int64, v bool) {
-	if n == chunkBlocks { // whole chunk: no bitmap either way
+// updateChunk sets or clears [start, start+n) within chunk ci, choosing the
+// chunk's form.
+func (x *blockIndex) updateChunk(ci, start, n int64, v bool) {
+	c := &x.chunks[ci]
+	if n == chunkBlocks { // whole chunk: uniform either way
 		c.bits = nil
+		delete(x.sparse, ci)
 		c.count = 0
 		if v {
 			c.count = chunkBlocks
@@ -112,13 +126,54 @@ func (c *chunk) update(start, n int64, v bool) {
 		if (v && c.count == chunkBlocks) || (!v && c.count == 0) {
 			return // already so
 		}
+		if c.count < chunkBlocks { // empty or sparse: try to stay sparse
+			if arr, ok := sparseUpdate(x.sparse[ci], start, n, v); ok {
+				c.count = uint32(len(arr))
+				if len(arr) == 0 {
+					delete(x.sparse, ci)
+				} else {
+					x.sparse[ci] = arr
+				}
+				return
+			}
+		}
+		// Becomes mixed: a bitmap, seeded from the current form.
 		c.bits = new([chunkWords]uint64)
 		if c.count == chunkBlocks {
 			for i := range c.bits {
 				c.bits[i] = ^uint64(0)
 			}
 		}
+		for _, i := range x.sparse[ci] {
+			c.bits[i/64] |= 1 << (i % 64)
+		}
+		delete(x.sparse, ci)
 	}
+	c.updateBits(start, n, v)
+}
+
+// sparseUpdate applies the change to a sorted block list, or reports that
+// the result would exceed arrayMax entries.
+func sparseUpdate(arr []uint16, start, n int64, v bool) ([]uint16, bool) {
+	lo := sort.Search(len(arr), func(j int) bool { return int64(arr[j]) >= start })
+	hi := sort.Search(len(arr), func(j int) bool { return int64(arr[j]) >= start+n })
+	if !v {
+		return append(arr[:lo:lo], arr[hi:]...), true
+	}
+	if len(arr)-(hi-lo)+int(n) > arrayMax {
+		return nil, false
+	}
+	out := make([]uint16, 0, len(arr)-(hi-lo)+int(n))
+	out = append(out, arr[:lo]...)
+	for i := start; i < start+n; i++ {
+		out = append(out, uint16(i))
+	}
+	return append(out, arr[hi:]...), true
+}
+
+// updateBits sets or clears [start, start+n) in a mixed chunk, and returns
+// it to a uniform form when it becomes all holes or all data.
+func (c *chunk) updateBits(start, n int64, v bool) {
 	for i := start; i < start+n; {
 		w, off := i/64, i%64
 		span := min(64-off, start+n-i)
@@ -153,7 +208,7 @@ func (x *blockIndex) run(b, limit int64) (n int64, data bool) {
 	for n = 1; b+n < end; n++ {
 		next := b + n
 		c := &x.chunks[next/chunkBlocks]
-		if next%chunkBlocks == 0 && c.bits == nil && (c.count != 0) == data {
+		if next%chunkBlocks == 0 && c.bits == nil && (c.count == 0 || c.count == chunkBlocks) && (c.count != 0) == data {
 			n += chunkBlocks - 1 // a whole uniform chunk: skip it
 			continue
 		}
@@ -184,6 +239,9 @@ func (x *blockIndex) memBytes() int64 {
 		if x.chunks[i].bits != nil {
 			m += chunkWords * 8
 		}
+	}
+	for _, arr := range x.sparse {
+		m += 48 + 2*int64(cap(arr)) // map entry, slice header, entries
 	}
 	return m
 }

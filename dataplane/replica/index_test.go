@@ -83,4 +83,15 @@ func TestIndexMemory(t *testing.T) {
 	if got, max := x.memBytes(), int64(32<<20)+128<<10; got > max {
 		t.Fatalf("worst case: %d bytes, want at most %d", got, max)
 	}
+	// Scattered single blocks (a few per chunk) stay in the sparse form.
+	y := newBlockIndex(blocks)
+	for b := int64(0); b < blocks; b += chunkBlocks / 4 {
+		y.set(b+7, 1)
+	}
+	if got := y.memBytes(); got > 1<<20 {
+		t.Fatalf("4 scattered blocks per chunk over 1 TiB: %d bytes, want under 1 MiB", got)
+	}
+	if !y.has(7) || y.has(8) || y.count() != blocks/(chunkBlocks/4) {
+		t.Fatal("sparse chunks answer wrongly")
+	}
 }
