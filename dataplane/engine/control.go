@@ -47,6 +47,7 @@ func (e *Engine) Robustness() string {
 // RemoveReplica drops a member: it is failed (if not already) and
 // forgotten. The last RW replica cannot be removed.
 func (e *Engine) RemoveReplica(ctx context.Context, addr string) error {
+	ctx = detach(ctx)
 	e.mu.Lock()
 	idx := -1
 	for i, m := range e.members {
@@ -87,6 +88,8 @@ func (e *Engine) RemoveReplica(ctx context.Context, addr string) error {
 // fails those for which it errs (unless tolerate says the error is fine).
 // It returns ErrNoReplica if no RW replica succeeded.
 func (e *Engine) forEachWritable(ctx context.Context, what string, fn func(*member) error, tolerate func(error) bool) error {
+	// fn's callers pass a detached ctx too: a failure here fails the replica.
+	ctx = detach(ctx)
 	e.pause()
 	defer e.resume()
 	e.mu.Lock()
@@ -123,7 +126,7 @@ func (e *Engine) forEachWritable(ctx context.Context, what string, fn func(*memb
 // flight drained, every replica is flushed and snapshotted under the same
 // name, then I/O resumes.
 func (e *Engine) Snapshot(ctx context.Context, name string) error {
-	ctx = detach(ctx) // the flush goes over dataconn
+	ctx = detach(ctx)
 	return e.forEachWritable(ctx, "snapshot "+name, func(m *member) error {
 		if err := m.r.Flush(ctx); err != nil {
 			return err
@@ -153,6 +156,7 @@ var ErrSnapshotNotFound = errors.New("snapshot not found")
 // into its child). Replicas that never had it (rebuilt since) are skipped.
 // A snapshot an active rebuild uses cannot be deleted.
 func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
+	ctx = detach(ctx)
 	e.mu.Lock()
 	for _, rb := range e.rebuilds {
 		if st := rb.status(); st.State == RebuildInProgress && st.Snapshot == name {
@@ -170,6 +174,7 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
 // rebuild). The frontend's users must have stopped using the volume: the
 // data changes under them.
 func (e *Engine) Revert(ctx context.Context, name string) error {
+	ctx = detach(ctx)
 	return e.forEachWritable(ctx, "revert to "+name, func(m *member) error {
 		if m.mode == ModeWO {
 			return errors.New("a replica being rebuilt cannot be reverted")
@@ -180,6 +185,7 @@ func (e *Engine) Revert(ctx context.Context, name string) error {
 
 // Expand grows the volume on every replica.
 func (e *Engine) Expand(ctx context.Context, size int64) error {
+	ctx = detach(ctx)
 	if cur := e.Size(); size < cur || size%4096 != 0 {
 		return fmt.Errorf("%w: cannot expand from %d to %d bytes (must grow, in multiples of 4096)", ErrInvalid, cur, size)
 	}

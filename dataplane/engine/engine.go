@@ -303,6 +303,7 @@ func (e *Engine) publishEpoch(ctx context.Context, bump bool) error {
 // flag on every writable replica; one that refuses is failed. I/O must be
 // paused when bumping. Returns ErrNoReplica if no RW replica remains.
 func (e *Engine) publishEpochLocked(ctx context.Context, bump bool) error {
+	ctx = detach(ctx) // a refusal fails the replica: never let a caller's cancellation cause one
 	if bump {
 		e.epoch++
 		e.needBump.Store(false)
@@ -621,11 +622,12 @@ func (e *Engine) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 	}
 }
 
-// detach returns ctx without its cancellation and deadline, for calls on
-// the replicas' data path: a caller giving up (an NBD client gone, an RPC
-// deadline) must never count against a replica. Replicas are judged by
-// their own request timeout only (and a dataconn client that sees its
-// context end fails as a whole).
+// detach returns ctx without its cancellation and deadline. Every call on
+// a replica whose failure fails the replica (data I/O, SetEpoch, the
+// flush and snapshot of a pause) uses it: a caller giving up (an NBD
+// client gone, an RPC deadline) must never count against a replica.
+// Replicas are judged by their own timeouts only (and a dataconn client
+// that sees its context end fails as a whole).
 func detach(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
 // blockSize is the unit replicas are written in.

@@ -638,6 +638,19 @@ func TestCallerGivingUpDoesNotFailReplicas(t *testing.T) {
 		e.ReadAt(dctx, make([]byte, 1<<20), 0)
 		e.AddReplica(dctx, reps[0].addr) // refused (already a member); must not hurt it
 		dcancel()
+		sctx, scancel := context.WithCancel(context.Background())
+		go scancel()
+		e.Snapshot(sctx, fmt.Sprintf("s-%d", time.Now().UnixNano())) // SetEpoch/snapshot calls must not be cancelled
+	}
+	// An add whose caller gives up half way must not fail the members.
+	for range 10 {
+		extra := startReplica(t, filepath.Join(t.TempDir(), "x"), 4<<20, "")
+		actx, acancel := context.WithCancel(context.Background())
+		go func() { time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond); acancel() }()
+		e.AddReplica(actx, extra.addr)
+		e.WaitRebuild(context.Background(), extra.addr)
+		e.RemoveReplica(context.Background(), extra.addr)
+		extra.kill()
 	}
 	if m := modes(e); m[reps[0].addr] != "RW" || m[reps[1].addr] != "RW" {
 		t.Fatalf("callers giving up failed replicas: %v", m)

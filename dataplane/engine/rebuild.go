@@ -105,6 +105,10 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	// replica at the same address gets everything.
 	dirtyOnly := wasMember && failedID != "" && failedID == tinfo.ID && !tinfo.Rebuilding
 
+	// From here on a failure fails replicas: the caller's cancellation must
+	// not cause one.
+	ctx = detach(ctx)
+
 	// Pause I/O: snapshot everyone at the same point, add the new member.
 	e.pause()
 	e.mu.Lock()
@@ -121,7 +125,7 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 		if m.mode == ModeERR {
 			continue
 		}
-		merr := m.r.Flush(detach(ctx))
+		merr := m.r.Flush(ctx)
 		if merr == nil {
 			merr = m.r.Snapshot(ctx, snap, false)
 		}
@@ -236,7 +240,7 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 		if dst.mode != ModeWO {
 			err = fmt.Errorf("the replica left write-only mode during the rebuild: %v", dst.err)
 		} else if err = e.setMode(dst, ModeRW, nil); err == nil {
-			err = e.publishEpochLocked(ctx, true)
+			err = e.publishEpochLocked(detach(ctx), true)
 		}
 		e.mu.Unlock()
 		e.resume()
