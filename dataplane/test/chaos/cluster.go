@@ -38,6 +38,7 @@ type node struct {
 	tmpfs       string // mount point when the node's disk is a small tmpfs
 	ballast     string // file filling that tmpfs, while the disk is "full"
 	gen         int
+	healedAt    time.Time // when a partition, pause or full disk was last undone
 }
 
 func (n *node) addr() string {
@@ -235,7 +236,12 @@ func (c *cluster) modes(ctx context.Context) (map[string]string, error) {
 	return out, nil
 }
 
-// healthy counts nodes that are reachable and RW, other than skip.
+// settle is how long a healed node stays suspect: requests sent while it
+// was partitioned or paused can still time out (1 s) after the heal.
+const settle = 2 * time.Second
+
+// healthy counts nodes that are reachable and RW, other than skip, and not
+// just healed (see settle).
 func (c *cluster) healthy(ctx context.Context, skip *node) int {
 	m, err := c.modes(ctx)
 	if err != nil {
@@ -243,7 +249,7 @@ func (c *cluster) healthy(ctx context.Context, skip *node) int {
 	}
 	k := 0
 	for _, n := range c.nodes {
-		if n != skip && n.reachable() && n.ballast == "" && m[n.addr()] == "RW" {
+		if n != skip && n.reachable() && n.ballast == "" && m[n.addr()] == "RW" && time.Since(n.healedAt) > settle {
 			k++
 		}
 	}
@@ -280,6 +286,9 @@ func (c *cluster) partition(n *node) error {
 }
 
 func (c *cluster) heal(n *node) {
+	if n.partitioned || n.paused || n.ballast != "" {
+		n.healedAt = time.Now()
+	}
 	if n.partitioned {
 		for _, r := range c.partitionRules(n) {
 			ipt(append([]string{"-D"}, r...)...)

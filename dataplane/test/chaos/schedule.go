@@ -409,6 +409,26 @@ func (c *cluster) healAll(ctx context.Context) error {
 					}
 				}
 			}
+			if rw == 0 && c.engineAlive() {
+				// Faulted (can only follow faults nobody could survive): do
+				// what an operator does, start a new engine on every live
+				// replica; it serves from those with the newest epoch, which
+				// hold every acknowledged write.
+				fmt.Fprintf(c.cfg.Verbose, "heal: the volume is faulted; restarting the engine\n")
+				c.killEngine()
+			}
+			if !c.engineAlive() {
+				var up []*node
+				for _, n := range c.nodes {
+					if n.alive() {
+						up = append(up, n)
+					}
+				}
+				if err := c.startEngine(up); err != nil {
+					return err
+				}
+				continue
+			}
 			if rw == len(c.nodes) && !busy {
 				in, err := c.ctl.VolumeInfo(ctx, &enginev1.VolumeInfoRequest{})
 				if err == nil && in.Robustness == "healthy" {
