@@ -1,0 +1,295 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// The I/O paths: reads, writes, unmaps and flushes as the frontends call
+// them, fanned out to the replicas.
+
+func (e *Engine) checkRange(off, n int64) error {
+	if size := e.size.Load(); off < 0 || n < 0 || off > size || n > size-off {
+		return fmt.Errorf("%w: %d bytes at %d, volume size %d", ErrOutOfRange, n, off, size)
+	}
+	return nil
+}
+
+// ReadAt reads from one RW replica (round robin), trying the next if it
+// fails; a replica that fails a read is moved to ERR.
+func (e *Engine) ReadAt(ctx context.Context, p []byte, off int64) error {
+	ctx = detach(ctx)
+	if err := e.checkRange(off, int64(len(p))); err != nil {
+		return err
+	}
+	for len(p) > MaxIO {
+		if err := e.readAt(ctx, p[:MaxIO], off); err != nil {
+			return err
+		}
+		p, off = p[MaxIO:], off+MaxIO
+	}
+	return e.readAt(ctx, p, off)
+}
+
+// MaxIO is the largest piece a request is split into on its way to the
+// replicas (dataconn frames are bounded).
+const MaxIO = 1 << 20
+
+// maxUnmap bounds one unmap request (its length is 32 bits on the wire).
+const maxUnmap = 1 << 30
+
+func (e *Engine) readAt(ctx context.Context, p []byte, off int64) error {
+	e.io.RLock()
+	lr := e.ranges.lock(off, int64(len(p)), false)
+	rs := e.readable()
+	failed := false
+	var err error = fmt.Errorf("%w: no RW replica to read from", ErrNoReplica)
+	start := int(e.rr.Add(1))
+	for i := range rs {
+		m := rs[(start+i)%len(rs)]
+		t := time.Now()
+		rerr := m.r.ReadAt(ctx, p, off)
+		m.stats.record(opRead, len(p), time.Since(t), rerr)
+		if rerr == nil {
+			err = nil
+			break
+		}
+		if ctx.Err() != nil {
+			err = ctx.Err()
+			break
+		}
+		failed = e.markFailed(m, fmt.Errorf("read failed: %w", rerr)) || failed
+		err = fmt.Errorf("%w: last error: %w", ErrNoReplica, rerr)
+	}
+	e.ranges.unlock(lr)
+	e.io.RUnlock()
+	if failed {
+		e.afterFailure(ctx)
+	}
+	e.io_.record(opRead, len(p), err)
+	return err
+}
+
+type op uint8
+
+const (
+	opRead op = iota
+	opWrite
+	opFlush
+	opUnmap
+)
+
+// fanout runs fn on every member concurrently and returns their errors.
+func fanout(ms []*member, o op, n int, fn func(*member) error) []error {
+	errs := make([]error, len(ms))
+	run := func(i int) {
+		t := time.Now()
+		errs[i] = fn(ms[i])
+		ms[i].stats.record(o, n, time.Since(t), errs[i])
+	}
+	if len(ms) == 1 {
+		run(0)
+		return errs
+	}
+	var wg sync.WaitGroup
+	for i := range ms {
+		wg.Add(1)
+		go func() { defer wg.Done(); run(i) }()
+	}
+	wg.Wait()
+	return errs
+}
+
+// mutate sends a write-like operation (write, unmap, flush) to every
+// writable replica. Replicas that fail are moved to ERR before this
+// returns, so an acknowledged operation is on every RW replica; it fails
+// only if no RW replica took it.
+func (e *Engine) mutate(ctx context.Context, o op, off, n int64, fn func(*member) error) error {
+	return e.mutateWith(ctx, o, off, n, nil, fn)
+}
+
+// mutateWith is mutate with prepare run once the range is locked, before
+// the fan-out (a read-modify-write reads there).
+func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare func() error, fn func(*member) error) error {
+	e.io.RLock()
+	var lr *lockedRange
+	if o != opFlush {
+		lr = e.ranges.lock(off, n, true)
+	}
+	if prepare != nil {
+		if err := prepare(); err != nil {
+			e.ranges.unlock(lr)
+			e.io.RUnlock()
+			return err
+		}
+	}
+	ms, modes := e.writable()
+	if e.opts.UnsafeAckEarly && o == opWrite && len(ms) > 1 {
+		return e.mutateEarly(ctx, lr, ms, modes, fn)
+	}
+	errs := fanout(ms, o, int(n), fn)
+	okRW, failed := 0, false
+	var last error
+	for i, m := range ms {
+		if errs[i] == nil {
+			if modes[i] == ModeRW {
+				okRW++
+			}
+			continue
+		}
+		last = errs[i]
+		if ctx.Err() == nil {
+			failed = e.markFailed(m, fmt.Errorf("%s failed: %w", opName(o), errs[i])) || failed
+		}
+	}
+	if lr != nil {
+		e.ranges.unlock(lr)
+	}
+	e.io.RUnlock()
+	if failed || e.needBump.Load() {
+		// Acknowledge only once every failed replica is fenced off by the
+		// epoch bump (see needBump).
+		e.afterFailure(ctx)
+	}
+	var err error
+	switch {
+	case okRW > 0:
+	case ctx.Err() != nil:
+		err = ctx.Err()
+	case last != nil:
+		err = fmt.Errorf("%w: %s: last error: %w", ErrNoReplica, opName(o), last)
+	default:
+		err = fmt.Errorf("%w: no RW replica", ErrNoReplica)
+	}
+	e.io_.record(o, int(n), err)
+	return err
+}
+
+// mutateEarly is the deliberately broken write path of UnsafeAckEarly.
+func (e *Engine) mutateEarly(ctx context.Context, lr *lockedRange, ms []*member, modes []Mode, fn func(*member) error) error {
+	first := make(chan error, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := fn(m)
+			if err != nil || modes[i] == ModeRW {
+				first <- err
+			}
+		}()
+	}
+	go func() { // release the range and I/O lock only when all have answered
+		wg.Wait()
+		e.ranges.unlock(lr)
+		e.io.RUnlock()
+	}()
+	var err error
+	for range ms {
+		if err = <-first; err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+func opName(o op) string {
+	return [...]string{"read", "write", "flush", "unmap"}[o]
+}
+
+// WriteAt writes p at off to every writable replica; with fua the data is
+// durable on each before it returns.
+func (e *Engine) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	ctx = detach(ctx)
+	if err := e.checkRange(off, int64(len(p))); err != nil {
+		return err
+	}
+	for {
+		chunk := p[:min(len(p), MaxIO)]
+		last := len(chunk) == len(p)
+		// FUA on the last piece makes all durable: its flush covers the others.
+		if err := e.writeChunk(ctx, chunk, off, fua && last); err != nil {
+			return err
+		}
+		if last {
+			return nil
+		}
+		p, off = p[MaxIO:], off+MaxIO
+	}
+}
+
+// detach returns ctx without its cancellation and deadline. Every call on
+// a replica whose failure fails the replica (data I/O, SetEpoch, the
+// flush and snapshot of a pause) uses it: a caller giving up (an NBD
+// client gone, an RPC deadline) must never count against a replica.
+// Replicas are judged by their own timeouts only (and a dataconn client
+// that sees its context end fails as a whole).
+func detach(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// blockSize is the unit replicas are written in.
+const blockSize = 4096
+
+// writeChunk writes p at off. Replicas only ever get whole 4 KiB blocks: a
+// write that starts or ends inside a block is merged here with the block's
+// current data, read from an RW replica while the range is locked. (A
+// replica being rebuilt cannot merge a partial block itself: the older
+// data under it may not have been copied in yet.)
+func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool) error {
+	if off%blockSize == 0 && len(p)%blockSize == 0 {
+		return e.mutate(ctx, opWrite, off, int64(len(p)), func(m *member) error { return m.r.WriteAt(ctx, p, off, fua) })
+	}
+	start := off - off%blockSize
+	end := (off + int64(len(p)) + blockSize - 1) / blockSize * blockSize
+	buf := make([]byte, end-start)
+	return e.mutateWith(ctx, opWrite, start, end-start, func() error {
+		var last error = fmt.Errorf("%w: no RW replica to merge a partial block from", ErrNoReplica)
+		for _, m := range e.readable() {
+			if last = m.r.ReadAt(ctx, buf, start); last == nil {
+				copy(buf[off-start:], p)
+				return nil
+			}
+		}
+		return last
+	}, func(m *member) error { return m.r.WriteAt(ctx, buf, start, fua) })
+}
+
+// Unmap discards [off, off+length) on every writable replica.
+func (e *Engine) Unmap(ctx context.Context, off, length int64) error {
+	ctx = detach(ctx)
+	if err := e.checkRange(off, length); err != nil {
+		return err
+	}
+	// Partial blocks at either end become zero writes (merged here, see
+	// writeChunk); whole blocks are unmapped.
+	if head := (blockSize - off%blockSize) % blockSize; head > 0 {
+		k := min(head, length)
+		if err := e.writeChunk(ctx, make([]byte, k), off, false); err != nil {
+			return err
+		}
+		off, length = off+k, length-k
+	}
+	if tail := length % blockSize; tail > 0 {
+		if err := e.writeChunk(ctx, make([]byte, tail), off+length-tail, false); err != nil {
+			return err
+		}
+		length -= tail
+	}
+	for length > 0 {
+		n := min(length, maxUnmap)
+		o := off
+		if err := e.mutate(ctx, opUnmap, o, n, func(m *member) error { return m.r.Unmap(ctx, o, n) }); err != nil {
+			return err
+		}
+		off, length = off+n, length-n
+	}
+	return nil
+}
+
+// Flush makes every completed write durable on every writable replica.
+func (e *Engine) Flush(ctx context.Context) error {
+	ctx = detach(ctx)
+	return e.mutate(ctx, opFlush, 0, 0, func(m *member) error { return m.r.Flush(ctx) })
+}
+
