@@ -292,4 +292,3 @@ func (e *Engine) Flush(ctx context.Context) error {
 	ctx = detach(ctx)
 	return e.mutate(ctx, opFlush, 0, 0, func(m *member) error { return m.r.Flush(ctx) })
 }
-
