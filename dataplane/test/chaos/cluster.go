@@ -3,8 +3,10 @@ package chaos
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -74,13 +76,19 @@ type cluster struct {
 	logs    []*os.File
 }
 
+// freePort picks a free port below the kernel's ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range starts at 32768 by default), so
+// that no outgoing connection can take it before the process binds it.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 200 {
+		p := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err == nil {
+			l.Close()
+			return p, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free port in 20000-31999")
 }
 
 func newCluster(cfg Config, work string) (*cluster, error) {
