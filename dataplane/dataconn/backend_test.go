@@ -64,11 +64,41 @@ func (m *memBackend) Unmap(off, length int64) error {
 
 func (m *memBackend) Size() int64 { return int64(len(m.data)) }
 
-func (m *memBackend) CheckEpoch(e uint64) error {
+func (m *memBackend) checkEpoch(e uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e != m.epoch {
 		return fmt.Errorf("%w: request epoch %d, replica epoch %d", CodeStaleEpoch, e, m.epoch)
 	}
 	return nil
+}
+
+// The epoch variants check first; memBackend's epoch never changes while
+// a test runs, so check-then-act is enough here.
+func (m *memBackend) ReadAtEpoch(p []byte, off int64, e uint64) (int, error) {
+	if err := m.checkEpoch(e); err != nil {
+		return 0, err
+	}
+	return m.ReadAt(p, off)
+}
+
+func (m *memBackend) WriteAtEpoch(p []byte, off int64, e uint64) (int, error) {
+	if err := m.checkEpoch(e); err != nil {
+		return 0, err
+	}
+	return m.WriteAt(p, off)
+}
+
+func (m *memBackend) FlushEpoch(e uint64) error {
+	if err := m.checkEpoch(e); err != nil {
+		return err
+	}
+	return m.Flush()
+}
+
+func (m *memBackend) UnmapEpoch(off, n int64, e uint64) error {
+	if err := m.checkEpoch(e); err != nil {
+		return err
+	}
+	return m.Unmap(off, n)
 }

@@ -29,11 +29,18 @@ type Backend interface {
 	Size() int64
 }
 
-// EpochChecker is implemented by backends that refuse requests from a stale
-// replica set (see docs/dataconn.md). CheckEpoch returns an error wrapping
-// CodeStaleEpoch when epoch is not the backend's current epoch.
-type EpochChecker interface {
-	CheckEpoch(epoch uint64) error
+// EpochBackend is a Backend that refuses requests from a stale replica set
+// (see docs/dataconn.md): each operation is given the request's epoch and
+// fails with an error wrapping CodeStaleEpoch when it is not the backend's
+// current epoch. The check and the operation must be atomic with respect
+// to a change of epoch, or a request that passed the check could still
+// land after the change.
+type EpochBackend interface {
+	Backend
+	ReadAtEpoch(p []byte, off int64, epoch uint64) (int, error)
+	WriteAtEpoch(p []byte, off int64, epoch uint64) (int, error)
+	FlushEpoch(epoch uint64) error
+	UnmapEpoch(off, length int64, epoch uint64) error
 }
 
 // ServerOptions configure a Server. Zero values take the defaults.
@@ -227,20 +234,21 @@ func (s *Server) handle(j job) {
 	pooled := false
 	err := s.check(h)
 	if err == nil {
+		b := s.epochBackend(h.Epoch)
 		switch h.Op {
 		case OpRead:
 			payload = s.pool.get(int(h.Length))
 			pooled = true
-			_, err = s.backend.ReadAt(payload, int64(h.Offset))
+			_, err = b.ReadAt(payload, int64(h.Offset))
 		case OpWrite:
-			_, err = s.backend.WriteAt(j.buf, int64(h.Offset))
+			_, err = b.WriteAt(j.buf, int64(h.Offset))
 			if err == nil && h.Flags&FlagFUA != 0 {
-				err = s.backend.Flush()
+				err = b.Flush()
 			}
 		case OpFlush:
-			err = s.backend.Flush()
+			err = b.Flush()
 		case OpUnmap:
-			err = s.backend.Unmap(int64(h.Offset), int64(h.Length))
+			err = b.Unmap(int64(h.Offset), int64(h.Length))
 		case OpPing:
 		default:
 			err = fmt.Errorf("%w: %s", CodeUnsupported, h.Op)
@@ -275,11 +283,6 @@ func (s *Server) check(h Header) error {
 	if h.Op == OpPing {
 		return nil
 	}
-	if ec, ok := s.backend.(EpochChecker); ok {
-		if err := ec.CheckEpoch(h.Epoch); err != nil {
-			return err
-		}
-	}
 	switch h.Op {
 	case OpRead, OpWrite, OpUnmap:
 		size := uint64(s.backend.Size())
@@ -289,6 +292,29 @@ func (s *Server) check(h Header) error {
 	}
 	return nil
 }
+
+// epochBackend returns the backend's operations bound to a request's
+// epoch when the backend checks epochs, or the plain backend.
+func (s *Server) epochBackend(epoch uint64) Backend {
+	if eb, ok := s.backend.(EpochBackend); ok {
+		return withEpoch{eb, epoch}
+	}
+	return s.backend
+}
+
+// withEpoch runs a Backend's operations with the request's epoch.
+type withEpoch struct {
+	b     EpochBackend
+	epoch uint64
+}
+
+func (w withEpoch) ReadAt(p []byte, off int64) (int, error) { return w.b.ReadAtEpoch(p, off, w.epoch) }
+func (w withEpoch) WriteAt(p []byte, off int64) (int, error) {
+	return w.b.WriteAtEpoch(p, off, w.epoch)
+}
+func (w withEpoch) Flush() error                  { return w.b.FlushEpoch(w.epoch) }
+func (w withEpoch) Unmap(off, length int64) error { return w.b.UnmapEpoch(off, length, w.epoch) }
+func (w withEpoch) Size() int64                   { return w.b.Size() }
 
 // codeOf maps a backend error to a wire code.
 func codeOf(err error) Code {

@@ -329,43 +329,71 @@ func (r *Replica) readChain(p []byte, off int64, top int) error {
 
 // ReadAt reads len(p) bytes at off, resolving each block through the chain.
 func (r *Replica) ReadAt(p []byte, off int64) (int, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.closed {
-		return 0, ErrClosed
-	}
-	if err := r.checkRange(off, int64(len(p))); err != nil {
-		return 0, err
-	}
-	if err := r.readChain(p, off, len(r.layers)); err != nil {
+	return count(p, r.locked(nil, func() error { return r.readAt(p, off) }))
+}
+
+// ReadAtEpoch is ReadAt for a request of the given epoch: it fails with
+// ErrStaleEpoch unless the epoch is current, atomically with the read.
+func (r *Replica) ReadAtEpoch(p []byte, off int64, epoch uint64) (int, error) {
+	return count(p, r.locked(&epoch, func() error { return r.readAt(p, off) }))
+}
+
+func count(p []byte, err error) (int, error) {
+	if err != nil {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// locked runs fn holding the I/O lock, once the replica is known open and
+// (when epoch is given) the epoch current. SetEpoch takes the lock
+// exclusively, so a request that passed the check cannot land after the
+// epoch changed.
+func (r *Replica) locked(epoch *uint64, fn func() error) error {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return ErrClosed
+	}
+	if epoch != nil {
+		if err := r.CheckEpoch(*epoch); err != nil {
+			return err
+		}
+	}
+	return fn()
+}
+
+func (r *Replica) readAt(p []byte, off int64) error {
+	if err := r.checkRange(off, int64(len(p))); err != nil {
+		return err
+	}
+	return r.readChain(p, off, len(r.layers))
 }
 
 // WriteAt writes p at off into the head. A partial block whose older data
 // lives in a snapshot is merged with it first (read-modify-write), so the
 // rest of the block keeps its contents.
 func (r *Replica) WriteAt(p []byte, off int64) (int, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.closed {
-		return 0, ErrClosed
-	}
+	return count(p, r.locked(nil, func() error { return r.writeAt(p, off) }))
+}
+
+// WriteAtEpoch is WriteAt for a request of the given epoch (see ReadAtEpoch).
+func (r *Replica) WriteAtEpoch(p []byte, off int64, epoch uint64) (int, error) {
+	return count(p, r.locked(&epoch, func() error { return r.writeAt(p, off) }))
+}
+
+func (r *Replica) writeAt(p []byte, off int64) error {
 	if err := r.checkRange(off, int64(len(p))); err != nil {
-		return 0, err
+		return err
 	}
 	if len(p) == 0 {
-		return 0, nil
+		return nil
 	}
 	if err := r.dirty.begin(off, int64(len(p))); err != nil {
-		return 0, err
+		return err
 	}
 	defer r.dirty.end(off, int64(len(p)))
-	if err := r.writeHead(p, off); err != nil {
-		return 0, err
-	}
-	return len(p), nil
+	return r.writeHead(p, off)
 }
 
 // writeHead writes p at off into the head and records its blocks. Callers
@@ -447,12 +475,12 @@ func (r *Replica) writePartial(b int64, data []byte, off int64) error {
 
 // Flush makes every completed write durable (fdatasync of the head), then
 // lets the write-intent bitmap clear regions that have gone quiet.
-func (r *Replica) Flush() error {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.closed {
-		return ErrClosed
-	}
+func (r *Replica) Flush() error { return r.locked(nil, r.flush) }
+
+// FlushEpoch is Flush for a request of the given epoch (see ReadAtEpoch).
+func (r *Replica) FlushEpoch(epoch uint64) error { return r.locked(&epoch, r.flush) }
+
+func (r *Replica) flush() error {
 	r.dirty.flushMu.Lock()
 	defer r.dirty.flushMu.Unlock()
 	keep := r.dirty.flushBegin()
@@ -473,11 +501,15 @@ var zeroBlocks = make([]byte, 256*BlockSize)
 // older data, so zeros are written into the head instead. Partial blocks
 // at the edges are zeroed in place.
 func (r *Replica) Unmap(off, length int64) error {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.closed {
-		return ErrClosed
-	}
+	return r.locked(nil, func() error { return r.unmap(off, length) })
+}
+
+// UnmapEpoch is Unmap for a request of the given epoch (see ReadAtEpoch).
+func (r *Replica) UnmapEpoch(off, length int64, epoch uint64) error {
+	return r.locked(&epoch, func() error { return r.unmap(off, length) })
+}
+
+func (r *Replica) unmap(off, length int64) error {
 	if err := r.checkRange(off, length); err != nil {
 		return err
 	}

@@ -16,13 +16,13 @@ import (
 	"github.com/cairn-io/cairn/dataplane/replica"
 )
 
-// Backend adapts a replica to dataconn.Backend, mapping the replica's
-// errors to wire codes (stale epoch, out of range; ENOSPC is mapped by
-// dataconn itself).
+// Backend adapts a replica to dataconn.EpochBackend, mapping the
+// replica's errors to wire codes (stale epoch, out of range; ENOSPC is
+// mapped by dataconn itself). Requests are checked against the epoch
+// atomically with the operation.
 type Backend struct{ R *replica.Replica }
 
-var _ dataconn.Backend = Backend{}
-var _ dataconn.EpochChecker = Backend{}
+var _ dataconn.EpochBackend = Backend{}
 
 func wire(err error) error {
 	switch {
@@ -51,7 +51,22 @@ func (b Backend) WriteAt(p []byte, off int64) (int, error) {
 func (b Backend) Flush() error                  { return wire(b.R.Flush()) }
 func (b Backend) Unmap(off, length int64) error { return wire(b.R.Unmap(off, length)) }
 func (b Backend) Size() int64                   { return b.R.Size() }
-func (b Backend) CheckEpoch(e uint64) error     { return wire(b.R.CheckEpoch(e)) }
+
+func (b Backend) ReadAtEpoch(p []byte, off int64, e uint64) (int, error) {
+	n, err := b.R.ReadAtEpoch(p, off, e)
+	return n, wire(err)
+}
+
+func (b Backend) WriteAtEpoch(p []byte, off int64, e uint64) (int, error) {
+	n, err := b.R.WriteAtEpoch(p, off, e)
+	return n, wire(err)
+}
+
+func (b Backend) FlushEpoch(e uint64) error { return wire(b.R.FlushEpoch(e)) }
+
+func (b Backend) UnmapEpoch(off, length int64, e uint64) error {
+	return wire(b.R.UnmapEpoch(off, length, e))
+}
 
 // Control implements the gRPC ReplicaService for one replica.
 type Control struct {
