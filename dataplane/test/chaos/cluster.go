@@ -79,12 +79,16 @@ type cluster struct {
 // freePort picks a free port below the kernel's ephemeral range
 // (/proc/sys/net/ipv4/ip_local_port_range starts at 32768 by default), so
 // that no outgoing connection can take it before the process binds it.
-func freePort() (int, error) {
+func freePort(taken map[int]bool) (int, error) {
 	for range 200 {
 		p := 20000 + rand.IntN(12000)
+		if taken[p] {
+			continue // drawn already for this cluster (its probe listener is closed by now)
+		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err == nil {
 			l.Close()
+			taken[p] = true
 			return p, nil
 		}
 	}
@@ -94,15 +98,16 @@ func freePort() (int, error) {
 func newCluster(cfg Config, work string) (*cluster, error) {
 	c := &cluster{cfg: cfg, work: work, sock: filepath.Join(work, "engine.sock"), iptTag: iptPrefix + filepath.Base(work)}
 	var err error
-	if c.engPort, err = freePort(); err != nil {
+	taken := map[int]bool{}
+	if c.engPort, err = freePort(taken); err != nil {
 		return nil, err
 	}
 	for i := range cfg.Replicas {
 		n := &node{idx: i, base: filepath.Join(work, fmt.Sprintf("r%d", i))}
-		if n.data, err = freePort(); err != nil {
+		if n.data, err = freePort(taken); err != nil {
 			return nil, err
 		}
-		if n.ctl, err = freePort(); err != nil {
+		if n.ctl, err = freePort(taken); err != nil {
 			return nil, err
 		}
 		os.MkdirAll(n.base, 0o700)
