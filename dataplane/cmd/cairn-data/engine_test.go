@@ -97,7 +97,7 @@ func TestEngineSurvivesReplicaKillUnderFio(t *testing.T) {
 	v := startVolume(t, 3, "128Mi")
 	fio := exec.Command("fio", "--name=verified", "--ioengine=nbd", "--uri="+v.uri, "--rw=randwrite", "--bs=4k",
 		"--size=64M", "--iodepth=16", "--verify=crc32c", "--verify_backlog=256", "--verify_fatal=1",
-		"--time_based", "--runtime=4s", "--output-format=terse", "--terse-version=3")
+		"--time_based", "--runtime=4s", "--output-format=terse", "--terse-version=3", "--verify_state_save=0")
 	out := &syncBuffer{}
 	fio.Stdout, fio.Stderr = out, out
 	if err := fio.Start(); err != nil {
