@@ -14,26 +14,24 @@ generated() {
   find dataplane/api -name '*.pb.go' 2>/dev/null || true
 }
 
-before=$(mktemp -d)
-trap 'rm -rf "$before"' EXIT
-while read -r f; do
-  [[ -f "$f" ]] || continue
-  mkdir -p "$before/$(dirname "$f")"
-  cp "$f" "$before/$f"
-done < <(generated)
+# copy_generated DIR: copy every generated file into DIR, keeping paths.
+copy_generated() {
+  while read -r f; do
+    [[ -f "$f" ]] || continue
+    mkdir -p "$1/$(dirname "$f")"
+    cp "$f" "$1/$f"
+  done < <(generated)
+}
 
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+before=$work/before after=$work/after
+copy_generated "$before"
 ${MAKE:-make} --no-print-directory manifests generate >/dev/null
+copy_generated "$after"
 
-after=$(mktemp -d)
-trap 'rm -rf "$before" "$after"' EXIT
-while read -r f; do
-  [[ -f "$f" ]] || continue
-  mkdir -p "$after/$(dirname "$f")"
-  cp "$f" "$after/$f"
-done < <(generated)
-
-if ! diff -ru "$before" "$after" >/tmp/cairn-verify.diff 2>&1; then
-  sed -e "s#$before/##g" -e "s#$after/##g" /tmp/cairn-verify.diff | head -60
+if ! diff -ru "$before" "$after" >"$work/diff" 2>&1; then
+  sed -e "s#$before/##g" -e "s#$after/##g" "$work/diff" | head -60
   echo
   echo "verify: generated files were out of date; 'make manifests generate' has now rewritten them."
   echo "verify: review and commit the regenerated files."

@@ -55,12 +55,10 @@ const (
 	cmdFlagNoHole  = 1 << 1
 
 	// Error values (errno numbers, as the protocol defines them).
-	errPerm     = 1
 	errIO       = 5
 	errInval    = 22
 	errNoSpc    = 28
 	errOverflow = 75
-	errNotSup   = 95
 	errShutdown = 108
 )
 

@@ -409,5 +409,3 @@ func (c *cluster) leaks() []string {
 	}
 	return out
 }
-
-const sigstop = syscall.SIGSTOP

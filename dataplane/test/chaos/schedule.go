@@ -18,6 +18,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -312,7 +313,7 @@ func (c *cluster) nemesis(ctx context.Context, rng *rand.Rand, count map[Fault]i
 			case FaultKillReplica:
 				c.killNode(n)
 			case FaultPauseReplica:
-				err = n.cmd.Process.Signal(os.Signal(sigstop))
+				err = n.cmd.Process.Signal(syscall.SIGSTOP)
 				n.paused = true
 				toHeal = append(toHeal, timed{n, now.Add(healIn)})
 			case FaultPartitionReplica:
