@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,6 +108,15 @@ type clientConn struct {
 	mu      sync.Mutex
 	closed  bool
 	pending map[uint64]*call
+}
+
+// SplitNetwork maps an address to a network and address for net.Dial and
+// net.Listen: "unix:PATH" is the unix socket PATH, anything else is TCP.
+func SplitNetwork(addr string) (network, address string) {
+	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
+		return "unix", p
+	}
+	return "tcp", addr
 }
 
 // Dial opens opts.Conns connections to addr ("tcp" or "unix" network).

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"strings"
 	"time"
@@ -37,18 +36,9 @@ func startNBD(e *engine.Engine, name, sock string, log func(string)) (*frontend,
 	if sock == "" {
 		return nil, errors.New("--frontend nbd needs --nbd-socket PATH")
 	}
-	if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
-		// A socket left by an engine that died; if something still answers
-		// on it, refuse rather than steal it.
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("--nbd-socket %s: another server is listening on it", sock)
-		}
-		os.Remove(sock)
-	}
-	l, err := net.Listen("unix", sock)
+	l, err := listenUnix("--nbd-socket", sock)
 	if err != nil {
-		return nil, fmt.Errorf("--nbd-socket %s: %w", sock, err)
+		return nil, err
 	}
 	s := nbd.NewServer(e, nbd.Options{ExportName: name})
 	go func() {

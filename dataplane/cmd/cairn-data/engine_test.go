@@ -29,11 +29,22 @@ type volume struct {
 
 func startVolume(t *testing.T, n int, size string) *volume {
 	t.Helper()
+	return startVolumeUnix(t, n, 0, size)
+}
+
+// startVolumeUnix is startVolume with the first nUnix replicas serving
+// data on unix sockets (a replica on the engine's node).
+func startVolumeUnix(t *testing.T, n, nUnix int, size string) *volume {
+	t.Helper()
 	dir := t.TempDir()
 	v := &volume{sock: filepath.Join(dir, "vol.sock")}
 	for i := range n {
+		listen := "127.0.0.1:0"
+		if i < nUnix {
+			listen = "unix:" + filepath.Join(dir, fmt.Sprint("r", i, ".sock"))
+		}
 		p := start(t, "replica", "--dir", filepath.Join(dir, fmt.Sprint("r", i)), "--size", size,
-			"--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
+			"--listen", listen, "--control-listen", "127.0.0.1:0")
 		v.replicas = append(v.replicas, p)
 		v.addrs = append(v.addrs, p.data+","+p.control)
 	}
@@ -70,9 +81,15 @@ func qemuIO(t *testing.T, uri string, cmds ...string) string {
 	return string(out)
 }
 
+// TestEngineProcessQemuIO writes and reads back patterns with qemu-io
+// through the NBD frontend of an engine with three replicas, one of them
+// reached over a unix socket.
 func TestEngineProcessQemuIO(t *testing.T) {
 	needTool(t, "qemu-io")
-	v := startVolume(t, 3, "64Mi")
+	v := startVolumeUnix(t, 3, 1, "64Mi")
+	if !strings.HasPrefix(v.addrs[0], "unix:") {
+		t.Fatalf("replica 0 should serve on a unix socket: %s", v.addrs[0])
+	}
 	qemuIO(t, v.uri, "write -P 0x5a 0 8M", "write -P 0x6b -f 8M 1M", "discard 16M 4M", "flush")
 	qemuIO(t, v.uri, "read -P 0x5a 0 8M", "read -P 0x6b 8M 1M", "read -P 0 16M 4M")
 	if out := v.ctl(t, "info"); !strings.Contains(out, "healthy") || !strings.Contains(out, v.sock) {

@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -150,6 +152,7 @@ func TestReplicaCommandErrors(t *testing.T) {
 	os.WriteFile(dir+"/afile", []byte("x"), 0o600)
 	// A replica to conflict with.
 	p := start(t, "replica", "--dir", dir+"/r", "--size", "4Mi", "--listen", "127.0.0.1:0")
+	pu := start(t, "replica", "--dir", dir+"/u", "--size", "4Mi", "--listen", "unix:"+dir+"/u.sock")
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -160,6 +163,7 @@ func TestReplicaCommandErrors(t *testing.T) {
 		{"dir is a file", []string{"replica", "--dir", dir + "/afile", "--size", "4Mi", "--listen", "127.0.0.1:0"}, "is a file, not a directory"},
 		{"size mismatch", []string{"replica", "--dir", dir + "/r", "--size", "8Mi", "--listen", "127.0.0.1:0"}, "holds a replica of 4194304 bytes, but 8388608 were asked for"},
 		{"port in use", []string{"replica", "--dir", dir + "/y", "--size", "4Mi", "--listen", p.data}, "the port is already in use"},
+		{"socket in use", []string{"replica", "--dir", dir + "/z", "--size", "4Mi", "--listen", pu.data}, "another server is listening on it"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stderr := runExit(t, tc.args...)
@@ -167,6 +171,44 @@ func TestReplicaCommandErrors(t *testing.T) {
 				t.Fatalf("exit %d, stderr:\n%s\nwant it to contain %q", code, stderr, tc.want)
 			}
 		})
+	}
+}
+
+// TestReplicaUnixSocket serves a replica's data on a unix socket: a socket
+// file left by a replica that died is replaced, and a clean stop removes
+// the socket.
+func TestReplicaUnixSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "r.sock")
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+	p := start(t, "replica", "--dir", filepath.Join(dir, "r"), "--size", "4Mi", "--listen", "unix:"+sock)
+	if p.data != "unix:"+sock {
+		t.Fatalf("ready line data=%q, want unix:%s", p.data, sock)
+	}
+	c, err := dataconn.Dial(context.Background(), "unix", sock, dataconn.ClientOptions{Conns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte{0xc3}, 8192)
+	if err := c.WriteAt(context.Background(), want, 4096, false); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	if err := c.ReadAt(context.Background(), got, 4096); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read back over the unix socket: err=%v equal=%v", err, bytes.Equal(got, want))
+	}
+	c.Close()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.waitExit(t); code != 0 {
+		t.Fatalf("exit %d\n%s", code, p.stderr.String())
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Fatalf("the replica left its socket behind: %v", err)
 	}
 }
 

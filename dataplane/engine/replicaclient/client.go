@@ -76,7 +76,8 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("control %s: %w", ctlAddr, err)
 	}
-	d, err := dataconn.Dial(ctx, "tcp", dataAddr, opts.Data)
+	network, address := dataconn.SplitNetwork(dataAddr)
+	d, err := dataconn.Dial(ctx, network, address, opts.Data)
 	if err != nil {
 		cc.Close()
 		return nil, err

@@ -1,14 +1,16 @@
 // Command bench measures the data path with fio against, in one run:
 //
-//	raw       the raw file on the same disk (io_uring, buffered)
-//	qemu-nbd  qemu-nbd serving a file on the same disk (our transport yardstick)
-//	cairn-1   the engine with one replica, through its NBD frontend
-//	cairn-3   the engine with three replicas (all on this one disk)
+//	raw          the raw file on the same disk (io_uring, buffered)
+//	qemu-nbd     qemu-nbd serving a file on the same disk (our transport yardstick)
+//	cairn-1         the engine with one local replica (unix socket), through its NBD frontend
+//	cairn-1-tcp  the same with the replica reached over loopback TCP
+//	cairn-3      the engine with three replicas (all on this one disk): one
+//	             local (unix socket), two over loopback TCP as if remote
 //
 // for 4 KiB random write and read at QD32, 128 KiB sequential write, and
 // 4 KiB QD1 write latency, and prints a table with ratios. Every job runs
-// through the page cache and ends with an fsync (end_fsync=1), so all four
-// have the same flush semantics. It also times a full rebuild of 1 GiB.
+// through the page cache and ends with an fsync (end_fsync=1), so all
+// targets have the same flush semantics. It also times a full rebuild of 1 GiB.
 //
 // Usage (make bench does this): go run ./test/bench --bin ../bin/cairn-data
 package main
@@ -21,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -30,8 +33,10 @@ var (
 	dir     = flag.String("dir", "", "work directory on the disk to measure (default: a temporary directory)")
 	size    = flag.String("size", "1G", "file and volume size")
 	runtime = flag.Duration("runtime", 8*time.Second, "duration of each fio job")
-	only    = flag.String("targets", "raw,qemu-nbd,cairn-1,cairn-3", "targets to measure (the ratio columns need all four)")
+	only    = flag.String("targets", "raw,qemu-nbd,cairn-1,cairn-1-tcp,cairn-3", "targets to measure (a ratio column is printed when both its targets were)")
 	rebuild = flag.Bool("rebuild", true, "also time a full rebuild")
+	rounds  = flag.Int("rounds", 3, "rounds over all targets; the table shows each figure's median")
+	filter  = flag.String("workloads", "", "only the workloads whose name contains this text (default: all)")
 )
 
 type workload struct {
@@ -103,16 +108,23 @@ func stopAll(cmds ...*exec.Cmd) {
 	}
 }
 
-func cairn(work string, n int) target {
+// cairn starts an engine with n replicas, the first local ones reached over
+// unix sockets (a replica on the engine's node), the rest over loopback TCP
+// (standing in for replicas on other nodes).
+func cairn(work, name string, n, local int) target {
 	var procs []*exec.Cmd
-	args := []string{"engine", "--name", "bench", "--frontend", "nbd", "--nbd-socket", filepath.Join(work, fmt.Sprintf("cairn%d.sock", n)), "--listen", "127.0.0.1:0"}
+	args := []string{"engine", "--name", "bench", "--frontend", "nbd", "--nbd-socket", filepath.Join(work, name+".sock"), "--listen", "127.0.0.1:0"}
 	for i := range n {
-		c, f := startProc("replica", "--dir", filepath.Join(work, fmt.Sprintf("c%d-r%d", n, i)), "--size", *size, "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
+		listen := "127.0.0.1:0"
+		if i < local {
+			listen = "unix:" + filepath.Join(work, fmt.Sprintf("%s-r%d.sock", name, i))
+		}
+		c, f := startProc("replica", "--dir", filepath.Join(work, fmt.Sprintf("%s-r%d", name, i)), "--size", *size, "--listen", listen, "--control-listen", "127.0.0.1:0")
 		procs = append(procs, c)
 		args = append(args, "--replica", f["data"]+","+f["control"])
 	}
 	e, f := startProc(args...)
-	return target{name: fmt.Sprintf("cairn-%d", n), engine: []string{"--ioengine=nbd", "--uri=nbd+unix:///bench?socket=" + f["endpoint"]},
+	return target{name: name, engine: []string{"--ioengine=nbd", "--uri=nbd+unix:///bench?socket=" + f["endpoint"]},
 		control: f["control"], stop: func() { stopAll(append([]*exec.Cmd{e}, procs...)...) }}
 }
 
@@ -156,6 +168,19 @@ func fio(t target, w workload) float64 {
 	return w.field(res.Jobs[0])
 }
 
+// syncDisk writes back what earlier jobs left dirty, so that no job pays
+// for another's writeback.
+func syncDisk() { must(exec.Command("sync").Run()) }
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
 // prefill writes the whole target once so reads hit data.
 func prefill(t target) {
 	args := append([]string{"--name=fill", "--rw=write", "--bs=1M", "--iodepth=4", "--size=" + *size, "--end_fsync=1"}, t.engine...)
@@ -165,7 +190,7 @@ func prefill(t target) {
 // measureRebuild fills a one-replica volume, adds a fresh replica and
 // times the full rebuild (copy and verify) until it is RW.
 func measureRebuild(work string) time.Duration {
-	t := cairn(work, 1)
+	t := cairn(work, "rebuild", 1, 1)
 	defer t.stop()
 	prefill(t)
 	c, f := startProc("replica", "--dir", filepath.Join(work, "rebuild-target"), "--size", *size, "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
@@ -180,6 +205,18 @@ func measureRebuild(work string) time.Duration {
 
 func main() {
 	flag.Parse()
+	if *filter != "" {
+		var keep []workload
+		for _, w := range workloads {
+			if strings.Contains(w.name, *filter) {
+				keep = append(keep, w)
+			}
+		}
+		if len(keep) == 0 {
+			must(fmt.Errorf("no workload name contains %q", *filter))
+		}
+		workloads = keep
+	}
 	work := *dir
 	if work == "" {
 		var err error
@@ -188,44 +225,76 @@ func main() {
 		defer os.RemoveAll(work)
 	}
 	targets := map[string]func(string) target{"raw": raw, "qemu-nbd": qemuNBD,
-		"cairn-1": func(w string) target { return cairn(w, 1) }, "cairn-3": func(w string) target { return cairn(w, 3) }}
-	results := map[string][]float64{}
-	var names []string
-	for _, name := range strings.Split(*only, ",") {
-		mk := targets[name]
-		if mk == nil {
+		"cairn-1":     func(w string) target { return cairn(w, "cairn-1", 1, 1) },
+		"cairn-1-tcp": func(w string) target { return cairn(w, "cairn-1-tcp", 1, 0) },
+		"cairn-3":     func(w string) target { return cairn(w, "cairn-3", 3, 1) }}
+	names := strings.Split(*only, ",")
+	for _, name := range names {
+		if targets[name] == nil {
 			must(fmt.Errorf("unknown target %q", name))
 		}
-		t := mk(work)
-		names = append(names, t.name)
-		fmt.Fprintf(os.Stderr, "bench: %s: prefill\n", t.name)
-		prefill(t)
-		for _, w := range workloads {
-			fmt.Fprintf(os.Stderr, "bench: %s: %s\n", t.name, w.name)
-			results[t.name] = append(results[t.name], fio(t, w))
-		}
-		t.stop()
 	}
+	// samples[target][workload] holds one figure per round; the rounds
+	// interleave the targets so that a slow spell of the shared machine
+	// does not land on one target only. The table shows medians.
+	samples := map[string][][]float64{}
+	for round := 1; round <= *rounds; round++ {
+		for _, name := range names {
+			tdir := filepath.Join(work, name)
+			must(os.MkdirAll(tdir, 0o755))
+			t := targets[name](tdir)
+			fmt.Fprintf(os.Stderr, "bench: round %d/%d: %s: prefill\n", round, *rounds, name)
+			prefill(t)
+			if samples[name] == nil {
+				samples[name] = make([][]float64, len(workloads))
+			}
+			for i, w := range workloads {
+				fmt.Fprintf(os.Stderr, "bench: round %d/%d: %s: %s\n", round, *rounds, name, w.name)
+				syncDisk()
+				samples[name][i] = append(samples[name][i], fio(t, w))
+			}
+			t.stop()
+			os.RemoveAll(tdir)
+		}
+	}
+	results := map[string][]float64{}
+	for name, ws := range samples {
+		for _, xs := range ws {
+			results[name] = append(results[name], median(xs))
+		}
+	}
+	type ratio struct {
+		name, num, den string
+		div            float64
+	}
+	ratios := []ratio{{"c1/qemu-nbd", "cairn-1", "qemu-nbd", 1}, {"c1tcp/qemu", "cairn-1-tcp", "qemu-nbd", 1},
+		{"c3/raw", "cairn-3", "raw", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}}
 	fmt.Printf("\n%-32s", "workload")
 	for _, n := range names {
-		fmt.Printf("%12s", n)
+		fmt.Printf("%13s", n)
 	}
-	fmt.Printf("%14s%14s%14s\n", "c1/qemu-nbd", "c3/raw", "c3/(raw/3)")
+	for _, r := range ratios {
+		if results[r.num] != nil && results[r.den] != nil {
+			fmt.Printf("%13s", r.name)
+		}
+	}
+	fmt.Println()
 	for i, w := range workloads {
 		fmt.Printf("%-32s", w.name)
 		for _, n := range names {
-			fmt.Printf("%12.0f", results[n][i])
+			fmt.Printf("%13.0f", results[n][i])
 		}
-		if len(names) < 4 {
-			fmt.Println()
-			continue
+		for _, r := range ratios {
+			if results[r.num] == nil || results[r.den] == nil {
+				continue
+			}
+			if w.lower && r.div != 1 {
+				fmt.Printf("%13s", "-") // latency against a third of raw means nothing
+				continue
+			}
+			fmt.Printf("%13.2f", results[r.num][i]/(results[r.den][i]/r.div))
 		}
-		r, q, c1, c3 := results["raw"][i], results["qemu-nbd"][i], results["cairn-1"][i], results["cairn-3"][i]
-		if w.lower {
-			fmt.Printf("%14.2f%14.2f%14s\n", c1/q, c3/r, "-")
-		} else {
-			fmt.Printf("%14.2f%14.2f%14.2f\n", c1/q, c3/r, c3/(r/3))
-		}
+		fmt.Println()
 	}
 	if !*rebuild {
 		return
