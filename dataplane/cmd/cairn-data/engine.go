@@ -28,11 +28,17 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 // frontend is a started frontend: where it serves and how to stop it.
 type frontend struct {
-	endpoint string
+	endpoint string // the block device, or the NBD socket without one
+	socket   string // the NBD socket (nbd frontend)
 	stop     func()
 }
 
-func startNBD(e *engine.Engine, name, sock string, log func(string)) (*frontend, error) {
+// startNBD serves the volume on the unix socket sock and, unless kernel is
+// "off", attaches it to a /dev/nbdN through the kernel's nbd driver; the
+// device is then the endpoint. With "auto" a host without the driver (or
+// without the privilege) gets the socket as the endpoint, and the log says
+// why; with "on" that is an error.
+func startNBD(e *engine.Engine, name, sock, kernel string, log func(string)) (*frontend, error) {
 	if sock == "" {
 		return nil, errors.New("--frontend nbd needs --nbd-socket PATH")
 	}
@@ -46,7 +52,29 @@ func startNBD(e *engine.Engine, name, sock string, log func(string)) (*frontend,
 			log("nbd listener failed: " + err.Error())
 		}
 	}()
-	return &frontend{endpoint: sock, stop: func() { l.Close(); s.Close(); os.Remove(sock) }}, nil
+	f := &frontend{endpoint: sock, socket: sock, stop: func() { l.Close(); s.Close(); os.Remove(sock) }}
+	if kernel == "off" {
+		return f, nil
+	}
+	kd, err := nbd.ConnectKernel(s, nbd.KernelOptions{Backend: name})
+	if err != nil {
+		if kernel == "on" {
+			f.stop()
+			return nil, fmt.Errorf("--nbd-kernel on: %w", err)
+		}
+		log("no /dev/nbdN, serving the NBD socket " + sock + " only: " + err.Error())
+		return f, nil
+	}
+	log("attached " + kd.Path() + " through the kernel's nbd driver")
+	f.endpoint = kd.Path()
+	stopSocket := f.stop
+	f.stop = func() {
+		if err := kd.Disconnect(); err != nil {
+			log(err.Error())
+		}
+		stopSocket()
+	}
+	return f, nil
 }
 
 func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -59,11 +87,12 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	wanted := fs.Int("wanted", 0, "replicas that make the volume healthy (default: the number of --replica)")
 	fe := fs.String("frontend", "nbd", "how to expose the volume: nbd or fuse")
 	sock := fs.String("nbd-socket", "", "unix socket path for the nbd frontend")
+	nbdKernel := fs.String("nbd-kernel", "auto", "attach the nbd frontend to a /dev/nbdN through the kernel's nbd driver: auto (if the host has it), on (required), off (socket only)")
 	fuseDir := fs.String("fuse-dir", "", "mount directory for the fuse frontend")
 	listenAddr := fs.String("listen", "", "host:port for the gRPC control API (default: none)")
 	timeout := fs.Duration("replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: cairn-data engine --name NAME --replica HOST:PORT ... --frontend nbd|fuse [--nbd-socket PATH | --fuse-dir DIR] [--listen HOST:PORT]")
+		fmt.Fprintln(stderr, "usage: cairn-data engine --name NAME --replica HOST:PORT ... --frontend nbd|fuse [--nbd-socket PATH [--nbd-kernel auto|on|off] | --fuse-dir DIR] [--listen HOST:PORT]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -87,6 +116,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if *fe != "nbd" && *fe != "fuse" {
 		return fail("--frontend %q: use nbd or fuse", *fe)
 	}
+	if *nbdKernel != "auto" && *nbdKernel != "on" && *nbdKernel != "off" {
+		return fail("--nbd-kernel %q: use auto, on or off", *nbdKernel)
+	}
 	log := newLogger(stderr, "engine")
 	unsafeEarly := os.Getenv("CAIRN_UNSAFE_ACK_EARLY") == "1"
 	if unsafeEarly {
@@ -106,7 +138,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var f *frontend
 	switch *fe {
 	case "nbd":
-		f, err = startNBD(e, *name, *sock, func(m string) { log.Info(m) })
+		f, err = startNBD(e, *name, *sock, *nbdKernel, func(m string) { log.Info(m) })
 	case "fuse":
 		if *fuseDir == "" {
 			return fail("--frontend fuse needs --fuse-dir DIR")
@@ -129,7 +161,11 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		defer gs.Stop()
 		controlShown = l.Addr().String()
 	}
-	fmt.Fprintf(stdout, "ready endpoint=%s control=%s size=%d\n", f.endpoint, controlShown, e.Size())
+	socketShown := ""
+	if f.socket != "" {
+		socketShown = " socket=" + f.socket
+	}
+	fmt.Fprintf(stdout, "ready endpoint=%s%s control=%s size=%d\n", f.endpoint, socketShown, controlShown, e.Size())
 	<-ctx.Done()
 	log.Info("stopping: detaching the frontend, flushing")
 	f.stop()

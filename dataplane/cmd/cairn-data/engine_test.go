@@ -48,8 +48,8 @@ func startVolumeUnix(t *testing.T, n, nUnix int, size string) *volume {
 		v.replicas = append(v.replicas, p)
 		v.addrs = append(v.addrs, p.data+","+p.control)
 	}
-	args := []string{"engine", "--name", "vol", "--frontend", "nbd", "--nbd-socket", v.sock, "--listen", "127.0.0.1:0",
-		"--replica-timeout", "3s"}
+	args := []string{"engine", "--name", "vol", "--frontend", "nbd", "--nbd-socket", v.sock, "--nbd-kernel", "off",
+		"--listen", "127.0.0.1:0", "--replica-timeout", "3s"}
 	for _, a := range v.addrs {
 		args = append(args, "--replica", a)
 	}
@@ -102,6 +102,46 @@ func TestEngineProcessQemuIO(t *testing.T) {
 	}
 	if _, err := os.Stat(v.sock); !os.IsNotExist(err) {
 		t.Fatalf("the NBD socket was left behind: %v", err)
+	}
+}
+
+// TestEngineNBDKernelModes: --nbd-kernel auto attaches /dev/nbdN where the
+// kernel has the nbd driver and otherwise serves the socket and says why;
+// --nbd-kernel on fails without the driver.
+func TestEngineNBDKernelModes(t *testing.T) {
+	dir := t.TempDir()
+	r := start(t, "replica", "--dir", filepath.Join(dir, "r"), "--size", "16Mi", "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
+	sock := filepath.Join(dir, "vol.sock")
+	base := []string{"engine", "--name", "vol", "--frontend", "nbd", "--nbd-socket", sock, "--replica", r.data + "," + r.control}
+	_, noDriver := os.Stat("/sys/module/nbd")
+	if noDriver == nil {
+		t.Skip("this host has the nbd driver; TestConnectKernel in frontend/nbd covers the device path")
+	}
+	e := start(t, append(base, "--nbd-kernel", "auto")...)
+	if e.endpoint != sock {
+		t.Fatalf("auto without the driver: endpoint %q, want the socket %q", e.endpoint, sock)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(e.stderr.String(), "serving the NBD socket "+sock+" only") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine did not say why there is no /dev/nbdN:\n%s", e.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.cmd.Process.Signal(syscall.SIGTERM)
+	if code := e.waitExit(t); code != 0 {
+		t.Fatalf("engine exit %d", code)
+	}
+	code, stderr := runExit(t, append(base, "--nbd-kernel", "on")...)
+	if code == 0 || !strings.Contains(stderr, "modprobe nbd") {
+		t.Fatalf("--nbd-kernel on without the driver: exit %d\n%s", code, stderr)
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Fatalf("the failed engine left its socket: %v", err)
+	}
+	code, stderr = runExit(t, append(base, "--nbd-kernel", "maybe")...)
+	if code == 0 || !strings.Contains(stderr, `--nbd-kernel "maybe": use auto, on or off`) {
+		t.Fatalf("bad --nbd-kernel: exit %d\n%s", code, stderr)
 	}
 }
 

@@ -57,6 +57,11 @@ func listenUnix(flagName, path string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", flagName, path, err)
 	}
+	// Only this user (root on a node) may connect: the socket carries data.
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("%s %s: %w", flagName, path, err)
+	}
 	return l, nil
 }
 

@@ -62,26 +62,50 @@ func (s *Server) Serve(l net.Listener) error {
 			}
 			return err
 		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			c.Close()
+		if !s.track(c) {
 			return nil
 		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go func() {
-			defer s.wg.Done()
-			if err := s.serveConn(c); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				s.log.Info("nbd client closed", "reason", err.Error())
-			}
-			c.Close()
-			s.mu.Lock()
-			delete(s.conns, c)
-			s.mu.Unlock()
-		}()
+		go s.run(c, s.serveConn)
 	}
+}
+
+// ServeTransmission serves c, a connection already in the transmission
+// phase with the transmission flags of TransmissionFlags: the kernel's nbd
+// driver, connected through netlink, sends requests on it without a
+// handshake. It returns when the peer disconnects or the server closes.
+func (s *Server) ServeTransmission(c net.Conn) {
+	if !s.track(c) {
+		return
+	}
+	s.run(c, s.transmit)
+}
+
+// TransmissionFlags are the flags the server announces for its export.
+func (s *Server) TransmissionFlags() uint16 { return s.transmissionFlags() }
+
+// track registers c so that Close disconnects it; false if already closed.
+func (s *Server) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		c.Close()
+		return false
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	return true
+}
+
+// run serves a tracked connection with serve, then closes and forgets it.
+func (s *Server) run(c net.Conn, serve func(net.Conn) error) {
+	defer s.wg.Done()
+	if err := serve(c); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		s.log.Info("nbd client closed", "reason", err.Error())
+	}
+	c.Close()
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
 }
 
 // Close disconnects every client and waits for their requests to end.

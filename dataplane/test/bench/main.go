@@ -113,7 +113,8 @@ func stopAll(cmds ...*exec.Cmd) {
 // (standing in for replicas on other nodes).
 func cairn(work, name string, n, local int) target {
 	var procs []*exec.Cmd
-	args := []string{"engine", "--name", "bench", "--frontend", "nbd", "--nbd-socket", filepath.Join(work, name+".sock"), "--listen", "127.0.0.1:0"}
+	sock := filepath.Join(work, name+".sock")
+	args := []string{"engine", "--name", "bench", "--frontend", "nbd", "--nbd-socket", sock, "--nbd-kernel", "off", "--listen", "127.0.0.1:0"}
 	for i := range n {
 		listen := "127.0.0.1:0"
 		if i < local {
@@ -124,7 +125,7 @@ func cairn(work, name string, n, local int) target {
 		args = append(args, "--replica", f["data"]+","+f["control"])
 	}
 	e, f := startProc(args...)
-	return target{name: name, engine: []string{"--ioengine=nbd", "--uri=nbd+unix:///bench?socket=" + f["endpoint"]},
+	return target{name: name, engine: []string{"--ioengine=nbd", "--uri=nbd+unix:///bench?socket=" + sock},
 		control: f["control"], stop: func() { stopAll(append([]*exec.Cmd{e}, procs...)...) }}
 }
 

@@ -187,7 +187,7 @@ func (c *cluster) startNode(n *node) error {
 
 // startEngine runs an engine on the given nodes.
 func (c *cluster) startEngine(nodes []*node) error {
-	args := []string{"engine", "--name", "chaos", "--frontend", "nbd", "--nbd-socket", c.sock,
+	args := []string{"engine", "--name", "chaos", "--frontend", "nbd", "--nbd-socket", c.sock, "--nbd-kernel", "off",
 		"--listen", fmt.Sprintf("127.0.0.1:%d", c.engPort), "--replica-timeout", "1s", "--wanted", strconv.Itoa(len(c.nodes))}
 	for _, n := range nodes {
 		args = append(args, "--replica", n.addr())

@@ -1,0 +1,366 @@
+//go:build linux
+
+package nbd
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// The kernel's nbd driver is configured over generic netlink (family "nbd",
+// linux/nbd-netlink.h). The driver does no handshake: it is handed
+// connected sockets and speaks the transmission phase on them. We hand it
+// one end of socket pairs whose other ends our Server serves.
+const (
+	nbdFamily  = "nbd"
+	nbdVersion = 1
+
+	nbdCmdConnect    = 1
+	nbdCmdDisconnect = 2
+
+	nbdAttrIndex          = 1 // u32
+	nbdAttrSizeBytes      = 2 // u64
+	nbdAttrBlockSizeBytes = 3 // u64
+	nbdAttrTimeout        = 4 // u64, seconds
+	nbdAttrServerFlags    = 5 // u64
+	nbdAttrSockets        = 7 // nested NBD_SOCK_ITEMs
+	nbdAttrBackend        = 10
+
+	nbdSockItem = 1 // nested
+	nbdSockFD   = 1 // u32
+
+	nlaNested = 0x8000 // NLA_F_NESTED
+)
+
+// ErrNoKernelNBD means the kernel has no nbd driver: the module is not
+// built or cannot be loaded. The NBD socket remains usable by userspace
+// clients.
+var ErrNoKernelNBD = errors.New("the kernel has no nbd driver (load it with `modprobe nbd`, or use the NBD socket or --frontend fuse)")
+
+// KernelOptions configure ConnectKernel.
+type KernelOptions struct {
+	// Conns is how many sockets the kernel gets (it spreads requests over
+	// them). Default 4.
+	Conns int
+	// TimeoutSeconds is the kernel's per-request timeout; 0 keeps its
+	// default (30 s).
+	TimeoutSeconds uint64
+	// Backend names the device's backend in sysfs (the volume name).
+	Backend string
+}
+
+// KernelDevice is a /dev/nbdN connected to a Server.
+type KernelDevice struct {
+	Index  int
+	srv    *Server
+	nl     *genl
+	family uint16
+	conns  []net.Conn
+	once   sync.Once
+	err    error
+	done   sync.WaitGroup
+}
+
+// Path is the device node, /dev/nbdN.
+func (d *KernelDevice) Path() string { return fmt.Sprintf("/dev/nbd%d", d.Index) }
+
+// ConnectKernel attaches the server's device to a free /dev/nbdN through
+// the kernel's nbd driver. It returns an error wrapping ErrNoKernelNBD when
+// the driver is missing, and the kernel's error (EPERM without
+// CAP_SYS_ADMIN, ...) otherwise.
+func ConnectKernel(s *Server, opts KernelOptions) (*KernelDevice, error) {
+	if opts.Conns <= 0 {
+		opts.Conns = 4
+	}
+	nl, err := dialGenl()
+	if err != nil {
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
+	family, err := nl.familyID(nbdFamily)
+	if errors.Is(err, unix.ENOENT) {
+		nl.close()
+		return nil, ErrNoKernelNBD
+	}
+	if err != nil {
+		nl.close()
+		return nil, fmt.Errorf("netlink: looking up the nbd family: %w", err)
+	}
+	d := &KernelDevice{srv: s, nl: nl, family: family}
+	var kernelEnds []int
+	defer func() {
+		for _, fd := range kernelEnds {
+			unix.Close(fd) // the kernel holds its own reference once connected
+		}
+	}()
+	for range opts.Conns {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			d.closeConns()
+			nl.close()
+			return nil, fmt.Errorf("socketpair: %w", err)
+		}
+		kernelEnds = append(kernelEnds, fds[0])
+		f := os.NewFile(uintptr(fds[1]), "nbd-kernel")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			d.closeConns()
+			nl.close()
+			return nil, fmt.Errorf("socketpair: %w", err)
+		}
+		d.conns = append(d.conns, c)
+	}
+	msg := connectMessage(uint64(s.dev.Size()), uint64(s.TransmissionFlags()), opts, kernelEnds)
+	reply, err := nl.request(family, nbdCmdConnect, msg)
+	if err != nil {
+		d.closeConns()
+		nl.close()
+		if errors.Is(err, unix.EPERM) {
+			return nil, fmt.Errorf("connecting /dev/nbdN: %w (it needs root or CAP_SYS_ADMIN)", err)
+		}
+		return nil, fmt.Errorf("connecting /dev/nbdN: %w", err)
+	}
+	index, ok := findU32(reply, nbdAttrIndex)
+	if !ok {
+		d.closeConns()
+		nl.close()
+		return nil, errors.New("connecting /dev/nbdN: the kernel's reply carries no device index")
+	}
+	d.Index = int(index)
+	for _, c := range d.conns {
+		d.done.Add(1)
+		go func() { defer d.done.Done(); s.ServeTransmission(c) }()
+	}
+	return d, nil
+}
+
+// Disconnect detaches /dev/nbdN: the kernel fails new I/O, closes its
+// sockets, and our side of them ends.
+func (d *KernelDevice) Disconnect() error {
+	d.once.Do(func() {
+		var b attrs
+		b.u32(nbdAttrIndex, uint32(d.Index))
+		_, err := d.nl.request(d.family, nbdCmdDisconnect, b)
+		d.closeConns()
+		d.done.Wait()
+		d.nl.close()
+		if err != nil {
+			d.err = fmt.Errorf("disconnecting %s: %w", d.Path(), err)
+		}
+	})
+	return d.err
+}
+
+func (d *KernelDevice) closeConns() {
+	for _, c := range d.conns {
+		c.Close()
+	}
+}
+
+// connectMessage is NBD_CMD_CONNECT's attributes.
+func connectMessage(size, serverFlags uint64, opts KernelOptions, fds []int) attrs {
+	var b attrs
+	b.u64(nbdAttrSizeBytes, size)
+	b.u64(nbdAttrBlockSizeBytes, 4096)
+	b.u64(nbdAttrServerFlags, serverFlags)
+	if opts.TimeoutSeconds > 0 {
+		b.u64(nbdAttrTimeout, opts.TimeoutSeconds)
+	}
+	if opts.Backend != "" {
+		b.str(nbdAttrBackend, opts.Backend)
+	}
+	socks := b.nest(nbdAttrSockets)
+	for _, fd := range fds {
+		item := b.nest(nbdSockItem)
+		b.u32(nbdSockFD, uint32(fd))
+		b.end(item)
+	}
+	b.end(socks)
+	return b
+}
+
+// attrs builds netlink attributes: {len u16, type u16, value, pad to 4},
+// integers in host byte order.
+type attrs []byte
+
+func (b *attrs) put(typ uint16, v []byte) {
+	var h [4]byte
+	binary.NativeEndian.PutUint16(h[0:], uint16(4+len(v)))
+	binary.NativeEndian.PutUint16(h[2:], typ)
+	*b = append(*b, h[:]...)
+	*b = append(*b, v...)
+	for len(*b)%4 != 0 {
+		*b = append(*b, 0)
+	}
+}
+
+func (b *attrs) u32(typ uint16, v uint32) { b.put(typ, binary.NativeEndian.AppendUint32(nil, v)) }
+func (b *attrs) u64(typ uint16, v uint64) { b.put(typ, binary.NativeEndian.AppendUint64(nil, v)) }
+func (b *attrs) str(typ uint16, v string) { b.put(typ, append([]byte(v), 0)) }
+
+// nest starts a nested attribute and returns its position for end.
+func (b *attrs) nest(typ uint16) int {
+	at := len(*b)
+	b.put(typ|nlaNested, nil)
+	return at
+}
+
+func (b *attrs) end(at int) {
+	binary.NativeEndian.PutUint16((*b)[at:], uint16(len(*b)-at))
+}
+
+// parseAttrs walks a flat attribute list; it stops at the first malformed
+// attribute.
+func parseAttrs(b []byte, fn func(typ uint16, v []byte)) {
+	for len(b) >= 4 {
+		n := int(binary.NativeEndian.Uint16(b[0:]))
+		typ := binary.NativeEndian.Uint16(b[2:]) &^ (nlaNested | 0x4000)
+		if n < 4 || n > len(b) {
+			return
+		}
+		fn(typ, b[4:n])
+		n = (n + 3) &^ 3
+		if n > len(b) {
+			return
+		}
+		b = b[n:]
+	}
+}
+
+func findU32(b []byte, want uint16) (uint32, bool) {
+	var v uint32
+	var ok bool
+	parseAttrs(b, func(typ uint16, val []byte) {
+		if typ == want && len(val) >= 4 {
+			v, ok = binary.NativeEndian.Uint32(val), true
+		}
+	})
+	return v, ok
+}
+
+// genl is a generic netlink socket doing one request at a time.
+type genl struct {
+	mu  sync.Mutex
+	fd  int
+	seq uint32
+}
+
+func dialGenl() (*genl, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_GENERIC)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &genl{fd: fd}, nil
+}
+
+func (g *genl) close() { unix.Close(g.fd) }
+
+// familyID resolves a generic netlink family name (asking for it lets the
+// kernel load the module that provides it).
+func (g *genl) familyID(name string) (uint16, error) {
+	var b attrs
+	b.str(unix.CTRL_ATTR_FAMILY_NAME, name)
+	reply, err := g.request(unix.GENL_ID_CTRL, unix.CTRL_CMD_GETFAMILY, b)
+	if err != nil {
+		return 0, err
+	}
+	var id uint16
+	parseAttrs(reply, func(typ uint16, v []byte) {
+		if typ == unix.CTRL_ATTR_FAMILY_ID && len(v) >= 2 {
+			id = binary.NativeEndian.Uint16(v)
+		}
+	})
+	if id == 0 {
+		return 0, fmt.Errorf("family %q: no id in the reply", name)
+	}
+	return id, nil
+}
+
+// request sends one generic netlink command with an ack requested and
+// returns the attributes of the kernel's reply message (nil if it sent only
+// the ack), or the kernel's error.
+func (g *genl) request(family uint16, cmd uint8, body attrs) ([]byte, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.seq++
+	msg := encodeGenl(family, cmd, g.seq, body)
+	if err := unix.Sendto(g.fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, err
+	}
+	var reply []byte
+	buf := make([]byte, 64<<10)
+	for {
+		n, _, err := unix.Recvfrom(g.fd, buf, 0)
+		if err != nil {
+			return nil, err
+		}
+		done, attrs, err := decodeGenl(buf[:n], g.seq)
+		if attrs != nil {
+			reply = attrs
+		}
+		if err != nil || done {
+			return reply, err
+		}
+	}
+}
+
+// encodeGenl frames a request: nlmsghdr (16 bytes), genlmsghdr (4 bytes),
+// attributes.
+func encodeGenl(family uint16, cmd uint8, seq uint32, body attrs) []byte {
+	msg := make([]byte, 20, 20+len(body))
+	binary.NativeEndian.PutUint32(msg[0:], uint32(20+len(body)))
+	binary.NativeEndian.PutUint16(msg[4:], family)
+	binary.NativeEndian.PutUint16(msg[6:], unix.NLM_F_REQUEST|unix.NLM_F_ACK)
+	binary.NativeEndian.PutUint32(msg[8:], seq)
+	msg[16] = cmd
+	msg[17] = nbdVersion
+	return append(msg, body...)
+}
+
+// decodeGenl reads the netlink messages in one datagram. It returns the
+// attributes of a reply to seq, done once the ack (or an error) arrived,
+// and the kernel's error as an errno.
+func decodeGenl(b []byte, seq uint32) (done bool, reply []byte, err error) {
+	for len(b) >= unix.NLMSG_HDRLEN {
+		n := int(binary.NativeEndian.Uint32(b[0:]))
+		typ := binary.NativeEndian.Uint16(b[4:])
+		mseq := binary.NativeEndian.Uint32(b[8:])
+		if n < unix.NLMSG_HDRLEN || n > len(b) {
+			return true, reply, errors.New("malformed netlink reply")
+		}
+		body := b[unix.NLMSG_HDRLEN:n]
+		if mseq == seq {
+			switch typ {
+			case unix.NLMSG_ERROR:
+				if len(body) < 4 {
+					return true, reply, errors.New("malformed netlink error")
+				}
+				if code := int32(binary.NativeEndian.Uint32(body)); code != 0 {
+					return true, reply, unix.Errno(-code)
+				}
+				return true, reply, nil
+			case unix.NLMSG_DONE:
+				return true, reply, nil
+			default:
+				if len(body) >= 4 { // genlmsghdr, then attributes
+					reply = append([]byte(nil), body[4:]...)
+				}
+			}
+		}
+		if n = (n + 3) &^ 3; n > len(b) {
+			break
+		}
+		b = b[n:]
+	}
+	return false, reply, nil
+}
