@@ -93,11 +93,14 @@ func fanout(ms []*member, o op, n int, fn func(*member) error) []error {
 		run(0)
 		return errs
 	}
+	// The others in goroutines, the last one on this goroutine: one
+	// hand-off fewer per operation.
 	var wg sync.WaitGroup
-	for i := range ms {
+	for i := range ms[:len(ms)-1] {
 		wg.Add(1)
 		go func() { defer wg.Done(); run(i) }()
 	}
+	run(len(ms) - 1)
 	wg.Wait()
 	return errs
 }

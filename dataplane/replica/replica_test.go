@@ -13,7 +13,12 @@ import (
 
 func open(t *testing.T, dir string, size int64) *Replica {
 	t.Helper()
-	r, err := Open(dir, Options{Size: size, ClearDelay: -1})
+	return openMode(t, dir, size, false)
+}
+
+func openMode(t *testing.T, dir string, size int64, direct bool) *Replica {
+	t.Helper()
+	r, err := Open(dir, Options{Size: size, ClearDelay: -1, DirectIO: direct})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,12 +63,15 @@ func (m *model) check(t *testing.T, r *Replica, what string) {
 
 // TestReplicaMatchesModel runs random operations, unaligned ones included,
 // against a replica and a byte-slice model, reopening it now and then.
+// Seeds 4 and up run with direct I/O and switch between direct and
+// buffered I/O at some reopens.
 func TestReplicaMatchesModel(t *testing.T) {
-	for seed := range uint64(4) {
+	for seed := range uint64(8) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			dir := t.TempDir()
 			size := int64(3<<20 + 5*BlockSize)
-			r := open(t, dir, size)
+			direct := seed >= 4
+			r := openMode(t, dir, size, direct)
 			defer func() { r.Close() }()
 			m := &model{data: make([]byte, size), saved: map[string][]byte{}}
 			rng := rand.New(rand.NewPCG(seed, 99))
@@ -148,8 +156,11 @@ func TestReplicaMatchesModel(t *testing.T) {
 					if err := r.Close(); err != nil {
 						t.Fatal(err)
 					}
-					r = open(t, dir, 0)
-					m.check(t, r, fmt.Sprintf("it %d after reopen", it))
+					if seed >= 4 && rng.IntN(2) == 0 {
+						direct = !direct
+					}
+					r = openMode(t, dir, 0, direct)
+					m.check(t, r, fmt.Sprintf("it %d after reopen (direct I/O %v)", it, direct))
 				}
 			}
 			m.check(t, r, "end")

@@ -88,7 +88,7 @@ func (r *Replica) createHead(m *metadata) (*layer, error) {
 	if err := newLayerFile(r.dir, file, m.Size); err != nil {
 		return nil, err
 	}
-	nl, err := openLayer(r.dir, file, "")
+	nl, err := openLayer(r.dir, file, "", r.direct)
 	if err != nil {
 		os.Remove(filepath.Join(r.dir, file))
 		return nil, err

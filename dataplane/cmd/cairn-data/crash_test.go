@@ -55,6 +55,8 @@ type crashModel struct {
 // SIGKILL keeps the kernel's page cache, so here every acknowledged write
 // must survive, flushed or not; surviving power loss is what Flush is for,
 // and this test does not simulate it.
+// Every other run uses --direct-io (O_DIRECT), alternating with buffered
+// runs on the same replica directory.
 func TestReplicaCrashSafety(t *testing.T) {
 	iterations := 25
 	if s := os.Getenv("CAIRN_CRASH_ITERATIONS"); s != "" {
@@ -75,7 +77,11 @@ func TestReplicaCrashSafety(t *testing.T) {
 	dir := t.TempDir()
 	snapSeq := 0
 	for it := range iterations {
-		p := start(t, "replica", "--dir", dir, "--size", strconv.Itoa(size), "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
+		args := []string{"replica", "--dir", dir, "--size", strconv.Itoa(size), "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"}
+		if it%2 == 1 {
+			args = append(args, "--direct-io") // every other run bypasses the page cache
+		}
+		p := start(t, args...)
 		ctl := dialControl(t, p.control)
 		m.verify(t, it, p, ctl)
 

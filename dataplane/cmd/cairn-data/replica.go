@@ -80,9 +80,10 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	sizeFlag := fs.String("size", "", "volume size, e.g. 10Gi; required to create a replica, must match an existing one")
 	listenAddr := fs.String("listen", "", "host:port to serve data on (dataconn), or unix:PATH for a unix socket that an engine on the same node reaches with less overhead (required; port 0 picks one)")
 	controlAddr := fs.String("control-listen", "", "host:port to serve the gRPC control API on (default: none)")
+	direct := fs.Bool("direct-io", false, "read and write the data files with O_DIRECT, bypassing this node's page cache")
 	workers := fs.Int("workers", 0, "concurrent I/O requests against the disk (default 4 x CPUs)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: cairn-data replica --dir DIR --size SIZE --listen HOST:PORT|unix:PATH [--control-listen HOST:PORT]")
+		fmt.Fprintln(stderr, "usage: cairn-data replica --dir DIR --size SIZE --listen HOST:PORT|unix:PATH [--control-listen HOST:PORT] [--direct-io]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -104,7 +105,7 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 	}
 	log := newLogger(stderr, "replica")
-	r, err := replica.Open(*dir, replica.Options{Size: size, Logger: log})
+	r, err := replica.Open(*dir, replica.Options{Size: size, Logger: log, DirectIO: *direct})
 	if err != nil {
 		return fail("%v", err)
 	}

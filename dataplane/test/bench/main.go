@@ -8,9 +8,13 @@
 //	             local (unix socket), two over loopback TCP as if remote
 //
 // for 4 KiB random write and read at QD32, 128 KiB sequential write, and
-// 4 KiB QD1 write latency, and prints a table with ratios. Every job runs
-// through the page cache and ends with an fsync (end_fsync=1), so all
-// targets have the same flush semantics. It also times a full rebuild of 1 GiB.
+// 4 KiB QD1 write latency, and prints a table with ratios, twice: with
+// buffered I/O everywhere (the page cache of this node takes the writes),
+// and with O_DIRECT everywhere (raw with direct=1, qemu-nbd --cache=none,
+// replicas --direct-io: every write reaches the disk). Every job ends with
+// an fsync (end_fsync=1), so within a table all targets have the same
+// flush semantics. Each figure is the median of --rounds interleaved
+// rounds. It also times a full rebuild of 1 GiB.
 //
 // Usage (make bench does this): go run ./test/bench --bin ../bin/cairn-data
 package main
@@ -36,6 +40,7 @@ var (
 	only    = flag.String("targets", "raw,qemu-nbd,cairn-1,cairn-1-tcp,cairn-3", "targets to measure (a ratio column is printed when both its targets were)")
 	rebuild = flag.Bool("rebuild", true, "also time a full rebuild")
 	rounds  = flag.Int("rounds", 3, "rounds over all targets; the table shows each figure's median")
+	modes   = flag.String("io", "buffered,direct", "I/O modes, a table each: buffered (page cache everywhere) and/or direct (O_DIRECT everywhere: raw, qemu-nbd --cache=none, replicas --direct-io)")
 	filter  = flag.String("workloads", "", "only the workloads whose name contains this text (default: all)")
 )
 
@@ -101,6 +106,9 @@ func startProc(args ...string) (*exec.Cmd, map[string]string) {
 	return cmd, f
 }
 
+// direct is whether the table being measured uses O_DIRECT everywhere.
+var direct bool
+
 func stopAll(cmds ...*exec.Cmd) {
 	for _, c := range cmds {
 		c.Process.Signal(os.Interrupt)
@@ -120,7 +128,11 @@ func cairn(work, name string, n, local int) target {
 		if i < local {
 			listen = "unix:" + filepath.Join(work, fmt.Sprintf("%s-r%d.sock", name, i))
 		}
-		c, f := startProc("replica", "--dir", filepath.Join(work, fmt.Sprintf("%s-r%d", name, i)), "--size", *size, "--listen", listen, "--control-listen", "127.0.0.1:0")
+		rargs := []string{"replica", "--dir", filepath.Join(work, fmt.Sprintf("%s-r%d", name, i)), "--size", *size, "--listen", listen, "--control-listen", "127.0.0.1:0"}
+		if direct {
+			rargs = append(rargs, "--direct-io")
+		}
+		c, f := startProc(rargs...)
 		procs = append(procs, c)
 		args = append(args, "--replica", f["data"]+","+f["control"])
 	}
@@ -133,7 +145,11 @@ func qemuNBD(work string) target {
 	file := filepath.Join(work, "qemu.img")
 	must(exec.Command("truncate", "-s", *size, file).Run())
 	sock := filepath.Join(work, "qemu.sock")
-	cmd := exec.Command("qemu-nbd", "-f", "raw", "--socket="+sock, "--cache=writeback", "--aio=threads", "--shared=8", "--persistent", file)
+	cache := "--cache=writeback"
+	if direct {
+		cache = "--cache=none" // O_DIRECT
+	}
+	cmd := exec.Command("qemu-nbd", "-f", "raw", "--socket="+sock, cache, "--aio=threads", "--shared=8", "--persistent", file)
 	must(cmd.Start())
 	for i := 0; i < 100; i++ {
 		if _, err := os.Stat(sock); err == nil {
@@ -147,7 +163,11 @@ func qemuNBD(work string) target {
 func raw(work string) target {
 	file := filepath.Join(work, "raw.img")
 	must(exec.Command("truncate", "-s", *size, file).Run())
-	return target{name: "raw", engine: []string{"--ioengine=io_uring", "--filename=" + file}, stop: func() {}}
+	args := []string{"--ioengine=io_uring", "--filename=" + file}
+	if direct {
+		args = append(args, "--direct=1")
+	}
+	return target{name: "raw", engine: args, stop: func() {}}
 }
 
 func fio(t target, w workload) float64 {
@@ -204,6 +224,73 @@ func measureRebuild(work string) time.Duration {
 	return time.Since(start)
 }
 
+// table measures every target in rounds and prints the medians with
+// ratios.
+func table(work, mode string, names []string, targets map[string]func(string) target) {
+	// samples[target][workload] holds one figure per round; the rounds
+	// interleave the targets so that a slow spell of the shared machine
+	// does not land on one target only. The table shows medians.
+	samples := map[string][][]float64{}
+	for round := 1; round <= *rounds; round++ {
+		for _, name := range names {
+			tdir := filepath.Join(work, name)
+			must(os.MkdirAll(tdir, 0o755))
+			t := targets[name](tdir)
+			fmt.Fprintf(os.Stderr, "bench: %s: round %d/%d: %s: prefill\n", mode, round, *rounds, name)
+			prefill(t)
+			if samples[name] == nil {
+				samples[name] = make([][]float64, len(workloads))
+			}
+			for i, w := range workloads {
+				fmt.Fprintf(os.Stderr, "bench: %s: round %d/%d: %s: %s\n", mode, round, *rounds, name, w.name)
+				syncDisk()
+				samples[name][i] = append(samples[name][i], fio(t, w))
+			}
+			t.stop()
+			os.RemoveAll(tdir)
+		}
+	}
+	results := map[string][]float64{}
+	for name, ws := range samples {
+		for _, xs := range ws {
+			results[name] = append(results[name], median(xs))
+		}
+	}
+	type ratio struct {
+		name, num, den string
+		div            float64
+	}
+	ratios := []ratio{{"c1/qemu-nbd", "cairn-1", "qemu-nbd", 1}, {"c1tcp/qemu", "cairn-1-tcp", "qemu-nbd", 1},
+		{"c3/raw", "cairn-3", "raw", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}}
+	fmt.Printf("\n%s I/O, median of %d rounds\n%-32s", mode, *rounds, "workload")
+	for _, n := range names {
+		fmt.Printf("%13s", n)
+	}
+	for _, r := range ratios {
+		if results[r.num] != nil && results[r.den] != nil {
+			fmt.Printf("%13s", r.name)
+		}
+	}
+	fmt.Println()
+	for i, w := range workloads {
+		fmt.Printf("%-32s", w.name)
+		for _, n := range names {
+			fmt.Printf("%13.0f", results[n][i])
+		}
+		for _, r := range ratios {
+			if results[r.num] == nil || results[r.den] == nil {
+				continue
+			}
+			if w.lower && r.div != 1 {
+				fmt.Printf("%13s", "-") // latency against a third of raw means nothing
+				continue
+			}
+			fmt.Printf("%13.2f", results[r.num][i]/(results[r.den][i]/r.div))
+		}
+		fmt.Println()
+	}
+}
+
 func main() {
 	flag.Parse()
 	if *filter != "" {
@@ -235,71 +322,19 @@ func main() {
 			must(fmt.Errorf("unknown target %q", name))
 		}
 	}
-	// samples[target][workload] holds one figure per round; the rounds
-	// interleave the targets so that a slow spell of the shared machine
-	// does not land on one target only. The table shows medians.
-	samples := map[string][][]float64{}
-	for round := 1; round <= *rounds; round++ {
-		for _, name := range names {
-			tdir := filepath.Join(work, name)
-			must(os.MkdirAll(tdir, 0o755))
-			t := targets[name](tdir)
-			fmt.Fprintf(os.Stderr, "bench: round %d/%d: %s: prefill\n", round, *rounds, name)
-			prefill(t)
-			if samples[name] == nil {
-				samples[name] = make([][]float64, len(workloads))
-			}
-			for i, w := range workloads {
-				fmt.Fprintf(os.Stderr, "bench: round %d/%d: %s: %s\n", round, *rounds, name, w.name)
-				syncDisk()
-				samples[name][i] = append(samples[name][i], fio(t, w))
-			}
-			t.stop()
-			os.RemoveAll(tdir)
+	for _, mode := range strings.Split(*modes, ",") {
+		switch mode {
+		case "buffered", "direct":
+			direct = mode == "direct"
+		default:
+			must(fmt.Errorf("--io %q: use buffered and/or direct", mode))
 		}
-	}
-	results := map[string][]float64{}
-	for name, ws := range samples {
-		for _, xs := range ws {
-			results[name] = append(results[name], median(xs))
-		}
-	}
-	type ratio struct {
-		name, num, den string
-		div            float64
-	}
-	ratios := []ratio{{"c1/qemu-nbd", "cairn-1", "qemu-nbd", 1}, {"c1tcp/qemu", "cairn-1-tcp", "qemu-nbd", 1},
-		{"c3/raw", "cairn-3", "raw", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}}
-	fmt.Printf("\n%-32s", "workload")
-	for _, n := range names {
-		fmt.Printf("%13s", n)
-	}
-	for _, r := range ratios {
-		if results[r.num] != nil && results[r.den] != nil {
-			fmt.Printf("%13s", r.name)
-		}
-	}
-	fmt.Println()
-	for i, w := range workloads {
-		fmt.Printf("%-32s", w.name)
-		for _, n := range names {
-			fmt.Printf("%13.0f", results[n][i])
-		}
-		for _, r := range ratios {
-			if results[r.num] == nil || results[r.den] == nil {
-				continue
-			}
-			if w.lower && r.div != 1 {
-				fmt.Printf("%13s", "-") // latency against a third of raw means nothing
-				continue
-			}
-			fmt.Printf("%13.2f", results[r.num][i]/(results[r.den][i]/r.div))
-		}
-		fmt.Println()
+		table(work, mode, names, targets)
 	}
 	if !*rebuild {
 		return
 	}
+	direct = false
 	rb := measureRebuild(work)
 	fmt.Printf("\nfull rebuild of %s (written data) to a new replica: %.1f s\n", *size, rb.Seconds())
 }
