@@ -154,9 +154,11 @@ func TestServeTransmission(t *testing.T) {
 	replyOf(3, 0)
 	req(cmdTrim, 0, 4, 64<<10, 4096, nil)
 	replyOf(4, 0)
-	if dev.fua != 1 || dev.flushes != 1 || !bytes.Equal(dev.data[64<<10:68<<10], make([]byte, 4096)) {
-		t.Fatalf("device saw fua=%d flushes=%d, trimmed range zero=%v", dev.fua, dev.flushes,
-			bytes.Equal(dev.data[64<<10:68<<10], make([]byte, 4096)))
+	dev.mu.Lock()
+	fua, flushes, trimmed := dev.fua, dev.flushes, bytes.Equal(dev.data[64<<10:68<<10], make([]byte, 4096))
+	dev.mu.Unlock()
+	if fua != 1 || flushes != 1 || !trimmed {
+		t.Fatalf("device saw fua=%d flushes=%d, trimmed range zero=%v", fua, flushes, trimmed)
 	}
 	req(cmdDisc, 0, 5, 0, 0, nil)
 	select {
@@ -218,5 +220,73 @@ func TestConnectKernel(t *testing.T) {
 	}
 	if err := kd.Disconnect(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPipelinedReplies sends 256 reads and writes without waiting, so
+// that replies finish concurrently and leave in batches, and checks that
+// every reply carries its own handle and data.
+func TestPipelinedReplies(t *testing.T) {
+	const n = 256
+	dev := &memDevice{data: make([]byte, n*4096)}
+	for i := range n {
+		copy(dev.data[i*4096:], bytes.Repeat([]byte{byte(i)}, 4096))
+	}
+	s := NewServer(dev, Options{MaxInFlight: 64})
+	defer s.Close()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) net.Conn {
+		f := os.NewFile(uintptr(fd), "pair")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	srv, c := conn(fds[1]), conn(fds[0])
+	defer c.Close()
+	go s.ServeTransmission(srv)
+	go func() {
+		var b []byte
+		for i := range n {
+			typ, length := uint16(cmdRead), uint32(4096)
+			b = binary.BigEndian.AppendUint32(b, magicRequest)
+			if i%4 == 3 { // every fourth a write of 512 bytes into block i
+				typ = cmdWrite
+				length = 512
+			}
+			b = binary.BigEndian.AppendUint16(b, 0)
+			b = binary.BigEndian.AppendUint16(b, typ)
+			b = binary.BigEndian.AppendUint64(b, uint64(1000+i))
+			b = binary.BigEndian.AppendUint64(b, uint64(i*4096+int(length%4096)))
+			b = binary.BigEndian.AppendUint32(b, length)
+			if typ == cmdWrite {
+				b = append(b, bytes.Repeat([]byte{0xee}, int(length))...)
+			}
+		}
+		c.Write(b)
+	}()
+	seen := map[uint64]bool{}
+	for range n {
+		r := make([]byte, 16)
+		readFull(t, c, r)
+		h := binary.BigEndian.Uint64(r[8:])
+		i := int(h) - 1000
+		if binary.BigEndian.Uint32(r) != magicSimpleRep || binary.BigEndian.Uint32(r[4:]) != 0 || i < 0 || i >= n || seen[h] {
+			t.Fatalf("bad or repeated reply %x", r)
+		}
+		seen[h] = true
+		if i%4 == 3 {
+			continue // write: no data
+		}
+		got := make([]byte, 4096)
+		readFull(t, c, got)
+		if !bytes.Equal(got, bytes.Repeat([]byte{byte(i)}, 4096)) {
+			t.Fatalf("reply for handle %d carries another block's data", h)
+		}
 	}
 }

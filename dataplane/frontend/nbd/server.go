@@ -267,21 +267,7 @@ func (s *Server) optReply(c net.Conn, opt, typ uint32, data []byte) error {
 // transmit serves requests until DISC or a broken connection. Requests run
 // concurrently; replies go out as they complete, matched by handle.
 func (s *Server) transmit(c net.Conn) error {
-	var wmu sync.Mutex
-	reply := func(handle uint64, errno uint32, data []byte) error {
-		var h [16]byte
-		binary.BigEndian.PutUint32(h[0:], magicSimpleRep)
-		binary.BigEndian.PutUint32(h[4:], errno)
-		binary.BigEndian.PutUint64(h[8:], handle)
-		bufs := net.Buffers{h[:]}
-		if errno == 0 && len(data) > 0 {
-			bufs = append(bufs, data)
-		}
-		wmu.Lock()
-		defer wmu.Unlock()
-		_, err := bufs.WriteTo(c)
-		return err
-	}
+	rw := &replyWriter{c: c}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sem := make(chan struct{}, s.opts.MaxInFlight)
@@ -321,10 +307,7 @@ func (s *Server) transmit(c net.Conn) error {
 		serve := func() {
 			data, errno := s.do(ctx, typ, flags, int64(off), int64(length), payload)
 			putBuf(payload)
-			if err := reply(handle, errno, data); err != nil {
-				c.Close() // the reader sees it and ends the loop
-			}
-			putBuf(data)
+			rw.send(handle, errno, data) // a failed write closes c: the reader sees it and ends the loop
 		}
 		if br.Buffered() == 0 && active.Load() == 0 && (typ == cmdRead || typ == cmdWrite) {
 			serve() // queue depth 1: no hand-off to another goroutine
@@ -338,6 +321,77 @@ func (s *Server) transmit(c net.Conn) error {
 			serve()
 		}()
 	}
+}
+
+// replyWriter sends simple replies on one connection. Replies finishing
+// together leave in one vectored write: the first sender to find nobody
+// writing becomes the writer and sends everything queued meanwhile; the
+// others only queue theirs. A lone reply (queue depth 1) goes straight out.
+type replyWriter struct {
+	c       net.Conn
+	mu      sync.Mutex
+	queue   []pendingReply
+	spare   []pendingReply
+	writing bool
+	failed  bool
+	bufs    net.Buffers // the writer's, reused
+}
+
+type pendingReply struct {
+	hdr  [16]byte
+	data []byte // pooled; returned to the pool once written
+}
+
+// send queues a reply with its data (which it takes over) and, if no one
+// else is writing, writes every queued reply.
+func (w *replyWriter) send(handle uint64, errno uint32, data []byte) {
+	var r pendingReply
+	binary.BigEndian.PutUint32(r.hdr[0:], magicSimpleRep)
+	binary.BigEndian.PutUint32(r.hdr[4:], errno)
+	binary.BigEndian.PutUint64(r.hdr[8:], handle)
+	if errno == 0 {
+		r.data = data
+	} else {
+		putBuf(data)
+	}
+	w.mu.Lock()
+	w.queue = append(w.queue, r)
+	if w.writing {
+		w.mu.Unlock()
+		return
+	}
+	w.writing = true
+	for len(w.queue) > 0 {
+		batch := w.queue
+		w.queue = w.spare[:0]
+		failed := w.failed
+		w.mu.Unlock()
+		bufs := w.bufs[:0]
+		for i := range batch {
+			bufs = append(bufs, batch[i].hdr[:])
+			if len(batch[i].data) > 0 {
+				bufs = append(bufs, batch[i].data)
+			}
+		}
+		w.bufs = bufs
+		var err error
+		if !failed {
+			_, err = bufs.WriteTo(w.c) // consumes its copy of the slice header
+		}
+		clear(w.bufs)
+		for i := range batch {
+			putBuf(batch[i].data)
+			batch[i] = pendingReply{}
+		}
+		w.mu.Lock()
+		if err != nil && !w.failed {
+			w.failed = true
+			w.c.Close()
+		}
+		w.spare = batch[:0]
+	}
+	w.writing = false
+	w.mu.Unlock()
 }
 
 // do runs one command and returns read data and an NBD error number.
