@@ -8,10 +8,11 @@
 //	             local (unix socket), two over loopback TCP as if remote
 //
 // for 4 KiB random write and read at QD32, 128 KiB sequential write, and
-// 4 KiB QD1 write latency, and prints a table with ratios, twice: with
-// buffered I/O everywhere (the page cache of this node takes the writes),
-// and with O_DIRECT everywhere (raw with direct=1, qemu-nbd --cache=none,
-// replicas --direct-io: every write reaches the disk). Every job ends with
+// 4 KiB QD1 write latency, and prints a table with ratios: with buffered
+// I/O everywhere (the page cache of this node takes the writes), and with
+// --io buffered,direct also with O_DIRECT everywhere (raw with direct=1,
+// qemu-nbd --cache=none, replicas --direct-io: every write reaches the
+// disk). Every job ends with
 // an fsync (end_fsync=1), so within a table all targets have the same
 // flush semantics. Each figure is the median of --rounds interleaved
 // rounds. It also times a full rebuild of 1 GiB.
@@ -40,7 +41,7 @@ var (
 	only    = flag.String("targets", "raw,qemu-nbd,cairn-1,cairn-1-tcp,cairn-3", "targets to measure (a ratio column is printed when both its targets were)")
 	rebuild = flag.Bool("rebuild", true, "also time a full rebuild")
 	rounds  = flag.Int("rounds", 3, "rounds over all targets; the table shows each figure's median")
-	modes   = flag.String("io", "buffered,direct", "I/O modes, a table each: buffered (page cache everywhere) and/or direct (O_DIRECT everywhere: raw, qemu-nbd --cache=none, replicas --direct-io)")
+	modes   = flag.String("io", "buffered", "I/O modes, a table each: buffered (page cache everywhere) and/or direct (O_DIRECT everywhere: raw, qemu-nbd --cache=none, replicas --direct-io)")
 	filter  = flag.String("workloads", "", "only the workloads whose name contains this text (default: all)")
 )
 
