@@ -83,6 +83,9 @@ verify: $(CONTROLLER_GEN) $(KUSTOMIZE) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ##
 	@for k in config/crd config/rbac config/samples config/default; do \
 	  $(KUSTOMIZE) build $$k >/dev/null || { echo "kustomize build $$k failed"; exit 1; }; done
 	@echo "kustomize: config/{crd,rbac,samples,default} build"
+	@for m in . dataplane; do (cd $$m && GOWORK=off $(GO) mod tidy -diff >/dev/null) || { \
+	  echo "go.mod/go.sum in $$m are not tidy: run 'cd $$m && GOWORK=off go mod tidy' and commit"; exit 1; }; done
+	@echo "go mod tidy: both modules tidy"
 
 .PHONY: envtest
 envtest: ## Get kube-apiserver, etcd and kubectl for envtest into bin/k8s (built offline when ../shared/tools is present).
