@@ -41,6 +41,7 @@ type node struct {
 	ballast     string // file filling that tmpfs, while the disk is "full"
 	gen         int
 	healedAt    time.Time // when a partition, pause or full disk was last undone
+	direct      bool      // the replica runs with --direct-io
 }
 
 func (n *node) addr() string {
@@ -120,6 +121,9 @@ func newCluster(cfg Config, work string) (*cluster, error) {
 			}
 		}
 		n.dir = filepath.Join(n.base, "gen0")
+		// Bit i of the seed picks direct or buffered I/O for node i, so a
+		// replayed seed runs the same mix (the tmpfs node stays buffered).
+		n.direct = (cfg.Seed>>i)&1 == 1 && n.tmpfs == ""
 		c.nodes = append(c.nodes, n)
 	}
 	c.cc, err = grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", c.engPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -176,8 +180,12 @@ func (c *cluster) start(logName string, env []string, args ...string) (*exec.Cmd
 }
 
 func (c *cluster) startNode(n *node) error {
-	cmd, done, err := c.start(fmt.Sprintf("replica%d", n.idx), nil, "replica", "--dir", n.dir, "--size", strconv.FormatInt(c.cfg.Size, 10),
-		"--listen", fmt.Sprintf("127.0.0.1:%d", n.data), "--control-listen", fmt.Sprintf("127.0.0.1:%d", n.ctl))
+	args := []string{"replica", "--dir", n.dir, "--size", strconv.FormatInt(c.cfg.Size, 10),
+		"--listen", fmt.Sprintf("127.0.0.1:%d", n.data), "--control-listen", fmt.Sprintf("127.0.0.1:%d", n.ctl)}
+	if n.direct {
+		args = append(args, "--direct-io")
+	}
+	cmd, done, err := c.start(fmt.Sprintf("replica%d", n.idx), nil, args...)
 	if err != nil {
 		return err
 	}
