@@ -115,7 +115,7 @@ SCHEDULES ?= 100
 SEED ?= 0
 chaos: ## Randomized fault schedules against real processes: make chaos SCHEDULES=N SEED=S [UNSAFE=1] (root).
 	hack/install-test-tools.sh
-	cd dataplane && $(GO) test -count=1 -timeout 0 -run '^TestChaos$$' ./test/chaos -args \
+	cd dataplane && $(GO) test -v -count=1 -timeout 0 -run '^TestChaos$$' ./test/chaos -args \
 	  -chaos.schedules=$(SCHEDULES) -chaos.seed=$(SEED) $(if $(UNSAFE),-chaos.unsafe-engine)
 
 .PHONY: demo

@@ -33,7 +33,8 @@ func startVolume(t *testing.T, n int, size string) *volume {
 }
 
 // startVolumeUnix is startVolume with the first nUnix replicas serving
-// data on unix sockets (a replica on the engine's node).
+// data on unix sockets (a replica on the engine's node) and, when there are
+// any, the last replica with --direct-io.
 func startVolumeUnix(t *testing.T, n, nUnix int, size string) *volume {
 	t.Helper()
 	dir := t.TempDir()
@@ -43,8 +44,12 @@ func startVolumeUnix(t *testing.T, n, nUnix int, size string) *volume {
 		if i < nUnix {
 			listen = "unix:" + filepath.Join(dir, fmt.Sprint("r", i, ".sock"))
 		}
-		p := start(t, "replica", "--dir", filepath.Join(dir, fmt.Sprint("r", i)), "--size", size,
-			"--listen", listen, "--control-listen", "127.0.0.1:0")
+		args := []string{"replica", "--dir", filepath.Join(dir, fmt.Sprint("r", i)), "--size", size,
+			"--listen", listen, "--control-listen", "127.0.0.1:0"}
+		if nUnix > 0 && i == n-1 {
+			args = append(args, "--direct-io")
+		}
+		p := start(t, args...)
 		v.replicas = append(v.replicas, p)
 		v.addrs = append(v.addrs, p.data+","+p.control)
 	}
@@ -82,8 +87,8 @@ func qemuIO(t *testing.T, uri string, cmds ...string) string {
 }
 
 // TestEngineProcessQemuIO writes and reads back patterns with qemu-io
-// through the NBD frontend of an engine with three replicas, one of them
-// reached over a unix socket.
+// through the NBD frontend of an engine with three replicas: one reached
+// over a unix socket, one over TCP, one over TCP with direct I/O.
 func TestEngineProcessQemuIO(t *testing.T) {
 	needTool(t, "qemu-io")
 	v := startVolumeUnix(t, 3, 1, "64Mi")
