@@ -58,7 +58,6 @@ type KernelOptions struct {
 // KernelDevice is a /dev/nbdN connected to a Server.
 type KernelDevice struct {
 	Index  int
-	srv    *Server
 	nl     *genl
 	family uint16
 	conns  []net.Conn
@@ -91,7 +90,7 @@ func ConnectKernel(s *Server, opts KernelOptions) (*KernelDevice, error) {
 		nl.close()
 		return nil, fmt.Errorf("netlink: looking up the nbd family: %w", err)
 	}
-	d := &KernelDevice{srv: s, nl: nl, family: family}
+	d := &KernelDevice{nl: nl, family: family}
 	var kernelEnds []int
 	defer func() {
 		for _, fd := range kernelEnds {

@@ -102,11 +102,10 @@ func TestGenlAgainstKernel(t *testing.T) {
 	}
 }
 
-// TestServeTransmission drives the transmission-only path the kernel uses:
-// requests on one end of a socket pair, no handshake.
-func TestServeTransmission(t *testing.T) {
-	dev := &memDevice{data: make([]byte, 1<<20)}
-	s := NewServer(dev, Options{})
+// socketPair returns the two ends of a unix stream socket pair, as
+// ConnectKernel makes them: the server's end and the kernel's.
+func socketPair(t *testing.T) (srv, client net.Conn) {
+	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +119,15 @@ func TestServeTransmission(t *testing.T) {
 		}
 		return c
 	}
-	srv, c := conn(fds[1]), conn(fds[0])
+	return conn(fds[1]), conn(fds[0])
+}
+
+// TestServeTransmission drives the transmission-only path the kernel uses:
+// requests on one end of a socket pair, no handshake.
+func TestServeTransmission(t *testing.T) {
+	dev := &memDevice{data: make([]byte, 1<<20)}
+	s := NewServer(dev, Options{})
+	srv, c := socketPair(t)
 	defer c.Close()
 	ended := make(chan struct{})
 	go func() { s.ServeTransmission(srv); close(ended) }()
@@ -234,20 +241,7 @@ func TestPipelinedReplies(t *testing.T) {
 	}
 	s := NewServer(dev, Options{MaxInFlight: 64})
 	defer s.Close()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) net.Conn {
-		f := os.NewFile(uintptr(fd), "pair")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	srv, c := conn(fds[1]), conn(fds[0])
+	srv, c := socketPair(t)
 	defer c.Close()
 	go s.ServeTransmission(srv)
 	go func() {
