@@ -30,6 +30,7 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 type frontend struct {
 	endpoint string // the block device, or the NBD socket without one
 	socket   string // the NBD socket (nbd frontend)
+	inUse    func() string
 	stop     func()
 }
 
@@ -53,6 +54,12 @@ func startNBD(e *engine.Engine, name, sock, kernel string, log func(string)) (*f
 		}
 	}()
 	f := &frontend{endpoint: sock, socket: sock, stop: func() { l.Close(); s.Close(); os.Remove(sock) }}
+	f.inUse = func() string {
+		if n := s.Clients(); n > 0 {
+			return fmt.Sprintf("%d NBD client connection(s)", n)
+		}
+		return ""
+	}
 	if kernel == "off" {
 		return f, nil
 	}
@@ -67,6 +74,7 @@ func startNBD(e *engine.Engine, name, sock, kernel string, log func(string)) (*f
 	}
 	log("attached " + kd.Path() + " through the kernel's nbd driver")
 	f.endpoint = kd.Path()
+	f.inUse = func() string { return "attached as " + kd.Path() }
 	stopSocket := f.stop
 	f.stop = func() {
 		if err := kd.Disconnect(); err != nil {
@@ -156,7 +164,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			return fail("%v", err)
 		}
 		gs := grpc.NewServer()
-		enginev1.RegisterEngineServiceServer(gs, &engineserver.Server{E: e, Name: *name, Frontend: *fe, Endpoint: f.endpoint})
+		enginev1.RegisterEngineServiceServer(gs, &engineserver.Server{E: e, Name: *name, Frontend: *fe, Endpoint: f.endpoint, InUse: f.inUse})
 		go gs.Serve(l)
 		defer gs.Stop()
 		controlShown = l.Addr().String()

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,6 +110,46 @@ func TestEngineProcessQemuIO(t *testing.T) {
 	if _, err := os.Stat(v.sock); !os.IsNotExist(err) {
 		t.Fatalf("the NBD socket was left behind: %v", err)
 	}
+}
+
+// TestEngineRevertRefusedWhileInUse: a revert while an NBD client is
+// connected is refused with the reason and changes nothing; once the
+// client is gone it goes through.
+func TestEngineRevertRefusedWhileInUse(t *testing.T) {
+	needTool(t, "qemu-io")
+	v := startVolume(t, 2, "16Mi")
+	qemuIO(t, v.uri, "write -P 0x11 0 1M", "flush")
+	v.ctl(t, "snapshot", "create", "before")
+	qemuIO(t, v.uri, "write -P 0x22 0 1M", "flush")
+
+	// A client that has reached the handshake: the server holds it.
+	c, err := net.Dial("unix", v.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 18)); err != nil {
+		t.Fatal(err)
+	}
+	out, err := command("ctl", "--engine", v.engine.control, "snapshot", "revert", "before").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "is in use (1 NBD client connection(s))") ||
+		!strings.Contains(string(out), "FailedPrecondition") {
+		t.Fatalf("revert with a client connected: %v\n%s", err, out)
+	}
+	c.Close()
+	qemuIO(t, v.uri, "read -P 0x22 0 1M") // unchanged
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err := command("ctl", "--engine", v.engine.control, "snapshot", "revert", "before").CombinedOutput()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("revert after the client left: %v\n%s", err, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	qemuIO(t, v.uri, "read -P 0x11 0 1M")
 }
 
 // TestEngineNBDKernelModes: --nbd-kernel auto attaches /dev/nbdN where the

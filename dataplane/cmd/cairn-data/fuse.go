@@ -12,7 +12,7 @@ func startFUSE(e *engine.Engine, name, dir string, log logr.Logger) (*frontend, 
 	if err != nil {
 		return nil, err
 	}
-	return &frontend{endpoint: f.Endpoint(), stop: func() {
+	return &frontend{endpoint: f.Endpoint(), inUse: func() string { return "attached as " + f.Endpoint() }, stop: func() {
 		if err := f.Stop(); err != nil {
 			log.Error(err, "detaching the fuse frontend")
 		}

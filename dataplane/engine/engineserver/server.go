@@ -19,6 +19,10 @@ type Server struct {
 	Name     string
 	Frontend string
 	Endpoint string
+	// InUse says why the volume is in use by its frontend ("" when idle):
+	// a revert then is refused, since whoever has it open would keep
+	// reading its cached view of the old data.
+	InUse func() string
 }
 
 func grpcErr(err error) error {
@@ -111,6 +115,14 @@ func (s *Server) SnapshotDelete(ctx context.Context, req *enginev1.SnapshotDelet
 }
 
 func (s *Server) SnapshotRevert(ctx context.Context, req *enginev1.SnapshotRevertRequest) (*enginev1.SnapshotRevertResponse, error) {
+	if s.InUse != nil {
+		if why := s.InUse(); why != "" {
+			return nil, status.Errorf(codes.FailedPrecondition,
+				"revert to %s refused: volume %s is in use (%s); stop the workload and restart the engine with "+
+					"--frontend nbd --nbd-kernel off, revert while no client is connected, then restart it as before",
+				req.GetName(), s.Name, why)
+		}
+	}
 	return &enginev1.SnapshotRevertResponse{}, grpcErr(s.E.Revert(ctx, req.GetName()))
 }
 

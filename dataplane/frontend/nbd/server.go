@@ -80,6 +80,13 @@ func (s *Server) ServeTransmission(c net.Conn) {
 	s.run(c, s.transmit)
 }
 
+// Clients is how many connections the server is serving now.
+func (s *Server) Clients() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
 // TransmissionFlags are the flags the server announces for its export.
 func (s *Server) TransmissionFlags() uint16 { return s.transmissionFlags() }
 
