@@ -10,23 +10,30 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestBlockFileDirect writes and reads a direct-I/O layer file at aligned
-// and unaligned offsets, lengths and memory addresses, and checks every
-// byte against a model and against the file read through the page cache.
-func TestBlockFileDirect(t *testing.T) {
+// TestBlockFile writes and reads a layer file, with direct I/O and
+// buffered (in 16 KiB pieces), at aligned and unaligned offsets, lengths
+// and memory addresses, and checks every byte against a model and against
+// the file read through the page cache.
+func TestBlockFile(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		t.Run(map[bool]string{true: "direct", false: "buffered"}[direct], func(t *testing.T) { testBlockFile(t, direct) })
+	}
+}
+
+func testBlockFile(t *testing.T, direct bool) {
 	path := filepath.Join(t.TempDir(), "layer")
 	const size = 1 << 20
 	if err := os.WriteFile(path, make([]byte, size), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f, err := openBlockFile(path, true)
+	f, err := openBlockFile(path, direct)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
-	if err != nil || fl&unix.O_DIRECT == 0 {
-		t.Fatalf("the file is not open for direct I/O: flags %#x, %v", fl, err)
+	if err != nil || (fl&unix.O_DIRECT != 0) != direct {
+		t.Fatalf("O_DIRECT is %v, want %v (flags %#x, %v)", fl&unix.O_DIRECT != 0, direct, fl, err)
 	}
 	model := make([]byte, size)
 	rng := rand.New(rand.NewPCG(1, 2))
