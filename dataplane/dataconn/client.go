@@ -228,6 +228,44 @@ func (c *Client) do(ctx context.Context, cl *call, h Header) error {
 }
 
 func (c *Client) doOn(ctx context.Context, cc *clientConn, cl *call, h Header, timeout time.Duration) error {
+	p := c.startOn(cc, cl, h, timeout)
+	return p.wait(ctx)
+}
+
+// Pending is a request that was sent and may still be waiting for its
+// reply (see StartWriteAt).
+type Pending struct {
+	c       *Client
+	cl      *call
+	op      Op
+	seq     uint64
+	timer   *time.Timer
+	timeout time.Duration
+	err     error // the request ended before it was sent
+}
+
+// StartWriteAt sends a write and returns without waiting for its reply:
+// a caller writing to several servers sends to all of them from one
+// goroutine, then waits for each. p must stay untouched until Wait
+// returns.
+func (c *Client) StartWriteAt(p []byte, off int64, fua bool) *Pending {
+	h := Header{Op: OpWrite, Offset: uint64(off), Length: uint32(len(p))}
+	if fua {
+		h.Flags = FlagFUA
+	}
+	if uint32(len(p)) > c.opts.MaxPayload {
+		return &Pending{err: fmt.Errorf("dataconn: write of %d bytes exceeds the %d-byte maximum", len(p), c.opts.MaxPayload)}
+	}
+	return c.startOn(c.conns[c.next.Add(1)%uint64(len(c.conns))], &call{op: OpWrite, payload: p}, h, c.opts.RequestTimeout)
+}
+
+// Wait waits for the reply of a started request; the request's deadline
+// runs from when it was started. A ctx that ends first fails the client,
+// as for the synchronous calls.
+func (p *Pending) Wait(ctx context.Context) error { return p.wait(ctx) }
+
+// startOn registers cl on cc and sends it, or queues it for the writer.
+func (c *Client) startOn(cc *clientConn, cl *call, h Header, timeout time.Duration) *Pending {
 	h.Seq = c.seq.Add(1)
 	if h.Op != OpPing {
 		h.Epoch = c.epoch.Load()
@@ -236,12 +274,14 @@ func (c *Client) doOn(ctx context.Context, cc *clientConn, cl *call, h Header, t
 	h.PayloadCRC = Checksum(cl.payload)
 	PutHeader(cl.hdr[:], &h)
 	cl.done = make(chan struct{})
+	p := &Pending{c: c, cl: cl, op: h.Op, seq: h.Seq, timeout: timeout}
 
 	// Register before sending, so the reply (or a failure) always finds it.
 	cc.mu.Lock()
 	if cc.closed {
 		cc.mu.Unlock()
-		return c.err
+		p.err = c.err
+		return p
 	}
 	cc.pending[h.Seq] = cl
 	alone := len(cc.pending) == 1
@@ -262,7 +302,8 @@ func (c *Client) doOn(ctx context.Context, cc *clientConn, cl *call, h Header, t
 				cc.wmu.Unlock()
 				c.fail(fmt.Errorf("%w: write: %w", ErrConnectionLost, err))
 				<-cl.done
-				return cl.err
+				p.err = cl.err
+				return p
 			}
 			c.frames.Add(1)
 			c.batches.Add(1)
@@ -276,16 +317,23 @@ func (c *Client) doOn(ctx context.Context, cc *clientConn, cl *call, h Header, t
 		case <-c.done: // fail() has completed cl, or will: it was registered
 		}
 	}
+	p.timer = time.NewTimer(timeout)
+	return p
+}
 
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
+func (p *Pending) wait(ctx context.Context) error {
+	if p.timer == nil {
+		return p.err
+	}
+	defer p.timer.Stop()
+	c, cl := p.c, p.cl
 	select {
 	case <-cl.done:
 		return cl.err
-	case <-timer.C:
-		c.fail(fmt.Errorf("%w: %s seq %d got no reply within %s", ErrTimeout, h.Op, h.Seq, timeout))
+	case <-p.timer.C:
+		c.fail(fmt.Errorf("%w: %s seq %d got no reply within %s", ErrTimeout, p.op, p.seq, p.timeout))
 	case <-ctx.Done():
-		c.fail(fmt.Errorf("%s seq %d abandoned: %w", h.Op, h.Seq, ctx.Err()))
+		c.fail(fmt.Errorf("%s seq %d abandoned: %w", p.op, p.seq, ctx.Err()))
 	}
 	// The call is completed by fail() or, if the reader already claimed it,
 	// by the reader once its read fails on the closed connection. Waiting

@@ -445,3 +445,56 @@ func TestHelperServer(t *testing.T) {
 	fmt.Println(l.Addr().String())
 	_ = NewServer(m, ServerOptions{}).Serve(l)
 }
+
+// TestStartWriteAt sends writes to two servers from one goroutine before
+// waiting for either, checks the data landed, that a request's deadline
+// runs from its start (not from Wait), and that a start on a failed client
+// reports the failure.
+func TestStartWriteAt(t *testing.T) {
+	ctx := context.Background()
+	a, b := newMem(1<<20), newMem(1<<20)
+	ca, _ := pipePair(t, a, 2, ClientOptions{})
+	cb, _ := pipePair(t, b, 2, ClientOptions{})
+	data := bytes.Repeat([]byte{0x7e}, 8192)
+	pa, pb := ca.StartWriteAt(data, 4096, false), cb.StartWriteAt(data, 4096, true)
+	if err := pa.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pb.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*memBackend{a, b} {
+		m.mu.Lock()
+		ok := bytes.Equal(m.data[4096:4096+8192], data)
+		m.mu.Unlock()
+		if !ok {
+			t.Fatal("a started write did not land")
+		}
+	}
+
+	hang := make(chan struct{})
+	defer close(hang)
+	h := newMem(1 << 20)
+	h.hook = func(op Op, off int64) error {
+		if op == OpWrite {
+			<-hang
+		}
+		return nil
+	}
+	ch, _ := pipePair(t, h, 1, ClientOptions{RequestTimeout: 100 * time.Millisecond, PingInterval: -1})
+	p := ch.StartWriteAt(data, 0, false)
+	time.Sleep(150 * time.Millisecond) // past the deadline before Wait is even called
+	start := time.Now()
+	if err := p.Wait(ctx); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("got %v, want a timeout", err)
+	}
+	if waited := time.Since(start); waited > 80*time.Millisecond {
+		t.Fatalf("Wait waited %v: the deadline should have run from the start", waited)
+	}
+	if err := ch.StartWriteAt(data, 0, false).Wait(ctx); !errors.Is(err, ErrClientFailed) {
+		t.Fatalf("a start on a failed client: %v", err)
+	}
+	if err := ca.StartWriteAt(make([]byte, DefaultMaxPayload+4096), 0, false).Wait(ctx); err == nil {
+		t.Fatal("an oversize write was started")
+	}
+}

@@ -82,25 +82,52 @@ const (
 )
 
 // fanout runs fn on every member concurrently and returns their errors.
-func fanout(ms []*member, o op, n int, fn func(*member) error) []error {
+func fanout(ms []*member, o op, n int, fn func(*member) error, start func(*member) func() error) []error {
 	errs := make([]error, len(ms))
+	times := make([]time.Time, len(ms))
+	record := func(i int) { ms[i].stats.record(o, n, time.Since(times[i]), errs[i]) }
 	run := func(i int) {
-		t := time.Now()
+		times[i] = time.Now()
 		errs[i] = fn(ms[i])
-		ms[i].stats.record(o, n, time.Since(t), errs[i])
+		record(i)
 	}
-	if len(ms) == 1 {
+	if len(ms) == 1 && start == nil {
 		run(0)
 		return errs
 	}
-	// The others in goroutines, the last one on this goroutine: one
-	// hand-off fewer per operation.
+	// Replicas that can send now and answer later get their request from
+	// this goroutine, all of them before any wait; the others run in
+	// goroutines, the last one of those on this goroutine. (A started
+	// replica's latency is taken when its wait returns, so it includes
+	// waiting for the ones before it.)
+	waits := make([]func() error, len(ms))
+	var inline []int // members without a start: run synchronously
+	for i, m := range ms {
+		if start != nil {
+			times[i] = time.Now()
+			if waits[i] = start(m); waits[i] != nil {
+				continue
+			}
+		}
+		inline = append(inline, i)
+	}
 	var wg sync.WaitGroup
-	for i := range ms[:len(ms)-1] {
+	for k, i := range inline {
+		if k == len(inline)-1 {
+			break
+		}
 		wg.Add(1)
 		go func() { defer wg.Done(); run(i) }()
 	}
-	run(len(ms) - 1)
+	if len(inline) > 0 {
+		run(inline[len(inline)-1])
+	}
+	for i, w := range waits {
+		if w != nil {
+			errs[i] = w()
+			record(i)
+		}
+	}
 	wg.Wait()
 	return errs
 }
@@ -110,12 +137,12 @@ func fanout(ms []*member, o op, n int, fn func(*member) error) []error {
 // returns, so an acknowledged operation is on every RW replica; it fails
 // only if no RW replica took it.
 func (e *Engine) mutate(ctx context.Context, o op, off, n int64, fn func(*member) error) error {
-	return e.mutateWith(ctx, o, off, n, nil, fn)
+	return e.mutateWith(ctx, o, off, n, nil, fn, nil)
 }
 
 // mutateWith is mutate with prepare run once the range is locked, before
 // the fan-out (a read-modify-write reads there).
-func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare func() error, fn func(*member) error) error {
+func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare func() error, fn func(*member) error, start func(*member) func() error) error {
 	e.io.RLock()
 	var lr *lockedRange
 	if o != opFlush {
@@ -132,7 +159,7 @@ func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare fun
 	if e.opts.UnsafeAckEarly && o == opWrite && len(ms) > 1 {
 		return e.mutateEarly(ctx, lr, ms, modes, fn)
 	}
-	errs := fanout(ms, o, int(n), fn)
+	errs := fanout(ms, o, int(n), fn, start)
 	okRW, failed := 0, false
 	var last error
 	for i, m := range ms {
@@ -241,7 +268,8 @@ const blockSize = 4096
 // data under it may not have been copied in yet.)
 func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool) error {
 	if off%blockSize == 0 && len(p)%blockSize == 0 {
-		return e.mutate(ctx, opWrite, off, int64(len(p)), func(m *member) error { return m.r.WriteAt(ctx, p, off, fua) })
+		return e.mutateWith(ctx, opWrite, off, int64(len(p)), nil,
+			func(m *member) error { return m.r.WriteAt(ctx, p, off, fua) }, startWrite(ctx, p, off, fua))
 	}
 	start := off - off%blockSize
 	end := (off + int64(len(p)) + blockSize - 1) / blockSize * blockSize
@@ -255,7 +283,21 @@ func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool) 
 			}
 		}
 		return last
-	}, func(m *member) error { return m.r.WriteAt(ctx, buf, start, fua) })
+	}, func(m *member) error { return m.r.WriteAt(ctx, buf, start, fua) }, startWrite(ctx, buf, start, fua))
+}
+
+// startWrite starts a write on replicas that can send it and wait for the
+// answer separately (WriteStarter); nil for the others, which the fan-out
+// runs in goroutines.
+func startWrite(ctx context.Context, p []byte, off int64, fua bool) func(*member) func() error {
+	return func(m *member) func() error {
+		ws, ok := m.r.(WriteStarter)
+		if !ok {
+			return nil
+		}
+		w := ws.StartWriteAt(p, off, fua)
+		return func() error { return w.Wait(ctx) }
+	}
 }
 
 // Unmap discards [off, off+length) on every writable replica.

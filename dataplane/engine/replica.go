@@ -71,5 +71,18 @@ type SnapshotInfo struct {
 	DataBytes   int64
 }
 
+// WriteStarter is implemented by replicas that can send a write and wait
+// for its answer separately: the engine then sends a write to all of them
+// from one goroutine before waiting, instead of one goroutine each.
+type WriteStarter interface {
+	StartWriteAt(p []byte, off int64, fua bool) Waiter
+}
+
+// Waiter waits for the answer to a started request. A ctx that ends first
+// fails the replica's connection, as for the synchronous calls.
+type Waiter interface {
+	Wait(ctx context.Context) error
+}
+
 // Dialer connects to the replica at address.
 type Dialer func(ctx context.Context, address string) (Replica, error)

@@ -94,13 +94,19 @@ type Client struct {
 	quick   time.Duration
 }
 
-var _ engine.Replica = (*Client)(nil)
+var (
+	_ engine.Replica      = (*Client)(nil)
+	_ engine.WriteStarter = (*Client)(nil)
+)
 
 func (c *Client) ReadAt(ctx context.Context, p []byte, off int64) error {
 	return c.data.ReadAt(ctx, p, off)
 }
 func (c *Client) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
 	return c.data.WriteAt(ctx, p, off, fua)
+}
+func (c *Client) StartWriteAt(p []byte, off int64, fua bool) engine.Waiter {
+	return c.data.StartWriteAt(p, off, fua)
 }
 func (c *Client) Flush(ctx context.Context) error               { return c.data.Flush(ctx) }
 func (c *Client) Unmap(ctx context.Context, off, n int64) error { return c.data.Unmap(ctx, off, n) }
