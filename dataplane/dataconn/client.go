@@ -327,6 +327,14 @@ func (p *Pending) wait(ctx context.Context) error {
 	}
 	defer p.timer.Stop()
 	c, cl := p.c, p.cl
+	// An answer that is in already wins over a deadline that has passed
+	// meanwhile (the caller may have been waiting for other requests):
+	// select alone would pick between them at random.
+	select {
+	case <-cl.done:
+		return cl.err
+	default:
+	}
 	select {
 	case <-cl.done:
 		return cl.err

@@ -498,3 +498,43 @@ func TestStartWriteAt(t *testing.T) {
 		t.Fatal("an oversize write was started")
 	}
 }
+
+// TestWaitPrefersAnswerOverLapsedDeadline: a caller that waits for one
+// slow request and only then for a second one, whose answer came in long
+// before but whose deadline has also passed by then, must get the answer
+// and leave that client alone, not fail it for a timeout (select between
+// two ready cases picks at random, so the bug failed about half the
+// rounds; found by chaos seed 68014, where it failed a healthy replica).
+func TestWaitPrefersAnswerOverLapsedDeadline(t *testing.T) {
+	ctx := context.Background()
+	for round := range 20 {
+		hang := make(chan struct{})
+		var once sync.Once
+		release := func() { once.Do(func() { close(hang) }) }
+		slow := newMem(1 << 20)
+		slow.hook = func(op Op, off int64) error {
+			if op == OpWrite {
+				<-hang
+			}
+			return nil
+		}
+		opts := ClientOptions{RequestTimeout: 30 * time.Millisecond, PingInterval: -1}
+		cs, _ := pipePair(t, slow, 1, opts)
+		cf, _ := pipePair(t, newMem(1<<20), 1, opts)
+		t.Cleanup(release) // runs before the pairs' cleanups (LIFO), even on failure
+		ps, pf := cs.StartWriteAt(make([]byte, 4096), 0, false), cf.StartWriteAt(make([]byte, 4096), 0, false)
+		if err := ps.Wait(ctx); !errors.Is(err, ErrTimeout) {
+			t.Fatalf("round %d: the slow request: %v, want a timeout", round, err)
+		}
+		time.Sleep(40 * time.Millisecond) // the second deadline has surely passed too
+		if err := pf.Wait(ctx); err != nil {
+			t.Fatalf("round %d: the answered request: %v", round, err)
+		}
+		select {
+		case <-cf.Done():
+			t.Fatalf("round %d: the client of the answered request was failed for a timeout", round)
+		default:
+		}
+		release()
+	}
+}

@@ -656,3 +656,69 @@ func TestCallerGivingUpDoesNotFailReplicas(t *testing.T) {
 		t.Fatalf("callers giving up failed replicas: %v", m)
 	}
 }
+
+// switchable wraps a real replica client: failWrite makes its writes fail,
+// failSetEpoch its SetEpoch calls. It does not implement WriteStarter, so
+// the engine writes to it synchronously.
+type switchable struct {
+	engine.Replica
+	failWrite, failSetEpoch atomic.Bool
+}
+
+func (s *switchable) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	if s.failWrite.Load() {
+		return errors.New("injected write failure")
+	}
+	return s.Replica.WriteAt(ctx, p, off, fua)
+}
+
+func (s *switchable) SetEpoch(ctx context.Context, epoch uint64, degraded, rebuilding bool) error {
+	if s.failSetEpoch.Load() {
+		return errors.New("injected set-epoch failure")
+	}
+	return s.Replica.SetEpoch(ctx, epoch, degraded, rebuilding)
+}
+
+// TestNoAckWhenFencingFails: a write that one replica fails and the other
+// takes must not be acknowledged when the epoch bump that fences the
+// failed replica off cannot be made (here: the other replica refuses it
+// and fails too). Otherwise the unfenced replica, without the write, keeps
+// the newest epoch and the next engine may serve it: an acknowledged write
+// lost (found by chaos seed 68014).
+func TestNoAckWhenFencingFails(t *testing.T) {
+	var reps []*testReplica
+	var addrs []string
+	for i := range 2 {
+		tr := startReplica(t, filepath.Join(t.TempDir(), fmt.Sprint("r", i)), 1<<20, "")
+		reps = append(reps, tr)
+		addrs = append(addrs, tr.addr)
+	}
+	wrapped := map[string]*switchable{}
+	var mu sync.Mutex
+	dial := dialer()
+	e, err := engine.Open(context.Background(), engine.Options{Name: "test", Replicas: addrs,
+		Dial: func(ctx context.Context, addr string) (engine.Replica, error) {
+			r, err := dial(ctx, addr)
+			if err != nil {
+				return nil, err
+			}
+			s := &switchable{Replica: r}
+			mu.Lock()
+			wrapped[addr] = s
+			mu.Unlock()
+			return s, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	if err := e.WriteAt(ctx, pattern(1, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	wrapped[addrs[0]].failWrite.Store(true)    // r0 fails the write
+	wrapped[addrs[1]].failSetEpoch.Store(true) // r1 takes it, then refuses the bump
+	if err := e.WriteAt(ctx, pattern(2, 4096), 0, false); err == nil {
+		t.Fatal("a write was acknowledged although the failed replica could not be fenced off")
+	}
+}

@@ -180,8 +180,12 @@ func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare fun
 	e.io.RUnlock()
 	if failed || e.needBump.Load() {
 		// Acknowledge only once every failed replica is fenced off by the
-		// epoch bump (see needBump).
+		// epoch bump (see needBump), and only if a replica that took the
+		// write is still RW after it: if the bump found none left, the
+		// failed replicas were not fenced, and one of them, without this
+		// write, could be taken as current by the next engine.
 		e.afterFailure(ctx)
+		okRW = e.stillRW(ms, modes, errs)
 	}
 	var err error
 	switch {
@@ -195,6 +199,20 @@ func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare fun
 	}
 	e.io_.record(o, int(n), err)
 	return err
+}
+
+// stillRW counts the members that were RW, took the operation (no error)
+// and are RW now.
+func (e *Engine) stillRW(ms []*member, modes []Mode, errs []error) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for i, m := range ms {
+		if errs[i] == nil && modes[i] == ModeRW && m.mode == ModeRW {
+			n++
+		}
+	}
+	return n
 }
 
 // mutateEarly is the deliberately broken write path of UnsafeAckEarly.
