@@ -198,11 +198,7 @@ func (c *Client) ReadAt(ctx context.Context, p []byte, off int64) error {
 
 // WriteAt writes p at off; with fua the data is durable before it returns.
 func (c *Client) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
-	h := Header{Op: OpWrite, Offset: uint64(off), Length: uint32(len(p))}
-	if fua {
-		h.Flags = FlagFUA
-	}
-	return c.do(ctx, &call{op: OpWrite, payload: p}, h)
+	return c.StartWriteAt(p, off, fua).wait(ctx)
 }
 
 // Flush makes every write that completed before it durable on the server.
@@ -220,16 +216,14 @@ func (c *Client) Ping(ctx context.Context) error {
 	return c.do(ctx, &call{op: OpPing}, Header{Op: OpPing})
 }
 
-func (c *Client) do(ctx context.Context, cl *call, h Header) error {
-	if n := len(cl.payload) + len(cl.buf); uint32(n) > c.opts.MaxPayload || n < 0 {
-		return fmt.Errorf("dataconn: %s of %d bytes exceeds the %d-byte maximum", h.Op, n, c.opts.MaxPayload)
-	}
-	return c.doOn(ctx, c.conns[c.next.Add(1)%uint64(len(c.conns))], cl, h, c.opts.RequestTimeout)
-}
+func (c *Client) do(ctx context.Context, cl *call, h Header) error { return c.start(cl, h).wait(ctx) }
 
-func (c *Client) doOn(ctx context.Context, cc *clientConn, cl *call, h Header, timeout time.Duration) error {
-	p := c.startOn(cc, cl, h, timeout)
-	return p.wait(ctx)
+// start checks a request's size and starts it on the next connection.
+func (c *Client) start(cl *call, h Header) *Pending {
+	if n := len(cl.payload) + len(cl.buf); uint32(n) > c.opts.MaxPayload || n < 0 {
+		return &Pending{err: fmt.Errorf("dataconn: %s of %d bytes exceeds the %d-byte maximum", h.Op, n, c.opts.MaxPayload)}
+	}
+	return c.startOn(c.conns[c.next.Add(1)%uint64(len(c.conns))], cl, h, c.opts.RequestTimeout)
 }
 
 // Pending is a request that was sent and may still be waiting for its
@@ -253,10 +247,7 @@ func (c *Client) StartWriteAt(p []byte, off int64, fua bool) *Pending {
 	if fua {
 		h.Flags = FlagFUA
 	}
-	if uint32(len(p)) > c.opts.MaxPayload {
-		return &Pending{err: fmt.Errorf("dataconn: write of %d bytes exceeds the %d-byte maximum", len(p), c.opts.MaxPayload)}
-	}
-	return c.startOn(c.conns[c.next.Add(1)%uint64(len(c.conns))], &call{op: OpWrite, payload: p}, h, c.opts.RequestTimeout)
+	return c.start(&call{op: OpWrite, payload: p}, h)
 }
 
 // Wait waits for the reply of a started request; the request's deadline
@@ -512,7 +503,7 @@ func (c *Client) pingLoop() {
 		}
 		for _, cc := range c.conns {
 			cl := &call{op: OpPing}
-			if err := c.doOn(context.Background(), cc, cl, Header{Op: OpPing}, c.opts.PingTimeout); err != nil {
+			if err := c.startOn(cc, cl, Header{Op: OpPing}, c.opts.PingTimeout).wait(context.Background()); err != nil {
 				return // the client has failed; doOn said why
 			}
 		}

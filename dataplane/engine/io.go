@@ -81,46 +81,42 @@ const (
 	opUnmap
 )
 
-// fanout runs fn on every member concurrently and returns their errors.
+// fanout runs the operation on every member concurrently and returns
+// their errors: through start where it gives a wait (nil start, or a nil
+// wait, means the member runs fn).
 func fanout(ms []*member, o op, n int, fn func(*member) error, start func(*member) func() error) []error {
 	errs := make([]error, len(ms))
 	times := make([]time.Time, len(ms))
 	record := func(i int) { ms[i].stats.record(o, n, time.Since(times[i]), errs[i]) }
-	run := func(i int) {
-		times[i] = time.Now()
-		errs[i] = fn(ms[i])
-		record(i)
-	}
-	if len(ms) == 1 && start == nil {
-		run(0)
-		return errs
-	}
 	// Replicas that can send now and answer later get their request from
-	// this goroutine, all of them before any wait; the others run in
+	// this goroutine, all of them before any wait; the others run fn in
 	// goroutines, the last one of those on this goroutine. (A started
 	// replica's latency is taken when its wait returns, so it includes
 	// waiting for the ones before it.)
 	waits := make([]func() error, len(ms))
-	var inline []int // members without a start: run synchronously
+	var inline []int // members without a start: fn runs synchronously
 	for i, m := range ms {
+		times[i] = time.Now()
 		if start != nil {
-			times[i] = time.Now()
 			if waits[i] = start(m); waits[i] != nil {
 				continue
 			}
 		}
 		inline = append(inline, i)
 	}
+	run := func(i int) {
+		times[i] = time.Now()
+		errs[i] = fn(ms[i])
+		record(i)
+	}
 	var wg sync.WaitGroup
 	for k, i := range inline {
 		if k == len(inline)-1 {
+			run(i)
 			break
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); run(i) }()
-	}
-	if len(inline) > 0 {
-		run(inline[len(inline)-1])
 	}
 	for i, w := range waits {
 		if w != nil {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -12,8 +11,10 @@ import (
 // blockFile is a layer file. Opened for direct I/O (O_DIRECT, Options.
 // DirectIO), reads and writes bypass the page cache, which needs offsets,
 // lengths and memory aligned to the block size: aligned requests go
-// straight to the file, the others through an aligned bounce buffer (a
-// partial block is read, patched and written whole). Callers already
+// straight to the file, the others through an aligned bounce buffer
+// allocated for the request (a partial block is read, patched and written
+// whole; the engine sends writes in whole aligned blocks, so this is the
+// rare path). Callers already
 // serialize writes to the same block (writePartial's block locks, the
 // engine's range locks), so the read-patch-write cannot lose an update.
 type blockFile struct {
@@ -42,35 +43,6 @@ func aligned(p []byte, off int64) bool {
 		(len(p) == 0 || uintptr(unsafe.Pointer(unsafe.SliceData(p)))%alignment == 0)
 }
 
-// bouncePool holds aligned buffers of one block size class (powers of two
-// from 4 KiB to 4 MiB; larger requests allocate).
-var bouncePools [11]sync.Pool
-
-func getBounce(n int) []byte {
-	c := 0
-	for BlockSize<<c < n && c < len(bouncePools)-1 {
-		c++
-	}
-	if size := BlockSize << c; size >= n {
-		if b, ok := bouncePools[c].Get().(*[]byte); ok {
-			return (*b)[:n]
-		}
-		return alignedBuf(size)[:n]
-	}
-	return alignedBuf(n)
-}
-
-func putBounce(b []byte) {
-	size := cap(b)
-	for c := range bouncePools {
-		if BlockSize<<c == size {
-			b = b[:size]
-			bouncePools[c].Put(&b)
-			return
-		}
-	}
-}
-
 // alignedBuf allocates n bytes (a multiple of the alignment) at an aligned
 // address.
 func alignedBuf(n int) []byte {
@@ -94,8 +66,7 @@ func (f *blockFile) ReadAt(p []byte, off int64) (int, error) {
 		return f.File.ReadAt(p, off)
 	}
 	lo, hi := span(off, len(p))
-	buf := getBounce(int(hi - lo))
-	defer putBounce(buf)
+	buf := alignedBuf(int(hi - lo))
 	n, err := f.File.ReadAt(buf, lo)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return 0, err
@@ -135,8 +106,7 @@ func (f *blockFile) WriteAt(p []byte, off int64) (int, error) {
 		return f.File.WriteAt(p, off)
 	}
 	lo, hi := span(off, len(p))
-	buf := getBounce(int(hi - lo))
-	defer putBounce(buf)
+	buf := alignedBuf(int(hi - lo))
 	if lo != off || hi != off+int64(len(p)) {
 		// Partial blocks at the edges: keep the bytes around p.
 		clear(buf)

@@ -167,7 +167,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		enginev1.RegisterEngineServiceServer(gs, &engineserver.Server{E: e, Name: *name, Frontend: *fe, Endpoint: f.endpoint, InUse: f.inUse})
 		go gs.Serve(l)
 		defer gs.Stop()
-		controlShown = l.Addr().String()
+		controlShown = addrString(l)
 	}
 	socketShown := ""
 	if f.socket != "" {

@@ -92,16 +92,19 @@ func ConnectKernel(s *Server, opts KernelOptions) (*KernelDevice, error) {
 	}
 	d := &KernelDevice{nl: nl, family: family}
 	var kernelEnds []int
+	connected := false
 	defer func() {
 		for _, fd := range kernelEnds {
 			unix.Close(fd) // the kernel holds its own reference once connected
+		}
+		if !connected {
+			d.closeConns()
+			nl.close()
 		}
 	}()
 	for range opts.Conns {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
-			d.closeConns()
-			nl.close()
 			return nil, fmt.Errorf("socketpair: %w", err)
 		}
 		kernelEnds = append(kernelEnds, fds[0])
@@ -109,28 +112,23 @@ func ConnectKernel(s *Server, opts KernelOptions) (*KernelDevice, error) {
 		c, err := net.FileConn(f)
 		f.Close()
 		if err != nil {
-			d.closeConns()
-			nl.close()
 			return nil, fmt.Errorf("socketpair: %w", err)
 		}
 		d.conns = append(d.conns, c)
 	}
 	msg := connectMessage(uint64(s.dev.Size()), uint64(s.TransmissionFlags()), opts, kernelEnds)
 	reply, err := nl.request(family, nbdCmdConnect, msg)
+	if errors.Is(err, unix.EPERM) {
+		return nil, fmt.Errorf("connecting /dev/nbdN: %w (it needs root or CAP_SYS_ADMIN)", err)
+	}
 	if err != nil {
-		d.closeConns()
-		nl.close()
-		if errors.Is(err, unix.EPERM) {
-			return nil, fmt.Errorf("connecting /dev/nbdN: %w (it needs root or CAP_SYS_ADMIN)", err)
-		}
 		return nil, fmt.Errorf("connecting /dev/nbdN: %w", err)
 	}
 	index, ok := findU32(reply, nbdAttrIndex)
 	if !ok {
-		d.closeConns()
-		nl.close()
 		return nil, errors.New("connecting /dev/nbdN: the kernel's reply carries no device index")
 	}
+	connected = true
 	d.Index = int(index)
 	for _, c := range d.conns {
 		d.done.Add(1)

@@ -88,7 +88,7 @@ func (s *Server) Clients() int {
 }
 
 // TransmissionFlags are the flags the server announces for its export.
-func (s *Server) TransmissionFlags() uint16 { return s.transmissionFlags() }
+func (s *Server) TransmissionFlags() uint16 { return transmissionFlagsBase }
 
 // track registers c so that Close disconnects it; false if already closed.
 func (s *Server) track(c net.Conn) bool {
@@ -133,8 +133,6 @@ func (s *Server) serveConn(c net.Conn) error {
 	}
 	return s.transmit(c)
 }
-
-func (s *Server) transmissionFlags() uint16 { return transmissionFlagsBase }
 
 // handshake runs the fixed-newstyle negotiation until the client picks the
 // export (EXPORT_NAME or GO). It returns an error to close the connection.
@@ -182,7 +180,7 @@ func (s *Server) handshake(c net.Conn) error {
 			}
 			reply := make([]byte, 10, 10+124)
 			binary.BigEndian.PutUint64(reply[0:], uint64(s.dev.Size()))
-			binary.BigEndian.PutUint16(reply[8:], s.transmissionFlags())
+			binary.BigEndian.PutUint16(reply[8:], s.TransmissionFlags())
 			if !noZeroes {
 				reply = append(reply, make([]byte, 124)...)
 			}
@@ -217,7 +215,7 @@ func (s *Server) handshake(c net.Conn) error {
 			default:
 				ex := binary.BigEndian.AppendUint16(nil, infoExport)
 				ex = binary.BigEndian.AppendUint64(ex, uint64(s.dev.Size()))
-				ex = binary.BigEndian.AppendUint16(ex, s.transmissionFlags())
+				ex = binary.BigEndian.AppendUint16(ex, s.TransmissionFlags())
 				bs := binary.BigEndian.AppendUint16(nil, infoBlockSize)
 				bs = binary.BigEndian.AppendUint32(bs, 512)        // minimum
 				bs = binary.BigEndian.AppendUint32(bs, 4096)       // preferred
