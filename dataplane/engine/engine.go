@@ -45,7 +45,8 @@ type Options struct {
 	Logger logr.Logger
 	// UnsafeAckEarly breaks the engine on purpose, for testing the chaos
 	// harness: a write is acknowledged as soon as the first RW replica has
-	// it, while the others are still writing. Never set it otherwise.
+	// it, while the others get it later (see mutateEarly). Never set it
+	// otherwise.
 	UnsafeAckEarly bool
 }
 

@@ -211,33 +211,51 @@ func (e *Engine) stillRW(ms []*member, modes []Mode, errs []error) int {
 	return n
 }
 
-// mutateEarly is the deliberately broken write path of UnsafeAckEarly.
+// mutateEarly is the deliberately broken write path of UnsafeAckEarly:
+// the write is acknowledged, and its range unlocked, as soon as the first
+// RW replica has it; the others get it unsafeLag later, as replicas on a
+// slower link would, and their failures are ignored. A read that follows
+// the acknowledgement can then come from a replica without the write; the
+// harness must see that. (Without the lag and the early unlock the window
+// is a few microseconds and a slow machine can miss it for many
+// schedules.)
 func (e *Engine) mutateEarly(ctx context.Context, lr *lockedRange, ms []*member, modes []Mode, fn func(*member) error) error {
-	first := make(chan error, len(ms))
+	first := -1
+	for i := range ms {
+		if modes[i] == ModeRW {
+			first = i
+			break
+		}
+	}
+	var once sync.Once
+	unlock := func() { once.Do(func() { e.ranges.unlock(lr) }) }
 	var wg sync.WaitGroup
 	for i, m := range ms {
+		if i == first {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := fn(m)
-			if err != nil || modes[i] == ModeRW {
-				first <- err
-			}
+			time.Sleep(unsafeLag)
+			_ = fn(m)
 		}()
 	}
-	go func() { // release the range and I/O lock only when all have answered
+	go func() { // the I/O lock is held until all have answered
 		wg.Wait()
-		e.ranges.unlock(lr)
+		unlock()
 		e.io.RUnlock()
 	}()
-	var err error
-	for range ms {
-		if err = <-first; err == nil {
-			return nil
-		}
+	if first < 0 {
+		return fmt.Errorf("%w: no RW replica", ErrNoReplica)
 	}
+	err := fn(ms[first])
+	unlock()
 	return err
 }
+
+// unsafeLag is how late the other replicas get a write in UnsafeAckEarly.
+const unsafeLag = 2 * time.Millisecond
 
 func opName(o op) string {
 	return [...]string{"read", "write", "flush", "unmap"}[o]
