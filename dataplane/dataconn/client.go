@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/cairn-io/cairn/dataplane/internal/bufread"
 )
 
 // Client errors. Every error a failed client returns wraps ErrClientFailed
@@ -475,7 +477,7 @@ func (cc *clientConn) complete(br *bufio.Reader, cl *call, h Header) error {
 		dst = cl.buf
 	}
 	if len(dst) > 0 {
-		if _, err := io.ReadFull(br, dst); err != nil {
+		if err := bufread.ReadFull(br, cc.nc, dst); err != nil {
 			return fmt.Errorf("%w: read: %w", ErrConnectionLost, unexpectedEOF(err))
 		}
 	}

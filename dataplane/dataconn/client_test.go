@@ -207,27 +207,37 @@ func TestConcurrentTCP(t *testing.T) {
 }
 
 // TestWritesAreBatched checks that frames queued together go out in one
-// vectored write rather than one syscall each.
+// vectored write rather than one syscall each. The test holds the
+// connection's write lock until every request is registered, so the
+// requests must queue (without it, on a busy machine the writer can keep
+// up with the goroutines one frame at a time).
 func TestWritesAreBatched(t *testing.T) {
 	ctx := context.Background()
 	m := newMem(1 << 20)
-	release := make(chan struct{})
-	var once sync.Once
-	m.hook = func(op Op, off int64) error {
-		if op == OpPing {
-			return nil
-		}
-		once.Do(func() { <-release }) // hold the first request: replies stall, requests queue
-		return nil
-	}
 	cl, _, _ := tcpPair(t, m, ClientOptions{Conns: 1, PingInterval: -1})
+	cc := cl.conns[0]
+	cc.wmu.Lock()
 	var wg sync.WaitGroup
 	const n = 200
 	for i := range n {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = cl.WriteAt(ctx, []byte("abcd"), int64(i)*4096, false) }()
 	}
-	close(release)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cc.mu.Lock()
+		k := len(cc.pending)
+		cc.mu.Unlock()
+		if k == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			cc.wmu.Unlock()
+			t.Fatalf("only %d of %d requests registered", k, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cc.wmu.Unlock()
 	wg.Wait()
 	frames, batches := cl.SendStats()
 	if frames != n {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/cairn-io/cairn/dataplane/internal/bufread"
 )
 
 // Backend is the storage a Server serves. Offsets and lengths are in bytes;
@@ -380,7 +382,7 @@ func (sc *serverConn) readLoop() error {
 		var buf []byte
 		if h.PayloadLen > 0 {
 			buf = sc.s.pool.get(int(h.PayloadLen))
-			if _, err := io.ReadFull(br, buf); err != nil {
+			if err := bufread.ReadFull(br, sc.nc, buf); err != nil {
 				sc.s.pool.put(buf)
 				return unexpectedEOF(err)
 			}

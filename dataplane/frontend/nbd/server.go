@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/cairn-io/cairn/dataplane/frontend"
+	"github.com/cairn-io/cairn/dataplane/internal/bufread"
 )
 
 // Device is the block device served (see frontend.Device).
@@ -301,7 +302,7 @@ func (s *Server) transmit(c net.Conn) error {
 				return fmt.Errorf("write of %d bytes exceeds the %d-byte maximum", length, MaxRequest)
 			}
 			payload = getBuf(int(length))
-			if _, err := io.ReadFull(br, payload); err != nil {
+			if err := bufread.ReadFull(br, c, payload); err != nil {
 				putBuf(payload)
 				return err
 			}
