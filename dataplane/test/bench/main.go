@@ -58,10 +58,13 @@ type fioJob struct {
 	Write fioDir `json:"write"`
 }
 
+func (j fioJob) ios() float64 { return j.Read.TotalIOs + j.Write.TotalIOs }
+
 type fioDir struct {
-	IOPS float64 `json:"iops"`
-	BW   float64 `json:"bw"` // KiB/s
-	Lat  struct {
+	IOPS     float64 `json:"iops"`
+	TotalIOs float64 `json:"total_ios"`
+	BW       float64 `json:"bw"` // KiB/s
+	Lat      struct {
 		Mean float64 `json:"mean"` // ns
 	} `json:"lat_ns"`
 }
@@ -75,8 +78,9 @@ var workloads = []workload{
 
 type target struct {
 	name    string
-	engine  []string // fio args selecting the target
-	control string   // the engine's control address (cairn targets)
+	engine  []string    // fio args selecting the target
+	control string      // the engine's control address (cairn targets)
+	procs   []*exec.Cmd // the target's processes, for their CPU time
 	stop    func()
 }
 
@@ -139,7 +143,7 @@ func cairn(work, name string, n, local int) target {
 	}
 	e, f := startProc(args...)
 	return target{name: name, engine: []string{"--ioengine=nbd", "--uri=nbd+unix:///bench?socket=" + sock},
-		control: f["control"], stop: func() { stopAll(append([]*exec.Cmd{e}, procs...)...) }}
+		control: f["control"], procs: append([]*exec.Cmd{e}, procs...), stop: func() { stopAll(append([]*exec.Cmd{e}, procs...)...) }}
 }
 
 func qemuNBD(work string) target {
@@ -158,7 +162,7 @@ func qemuNBD(work string) target {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return target{name: "qemu-nbd", engine: []string{"--ioengine=nbd", "--uri=nbd+unix:///?socket=" + sock}, stop: func() { stopAll(cmd) }}
+	return target{name: "qemu-nbd", engine: []string{"--ioengine=nbd", "--uri=nbd+unix:///?socket=" + sock}, procs: []*exec.Cmd{cmd}, stop: func() { stopAll(cmd) }}
 }
 
 func raw(work string) target {
@@ -171,14 +175,36 @@ func raw(work string) target {
 	return target{name: "raw", engine: args, stop: func() {}}
 }
 
-func fio(t target, w workload) float64 {
+// cpuTime is the CPU time (user and system) the processes used so far.
+func cpuTime(procs []*exec.Cmd) time.Duration {
+	var ticks int64
+	for _, c := range procs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.Process.Pid))
+		must(err)
+		// Fields after the command name (which may hold spaces) start at
+		// the state, field 3; utime and stime are fields 14 and 15.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+		var u, s int64
+		fmt.Sscan(f[11], &u)
+		fmt.Sscan(f[12], &s)
+		ticks += u + s
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ is 100 on Linux
+}
+
+// fio runs one job and returns its figure and the CPU time per I/O that
+// fio and the target's processes used for it.
+func fio(t target, w workload) (float64, time.Duration) {
 	args := append([]string{"--name=bench", "--output-format=json", "--size=" + *size, "--time_based",
 		fmt.Sprintf("--runtime=%ds", int(runtime.Seconds())), "--end_fsync=1", "--randrepeat=0", "--norandommap"}, t.engine...)
 	args = append(args, w.args...)
-	out, err := exec.Command("fio", args...).Output()
+	before := cpuTime(t.procs)
+	cmd := exec.Command("fio", args...)
+	out, err := cmd.Output()
 	if err != nil {
 		must(fmt.Errorf("fio on %s (%s): %v", t.name, w.name, err))
 	}
+	cpu := cpuTime(t.procs) - before + cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	var res struct {
 		Jobs []fioJob `json:"jobs"`
 	}
@@ -187,7 +213,8 @@ func fio(t target, w workload) float64 {
 		out = out[i:]
 	}
 	must(json.Unmarshal(out, &res))
-	return w.field(res.Jobs[0])
+	j := res.Jobs[0]
+	return w.field(j), time.Duration(float64(cpu) / max(j.ios(), 1))
 }
 
 // syncDisk writes back what earlier jobs left dirty, so that no job pays
@@ -232,6 +259,7 @@ func table(work, mode string, names []string, targets map[string]func(string) ta
 	// interleave the targets so that a slow spell of the shared machine
 	// does not land on one target only. The table shows medians.
 	samples := map[string][][]float64{}
+	cpuSamples := map[string][][]float64{} // CPU µs per I/O
 	for round := 1; round <= *rounds; round++ {
 		for _, name := range names {
 			tdir := filepath.Join(work, name)
@@ -241,22 +269,20 @@ func table(work, mode string, names []string, targets map[string]func(string) ta
 			prefill(t)
 			if samples[name] == nil {
 				samples[name] = make([][]float64, len(workloads))
+				cpuSamples[name] = make([][]float64, len(workloads))
 			}
 			for i, w := range workloads {
 				fmt.Fprintf(os.Stderr, "bench: %s: round %d/%d: %s: %s\n", mode, round, *rounds, name, w.name)
 				syncDisk()
-				samples[name][i] = append(samples[name][i], fio(t, w))
+				v, cpu := fio(t, w)
+				samples[name][i] = append(samples[name][i], v)
+				cpuSamples[name][i] = append(cpuSamples[name][i], float64(cpu)/float64(time.Microsecond))
 			}
 			t.stop()
 			os.RemoveAll(tdir)
 		}
 	}
-	results := map[string][]float64{}
-	for name, ws := range samples {
-		for _, xs := range ws {
-			results[name] = append(results[name], median(xs))
-		}
-	}
+	results, cpu := medians(samples), medians(cpuSamples)
 	type ratio struct {
 		name, num, den string
 		div            float64
@@ -290,6 +316,39 @@ func table(work, mode string, names []string, targets map[string]func(string) ta
 		}
 		fmt.Println()
 	}
+	fmt.Printf("\nCPU time per I/O (fio and the target's processes; µs), median of %d rounds\n%-32s", *rounds, "workload")
+	for _, n := range names {
+		fmt.Printf("%13s", n)
+	}
+	for _, r := range ratios {
+		if r.div == 1 && cpu[r.num] != nil && cpu[r.den] != nil {
+			fmt.Printf("%13s", r.name)
+		}
+	}
+	fmt.Println()
+	for i, w := range workloads {
+		fmt.Printf("%-32s", strings.TrimSuffix(w.name, " ("+w.unit+")"))
+		for _, n := range names {
+			fmt.Printf("%13.1f", cpu[n][i])
+		}
+		for _, r := range ratios {
+			if r.div == 1 && cpu[r.num] != nil && cpu[r.den] != nil {
+				fmt.Printf("%13.2f", cpu[r.num][i]/cpu[r.den][i])
+			}
+		}
+		fmt.Println()
+	}
+}
+
+// medians maps each target's samples to their medians, per workload.
+func medians(samples map[string][][]float64) map[string][]float64 {
+	m := map[string][]float64{}
+	for name, ws := range samples {
+		for _, xs := range ws {
+			m[name] = append(m[name], median(xs))
+		}
+	}
+	return m
 }
 
 func main() {
