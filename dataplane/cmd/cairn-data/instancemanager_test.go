@@ -27,6 +27,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/dataconn"
 )
 
 type imHandle struct {
@@ -248,6 +249,37 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 		}
 	}
 	w.mu.Unlock()
+}
+
+// TestInstanceManagerUnixReplica runs a replica the way docs/instance-
+// manager.md describes for an engine on the same node: data on a unix
+// socket, one allocated port for control. Once the manager reports it
+// running, the unix socket serves data at once.
+func TestInstanceManagerUnixReplica(t *testing.T) {
+	ctx := context.Background()
+	im := startIM(t, freePortRange(t, 4))
+	sock := filepath.Join(im.dir, "r.data")
+	_, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "vol-r-unix", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
+		Args: []string{"--dir", filepath.Join(im.dir, "ru"), "--size", "16Mi", "--listen", "unix:" + sock, "--control-listen", "127.0.0.1:${PORT0}"}, PortCount: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, im.c, "vol-r-unix", imv1.ProcessState_PROCESS_STATE_RUNNING)
+	c, err := dataconn.Dial(ctx, "unix", sock, dataconn.ClientOptions{Conns: 1})
+	if err != nil {
+		t.Fatalf("running replica's unix data socket: %v", err)
+	}
+	defer c.Close()
+	if err := c.Ping(ctx); err != nil {
+		t.Fatalf("ping over the unix data socket: %v", err)
+	}
+	fi, err := os.Stat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("data socket %s has mode %v, want 0600", sock, fi.Mode().Perm())
+	}
 }
 
 func TestInstanceManagerCrashAndPorts(t *testing.T) {

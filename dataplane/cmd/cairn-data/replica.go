@@ -117,6 +117,9 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			log.Error(err, "close failed")
 		}
 	}
+	// The data listener opens before the control one: an instance manager
+	// that sees the control port accept (its readiness check) knows a
+	// unix-socket data listener, which it did not allocate, is up too.
 	dl, err := listen("--listen", *listenAddr)
 	if err != nil {
 		closeReplica()
