@@ -6,6 +6,8 @@ import (
 	"os"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // blockFile is a layer file. Opened for direct I/O (O_DIRECT, Options.
@@ -34,6 +36,15 @@ func openBlockFile(path string, direct bool) (*blockFile, error) {
 	f, err := os.OpenFile(path, flags, 0)
 	if err != nil {
 		return nil, err
+	}
+	if !direct {
+		// No readahead: it fills the page cache with large folios, which
+		// make later small writes there slow (see bufferedWriteChunk;
+		// random 4 KiB writes after a sequential read of 1 GiB: 27-30k/s
+		// with readahead, 350-430k/s without). The engine's clients read
+		// ahead themselves (a block device's readahead on /dev/nbdN), and
+		// rebuild reads in large pieces. An error only loses the hint.
+		_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM)
 	}
 	return &blockFile{File: f, direct: direct}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -71,5 +72,79 @@ func testBlockFile(t *testing.T, direct bool) {
 	tail := make([]byte, 3*BlockSize)
 	if n, err := f.ReadAt(tail, size-BlockSize-100); n != BlockSize+100 || err == nil {
 		t.Fatalf("read across the end: %d, %v", n, err)
+	}
+}
+
+// TestBlockFileNoReadahead checks that a buffered layer file is read
+// without readahead: after a 4 KiB read of data not in the page cache, only
+// that page is cached (mincore), where the kernel's readahead would have
+// cached tens of pages after it.
+func TestBlockFileNoReadahead(t *testing.T) {
+	const size = 8 << 20
+	path := filepath.Join(t.TempDir(), "layer")
+	if err := os.WriteFile(path, bytes.Repeat([]byte{7}, size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	resident := func(f *os.File) int {
+		m, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Munmap(m)
+		vec := make([]byte, size/os.Getpagesize())
+		if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+			t.Fatal(e)
+		}
+		n := 0
+		for _, v := range vec {
+			n += int(v & 1)
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name      string
+		open      func() (*os.File, func(p []byte, off int64) (int, error))
+		readahead bool
+	}{
+		{"plain file (control: the kernel reads ahead)", func() (*os.File, func([]byte, int64) (int, error)) {
+			f, err := os.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f, f.ReadAt
+		}, true},
+		{"blockFile", func() (*os.File, func([]byte, int64) (int, error)) {
+			f, err := openBlockFile(path, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f.File, f.ReadAt
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, read := tc.open()
+			defer f.Close()
+			// Drop the file's clean pages from the page cache.
+			if err := unix.Fdatasync(int(f.Fd())); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+				t.Fatal(err)
+			}
+			if n := resident(f); n != 0 {
+				t.Skipf("%d pages still cached after FADV_DONTNEED; cannot tell readahead here", n)
+			}
+			if _, err := read(make([]byte, 4096), 0); err != nil { // a read at 0 starts readahead
+				t.Fatal(err)
+			}
+			n := resident(f)
+			if tc.readahead && n <= 1 {
+				t.Skipf("the kernel read ahead nothing for a plain file (%d pages); cannot tell readahead here", n)
+			}
+			if !tc.readahead && n != 1 {
+				t.Fatalf("%d pages cached after a 4 KiB read, want 1 (no readahead)", n)
+			}
+			t.Logf("%d pages cached after a 4 KiB read", n)
+		})
 	}
 }
