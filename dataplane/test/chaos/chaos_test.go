@@ -1,12 +1,15 @@
 package chaos
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -99,16 +102,24 @@ func TestChaos(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano() % 1e9)
 	}
+	// Ctrl-C (SIGINT to the process group) or SIGTERM ends the running
+	// schedule early; it is checked and torn down, and no other starts.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	n, ops, violations := 0, 0, 0
 	seen := map[Fault]int{}
 	for i := 0; ; i++ {
+		if ctx.Err() != nil {
+			fmt.Printf("interrupted after %d schedules: nothing left running or mounted\n", n)
+			break
+		}
 		if *schedules > 0 && i >= *schedules {
 			break
 		}
 		if *schedules == 0 && (len(seen) == len(AllFaults) || i >= 12) {
 			break
 		}
-		r := Run(config(seed + uint64(i)))
+		r := Run(ctx, config(seed+uint64(i)))
 		report(t, r)
 		n++
 		ops += r.Ops
@@ -120,7 +131,7 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	fmt.Printf("%d schedules, %d ops, %d violations\n", n, ops, violations)
-	if *schedules == 0 {
+	if *schedules == 0 && ctx.Err() == nil {
 		for _, f := range AllFaults {
 			if seen[f] == 0 {
 				t.Errorf("fault %s never ran in the short version", f)
@@ -142,7 +153,7 @@ func TestChaosCatchesBrokenEngine(t *testing.T) {
 		cfg := config(seed + uint64(i))
 		cfg.UnsafeEngine = true
 		cfg.Faults = []Fault{FaultPauseReplica, FaultKillReplica, FaultRejoinReplica}
-		r := Run(cfg)
+		r := Run(context.Background(), cfg)
 		fmt.Println("broken engine:", r.Line())
 		if len(r.Problems) > 0 {
 			fmt.Printf("  caught; replay with: make chaos SCHEDULES=1 SEED=%d UNSAFE=1\n", r.Seed)

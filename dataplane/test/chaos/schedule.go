@@ -124,8 +124,10 @@ func (c *cluster) blockOffset(b int) int64 {
 	return int64(b) * stride
 }
 
-// Run runs one schedule.
-func Run(cfg Config) (res Result) {
+// Run runs one schedule. If ctx ends (an interrupt), the workload stops
+// early and the schedule is healed, checked and torn down as usual, so
+// nothing is left on the host.
+func Run(ctx context.Context, cfg Config) (res Result) {
 	cfg.defaults()
 	start := time.Now()
 	res = Result{Seed: cfg.Seed, Faults: map[Fault]int{}}
@@ -163,7 +165,7 @@ func Run(cfg Config) (res Result) {
 	}
 
 	h := newHistory()
-	ctx, stop := context.WithTimeout(context.Background(), cfg.Duration)
+	ctx, stop := context.WithTimeout(ctx, cfg.Duration)
 	var wg sync.WaitGroup
 	for id := range cfg.Clients {
 		wg.Add(1)
