@@ -230,6 +230,9 @@ func (e *Engine) mutateEarly(ctx context.Context, lr *lockedRange, ms []*member,
 	var once sync.Once
 	unlock := func() { once.Do(func() { e.ranges.unlock(lr) }) }
 	var wg sync.WaitGroup
+	if first >= 0 {
+		wg.Add(1) // done when the first has answered
+	}
 	for i, m := range ms {
 		if i == first {
 			continue
@@ -251,6 +254,7 @@ func (e *Engine) mutateEarly(ctx context.Context, lr *lockedRange, ms []*member,
 	}
 	err := fn(ms[first])
 	unlock()
+	wg.Done()
 	return err
 }
 
