@@ -282,59 +282,55 @@ func table(work, mode string, names []string, targets map[string]func(string) ta
 			os.RemoveAll(tdir)
 		}
 	}
-	results, cpu := medians(samples), medians(cpuSamples)
-	type ratio struct {
-		name, num, den string
-		div            float64
-	}
 	ratios := []ratio{{"c1/qemu-nbd", "cairn-1", "qemu-nbd", 1}, {"c1tcp/qemu", "cairn-1-tcp", "qemu-nbd", 1},
 		{"c3/raw", "cairn-3", "raw", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}}
-	fmt.Printf("\n%s I/O, median of %d rounds\n%-32s", mode, *rounds, "workload")
+	printTable(fmt.Sprintf("%s I/O, median of %d rounds", mode, *rounds), names, medians(samples),
+		func(w workload) string { return w.name }, 0, ratios)
+	var plain []ratio // a CPU cost against a third of another's means nothing
+	for _, r := range ratios {
+		if r.div == 1 {
+			plain = append(plain, r)
+		}
+	}
+	printTable(fmt.Sprintf("CPU time per I/O (fio and the target's processes; µs), median of %d rounds", *rounds), names, medians(cpuSamples),
+		func(w workload) string { return strings.TrimSuffix(w.name, " ("+w.unit+")") }, 1, plain)
+}
+
+// ratio is a column dividing one target's figures by another's (by a
+// fraction div of them).
+type ratio struct {
+	name, num, den string
+	div            float64
+}
+
+// printTable prints one row per workload: each target's value with prec
+// decimals, then every ratio whose two targets were measured.
+func printTable(title string, names []string, values map[string][]float64, label func(workload) string, prec int, ratios []ratio) {
+	var shown []ratio
+	for _, r := range ratios {
+		if values[r.num] != nil && values[r.den] != nil {
+			shown = append(shown, r)
+		}
+	}
+	fmt.Printf("\n%s\n%-32s", title, "workload")
 	for _, n := range names {
 		fmt.Printf("%13s", n)
 	}
-	for _, r := range ratios {
-		if results[r.num] != nil && results[r.den] != nil {
-			fmt.Printf("%13s", r.name)
-		}
+	for _, r := range shown {
+		fmt.Printf("%13s", r.name)
 	}
 	fmt.Println()
 	for i, w := range workloads {
-		fmt.Printf("%-32s", w.name)
+		fmt.Printf("%-32s", label(w))
 		for _, n := range names {
-			fmt.Printf("%13.0f", results[n][i])
+			fmt.Printf("%13.*f", prec, values[n][i])
 		}
-		for _, r := range ratios {
-			if results[r.num] == nil || results[r.den] == nil {
-				continue
-			}
+		for _, r := range shown {
 			if w.lower && r.div != 1 {
 				fmt.Printf("%13s", "-") // latency against a third of raw means nothing
 				continue
 			}
-			fmt.Printf("%13.2f", results[r.num][i]/(results[r.den][i]/r.div))
-		}
-		fmt.Println()
-	}
-	fmt.Printf("\nCPU time per I/O (fio and the target's processes; µs), median of %d rounds\n%-32s", *rounds, "workload")
-	for _, n := range names {
-		fmt.Printf("%13s", n)
-	}
-	for _, r := range ratios {
-		if r.div == 1 && cpu[r.num] != nil && cpu[r.den] != nil {
-			fmt.Printf("%13s", r.name)
-		}
-	}
-	fmt.Println()
-	for i, w := range workloads {
-		fmt.Printf("%-32s", strings.TrimSuffix(w.name, " ("+w.unit+")"))
-		for _, n := range names {
-			fmt.Printf("%13.1f", cpu[n][i])
-		}
-		for _, r := range ratios {
-			if r.div == 1 && cpu[r.num] != nil && cpu[r.den] != nil {
-				fmt.Printf("%13.2f", cpu[r.num][i]/cpu[r.den][i])
-			}
+			fmt.Printf("%13.2f", values[r.num][i]/(values[r.den][i]/r.div))
 		}
 		fmt.Println()
 	}
