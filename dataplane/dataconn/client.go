@@ -200,7 +200,7 @@ func (c *Client) ReadAt(ctx context.Context, p []byte, off int64) error {
 
 // WriteAt writes p at off; with fua the data is durable before it returns.
 func (c *Client) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
-	return c.StartWriteAt(p, off, fua).wait(ctx)
+	return c.StartWriteAt(p, off, fua).Wait(ctx)
 }
 
 // Flush makes every write that completed before it durable on the server.
@@ -218,7 +218,7 @@ func (c *Client) Ping(ctx context.Context) error {
 	return c.do(ctx, &call{op: OpPing}, Header{Op: OpPing})
 }
 
-func (c *Client) do(ctx context.Context, cl *call, h Header) error { return c.start(cl, h).wait(ctx) }
+func (c *Client) do(ctx context.Context, cl *call, h Header) error { return c.start(cl, h).Wait(ctx) }
 
 // start checks a request's size and starts it on the next connection.
 func (c *Client) start(cl *call, h Header) *Pending {
@@ -251,11 +251,6 @@ func (c *Client) StartWriteAt(p []byte, off int64, fua bool) *Pending {
 	}
 	return c.start(&call{op: OpWrite, payload: p}, h)
 }
-
-// Wait waits for the reply of a started request; the request's deadline
-// runs from when it was started. A ctx that ends first fails the client,
-// as for the synchronous calls.
-func (p *Pending) Wait(ctx context.Context) error { return p.wait(ctx) }
 
 // startOn registers cl on cc and sends it, or queues it for the writer.
 func (c *Client) startOn(cc *clientConn, cl *call, h Header, timeout time.Duration) *Pending {
@@ -314,7 +309,10 @@ func (c *Client) startOn(cc *clientConn, cl *call, h Header, timeout time.Durati
 	return p
 }
 
-func (p *Pending) wait(ctx context.Context) error {
+// Wait waits for the reply of a started request; the request's deadline
+// runs from when it was started. A ctx that ends first fails the client,
+// as for the synchronous calls.
+func (p *Pending) Wait(ctx context.Context) error {
 	if p.timer == nil {
 		return p.err
 	}
@@ -505,8 +503,8 @@ func (c *Client) pingLoop() {
 		}
 		for _, cc := range c.conns {
 			cl := &call{op: OpPing}
-			if err := c.startOn(cc, cl, Header{Op: OpPing}, c.opts.PingTimeout).wait(context.Background()); err != nil {
-				return // the client has failed; doOn said why
+			if err := c.startOn(cc, cl, Header{Op: OpPing}, c.opts.PingTimeout).Wait(context.Background()); err != nil {
+				return // the client has failed; startOn or Wait said why
 			}
 		}
 	}
