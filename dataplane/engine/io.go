@@ -303,23 +303,26 @@ const blockSize = 4096
 // replica being rebuilt cannot merge a partial block itself: the older
 // data under it may not have been copied in yet.)
 func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool) error {
-	if off%blockSize == 0 && len(p)%blockSize == 0 {
-		return e.mutateWith(ctx, opWrite, off, int64(len(p)), nil,
-			func(m *member) error { return m.r.WriteAt(ctx, p, off, fua) }, startWrite(ctx, p, off, fua))
-	}
-	start := off - off%blockSize
-	end := (off + int64(len(p)) + blockSize - 1) / blockSize * blockSize
-	buf := make([]byte, end-start)
-	return e.mutateWith(ctx, opWrite, start, end-start, func() error {
-		var last error = fmt.Errorf("%w: no RW replica to merge a partial block from", ErrNoReplica)
-		for _, m := range e.readable() {
-			if last = m.r.ReadAt(ctx, buf, start); last == nil {
-				copy(buf[off-start:], p)
-				return nil
+	var prepare func() error
+	if off%blockSize != 0 || len(p)%blockSize != 0 {
+		start := off - off%blockSize
+		end := (off + int64(len(p)) + blockSize - 1) / blockSize * blockSize
+		buf := make([]byte, end-start)
+		data, at := p, off
+		prepare = func() error {
+			var last error = fmt.Errorf("%w: no RW replica to merge a partial block from", ErrNoReplica)
+			for _, m := range e.readable() {
+				if last = m.r.ReadAt(ctx, buf, start); last == nil {
+					copy(buf[at-start:], data)
+					return nil
+				}
 			}
+			return last
 		}
-		return last
-	}, func(m *member) error { return m.r.WriteAt(ctx, buf, start, fua) }, startWrite(ctx, buf, start, fua))
+		p, off = buf, start // the whole blocks go to the replicas
+	}
+	return e.mutateWith(ctx, opWrite, off, int64(len(p)), prepare,
+		func(m *member) error { return m.r.WriteAt(ctx, p, off, fua) }, startWrite(ctx, p, off, fua))
 }
 
 // startWrite starts a write on replicas that can send it and wait for the
