@@ -17,6 +17,20 @@ type memBackend struct {
 
 func newMem(size int) *memBackend { return &memBackend{data: make([]byte, size)} }
 
+// hold makes m's requests of type op wait until release is called (any
+// number of times).
+func (m *memBackend) hold(op Op) (release func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	m.hook = func(o Op, off int64) error {
+		if o == op {
+			<-ch
+		}
+		return nil
+	}
+	return func() { once.Do(func() { close(ch) }) }
+}
+
 func (m *memBackend) run(op Op, off int64) error {
 	if m.hook != nil {
 		return m.hook(op, off)

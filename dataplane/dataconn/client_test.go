@@ -258,14 +258,7 @@ func TestWritesAreBatched(t *testing.T) {
 func TestRequestTimeoutFailsClient(t *testing.T) {
 	ctx := context.Background()
 	m := newMem(1 << 20)
-	hang := make(chan struct{})
-	defer close(hang)
-	m.hook = func(op Op, off int64) error {
-		if op == OpRead {
-			<-hang
-		}
-		return nil
-	}
+	defer m.hold(OpRead)()
 	cl, _ := pipePair(t, m, 1, ClientOptions{RequestTimeout: 100 * time.Millisecond, PingInterval: -1})
 	err := cl.ReadAt(ctx, make([]byte, 4096), 0)
 	if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrClientFailed) {
@@ -279,14 +272,7 @@ func TestRequestTimeoutFailsClient(t *testing.T) {
 
 func TestContextCancelFailsPromptly(t *testing.T) {
 	m := newMem(1 << 20)
-	hang := make(chan struct{})
-	defer close(hang)
-	m.hook = func(op Op, off int64) error {
-		if op == OpWrite {
-			<-hang
-		}
-		return nil
-	}
+	defer m.hold(OpWrite)()
 	cl, _ := pipePair(t, m, 1, ClientOptions{RequestTimeout: time.Hour, PingInterval: -1})
 	ctx, cancel := context.WithCancel(context.Background())
 	go cancel()
@@ -488,15 +474,8 @@ func TestStartWriteAt(t *testing.T) {
 		}
 	}
 
-	hang := make(chan struct{})
-	defer close(hang)
 	h := newMem(1 << 20)
-	h.hook = func(op Op, off int64) error {
-		if op == OpWrite {
-			<-hang
-		}
-		return nil
-	}
+	defer h.hold(OpWrite)()
 	ch, _ := pipePair(t, h, 1, ClientOptions{RequestTimeout: 100 * time.Millisecond, PingInterval: -1})
 	p := ch.StartWriteAt(data, 0, false)
 	time.Sleep(150 * time.Millisecond) // past the deadline before Wait is even called
@@ -524,16 +503,8 @@ func TestStartWriteAt(t *testing.T) {
 func TestWaitPrefersAnswerOverLapsedDeadline(t *testing.T) {
 	ctx := context.Background()
 	for round := range 20 {
-		hang := make(chan struct{})
-		var once sync.Once
-		release := func() { once.Do(func() { close(hang) }) }
 		slow := newMem(1 << 20)
-		slow.hook = func(op Op, off int64) error {
-			if op == OpWrite {
-				<-hang
-			}
-			return nil
-		}
+		release := slow.hold(OpWrite)
 		opts := ClientOptions{RequestTimeout: 30 * time.Millisecond, PingInterval: -1}
 		cs, _ := pipePair(t, slow, 1, opts)
 		cf, _ := pipePair(t, newMem(1<<20), 1, opts)
