@@ -3,6 +3,7 @@ package dataconn
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,11 +11,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 
 	"github.com/cairn-io/cairn/dataplane/internal/bufread"
+	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
 // Client errors. Every error a failed client returns wraps ErrClientFailed
@@ -47,6 +50,12 @@ type ClientOptions struct {
 	PingTimeout time.Duration
 	// Logger receives connection-level events. Default: discard.
 	Logger logr.Logger
+	// Shared, on unix connections (Dial only), is offered to the server
+	// on every connection: a write whose data lies in it then sends an
+	// offset instead of the bytes (and skips the payload checksum: the
+	// bytes cross no wire). A server that refuses it gets plain writes.
+	// The region must outlive the client.
+	Shared *shm.Region
 }
 
 func (o *ClientOptions) setDefaults() {
@@ -86,6 +95,9 @@ type Client struct {
 	frames  atomic.Uint64 // frames sent
 	batches atomic.Uint64 // vectored writes that sent them
 
+	shared       *shm.Region   // attached on every connection, or nil
+	sharedWrites atomic.Uint64 // writes sent as a reference into shared
+
 	failOnce sync.Once
 	done     chan struct{} // closed when the client fails or closes
 	err      error         // set before done is closed
@@ -97,6 +109,7 @@ type call struct {
 	hdr     [HeaderSize]byte
 	payload []byte // sent after the header (writes)
 	buf     []byte // read destination
+	ref     [SharedRefSize]byte
 	err     error
 	done    chan struct{}
 }
@@ -136,7 +149,70 @@ func Dial(ctx context.Context, network, addr string, opts ClientOptions) (*Clien
 		}
 		conns = append(conns, nc)
 	}
-	return NewClient(conns, opts), nil
+	shared, err := offerShared(conns, opts)
+	if err != nil {
+		for _, c := range conns {
+			c.Close()
+		}
+		return nil, fmt.Errorf("dataconn: %s %s: %w", network, addr, err)
+	}
+	c := NewClient(conns, opts)
+	c.shared = shared
+	return c, nil
+}
+
+// offerShared offers opts.Shared on every unix connection, as its first
+// frame, and returns it, or nil when there is none to offer or the server
+// refused it on any connection (then plain writes are used). A connection
+// that breaks while attaching is an error.
+func offerShared(conns []net.Conn, opts ClientOptions) (*shm.Region, error) {
+	if opts.Shared == nil {
+		return nil, nil
+	}
+	var refused error
+	for _, nc := range conns {
+		uc, ok := nc.(*net.UnixConn)
+		if !ok {
+			return nil, nil
+		}
+		if err := attach(uc, opts.Shared, opts.RequestTimeout); err != nil {
+			var re *RemoteError
+			if !errors.As(err, &re) {
+				return nil, fmt.Errorf("attaching shared memory: %w", err)
+			}
+			refused = err
+		}
+	}
+	if refused != nil {
+		opts.Logger.Info("the replica refused shared memory; writes travel on the socket", "reason", refused.Error())
+		return nil, nil
+	}
+	return opts.Shared, nil
+}
+
+// attach sends one connection's first frame, an attach carrying the
+// region's descriptor, and reads the server's answer.
+func attach(uc *net.UnixConn, r *shm.Region, timeout time.Duration) error {
+	var hb [HeaderSize]byte
+	PutHeader(hb[:], &Header{Op: OpAttach, Length: uint32(r.Size())})
+	if err := uc.SetDeadline(time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	defer uc.SetDeadline(time.Time{})
+	if _, _, err := uc.WriteMsgUnix(hb[:], syscall.UnixRights(r.FD()), nil); err != nil {
+		return fmt.Errorf("%w: write: %w", ErrConnectionLost, err)
+	}
+	f, err := Decode(uc, DefaultMaxPayload)
+	if err != nil {
+		return fmt.Errorf("%w: read: %w", ErrConnectionLost, err)
+	}
+	if f.Op != OpAttach.Reply() {
+		return fmt.Errorf("%w: %s in answer to an attach", ErrMalformed, f.Op)
+	}
+	if f.Code != CodeOK {
+		return &RemoteError{Code: f.Code, Message: string(f.Payload)}
+	}
+	return nil
 }
 
 // NewClient runs a client over already established streams (for example
@@ -166,6 +242,10 @@ func NewClient(streams []net.Conn, opts ClientOptions) *Client {
 func (c *Client) SendStats() (frames, batches uint64) {
 	return c.frames.Load(), c.batches.Load()
 }
+
+// SharedWrites reports how many writes were sent as a reference into the
+// shared memory (zero when the server did not attach it).
+func (c *Client) SharedWrites() uint64 { return c.sharedWrites.Load() }
 
 // SetEpoch sets the epoch carried by every later request.
 func (c *Client) SetEpoch(e uint64) { c.epoch.Store(e) }
@@ -249,7 +329,16 @@ func (c *Client) StartWriteAt(p []byte, off int64, fua bool) *Pending {
 	if fua {
 		h.Flags = FlagFUA
 	}
-	return c.start(&call{op: OpWrite, payload: p}, h)
+	cl := &call{op: OpWrite, payload: p}
+	if c.shared != nil && uint32(len(p)) <= c.opts.MaxPayload {
+		if at, ok := c.shared.Offset(p); ok {
+			h.Flags |= FlagShared
+			binary.BigEndian.PutUint64(cl.ref[:], at)
+			cl.payload = cl.ref[:]
+			c.sharedWrites.Add(1)
+		}
+	}
+	return c.start(cl, h)
 }
 
 // startOn registers cl on cc and sends it, or queues it for the writer.

@@ -34,6 +34,10 @@ import (
 // HeaderSize is the size of every frame header in bytes.
 const HeaderSize = 48
 
+// SharedRefSize is the payload of a write with FlagShared: the offset of
+// its data in the attached shared memory.
+const SharedRefSize = 8
+
 // Magic starts every frame.
 const Magic uint32 = 0x43524e44 // "CRND"
 
@@ -60,6 +64,10 @@ const (
 	OpFlush Op = 3 // make every completed write durable
 	OpUnmap Op = 4 // discard length bytes at offset; they read as zeros after
 	OpPing  Op = 5 // liveness check; no payload, not epoch-checked
+	// OpAttach offers the server shared memory of length bytes: the frame
+	// carries a sealed memfd (SCM_RIGHTS) and must be a unix connection's
+	// first. Afterwards writes may carry FlagShared. Not epoch-checked.
+	OpAttach Op = 6
 )
 
 // ReplyBit marks a reply: its op is the request's op | ReplyBit.
@@ -77,7 +85,7 @@ func (o Op) Reply() Op { return o | ReplyBit }
 // Valid reports whether o is a known request or reply op.
 func (o Op) Valid() bool {
 	switch o.Request() {
-	case OpRead, OpWrite, OpFlush, OpUnmap, OpPing:
+	case OpRead, OpWrite, OpFlush, OpUnmap, OpPing, OpAttach:
 		return true
 	}
 	return false
@@ -96,6 +104,8 @@ func (o Op) String() string {
 		s = "unmap"
 	case OpPing:
 		s = "ping"
+	case OpAttach:
+		s = "attach"
 	default:
 		return fmt.Sprintf("op(0x%02x)", uint8(o))
 	}
@@ -112,8 +122,12 @@ const (
 	// FlagFUA on a write asks that the data be durable before the reply
 	// (force unit access), as if a flush followed it.
 	FlagFUA Flags = 1 << 0
+	// FlagShared on a write says the data is not in the frame: the
+	// payload is an 8-byte big-endian offset into the shared memory the
+	// connection attached, where the length bytes to write lie.
+	FlagShared Flags = 1 << 1
 
-	knownFlags = FlagFUA
+	knownFlags = FlagFUA | FlagShared
 )
 
 // Code is the typed error code of a reply. It is also an error, so callers
@@ -292,10 +306,21 @@ func (h *Header) checkShape() error {
 		if h.Flags&FlagFUA != 0 && h.Op != OpWrite {
 			return bad("has FUA, which only writes may carry")
 		}
+		if h.Flags&FlagShared != 0 && h.Op != OpWrite {
+			return bad("has the shared flag, which only writes may carry")
+		}
 		switch h.Op {
 		case OpWrite:
-			if h.PayloadLen != h.Length {
+			if h.Flags&FlagShared != 0 {
+				if h.PayloadLen != SharedRefSize || h.Length == 0 {
+					return bad("with the shared flag needs a length and an 8-byte offset as payload")
+				}
+			} else if h.PayloadLen != h.Length {
 				return bad("payload length differs from length")
+			}
+		case OpAttach:
+			if h.PayloadLen != 0 || h.Length == 0 {
+				return bad("needs a length and no payload")
 			}
 		case OpRead, OpUnmap:
 			if h.PayloadLen != 0 {

@@ -3,6 +3,7 @@ package dataconn
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/cairn-io/cairn/dataplane/internal/bufread"
+	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
 // Backend is the storage a Server serves. Offsets and lengths are in bytes;
@@ -77,9 +79,11 @@ type Server struct {
 }
 
 type job struct {
-	sc  *serverConn
-	h   Header
-	buf []byte // write payload, from the pool
+	sc     *serverConn
+	h      Header
+	buf    []byte // write data: from the pool, or the shared memory
+	pooled bool   // buf goes back to the pool
+	err    error  // the request was refused before it ran
 }
 
 type reply struct {
@@ -234,7 +238,10 @@ func (s *Server) handle(j job) {
 	rh := Header{Op: h.Op.Reply(), Seq: h.Seq, Offset: h.Offset, Epoch: h.Epoch, Length: h.Length}
 	var payload []byte
 	pooled := false
-	err := s.check(h)
+	err := j.err
+	if err == nil {
+		err = s.check(h)
+	}
 	if err == nil {
 		b := s.epochBackend(h.Epoch)
 		switch h.Op {
@@ -256,7 +263,7 @@ func (s *Server) handle(j job) {
 			err = fmt.Errorf("%w: %s", CodeUnsupported, h.Op)
 		}
 	}
-	if j.buf != nil {
+	if j.pooled {
 		s.pool.put(j.buf)
 	}
 	if err != nil {
@@ -271,12 +278,17 @@ func (s *Server) handle(j job) {
 			payload = payload[:s.opts.MaxPayload]
 		}
 	}
+	j.sc.reply(rh, payload, pooled)
+}
+
+// reply queues a reply, or sends it at once when nothing is queued.
+func (sc *serverConn) reply(rh Header, payload []byte, pooled bool) {
 	r := reply{payload: payload, pooled: pooled}
 	rh.PayloadLen = uint32(len(payload))
 	rh.PayloadCRC = Checksum(payload)
 	PutHeader(r.hdr[:], &rh)
-	if !j.sc.sendDirect(r) {
-		j.sc.replies <- r
+	if !sc.sendDirect(r) {
+		sc.replies <- r
 	}
 }
 
@@ -343,6 +355,7 @@ type serverConn struct {
 	wmu      sync.Mutex   // held while writing to nc
 	wfailed  bool         // a write failed: the connection is going away (under wmu)
 	active   atomic.Int32 // requests handed to workers and not yet answered
+	shared   *shm.Mapping // the client's shared memory, once attached
 }
 
 func (sc *serverConn) run() {
@@ -360,6 +373,9 @@ func (sc *serverConn) run() {
 	close(sc.replies)
 	<-writerDone
 	sc.nc.Close()
+	if sc.shared != nil {
+		sc.shared.Close() // no request is left to read from it
+	}
 	sc.s.mu.Lock()
 	delete(sc.s.conns, sc)
 	sc.s.mu.Unlock()
@@ -368,17 +384,32 @@ func (sc *serverConn) run() {
 func (sc *serverConn) readLoop() error {
 	var hb [HeaderSize]byte
 	br := bufio.NewReaderSize(sc.nc, readBufferSize) // many frames per read syscall
-	for {
-		if _, err := io.ReadFull(br, hb[:]); err != nil {
+	uc, _ := sc.nc.(*net.UnixConn)
+	for first := true; ; first = false {
+		var fds []int
+		if first && uc != nil {
+			// Read the first header with recvmsg: an attach carries a
+			// descriptor, which a plain read would drop.
+			var err error
+			if fds, err = readFirstHeader(uc, hb[:]); err != nil {
+				return err
+			}
+		} else if _, err := io.ReadFull(br, hb[:]); err != nil {
 			return err
 		}
 		h, err := ParseHeader(hb[:], sc.s.opts.MaxPayload)
+		if err == nil && h.Op.IsReply() {
+			err = fmt.Errorf("%w: the client sent a reply (%s)", ErrMalformed, h.Op)
+		}
 		if err != nil {
+			closeFDs(fds)
 			return err
 		}
-		if h.Op.IsReply() {
-			return fmt.Errorf("%w: the client sent a reply (%s)", ErrMalformed, h.Op)
+		if h.Op == OpAttach {
+			sc.attach(h, fds, first)
+			continue
 		}
+		closeFDs(fds)
 		var buf []byte
 		if h.PayloadLen > 0 {
 			buf = sc.s.pool.get(int(h.PayloadLen))
@@ -392,7 +423,12 @@ func (sc *serverConn) readLoop() error {
 			}
 		}
 		sc.inflight.Add(1)
-		j := job{sc: sc, h: h, buf: buf}
+		j := job{sc: sc, h: h, buf: buf, pooled: buf != nil}
+		if h.Flags&FlagShared != 0 {
+			j.buf, j.err = sc.sharedData(h, buf)
+			j.pooled = false
+			sc.s.pool.put(buf)
+		}
 		if br.Buffered() == 0 && sc.active.Load() == 0 && len(sc.replies) == 0 && (h.Op == OpRead || h.Op == OpWrite) {
 			// Nothing else has arrived: run it here and reply directly,
 			// sparing two hand-offs (the common case at queue depth 1).
@@ -402,6 +438,91 @@ func (sc *serverConn) readLoop() error {
 		}
 		sc.active.Add(1)
 		sc.s.jobs <- j
+	}
+}
+
+// attach maps the shared memory a client offers (its descriptors are fds)
+// and answers. It must be the first frame on a unix connection, carry one
+// descriptor, and come once.
+func (sc *serverConn) attach(h Header, fds []int, first bool) {
+	defer closeFDs(fds) // the mapping keeps the memory; the descriptor is not needed
+	rh := Header{Op: h.Op.Reply(), Seq: h.Seq, Length: h.Length}
+	_, isUnix := sc.nc.(*net.UnixConn)
+	var err error
+	switch {
+	case !isUnix:
+		err = fmt.Errorf("%w: shared memory needs a unix socket", CodeUnsupported)
+	case first && len(fds) == 1:
+		var m *shm.Mapping
+		if m, err = shm.Map(fds[0], uint64(h.Length)); err == nil {
+			sc.shared = m
+			sc.log.V(1).Info("shared memory attached", "bytes", h.Length)
+		} else {
+			err = fmt.Errorf("%w: %w", CodeInvalid, err)
+		}
+	default:
+		err = fmt.Errorf("%w: attach must be a connection's first frame and carry exactly one memfd (got %d descriptors)", CodeInvalid, len(fds))
+	}
+	if err != nil {
+		rh.Code = codeOf(err)
+		rh.Length = 0
+		sc.reply(rh, []byte(err.Error()), false)
+		return
+	}
+	sc.reply(rh, nil, false)
+}
+
+// sharedData returns the data of a write with FlagShared: the request's
+// length of bytes at the offset its payload names, in the shared memory.
+func (sc *serverConn) sharedData(h Header, ref []byte) ([]byte, error) {
+	if sc.shared == nil {
+		return nil, fmt.Errorf("%w: a shared-memory write on a connection that attached none", CodeInvalid)
+	}
+	if h.Length > sc.s.opts.MaxPayload {
+		return nil, fmt.Errorf("%w: write of %d bytes exceeds the %d-byte maximum", CodeInvalid, h.Length, sc.s.opts.MaxPayload)
+	}
+	at := binary.BigEndian.Uint64(ref)
+	data, ok := sc.shared.Slice(at, h.Length)
+	if !ok {
+		return nil, fmt.Errorf("%w: shared-memory write of %d bytes at region offset %d lies outside the region", CodeInvalid, h.Length, at)
+	}
+	return data, nil
+}
+
+// readFirstHeader fills hb from a unix connection with recvmsg and returns
+// the descriptors that came with it.
+func readFirstHeader(uc *net.UnixConn, hb []byte) ([]int, error) {
+	var fds []int
+	oob := make([]byte, syscall.CmsgSpace(4*4))
+	for n := 0; n < len(hb); {
+		k, oobn, _, _, err := uc.ReadMsgUnix(hb[n:], oob)
+		if oobn > 0 {
+			if msgs, perr := syscall.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+				for i := range msgs {
+					if rights, rerr := syscall.ParseUnixRights(&msgs[i]); rerr == nil {
+						fds = append(fds, rights...)
+					}
+				}
+			}
+		}
+		n += k
+		if err == nil && k == 0 && oobn == 0 {
+			err = io.EOF
+		}
+		if err != nil {
+			closeFDs(fds)
+			if n > 0 {
+				err = unexpectedEOF(err)
+			}
+			return nil, err
+		}
+	}
+	return fds, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		syscall.Close(fd)
 	}
 }
 
