@@ -1,6 +1,7 @@
 package dataconn
 
 import (
+	"bytes"
 	"fmt"
 	"sync"
 )
@@ -77,6 +78,13 @@ func (m *memBackend) Unmap(off, length int64) error {
 }
 
 func (m *memBackend) Size() int64 { return int64(len(m.data)) }
+
+// contents returns a copy of the backend's data, taken under its lock.
+func (m *memBackend) contents() []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return bytes.Clone(m.data)
+}
 
 func (m *memBackend) checkEpoch(e uint64) error {
 	m.mu.Lock()

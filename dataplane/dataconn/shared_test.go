@@ -111,7 +111,7 @@ func TestSharedWritesOverUnix(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatal("data read back differs from what was written")
 	}
-	if !bytes.Equal(m.data, want) {
+	if !bytes.Equal(m.contents(), want) {
 		t.Fatal("backend holds different data")
 	}
 
@@ -196,7 +196,7 @@ func TestSharedBadInputIsRefused(t *testing.T) {
 	}
 	untouched := func(t *testing.T) {
 		t.Helper()
-		if !bytes.Equal(m.data, make([]byte, len(m.data))) {
+		if d := m.contents(); !bytes.Equal(d, make([]byte, len(d))) {
 			t.Fatal("a refused request changed the backend")
 		}
 	}
@@ -227,10 +227,12 @@ func TestSharedBadInputIsRefused(t *testing.T) {
 		if f := roundTrip(t, c, Header{Op: OpWrite, Flags: FlagShared, Seq: 4, Offset: 8192, Length: 4096}, ref(0)); f.Code != CodeOK {
 			t.Fatalf("valid shared write: %v %q", f.Code, f.Payload)
 		}
-		if m.data[8192] != 0xee || m.data[8192+4095] != 0xee || m.data[8191] != 0 || m.data[8192+4096] != 0 {
+		if d := m.contents(); d[8192] != 0xee || d[8192+4095] != 0xee || d[8191] != 0 || d[8192+4096] != 0 {
 			t.Fatal("the valid shared write did not land exactly at its range")
 		}
-		clear(m.data)
+		if err := m.Unmap(0, m.Size()); err != nil {
+			t.Fatal(err)
+		}
 	})
 	t.Run("attach that is not the first frame", func(t *testing.T) {
 		c := rawUnix(t, path)
@@ -313,7 +315,7 @@ func TestSharedRefusedFallsBackToPlainWrites(t *testing.T) {
 	if cl.SharedWrites() != 0 {
 		t.Fatal("the client sent a reference to a server that refused the region")
 	}
-	if string(m.data[:10]) != "in a frame" {
-		t.Fatalf("backend has %q", m.data[:10])
+	if d := m.contents(); string(d[:10]) != "in a frame" {
+		t.Fatalf("backend has %q", d[:10])
 	}
 }
