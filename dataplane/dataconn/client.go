@@ -156,6 +156,9 @@ func Dial(ctx context.Context, network, addr string, opts ClientOptions) (*Clien
 		}
 		return nil, fmt.Errorf("dataconn: %s %s: %w", network, addr, err)
 	}
+	if shared != nil {
+		opts.Logger.Info("shared memory attached: writes from it reach the replica without a socket copy", "replica", addr, "bytes", shared.Size())
+	}
 	c := NewClient(conns, opts)
 	c.shared = shared
 	return c, nil

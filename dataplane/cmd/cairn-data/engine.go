@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/engine/engineserver"
 	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
 	"github.com/cairn-io/cairn/dataplane/frontend/nbd"
+	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
 // stringList is a repeatable string flag.
@@ -39,7 +41,7 @@ type frontend struct {
 // device is then the endpoint. With "auto" a host without the driver (or
 // without the privilege) gets the socket as the endpoint, and the log says
 // why; with "on" that is an error.
-func startNBD(e *engine.Engine, name, sock, kernel string, log func(string)) (*frontend, error) {
+func startNBD(e *engine.Engine, name, sock, kernel string, buffers *shm.Arena, log func(string)) (*frontend, error) {
 	if sock == "" {
 		return nil, errors.New("--frontend nbd needs --nbd-socket PATH")
 	}
@@ -47,7 +49,7 @@ func startNBD(e *engine.Engine, name, sock, kernel string, log func(string)) (*f
 	if err != nil {
 		return nil, err
 	}
-	s := nbd.NewServer(e, nbd.Options{ExportName: name})
+	s := nbd.NewServer(e, nbd.Options{ExportName: name, Buffers: buffers})
 	go func() {
 		if err := s.Serve(l); err != nil {
 			log("nbd listener failed: " + err.Error())
@@ -98,6 +100,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	nbdKernel := fs.String("nbd-kernel", "auto", "attach the nbd frontend to a /dev/nbdN through the kernel's nbd driver: auto (if the host has it), on (required), off (socket only)")
 	fuseDir := fs.String("fuse-dir", "", "mount directory for the fuse frontend")
 	listenAddr := fs.String("listen", "", "host:port for the gRPC control API (default: none)")
+	sharedFlag := fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for NBD writes to reach them without a socket copy; 0 turns it off")
 	timeout := fs.Duration("replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: cairn-data engine --name NAME --replica HOST:PORT ... --frontend nbd|fuse [--nbd-socket PATH [--nbd-kernel auto|on|off] | --fuse-dir DIR] [--listen HOST:PORT]")
@@ -127,17 +130,32 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if *nbdKernel != "auto" && *nbdKernel != "on" && *nbdKernel != "off" {
 		return fail("--nbd-kernel %q: use auto, on or off", *nbdKernel)
 	}
+	shared, err := parseSize(*sharedFlag)
+	if err != nil || shared < 0 || shared > 1<<31 {
+		return fail("--shared-memory %q: give a size up to 2Gi, e.g. 32Mi, or 0 for none", *sharedFlag)
+	}
 	log := newLogger(stderr, "engine")
 	unsafeEarly := os.Getenv("CAIRN_UNSAFE_ACK_EARLY") == "1"
 	if unsafeEarly {
 		log.Info("WARNING: CAIRN_UNSAFE_ACK_EARLY=1: writes are acknowledged before every replica has them; " +
 			"this mode exists only to prove the chaos harness catches the bug. Acknowledged data can be lost.")
 	}
+	// Memory shared with the replicas on this node (unix sockets): the NBD
+	// frontend reads write payloads into it and those replicas write from
+	// it; replicas over TCP get the bytes as before.
+	var region *shm.Region
+	if shared > 0 && slices.ContainsFunc(replicas, func(r string) bool { return strings.HasPrefix(r, "unix:") }) {
+		if region, err = shm.Create(*name, int(shared)); err != nil {
+			log.Info("no shared memory with local replicas; writes reach them through the socket", "reason", err.Error())
+		} else {
+			defer region.Close() // after the engine and the frontend (deferred later)
+		}
+	}
 	octx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	e, err := engine.Open(octx, engine.Options{
 		Name: *name, Size: size, Replicas: replicas, Wanted: *wanted, Logger: log, UnsafeAckEarly: unsafeEarly,
-		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: *timeout, Logger: log}}),
+		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: *timeout, Logger: log, Shared: region}}),
 	})
 	if err != nil {
 		return fail("%v", err)
@@ -146,7 +164,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var f *frontend
 	switch *fe {
 	case "nbd":
-		f, err = startNBD(e, *name, *sock, *nbdKernel, func(m string) { log.Info(m) })
+		f, err = startNBD(e, *name, *sock, *nbdKernel, shm.NewArena(region), func(m string) { log.Info(m) })
 	case "fuse":
 		if *fuseDir == "" {
 			return fail("--frontend fuse needs --fuse-dir DIR")

@@ -65,6 +65,17 @@ func startVolumeUnix(t *testing.T, n, nUnix int, size string) *volume {
 	return v
 }
 
+// memfdMappings counts the mappings of an engine's shared memory (memfds
+// named cairn-*) in process pid.
+func memfdMappings(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "/memfd:cairn-")
+}
+
 func (v *volume) ctl(t *testing.T, args ...string) string {
 	t.Helper()
 	cmd := command(append([]string{"ctl", "--engine", v.engine.control}, args...)...)
@@ -90,18 +101,36 @@ func qemuIO(t *testing.T, uri string, cmds ...string) string {
 
 // TestEngineProcessQemuIO writes and reads back patterns with qemu-io
 // through the NBD frontend of an engine with three replicas: one reached
-// over a unix socket, one over TCP, one over TCP with direct I/O.
+// over a unix socket (with shared memory), one over TCP, one over TCP with
+// direct I/O. The data is then read back from the unix replica alone.
 func TestEngineProcessQemuIO(t *testing.T) {
 	needTool(t, "qemu-io")
 	v := startVolumeUnix(t, 3, 1, "64Mi")
 	if !strings.HasPrefix(v.addrs[0], "unix:") {
 		t.Fatalf("replica 0 should serve on a unix socket: %s", v.addrs[0])
 	}
+	// The unix replica maps the engine's shared memory once per data
+	// connection (4); the TCP replicas do not.
+	for i, want := range []int{4, 0, 0} {
+		if got := memfdMappings(t, v.replicas[i].cmd.Process.Pid); got != want {
+			t.Fatalf("replica %d maps the engine's shared memory %d times, want %d", i, got, want)
+		}
+	}
+	if !strings.Contains(v.engine.stderr.String(), "shared memory attached") {
+		t.Fatalf("the engine did not report shared memory with the unix replica:\n%s", v.engine.stderr.String())
+	}
 	qemuIO(t, v.uri, "write -P 0x5a 0 8M", "write -P 0x6b -f 8M 1M", "discard 16M 4M", "flush")
 	qemuIO(t, v.uri, "read -P 0x5a 0 8M", "read -P 0x6b 8M 1M", "read -P 0 16M 4M")
 	if out := v.ctl(t, "info"); !strings.Contains(out, "healthy") || !strings.Contains(out, v.sock) {
 		t.Fatalf("info: %s", out)
 	}
+	// With both TCP replicas gone, every byte comes from the replica that
+	// got its writes through shared memory.
+	for _, r := range v.replicas[1:] {
+		r.cmd.Process.Kill()
+		r.waitExit(t)
+	}
+	qemuIO(t, v.uri, "write -P 0x7c 4M 64k", "read -P 0x5a 0 4M", "read -P 0x7c 4M 64k", "read -P 0x5a 4259840 4128768", "read -P 0x6b 8M 1M", "read -P 0 16M 4M")
 	// SIGTERM: the engine detaches the frontend (the socket goes) and exits 0.
 	v.engine.cmd.Process.Signal(syscall.SIGTERM)
 	if code := v.engine.waitExit(t); code != 0 {

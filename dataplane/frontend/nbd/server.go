@@ -16,6 +16,7 @@ import (
 
 	"github.com/cairn-io/cairn/dataplane/frontend"
 	"github.com/cairn-io/cairn/dataplane/internal/bufread"
+	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
 // Device is the block device served (see frontend.Device).
@@ -28,6 +29,11 @@ type Options struct {
 	// MaxInFlight bounds concurrent requests per connection. Default 128.
 	MaxInFlight int
 	Logger      logr.Logger
+	// Buffers hands out request buffers. The engine passes an arena over
+	// the memory it shares with replicas on its node, so a write's payload
+	// is read from the client straight into memory the replica writes
+	// from. Default: an arena on the Go heap.
+	Buffers *shm.Arena
 }
 
 // Server serves one Device to any number of NBD clients.
@@ -46,6 +52,9 @@ type Server struct {
 func NewServer(dev Device, opts Options) *Server {
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = 128
+	}
+	if opts.Buffers == nil {
+		opts.Buffers = shm.NewArena(nil)
 	}
 	return &Server{dev: dev, opts: opts, log: opts.Logger, conns: map[net.Conn]struct{}{}}
 }
@@ -273,7 +282,7 @@ func (s *Server) optReply(c net.Conn, opt, typ uint32, data []byte) error {
 // transmit serves requests until DISC or a broken connection. Requests run
 // concurrently; replies go out as they complete, matched by handle.
 func (s *Server) transmit(c net.Conn) error {
-	rw := &replyWriter{c: c}
+	rw := &replyWriter{c: c, arena: s.opts.Buffers}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sem := make(chan struct{}, s.opts.MaxInFlight)
@@ -301,9 +310,9 @@ func (s *Server) transmit(c net.Conn) error {
 				// We cannot trust the stream to carry that much; drop the client.
 				return fmt.Errorf("write of %d bytes exceeds the %d-byte maximum", length, MaxRequest)
 			}
-			payload = getBuf(int(length))
+			payload = s.opts.Buffers.Get(int(length))
 			if err := bufread.ReadFull(br, c, payload); err != nil {
-				putBuf(payload)
+				s.opts.Buffers.Put(payload)
 				return err
 			}
 		}
@@ -312,7 +321,7 @@ func (s *Server) transmit(c net.Conn) error {
 		}
 		serve := func() {
 			data, errno := s.do(ctx, typ, flags, int64(off), int64(length), payload)
-			putBuf(payload)
+			s.opts.Buffers.Put(payload)
 			rw.send(handle, errno, data) // a failed write closes c: the reader sees it and ends the loop
 		}
 		if br.Buffered() == 0 && active.Load() == 0 && (typ == cmdRead || typ == cmdWrite) {
@@ -341,6 +350,7 @@ type replyWriter struct {
 	writing bool
 	failed  bool
 	bufs    net.Buffers // the writer's, reused
+	arena   *shm.Arena  // where replies' data goes back
 }
 
 type pendingReply struct {
@@ -358,7 +368,7 @@ func (w *replyWriter) send(handle uint64, errno uint32, data []byte) {
 	if errno == 0 {
 		r.data = data
 	} else {
-		putBuf(data)
+		w.arena.Put(data)
 	}
 	w.mu.Lock()
 	w.queue = append(w.queue, r)
@@ -386,7 +396,7 @@ func (w *replyWriter) send(handle uint64, errno uint32, data []byte) {
 		}
 		clear(w.bufs)
 		for i := range batch {
-			putBuf(batch[i].data)
+			w.arena.Put(batch[i].data)
 			batch[i] = pendingReply{}
 		}
 		w.mu.Lock()
@@ -413,9 +423,9 @@ func (s *Server) do(ctx context.Context, typ, flags uint16, off, length int64, p
 		if !inRange {
 			return nil, errInval
 		}
-		p := getBuf(int(length))
+		p := s.opts.Buffers.Get(int(length))
 		if err := s.dev.ReadAt(ctx, p, off); err != nil {
-			putBuf(p)
+			s.opts.Buffers.Put(p)
 			return nil, s.errno("read", err)
 		}
 		return p, 0
@@ -469,42 +479,4 @@ func (s *Server) errno(what string, err error) uint32 {
 	}
 	s.log.Info("nbd request failed", "op", what, "error", err.Error())
 	return errIO
-}
-
-// Request buffers come from size-class pools (powers of two from 4 KiB to
-// MaxRequest) so steady I/O does not allocate per request.
-var bufPools [14]sync.Pool // 4 KiB << i, i = 0..13 (32 MiB)
-
-func bufClass(n int) int {
-	c := 0
-	for 4096<<c < n {
-		c++
-	}
-	return c
-}
-
-func getBuf(n int) []byte {
-	if n == 0 {
-		return nil
-	}
-	c := bufClass(n)
-	if c >= len(bufPools) {
-		return make([]byte, n)
-	}
-	if b, ok := bufPools[c].Get().(*[]byte); ok {
-		return (*b)[:n]
-	}
-	return make([]byte, n, 4096<<c)
-}
-
-func putBuf(b []byte) {
-	if cap(b) == 0 {
-		return
-	}
-	c := bufClass(cap(b))
-	if c >= len(bufPools) || cap(b) != 4096<<c {
-		return
-	}
-	b = b[:0]
-	bufPools[c].Put(&b)
 }
