@@ -1,12 +1,10 @@
 package dataconn
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"sync"
@@ -519,9 +517,9 @@ func (cc *clientConn) writeLoop() {
 func (cc *clientConn) readLoop() {
 	defer cc.c.wg.Done()
 	var hb [HeaderSize]byte
-	br := bufio.NewReaderSize(cc.nc, readBufferSize)
+	br := bufread.NewReader(cc.nc, readBufferSize)
 	for {
-		if _, err := io.ReadFull(br, hb[:]); err != nil {
+		if err := br.Header(hb[:]); err != nil {
 			cc.c.fail(fmt.Errorf("%w: read: %w", ErrConnectionLost, err))
 			return
 		}
@@ -546,9 +544,9 @@ func (cc *clientConn) readLoop() {
 
 // complete reads the reply's payload and completes cl (nil when the call
 // is no longer pending). A returned error means the stream is unusable.
-func (cc *clientConn) complete(br *bufio.Reader, cl *call, h Header) error {
+func (cc *clientConn) complete(br *bufread.Reader, cl *call, h Header) error {
 	if cl == nil {
-		if _, err := io.CopyN(io.Discard, br, int64(h.PayloadLen)); err != nil {
+		if err := br.Discard(int64(h.PayloadLen)); err != nil {
 			return fmt.Errorf("%w: read: %w", ErrConnectionLost, unexpectedEOF(err))
 		}
 		return nil
@@ -567,7 +565,7 @@ func (cc *clientConn) complete(br *bufio.Reader, cl *call, h Header) error {
 		dst = cl.buf
 	}
 	if len(dst) > 0 {
-		if err := bufread.ReadFull(br, cc.nc, dst); err != nil {
+		if err := br.Payload(dst); err != nil {
 			return fmt.Errorf("%w: read: %w", ErrConnectionLost, unexpectedEOF(err))
 		}
 	}

@@ -1,7 +1,6 @@
 package dataconn
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -383,7 +382,7 @@ func (sc *serverConn) run() {
 
 func (sc *serverConn) readLoop() error {
 	var hb [HeaderSize]byte
-	br := bufio.NewReaderSize(sc.nc, readBufferSize) // many frames per read syscall
+	br := bufread.NewReader(sc.nc, readBufferSize) // many frames per read syscall
 	uc, _ := sc.nc.(*net.UnixConn)
 	for first := true; ; first = false {
 		var fds []int
@@ -394,7 +393,7 @@ func (sc *serverConn) readLoop() error {
 			if fds, err = readFirstHeader(uc, hb[:]); err != nil {
 				return err
 			}
-		} else if _, err := io.ReadFull(br, hb[:]); err != nil {
+		} else if err := br.Header(hb[:]); err != nil {
 			return err
 		}
 		h, err := ParseHeader(hb[:], sc.s.opts.MaxPayload)
@@ -413,7 +412,7 @@ func (sc *serverConn) readLoop() error {
 		var buf []byte
 		if h.PayloadLen > 0 {
 			buf = sc.s.pool.get(int(h.PayloadLen))
-			if err := bufread.ReadFull(br, sc.nc, buf); err != nil {
+			if err := br.Payload(buf); err != nil {
 				sc.s.pool.put(buf)
 				return unexpectedEOF(err)
 			}
@@ -429,7 +428,7 @@ func (sc *serverConn) readLoop() error {
 			j.pooled = false
 			sc.s.pool.put(buf)
 		}
-		if br.Buffered() == 0 && sc.active.Load() == 0 && len(sc.replies) == 0 && (h.Op == OpRead || h.Op == OpWrite) {
+		if br.Idle() && sc.active.Load() == 0 && len(sc.replies) == 0 && (h.Op == OpRead || h.Op == OpWrite) {
 			// Nothing else has arrived: run it here and reply directly,
 			// sparing two hand-offs (the common case at queue depth 1).
 			sc.s.handle(j)

@@ -1,7 +1,6 @@
 package nbd
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -289,10 +288,10 @@ func (s *Server) transmit(c net.Conn) error {
 	var inflight sync.WaitGroup
 	defer inflight.Wait()
 	var hdr [28]byte
-	br := bufio.NewReaderSize(c, 256<<10) // many requests per read syscall
+	br := bufread.NewReader(c, 256<<10) // many requests per read syscall
 	var active atomic.Int32               // requests running in goroutines
 	for {
-		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		if err := br.Header(hdr[:]); err != nil {
 			return err
 		}
 		if binary.BigEndian.Uint32(hdr[0:]) != magicRequest {
@@ -311,7 +310,7 @@ func (s *Server) transmit(c net.Conn) error {
 				return fmt.Errorf("write of %d bytes exceeds the %d-byte maximum", length, MaxRequest)
 			}
 			payload = s.opts.Buffers.Get(int(length))
-			if err := bufread.ReadFull(br, c, payload); err != nil {
+			if err := br.Payload(payload); err != nil {
 				s.opts.Buffers.Put(payload)
 				return err
 			}
@@ -324,7 +323,7 @@ func (s *Server) transmit(c net.Conn) error {
 			s.opts.Buffers.Put(payload)
 			rw.send(handle, errno, data) // a failed write closes c: the reader sees it and ends the loop
 		}
-		if br.Buffered() == 0 && active.Load() == 0 && (typ == cmdRead || typ == cmdWrite) {
+		if br.Idle() && active.Load() == 0 && (typ == cmdRead || typ == cmdWrite) {
 			serve() // queue depth 1: no hand-off to another goroutine
 			continue
 		}

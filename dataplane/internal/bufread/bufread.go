@@ -18,6 +18,54 @@ import (
 // the same read syscall.
 const DirectMin = 32 << 10
 
+// Reader reads a stream of frames, each a small header and a payload:
+// headers through a buffer, so that many small frames cost one read
+// syscall, and large payloads past it (ReadFull). After a large payload
+// the next header is read on its own, straight from the stream, when the
+// buffer is empty: the frame after a large one is usually large too, and a
+// buffer fill would take in most of its payload only to copy it again.
+type Reader struct {
+	br         *bufio.Reader
+	r          io.Reader
+	afterLarge bool
+}
+
+// NewReader returns a Reader over r with a buffer of size bytes.
+func NewReader(r io.Reader, size int) *Reader {
+	return &Reader{br: bufio.NewReaderSize(r, size), r: r}
+}
+
+// Header fills p (a header: small) with io.ReadFull semantics.
+func (x *Reader) Header(p []byte) error {
+	direct := x.afterLarge && x.br.Buffered() == 0
+	x.afterLarge = false
+	if direct {
+		_, err := io.ReadFull(x.r, p)
+		return err
+	}
+	_, err := io.ReadFull(x.br, p)
+	return err
+}
+
+// Payload fills p with ReadFull's semantics.
+func (x *Reader) Payload(p []byte) error {
+	x.afterLarge = len(p) >= DirectMin
+	return ReadFull(x.br, x.r, p)
+}
+
+// Discard skips n bytes.
+func (x *Reader) Discard(n int64) error {
+	_, err := io.CopyN(io.Discard, x.br, n)
+	return err
+}
+
+// Idle reports whether nothing more is known to have arrived: the buffer
+// is empty and the last payload was small. After a large payload, read
+// past the buffer, it reports false: whether the next frame is waiting is
+// unknown, and the callers' fast path for a lone request (run it on the
+// reading goroutine) would stall a pipeline of large writes.
+func (x *Reader) Idle() bool { return !x.afterLarge && x.br.Buffered() == 0 }
+
 // ReadFull fills p from br, where br reads from r. It returns what
 // io.ReadFull(br, p) would: nil, io.EOF if nothing was read, or
 // io.ErrUnexpectedEOF if p was filled in part.

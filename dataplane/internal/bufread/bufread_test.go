@@ -102,3 +102,72 @@ func TestReadFullShortStream(t *testing.T) {
 		})
 	}
 }
+
+// recorder records the size of every Read its caller asked for.
+type recorder struct {
+	r     io.Reader
+	asked []int
+}
+
+func (c *recorder) Read(p []byte) (int, error) {
+	c.asked = append(c.asked, len(p))
+	return c.r.Read(p)
+}
+
+// TestReaderHeaderAfterLargePayload: after a payload read past the buffer,
+// the next header is read on its own (a 28-byte read), not by a buffer fill
+// that would take in the next payload only to copy it again, and Idle says
+// the stream's state is unknown.
+func TestReaderHeaderAfterLargePayload(t *testing.T) {
+	const bufSize = 256 << 10
+	var stream bytes.Buffer
+	frame := func(n int, b byte) {
+		stream.Write(bytes.Repeat([]byte{'H'}, 28))
+		stream.Write(bytes.Repeat([]byte{b}, n))
+	}
+	frame(300<<10, 1) // larger than the buffer: ends with a direct read
+	frame(128<<10, 2)
+	frame(100, 3)
+	frame(100, 4)
+	rec := &recorder{r: &stream}
+	x := NewReader(rec, bufSize)
+	hdr := make([]byte, 28)
+	read := func(n int, b byte) {
+		t.Helper()
+		if err := x.Header(hdr); err != nil || hdr[0] != 'H' {
+			t.Fatalf("header: %v %q", err, hdr[:1])
+		}
+		p := make([]byte, n)
+		if err := x.Payload(p); err != nil || !bytes.Equal(p, bytes.Repeat([]byte{b}, n)) {
+			t.Fatalf("payload %d: %v", b, err)
+		}
+	}
+	read(300<<10, 1)
+	if x.Idle() {
+		t.Fatal("Idle after a large payload")
+	}
+	n := len(rec.asked)
+	read(128<<10, 2)
+	if got := rec.asked[n:]; len(got) != 2 || got[0] != 28 || got[1] != 128<<10 {
+		t.Fatalf("reads for a large frame after a large frame: %v, want [28 %d] (header alone, payload direct)", got, 128<<10)
+	}
+	n = len(rec.asked)
+	read(100, 3)
+	if got := rec.asked[n:]; len(got) != 2 || got[0] != 28 || got[1] != bufSize {
+		t.Fatalf("reads for a small frame after a large one: %v, want [28 %d] (header alone, then a buffer fill)", got, bufSize)
+	}
+	if x.Idle() {
+		t.Fatal("Idle with the next frame in the buffer")
+	}
+	n = len(rec.asked)
+	read(100, 4)
+	if len(rec.asked) != n {
+		t.Fatalf("a buffered small frame cost reads: %v", rec.asked[n:])
+	}
+	if !x.Idle() {
+		t.Fatal("not Idle with an empty buffer after a small payload")
+	}
+	if err := x.Header(hdr); err != io.EOF {
+		t.Fatalf("at the end: %v, want EOF", err)
+	}
+}
