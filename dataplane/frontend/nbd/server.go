@@ -289,7 +289,7 @@ func (s *Server) transmit(c net.Conn) error {
 	defer inflight.Wait()
 	var hdr [28]byte
 	br := bufread.NewReader(c, 256<<10) // many requests per read syscall
-	var active atomic.Int32               // requests running in goroutines
+	var active atomic.Int32             // requests running in goroutines
 	for {
 		if err := br.Header(hdr[:]); err != nil {
 			return err

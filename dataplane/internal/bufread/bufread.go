@@ -5,7 +5,8 @@
 // A large payload read the same way is copied twice: from the socket into
 // the buffer, then from the buffer into its destination. ReadFull copies
 // what the buffer already holds and reads the rest straight into the
-// destination.
+// destination; Reader also keeps the buffer from taking in the next large
+// payload in the first place.
 package bufread
 
 import (
