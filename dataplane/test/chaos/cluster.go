@@ -42,10 +42,22 @@ type node struct {
 	gen         int
 	healedAt    time.Time // when a partition, pause or full disk was last undone
 	direct      bool      // the replica runs with --direct-io
+	sock        string    // data on this unix socket (the engine's node), not on TCP port data
 }
 
 func (n *node) addr() string {
+	if n.sock != "" {
+		return fmt.Sprintf("unix:%s,127.0.0.1:%d", n.sock, n.ctl)
+	}
 	return fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", n.data, n.ctl)
+}
+
+// dataListen is the replica's --listen.
+func (n *node) dataListen() string {
+	if n.sock != "" {
+		return "unix:" + n.sock
+	}
+	return fmt.Sprintf("127.0.0.1:%d", n.data)
 }
 
 func (n *node) alive() bool {
@@ -124,6 +136,12 @@ func newCluster(cfg Config, work string) (*cluster, error) {
 		// Bit i of the seed picks direct or buffered I/O for node i, so a
 		// replayed seed runs the same mix (the tmpfs node stays buffered).
 		n.direct = (cfg.Seed>>i)&1 == 1 && n.tmpfs == ""
+		if i == 0 {
+			// The first replica is on the engine's node: data on a unix
+			// socket, writes through the memory the engine shares with it.
+			// Partitions (iptables) pass it by.
+			n.sock = filepath.Join(work, "r0.sock")
+		}
 		c.nodes = append(c.nodes, n)
 	}
 	c.cc, err = grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", c.engPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -181,7 +199,7 @@ func (c *cluster) start(logName string, env []string, args ...string) (*exec.Cmd
 
 func (c *cluster) startNode(n *node) error {
 	args := []string{"replica", "--dir", n.dir, "--size", strconv.FormatInt(c.cfg.Size, 10),
-		"--listen", fmt.Sprintf("127.0.0.1:%d", n.data), "--control-listen", fmt.Sprintf("127.0.0.1:%d", n.ctl)}
+		"--listen", n.dataListen(), "--control-listen", fmt.Sprintf("127.0.0.1:%d", n.ctl)}
 	if n.direct {
 		args = append(args, "--direct-io")
 	}

@@ -288,6 +288,10 @@ func (c *cluster) nemesis(ctx context.Context, rng *rand.Rand, count map[Fault]i
 		switch f {
 		case FaultFillDisk: // only the tmpfs node's disk can fill
 			n = c.nodes[len(c.nodes)-1]
+		case FaultPartitionReplica: // iptables cannot cut a unix socket
+			if n.sock != "" && len(c.nodes) > 1 {
+				n = c.nodes[1+rng.IntN(len(c.nodes)-1)]
+			}
 		case FaultRejoinReplica: // a node that is down or failed, if any
 			m, _ := c.modes(ctx)
 			var failed []*node
@@ -476,7 +480,8 @@ func (c *cluster) checkReplicasIdentical(ctx context.Context) string {
 	const region = 1 << 20
 	var ref [][32]byte
 	for _, n := range c.nodes {
-		d, err := dataconn.Dial(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", n.data), dataconn.ClientOptions{Conns: 1})
+		network, address := dataconn.SplitNetwork(n.dataListen())
+		d, err := dataconn.Dial(ctx, network, address, dataconn.ClientOptions{Conns: 1})
 		if err != nil {
 			return fmt.Sprintf("replica %d: %v", n.idx, err)
 		}
