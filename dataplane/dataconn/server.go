@@ -65,7 +65,7 @@ type Server struct {
 	backend Backend
 	opts    ServerOptions
 	log     logr.Logger
-	pool    *bufPool
+	pool    *shm.Arena // request and reply buffers (heap)
 	jobs    chan job
 
 	mu        sync.Mutex
@@ -104,7 +104,7 @@ func NewServer(b Backend, opts ServerOptions) *Server {
 		backend:   b,
 		opts:      opts,
 		log:       opts.Logger,
-		pool:      newBufPool(opts.MaxPayload),
+		pool:      shm.NewArena(nil),
 		jobs:      make(chan job, opts.Workers),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*serverConn]struct{}{},
@@ -245,7 +245,7 @@ func (s *Server) handle(j job) {
 		b := s.epochBackend(h.Epoch)
 		switch h.Op {
 		case OpRead:
-			payload = s.pool.get(int(h.Length))
+			payload = s.pool.Get(int(h.Length))
 			pooled = true
 			_, err = b.ReadAt(payload, int64(h.Offset))
 		case OpWrite:
@@ -263,11 +263,11 @@ func (s *Server) handle(j job) {
 		}
 	}
 	if j.pooled {
-		s.pool.put(j.buf)
+		s.pool.Put(j.buf)
 	}
 	if err != nil {
 		if pooled {
-			s.pool.put(payload)
+			s.pool.Put(payload)
 			pooled = false
 		}
 		rh.Code = codeOf(err)
@@ -411,13 +411,13 @@ func (sc *serverConn) readLoop() error {
 		closeFDs(fds)
 		var buf []byte
 		if h.PayloadLen > 0 {
-			buf = sc.s.pool.get(int(h.PayloadLen))
+			buf = sc.s.pool.Get(int(h.PayloadLen))
 			if err := br.Payload(buf); err != nil {
-				sc.s.pool.put(buf)
+				sc.s.pool.Put(buf)
 				return unexpectedEOF(err)
 			}
 			if got := Checksum(buf); got != h.PayloadCRC {
-				sc.s.pool.put(buf)
+				sc.s.pool.Put(buf)
 				return fmt.Errorf("%w: %s seq %d", ErrPayloadChecksum, h.Op, h.Seq)
 			}
 		}
@@ -426,7 +426,7 @@ func (sc *serverConn) readLoop() error {
 		if h.Flags&FlagShared != 0 {
 			j.buf, j.err = sc.sharedData(h, buf)
 			j.pooled = false
-			sc.s.pool.put(buf)
+			sc.s.pool.Put(buf)
 		}
 		if br.Idle() && sc.active.Load() == 0 && len(sc.replies) == 0 && (h.Op == OpRead || h.Op == OpWrite) {
 			// Nothing else has arrived: run it here and reply directly,
@@ -546,7 +546,7 @@ func (sc *serverConn) sendDirect(r reply) bool {
 		}
 	}
 	if r.pooled {
-		sc.s.pool.put(r.payload)
+		sc.s.pool.Put(r.payload)
 	}
 	return true
 }
@@ -588,7 +588,7 @@ func (sc *serverConn) writeLoop() {
 		sc.wmu.Unlock()
 		for i := range batch {
 			if batch[i].pooled {
-				sc.s.pool.put(batch[i].payload)
+				sc.s.pool.Put(batch[i].payload)
 			}
 			batch[i] = reply{}
 		}

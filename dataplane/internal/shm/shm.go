@@ -6,7 +6,9 @@
 // bytes on a socket (docs/dataconn.md, "Shared memory").
 //
 // Arena hands out request buffers from a Region, so that the NBD frontend
-// reads a write's payload from its client straight into shared memory.
+// reads a write's payload from its client straight into shared memory;
+// without a Region it is the size-class buffer pool of the data path (the
+// NBD server and the dataconn server use it so).
 package shm
 
 import (
