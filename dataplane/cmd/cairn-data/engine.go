@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
@@ -164,7 +165,11 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var f *frontend
 	switch *fe {
 	case "nbd":
-		f, err = startNBD(e, *name, *sock, *nbdKernel, shm.NewArena(region), func(m string) { log.Info(m) })
+		arena := shm.NewArena(region)
+		if region != nil {
+			go releaseIdle(ctx, arena, log)
+		}
+		f, err = startNBD(e, *name, *sock, *nbdKernel, arena, func(m string) { log.Info(m) })
 	case "fuse":
 		if *fuseDir == "" {
 			return fail("--frontend fuse needs --fuse-dir DIR")
@@ -201,4 +206,28 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		log.Error(err, "final flush failed")
 	}
 	return 0
+}
+
+// releaseIdleEvery is how often the engine gives the shared memory of an
+// idle volume back (an arena that handed out no buffer for a whole period).
+const releaseIdleEvery = 30 * time.Second
+
+// releaseIdle returns the pages of the shared memory's free buffers to the
+// system whenever the volume was idle for a period, until ctx ends.
+func releaseIdle(ctx context.Context, a *shm.Arena, log logr.Logger) {
+	t := time.NewTicker(releaseIdleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := a.ReleaseIdle()
+		if err != nil {
+			log.Info("could not release idle shared memory", "reason", err.Error())
+		} else if n > 0 {
+			log.V(1).Info("released idle shared memory", "bytes", n)
+		}
+	}
 }

@@ -17,6 +17,11 @@ type Arena struct {
 	next uint64                 // first region byte not yet carved
 	free [arenaClasses][]uint64 // per class: offsets of returned slots
 	out  int                    // region slots handed out, not returned
+	gets uint64                 // region slots handed out, ever
+	seen uint64                 // gets at the last ReleaseIdle
+	// touched holds the offset and size of every slot used since its
+	// memory was last released.
+	touched map[uint64]uint64
 }
 
 const arenaClasses = 14 // 4 KiB << 0..13, up to 32 MiB
@@ -77,6 +82,11 @@ func (a *Arena) fromRegion(c int) []byte {
 		a.next += size
 	}
 	a.out++
+	a.gets++
+	if a.touched == nil {
+		a.touched = map[uint64]uint64{}
+	}
+	a.touched[off] = size
 	return mem[off : off+size : off+size]
 }
 
@@ -102,6 +112,39 @@ func (a *Arena) Put(b []byte) {
 	}
 	b = b[:0]
 	a.heap[c].Put(&b)
+}
+
+// ReleaseIdle gives the memory behind the region's free slots back to the
+// system (their pages read as zeros until next written) when no slot was
+// handed out since the previous call, and returns how many bytes it
+// released. Called on an interval, it leaves a busy arena's pages alone
+// and empties an idle one's: a node with many mostly idle volumes does not
+// keep every engine's peak of buffers resident.
+func (a *Arena) ReleaseIdle() (int64, error) {
+	if a.region == nil {
+		return 0, nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.gets != a.seen {
+		a.seen = a.gets
+		return 0, nil
+	}
+	var released int64
+	for c := range a.free {
+		for _, off := range a.free[c] {
+			size, ok := a.touched[off]
+			if !ok {
+				continue
+			}
+			if err := a.region.punch(off, size); err != nil {
+				return released, err
+			}
+			delete(a.touched, off)
+			released += int64(size)
+		}
+	}
+	return released, nil
 }
 
 // InUse reports how many region slots are handed out and not yet returned

@@ -82,6 +82,23 @@ func offsetIn(mem, p []byte) (uint64, bool) {
 	return uint64(at - base), true
 }
 
+// punch frees the memory behind [off, off+size) (it reads as zeros after).
+func (r *Region) punch(off, size uint64) error {
+	if err := unix.Fallocate(r.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(size)); err != nil {
+		return fmt.Errorf("shm: releasing %d bytes at %d: %w", size, off, err)
+	}
+	return nil
+}
+
+// Resident reports how many bytes of the region hold memory.
+func (r *Region) Resident() (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(r.fd, &st); err != nil {
+		return 0, fmt.Errorf("shm: fstat: %w", err)
+	}
+	return st.Blocks * 512, nil
+}
+
 // Close unmaps the region and closes its descriptor. Buffers from it must
 // no longer be in use.
 func (r *Region) Close() error {

@@ -213,3 +213,66 @@ func TestArenaWithoutRegion(t *testing.T) {
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+func TestReleaseIdleFreesOnlyIdleMemory(t *testing.T) {
+	r := newRegion(t, 4<<20)
+	a := NewArena(r)
+	resident := func() int64 {
+		t.Helper()
+		n, err := r.Resident()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := resident(); n != 0 {
+		t.Fatalf("a fresh region holds %d bytes", n)
+	}
+	b := a.Get(128 << 10)
+	held := a.Get(64 << 10)
+	for i := range b {
+		b[i] = 0xaa
+	}
+	for i := range held {
+		held[i] = 0xbb
+	}
+	a.Put(b)
+	if n := resident(); n < 192<<10 {
+		t.Fatalf("after writing 192 KiB the region holds %d bytes", n)
+	}
+	// Slots were handed out since the last call: a busy arena keeps its pages.
+	if n, err := a.ReleaseIdle(); n != 0 || err != nil {
+		t.Fatalf("first ReleaseIdle on a busy arena released %d (%v)", n, err)
+	}
+	// Nothing taken since: the free 128 KiB slot goes, the held one stays.
+	if n, err := a.ReleaseIdle(); n != 128<<10 || err != nil {
+		t.Fatalf("ReleaseIdle on an idle arena released %d (%v), want 128 KiB", n, err)
+	}
+	if n := resident(); n != 64<<10 {
+		t.Fatalf("after the release the region holds %d bytes, want the 64 KiB in use", n)
+	}
+	if held[0] != 0xbb || held[len(held)-1] != 0xbb {
+		t.Fatal("a slot in use lost its bytes")
+	}
+	// Nothing left to release; a released slot is reused and works.
+	if n, _ := a.ReleaseIdle(); n != 0 {
+		t.Fatalf("a second idle release freed %d bytes again", n)
+	}
+	b = a.Get(128 << 10)
+	if b[0] != 0 {
+		t.Fatal("a released slot does not read as zeros")
+	}
+	b[0] = 1 // writable again (a fault here would kill the test)
+	a.Put(b)
+	a.Put(held)
+	a.ReleaseIdle() // busy since the last call
+	if n, _ := a.ReleaseIdle(); n != 192<<10 {
+		t.Fatalf("idle release after everything came back freed %d, want 192 KiB", n)
+	}
+	if n := resident(); n != 0 {
+		t.Fatalf("an idle arena's region still holds %d bytes", n)
+	}
+	if n, err := NewArena(nil).ReleaseIdle(); n != 0 || err != nil {
+		t.Fatal("ReleaseIdle without a region")
+	}
+}
