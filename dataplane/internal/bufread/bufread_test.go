@@ -1,7 +1,6 @@
 package bufread
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"io"
@@ -10,11 +9,11 @@ import (
 	"testing"
 )
 
-// TestReadFullMatchesStream reads a stream of frames of random sizes, each
-// a small header followed by its payload, through ReadFull over a real
+// TestReaderMatchesStream reads a stream of frames of random sizes, each
+// a small header followed by its payload, through a Reader over a real
 // socket pair and checks every byte arrives in order; large payloads must
 // not go through the buffer.
-func TestReadFullMatchesStream(t *testing.T) {
+func TestReaderMatchesStream(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -42,21 +41,21 @@ func TestReadFullMatchesStream(t *testing.T) {
 		}
 	}()
 	counter := &countingReader{r: a}
-	br := bufio.NewReaderSize(counter, 64<<10)
+	x := NewReader(counter, 64<<10)
 	var got bytes.Buffer
 	for _, n := range sizes {
 		hdr := make([]byte, 8)
-		if err := ReadFull(br, counter, hdr); err != nil {
+		if err := x.Header(hdr); err != nil {
 			t.Fatal(err)
 		}
 		p := make([]byte, n)
-		if err := ReadFull(br, counter, p); err != nil {
+		if err := x.Payload(p); err != nil {
 			t.Fatal(err)
 		}
 		got.Write(hdr)
 		got.Write(p)
 	}
-	if err := ReadFull(br, counter, make([]byte, 1)); err != io.EOF {
+	if err := x.Header(make([]byte, 1)); err != io.EOF {
 		t.Fatalf("after the stream: %v, want EOF", err)
 	}
 	if !bytes.Equal(got.Bytes(), want.Bytes()) {
@@ -79,7 +78,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return c.r.Read(p)
 }
 
-func TestReadFullShortStream(t *testing.T) {
+func TestPayloadShortStream(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		stream int
@@ -90,12 +89,11 @@ func TestReadFullShortStream(t *testing.T) {
 		{"partial, past the buffer", DirectMin + 5000, io.ErrUnexpectedEOF},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := bytes.NewReader(make([]byte, tc.stream))
-			br := bufio.NewReaderSize(r, 4096)
+			x := NewReader(bytes.NewReader(make([]byte, tc.stream)), 4096)
 			if tc.stream > 0 {
-				br.Peek(1) // fill the buffer
+				x.br.Peek(1) // fill the buffer
 			}
-			err := ReadFull(br, r, make([]byte, 2*DirectMin))
+			err := x.Payload(make([]byte, 2*DirectMin))
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, want %v", err, tc.want)
 			}
