@@ -268,16 +268,22 @@ func (s *Server) handle(j job) {
 	if err != nil {
 		if pooled {
 			s.pool.Put(payload)
-			pooled = false
 		}
-		rh.Code = codeOf(err)
-		rh.Length = 0
-		payload = []byte(err.Error())
-		if len(payload) > int(s.opts.MaxPayload) {
-			payload = payload[:s.opts.MaxPayload]
-		}
+		j.sc.replyError(rh, err)
+		return
 	}
 	j.sc.reply(rh, payload, pooled)
+}
+
+// replyError answers with err's code and its message as the payload.
+func (sc *serverConn) replyError(rh Header, err error) {
+	rh.Code = codeOf(err)
+	rh.Length = 0
+	msg := []byte(err.Error())
+	if len(msg) > int(sc.s.opts.MaxPayload) {
+		msg = msg[:sc.s.opts.MaxPayload]
+	}
+	sc.reply(rh, msg, false)
 }
 
 // reply queues a reply, or sends it at once when nothing is queued.
@@ -463,9 +469,7 @@ func (sc *serverConn) attach(h Header, fds []int, first bool) {
 		err = fmt.Errorf("%w: attach must be a connection's first frame and carry exactly one memfd (got %d descriptors)", CodeInvalid, len(fds))
 	}
 	if err != nil {
-		rh.Code = codeOf(err)
-		rh.Length = 0
-		sc.reply(rh, []byte(err.Error()), false)
+		sc.replyError(rh, err)
 		return
 	}
 	sc.reply(rh, nil, false)
