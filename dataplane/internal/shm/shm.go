@@ -2,7 +2,7 @@
 // its own node: the engine creates a Region (a sealed memfd it maps
 // read-write), hands its descriptor to a replica over a unix socket, and the
 // replica maps it read-only (Map). A write whose payload already lies in the
-// region then crosses to the replica as a 16-byte reference instead of as
+// region then crosses to the replica as an 8-byte offset instead of as
 // bytes on a socket (docs/dataconn.md, "Shared memory").
 //
 // Arena hands out request buffers from a Region, so that the NBD frontend
@@ -67,10 +67,7 @@ func (r *Region) Bytes() []byte { return r.mem }
 
 // Offset reports where p lies in the region, and whether all of it does.
 func (r *Region) Offset(p []byte) (uint64, bool) {
-	return offsetIn(r.mem, p)
-}
-
-func offsetIn(mem, p []byte) (uint64, bool) {
+	mem := r.mem
 	if len(p) == 0 || len(mem) == 0 {
 		return 0, false
 	}

@@ -8,9 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
-	"unsafe"
 )
 
 func newRegion(t *testing.T, size int) *Region {
