@@ -3,6 +3,7 @@ package dataconn
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -17,14 +18,21 @@ import (
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
-// unixServer serves b on a unix socket in a temporary directory.
-func unixServer(t *testing.T, b Backend) (*Server, string) {
+// listenUnix listens on a unix socket in a temporary directory.
+func listenUnix(t *testing.T) (net.Listener, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "data.sock")
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l, path
+}
+
+// unixServer serves b on a unix socket in a temporary directory.
+func unixServer(t *testing.T, b Backend) (*Server, string) {
+	t.Helper()
+	l, path := listenUnix(t)
 	srv := NewServer(b, ServerOptions{})
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
@@ -175,13 +183,7 @@ func roundTrip(t *testing.T, c net.Conn, h Header, payload []byte, fds ...int) F
 	return f
 }
 
-func ref(off uint64) []byte {
-	b := make([]byte, SharedRefSize)
-	for i := range 8 {
-		b[i] = byte(off >> (56 - 8*i))
-	}
-	return b
-}
+func ref(off uint64) []byte { return binary.BigEndian.AppendUint64(nil, off) }
 
 func TestSharedBadInputIsRefused(t *testing.T) {
 	m := newMem(1 << 20)
@@ -280,11 +282,7 @@ func TestSharedRefusedFallsBackToPlainWrites(t *testing.T) {
 	m := newMem(1 << 20)
 	srv := NewServer(m, ServerOptions{})
 	defer srv.Close()
-	path := filepath.Join(t.TempDir(), "refusing.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, path := listenUnix(t)
 	defer l.Close()
 	go func() {
 		for {
