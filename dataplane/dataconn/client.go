@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/cairn-io/cairn/dataplane/internal/bufread"
+	"github.com/cairn-io/cairn/dataplane/internal/rawio"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
@@ -222,7 +223,7 @@ func NewClient(streams []net.Conn, opts ClientOptions) *Client {
 	opts.setDefaults()
 	c := &Client{opts: opts, log: opts.Logger, done: make(chan struct{})}
 	for _, nc := range streams {
-		c.conns = append(c.conns, &clientConn{c: c, nc: nc, sendq: make(chan *call, 512), pending: map[uint64]*call{}})
+		c.conns = append(c.conns, &clientConn{c: c, nc: rawio.Wrap(nc), sendq: make(chan *call, 512), pending: map[uint64]*call{}})
 	}
 	// Start only once c.conns is complete: a connection that fails at once
 	// makes fail() walk every connection.
@@ -376,7 +377,7 @@ func (c *Client) startOn(cc *clientConn, cl *call, h Header, timeout time.Durati
 			if len(cl.payload) > 0 {
 				bufs = append(bufs, cl.payload)
 			}
-			if _, err := bufs.WriteTo(cc.nc); err != nil {
+			if _, err := rawio.WriteBuffers(cc.nc, &bufs); err != nil {
 				cc.wmu.Unlock()
 				c.fail(fmt.Errorf("%w: write: %w", ErrConnectionLost, err))
 				<-cl.done
@@ -501,7 +502,7 @@ func (cc *clientConn) writeLoop() {
 		}
 		v := bufs
 		cc.wmu.Lock()
-		_, err := v.WriteTo(cc.nc)
+		_, err := rawio.WriteBuffers(cc.nc, &v)
 		cc.wmu.Unlock()
 		if err != nil {
 			cc.c.fail(fmt.Errorf("%w: write: %w", ErrConnectionLost, err))

@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/cairn-io/cairn/dataplane/internal/bufread"
+	"github.com/cairn-io/cairn/dataplane/internal/rawio"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
@@ -154,7 +155,7 @@ func (s *Server) Serve(l net.Listener) error {
 // ServeConn serves one established stream in the background until it fails,
 // the peer closes it, or the server shuts down.
 func (s *Server) ServeConn(nc net.Conn) {
-	sc := &serverConn{s: s, nc: nc, replies: make(chan reply, 256), log: s.log.WithValues("peer", nc.RemoteAddr().String())}
+	sc := &serverConn{s: s, nc: nc, raw: rawio.Wrap(nc), replies: make(chan reply, 256), log: s.log.WithValues("peer", nc.RemoteAddr().String())}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -354,6 +355,7 @@ const readBufferSize = 256 << 10
 type serverConn struct {
 	s        *Server
 	nc       net.Conn
+	raw      net.Conn // nc with raw-syscall reads and writes (rawio)
 	log      logr.Logger
 	replies  chan reply
 	inflight sync.WaitGroup
@@ -388,7 +390,7 @@ func (sc *serverConn) run() {
 
 func (sc *serverConn) readLoop() error {
 	var hb [HeaderSize]byte
-	br := bufread.NewReader(sc.nc, readBufferSize) // many frames per read syscall
+	br := bufread.NewReader(sc.raw, readBufferSize) // many frames per read syscall
 	uc, _ := sc.nc.(*net.UnixConn)
 	for first := true; ; first = false {
 		var fds []int
@@ -544,7 +546,7 @@ func (sc *serverConn) sendDirect(r reply) bool {
 		if len(r.payload) > 0 {
 			bufs = append(bufs, r.payload)
 		}
-		if _, err := bufs.WriteTo(sc.nc); err != nil {
+		if _, err := rawio.WriteBuffers(sc.raw, &bufs); err != nil {
 			sc.wfailed = true
 			sc.nc.Close()
 		}
@@ -584,7 +586,7 @@ func (sc *serverConn) writeLoop() {
 				}
 			}
 			v := bufs // WriteTo consumes its receiver; keep bufs' backing array
-			if _, err := v.WriteTo(sc.nc); err != nil {
+			if _, err := rawio.WriteBuffers(sc.raw, &v); err != nil {
 				sc.wfailed = true // keep draining so workers never block; the reader sees the close
 				sc.nc.Close()
 			}

@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cairn-io/cairn/dataplane/internal/rawio"
 )
 
 // blockFile is a layer file. Opened for direct I/O (O_DIRECT, Options.
@@ -22,6 +24,7 @@ import (
 type blockFile struct {
 	*os.File
 	direct bool
+	raw    *rawio.File // buffered writes: raw pwrite calls (see rawio)
 }
 
 // alignment is what O_DIRECT needs on any device we expect (4 KiB logical
@@ -46,7 +49,14 @@ func openBlockFile(path string, direct bool) (*blockFile, error) {
 		// rebuild reads in large pieces. An error only loses the hint.
 		_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM)
 	}
-	return &blockFile{File: f, direct: direct}, nil
+	bf := &blockFile{File: f, direct: direct}
+	if !direct {
+		if bf.raw, err = rawio.NewFile(f); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	return bf, nil
 }
 
 func aligned(p []byte, off int64) bool {
@@ -106,7 +116,7 @@ func (f *blockFile) WriteAt(p []byte, off int64) (int, error) {
 		done := 0
 		for done < len(p) {
 			n := min(len(p)-done, bufferedWriteChunk)
-			if _, err := f.File.WriteAt(p[done:done+n], off+int64(done)); err != nil {
+			if _, err := f.raw.WriteAt(p[done:done+n], off+int64(done)); err != nil {
 				return done, err
 			}
 			done += n

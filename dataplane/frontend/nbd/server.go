@@ -15,6 +15,7 @@ import (
 
 	"github.com/cairn-io/cairn/dataplane/frontend"
 	"github.com/cairn-io/cairn/dataplane/internal/bufread"
+	"github.com/cairn-io/cairn/dataplane/internal/rawio"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
@@ -281,6 +282,7 @@ func (s *Server) optReply(c net.Conn, opt, typ uint32, data []byte) error {
 // transmit serves requests until DISC or a broken connection. Requests run
 // concurrently; replies go out as they complete, matched by handle.
 func (s *Server) transmit(c net.Conn) error {
+	c = rawio.Wrap(c)
 	rw := &replyWriter{c: c, arena: s.opts.Buffers}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -391,7 +393,7 @@ func (w *replyWriter) send(handle uint64, errno uint32, data []byte) {
 		w.bufs = bufs
 		var err error
 		if !failed {
-			_, err = bufs.WriteTo(w.c) // consumes its copy of the slice header
+			_, err = rawio.WriteBuffers(w.c, &bufs) // consumes its copy of the slice header
 		}
 		clear(w.bufs)
 		for i := range batch {
