@@ -68,6 +68,9 @@ type Metrics struct {
 // engine.
 type ReplicaMetrics struct {
 	Read, Write, Flush, Unmap OpMetrics
+	// SharedWrites counts the writes sent through shared memory (see
+	// SharedWriteCounter; 0 for other replicas).
+	SharedWrites uint64
 }
 
 // Metrics returns the counters.
@@ -81,10 +84,14 @@ func (e *Engine) Metrics() Metrics {
 	defer e.mu.Unlock()
 	for _, r := range e.members {
 		s := &r.stats
-		m.Replicas[r.addr] = ReplicaMetrics{
+		rm := ReplicaMetrics{
 			Read: s.byOp[opRead].snapshot(), Write: s.byOp[opWrite].snapshot(),
 			Flush: s.byOp[opFlush].snapshot(), Unmap: s.byOp[opUnmap].snapshot(),
 		}
+		if sc, ok := r.r.(SharedWriteCounter); ok {
+			rm.SharedWrites = sc.SharedWrites()
+		}
+		m.Replicas[r.addr] = rm
 	}
 	return m
 }

@@ -78,6 +78,12 @@ type WriteStarter interface {
 	StartWriteAt(p []byte, off int64, fua bool) Waiter
 }
 
+// SharedWriteCounter is implemented by replicas that count the writes they
+// got through memory shared with the engine (Metrics reports it).
+type SharedWriteCounter interface {
+	SharedWrites() uint64
+}
+
 // Waiter waits for the answer to a started request. A ctx that ends first
 // fails the replica's connection, as for the synchronous calls.
 type Waiter interface {

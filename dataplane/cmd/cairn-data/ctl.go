@@ -181,8 +181,8 @@ func ctlDo(ctx context.Context, c enginev1.EngineServiceClient, rest []string, o
 			fmt.Fprintf(out, "%-6s ops=%d bytes=%d errors=%d\n", x.n, x.m.GetOps(), x.m.GetBytes(), x.m.GetErrors())
 		}
 		for _, r := range m.Replicas {
-			fmt.Fprintf(out, "replica %s: read ops=%d write ops=%d errors=%d\n", r.Address, r.Read.GetOps(), r.Write.GetOps(),
-				r.Read.GetErrors()+r.Write.GetErrors()+r.Flush.GetErrors()+r.Unmap.GetErrors())
+			fmt.Fprintf(out, "replica %s: read ops=%d write ops=%d (shared memory %d) errors=%d\n", r.Address, r.Read.GetOps(), r.Write.GetOps(),
+				r.SharedWrites, r.Read.GetErrors()+r.Write.GetErrors()+r.Flush.GetErrors()+r.Unmap.GetErrors())
 		}
 	default:
 		return fmt.Errorf("unknown command %q\n\n%s", rest[0], ctlUsage)

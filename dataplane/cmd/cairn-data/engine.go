@@ -167,7 +167,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	case "nbd":
 		arena := shm.NewArena(region)
 		if region != nil {
-			go releaseIdle(ctx, arena, log)
+			go releaseIdle(ctx, arena, releaseIdleEvery, log)
 		}
 		f, err = startNBD(e, *name, *sock, *nbdKernel, arena, func(m string) { log.Info(m) })
 	case "fuse":
@@ -213,9 +213,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 const releaseIdleEvery = 30 * time.Second
 
 // releaseIdle returns the pages of the shared memory's free buffers to the
-// system whenever the volume was idle for a period, until ctx ends.
-func releaseIdle(ctx context.Context, a *shm.Arena, log logr.Logger) {
-	t := time.NewTicker(releaseIdleEvery)
+// system whenever the volume was idle for a period (every), until ctx ends.
+func releaseIdle(ctx context.Context, a *shm.Arena, every time.Duration, log logr.Logger) {
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {

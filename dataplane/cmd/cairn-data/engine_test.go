@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -126,6 +128,20 @@ func TestEngineProcessQemuIO(t *testing.T) {
 	qemuIO(t, v.uri, "read -P 0x5a 0 8M", "read -P 0x6b 8M 1M", "read -P 0 16M 4M")
 	if out := v.ctl(t, "info"); !strings.Contains(out, "healthy") || !strings.Contains(out, v.sock) {
 		t.Fatalf("info: %s", out)
+	}
+	// The metrics count the writes that went through shared memory: most of
+	// the unix replica's, none of the TCP replicas'.
+	metrics := v.ctl(t, "metrics")
+	for i, addr := range v.addrs {
+		m := regexp.MustCompile(`replica ` + regexp.QuoteMeta(addr) + `: read ops=\d+ write ops=(\d+) \(shared memory (\d+)\)`).FindStringSubmatch(metrics)
+		if m == nil {
+			t.Fatalf("metrics show no line for replica %s:\n%s", addr, metrics)
+		}
+		writes, _ := strconv.Atoi(m[1])
+		shared, _ := strconv.Atoi(m[2])
+		if i == 0 && (shared == 0 || shared > writes) || i > 0 && shared != 0 || writes == 0 {
+			t.Fatalf("replica %d (%s): %d writes, %d through shared memory:\n%s", i, addr, writes, shared, metrics)
+		}
 	}
 	// With both TCP replicas gone, every byte comes from the replica that
 	// got its writes through shared memory.

@@ -142,7 +142,7 @@ func (s *Server) Metrics(context.Context, *enginev1.MetricsRequest) (*enginev1.M
 	}
 	for addr, r := range m.Replicas {
 		out.Replicas = append(out.Replicas, &enginev1.ReplicaMetrics{Address: addr, Read: opMetrics(r.Read),
-			Write: opMetrics(r.Write), Flush: opMetrics(r.Flush), Unmap: opMetrics(r.Unmap)})
+			Write: opMetrics(r.Write), Flush: opMetrics(r.Flush), Unmap: opMetrics(r.Unmap), SharedWrites: r.SharedWrites})
 	}
 	return out, nil
 }

@@ -108,6 +108,7 @@ func (c *Client) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 func (c *Client) StartWriteAt(p []byte, off int64, fua bool) engine.Waiter {
 	return c.data.StartWriteAt(p, off, fua)
 }
+func (c *Client) SharedWrites() uint64                          { return c.data.SharedWrites() }
 func (c *Client) Flush(ctx context.Context) error               { return c.data.Flush(ctx) }
 func (c *Client) Unmap(ctx context.Context, off, n int64) error { return c.data.Unmap(ctx, off, n) }
 func (c *Client) SetRequestEpoch(e uint64)                      { c.data.SetEpoch(e) }

@@ -1285,12 +1285,15 @@ func (x *OpMetrics) GetLatency() []uint64 {
 }
 
 type ReplicaMetrics struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
-	Read          *OpMetrics             `protobuf:"bytes,2,opt,name=read,proto3" json:"read,omitempty"`
-	Write         *OpMetrics             `protobuf:"bytes,3,opt,name=write,proto3" json:"write,omitempty"`
-	Flush         *OpMetrics             `protobuf:"bytes,4,opt,name=flush,proto3" json:"flush,omitempty"`
-	Unmap         *OpMetrics             `protobuf:"bytes,5,opt,name=unmap,proto3" json:"unmap,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Address string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Read    *OpMetrics             `protobuf:"bytes,2,opt,name=read,proto3" json:"read,omitempty"`
+	Write   *OpMetrics             `protobuf:"bytes,3,opt,name=write,proto3" json:"write,omitempty"`
+	Flush   *OpMetrics             `protobuf:"bytes,4,opt,name=flush,proto3" json:"flush,omitempty"`
+	Unmap   *OpMetrics             `protobuf:"bytes,5,opt,name=unmap,proto3" json:"unmap,omitempty"`
+	// Writes that reached the replica through shared memory (a replica on
+	// the engine's node, on a unix socket): no copy through the socket.
+	SharedWrites  uint64 `protobuf:"varint,6,opt,name=shared_writes,json=sharedWrites,proto3" json:"shared_writes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1358,6 +1361,13 @@ func (x *ReplicaMetrics) GetUnmap() *OpMetrics {
 		return x.Unmap
 	}
 	return nil
+}
+
+func (x *ReplicaMetrics) GetSharedWrites() uint64 {
+	if x != nil {
+		return x.SharedWrites
+	}
+	return 0
 }
 
 type MetricsRequest struct {
@@ -1558,13 +1568,14 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x03ops\x18\x01 \x01(\x04R\x03ops\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12\x16\n" +
 	"\x06errors\x18\x03 \x01(\x04R\x06errors\x12\x18\n" +
-	"\alatency\x18\x04 \x03(\x04R\alatency\"\xf0\x01\n" +
+	"\alatency\x18\x04 \x03(\x04R\alatency\"\x95\x02\n" +
 	"\x0eReplicaMetrics\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12.\n" +
 	"\x04read\x18\x02 \x01(\v2\x1a.cairn.engine.v1.OpMetricsR\x04read\x120\n" +
 	"\x05write\x18\x03 \x01(\v2\x1a.cairn.engine.v1.OpMetricsR\x05write\x120\n" +
 	"\x05flush\x18\x04 \x01(\v2\x1a.cairn.engine.v1.OpMetricsR\x05flush\x120\n" +
-	"\x05unmap\x18\x05 \x01(\v2\x1a.cairn.engine.v1.OpMetricsR\x05unmap\"\x10\n" +
+	"\x05unmap\x18\x05 \x01(\v2\x1a.cairn.engine.v1.OpMetricsR\x05unmap\x12#\n" +
+	"\rshared_writes\x18\x06 \x01(\x04R\fsharedWrites\"\x10\n" +
 	"\x0eMetricsRequest\"\xc0\x02\n" +
 	"\x0fMetricsResponse\x12.\n" +
 	"\x04read\x18\x01 \x01(\v2\x1a.cairn.engine.v1.OpMetricsR\x04read\x120\n" +
