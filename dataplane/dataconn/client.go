@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -94,6 +95,9 @@ type Client struct {
 	frames  atomic.Uint64 // frames sent
 	batches atomic.Uint64 // vectored writes that sent them
 
+	repliesByWaiter atomic.Uint64 // replies read by a waiting caller (readUntil)
+	repliesByReader atomic.Uint64 // replies read by a connection's readLoop
+
 	shared       *shm.Region   // attached on every connection, or nil
 	sharedWrites atomic.Uint64 // writes sent as a reference into shared
 
@@ -119,10 +123,31 @@ type clientConn struct {
 	sendq chan *call
 	wmu   sync.Mutex // held while writing to nc
 
+	// Replies are read by whoever holds rmu: a goroutine waiting for its
+	// own reply while nobody else reads (readUntil, the queue-depth-1
+	// case), or readLoop, woken when calls are pending and their waiters
+	// are not reading.
+	rmu sync.Mutex
+	br  *bufread.Reader
+	hb  [HeaderSize]byte
+	// wake tells readLoop to read (one token per reader change to
+	// readerLoop).
+	wake chan struct{}
+
 	mu      sync.Mutex
 	closed  bool
 	pending map[uint64]*call
+	reader  readerState
 }
+
+// readerState says who reads a connection's replies.
+type readerState uint8
+
+const (
+	readerNone   readerState = iota // nobody: replies wait in the socket
+	readerInline                    // a waiter, for its own reply (readUntil)
+	readerLoop                      // readLoop, until nothing is pending
+)
 
 // SplitNetwork maps an address to a network and address for net.Dial and
 // net.Listen: "unix:PATH" is the unix socket PATH, anything else is TCP.
@@ -223,7 +248,9 @@ func NewClient(streams []net.Conn, opts ClientOptions) *Client {
 	opts.setDefaults()
 	c := &Client{opts: opts, log: opts.Logger, done: make(chan struct{})}
 	for _, nc := range streams {
-		c.conns = append(c.conns, &clientConn{c: c, nc: rawio.Wrap(nc), sendq: make(chan *call, 512), pending: map[uint64]*call{}})
+		cc := &clientConn{c: c, nc: rawio.Wrap(nc), sendq: make(chan *call, 512), pending: map[uint64]*call{}, wake: make(chan struct{}, 1)}
+		cc.br = bufread.NewReader(cc.nc, readBufferSize)
+		c.conns = append(c.conns, cc)
 	}
 	// Start only once c.conns is complete: a connection that fails at once
 	// makes fail() walk every connection.
@@ -243,6 +270,14 @@ func NewClient(streams []net.Conn, opts ClientOptions) *Client {
 // vectored writes: frames/batches is the average batch size.
 func (c *Client) SendStats() (frames, batches uint64) {
 	return c.frames.Load(), c.batches.Load()
+}
+
+// ReadStats reports how many replies were read by the caller waiting for
+// them (a request alone on its connection, with a context that cannot
+// end) and how many by the connections' reader goroutines, which then
+// hand them over.
+func (c *Client) ReadStats() (byWaiter, byReader uint64) {
+	return c.repliesByWaiter.Load(), c.repliesByReader.Load()
 }
 
 // SharedWrites reports how many writes were sent as a reference into the
@@ -313,13 +348,14 @@ func (c *Client) start(cl *call, h Header) *Pending {
 // Pending is a request that was sent and may still be waiting for its
 // reply (see StartWriteAt).
 type Pending struct {
-	c       *Client
-	cl      *call
-	op      Op
-	seq     uint64
-	timer   *time.Timer
-	timeout time.Duration
-	err     error // the request ended before it was sent
+	c        *Client
+	cc       *clientConn // nil if the request ended before it was sent (err)
+	cl       *call
+	op       Op
+	seq      uint64
+	deadline time.Time
+	timeout  time.Duration
+	err      error
 }
 
 // StartWriteAt sends a write and returns without waiting for its reply:
@@ -396,7 +432,7 @@ func (c *Client) startOn(cc *clientConn, cl *call, h Header, timeout time.Durati
 		case <-c.done: // fail() has completed cl, or will: it was registered
 		}
 	}
-	p.timer = time.NewTimer(timeout)
+	p.cc, p.deadline = cc, time.Now().Add(timeout)
 	return p
 }
 
@@ -404,14 +440,25 @@ func (c *Client) startOn(cc *clientConn, cl *call, h Header, timeout time.Durati
 // runs from when it was started. A ctx that ends first fails the client,
 // as for the synchronous calls.
 func (p *Pending) Wait(ctx context.Context) error {
-	if p.timer == nil {
+	if p.cc == nil {
 		return p.err
 	}
-	defer p.timer.Stop()
 	c, cl := p.c, p.cl
 	// An answer that is in already wins over a deadline that has passed
 	// meanwhile (the caller may have been waiting for other requests):
 	// select alone would pick between them at random.
+	if cl.completed() {
+		return cl.err
+	}
+	// With a context that cannot end (the engine's), read the reply here
+	// if nobody else is reading this connection: no hand-off.
+	if ctx.Done() == nil && p.cc.readUntil(p) {
+		<-cl.done
+		return cl.err
+	}
+	p.cc.ensureReader()
+	timer := time.NewTimer(time.Until(p.deadline))
+	defer timer.Stop()
 	select {
 	case <-cl.done:
 		return cl.err
@@ -420,7 +467,7 @@ func (p *Pending) Wait(ctx context.Context) error {
 	select {
 	case <-cl.done:
 		return cl.err
-	case <-p.timer.C:
+	case <-timer.C:
 		c.fail(fmt.Errorf("%w: %s seq %d got no reply within %s", ErrTimeout, p.op, p.seq, p.timeout))
 	case <-ctx.Done():
 		c.fail(fmt.Errorf("%s seq %d abandoned: %w", p.op, p.seq, ctx.Err()))
@@ -460,6 +507,92 @@ func (c *Client) fail(cause error) {
 func (cl *call) complete(err error) {
 	cl.err = err
 	close(cl.done)
+}
+
+func (cl *call) completed() bool {
+	select {
+	case <-cl.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// lapsedGrace is how long readUntil still reads when the deadline has
+// passed before it starts: long enough to take an answer that is in
+// already (it wins over the deadline, as in Wait), short enough not to
+// stretch the timeout.
+const lapsedGrace = 5 * time.Millisecond
+
+// readUntil reads replies from this goroutine until p's call is complete,
+// when it is the only call on cc and nobody else is reading: at queue
+// depth 1 the waiter gets its answer straight from the socket, without
+// readLoop handing it over (a goroutine hand-off the scheduler pays a
+// thread wake-up for). Replies to calls started meanwhile, read on the
+// way, complete those. It returns false, having read nothing, when
+// another goroutine reads cc. A read that fails, or p's deadline passing,
+// fails the client, as in Wait.
+func (cc *clientConn) readUntil(p *Pending) bool {
+	cc.mu.Lock()
+	// Only for a call alone on the connection: with more in flight,
+	// readLoop keeps reading (and the waiters are handed their answers),
+	// rather than each waiter reading a while and waking it again.
+	if cc.closed || cc.reader != readerNone || len(cc.pending) != 1 {
+		cc.mu.Unlock()
+		return false
+	}
+	cc.reader = readerInline
+	cc.mu.Unlock()
+
+	cc.rmu.Lock()
+	deadline := p.deadline
+	if now := time.Now(); deadline.Before(now) {
+		deadline = now.Add(lapsedGrace)
+	}
+	var err error
+	if err = cc.nc.SetReadDeadline(deadline); err == nil {
+		for err == nil && !p.cl.completed() {
+			err = cc.readReply(&cc.c.repliesByWaiter)
+		}
+		if derr := cc.nc.SetReadDeadline(time.Time{}); err == nil {
+			err = derr
+		}
+	}
+	cc.rmu.Unlock()
+
+	cc.mu.Lock()
+	cc.reader = readerNone
+	if err == nil && len(cc.pending) > 0 && !cc.closed {
+		// Calls started meanwhile whose answers are still to come.
+		cc.reader = readerLoop
+		cc.wakeLoop()
+	}
+	cc.mu.Unlock()
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("%w: %s seq %d got no reply within %s", ErrTimeout, p.op, p.seq, p.timeout)
+		}
+		cc.c.fail(err) // completes p's call
+	}
+	return true
+}
+
+// ensureReader wakes readLoop if nobody reads cc.
+func (cc *clientConn) ensureReader() {
+	cc.mu.Lock()
+	if cc.reader == readerNone && !cc.closed {
+		cc.reader = readerLoop
+		cc.wakeLoop()
+	}
+	cc.mu.Unlock()
+}
+
+// wakeLoop hands readLoop its token (under mu).
+func (cc *clientConn) wakeLoop() {
+	select {
+	case cc.wake <- struct{}{}:
+	default:
+	}
 }
 
 // claim removes and returns the pending call for seq, or nil.
@@ -514,33 +647,62 @@ func (cc *clientConn) writeLoop() {
 	}
 }
 
-// readLoop matches replies to pending calls by sequence number.
+// readLoop reads replies when woken (ensureReader, readUntil) until no
+// call is pending. While nobody reads, a connection's replies wait in the
+// socket for their waiters, and a server that goes away unasked is
+// noticed by the next request or liveness ping.
 func (cc *clientConn) readLoop() {
 	defer cc.c.wg.Done()
-	var hb [HeaderSize]byte
-	br := bufread.NewReader(cc.nc, readBufferSize)
 	for {
-		if err := br.Header(hb[:]); err != nil {
-			cc.c.fail(fmt.Errorf("%w: read: %w", ErrConnectionLost, err))
+		select {
+		case <-cc.wake:
+		case <-cc.c.done:
 			return
 		}
-		h, err := ParseHeader(hb[:], cc.c.opts.MaxPayload)
-		if err == nil && !h.Op.IsReply() {
-			err = fmt.Errorf("%w: the server sent a request (%s)", ErrMalformed, h.Op)
-		}
-		if err != nil {
-			cc.c.fail(err)
-			return
-		}
-		cl := cc.claim(h.Seq)
-		if err := cc.complete(br, cl, h); err != nil {
-			if cl != nil {
-				cl.complete(fmt.Errorf("%w: %w", ErrClientFailed, err))
+		cc.rmu.Lock()
+		for {
+			if err := cc.readReply(&cc.c.repliesByReader); err != nil {
+				cc.rmu.Unlock()
+				cc.c.fail(err)
+				return
 			}
-			cc.c.fail(err)
-			return
+			cc.mu.Lock()
+			idle := len(cc.pending) == 0
+			if idle {
+				cc.reader = readerNone
+			}
+			cc.mu.Unlock()
+			if idle {
+				break
+			}
 		}
+		cc.rmu.Unlock()
 	}
+}
+
+// readReply reads one reply, completes its call and counts it in n (under
+// rmu). An error means the connection is unusable; the caller fails the
+// client.
+func (cc *clientConn) readReply(n *atomic.Uint64) error {
+	if err := cc.br.Header(cc.hb[:]); err != nil {
+		return fmt.Errorf("%w: read: %w", ErrConnectionLost, err)
+	}
+	h, err := ParseHeader(cc.hb[:], cc.c.opts.MaxPayload)
+	if err == nil && !h.Op.IsReply() {
+		err = fmt.Errorf("%w: the server sent a request (%s)", ErrMalformed, h.Op)
+	}
+	if err != nil {
+		return err
+	}
+	cl := cc.claim(h.Seq)
+	n.Add(1) // before the call completes: its caller may look at once
+	if err := cc.complete(cc.br, cl, h); err != nil {
+		if cl != nil {
+			cl.complete(fmt.Errorf("%w: %w", ErrClientFailed, err))
+		}
+		return err
+	}
+	return nil
 }
 
 // complete reads the reply's payload and completes cl (nil when the call

@@ -525,3 +525,122 @@ func TestWaitPrefersAnswerOverLapsedDeadline(t *testing.T) {
 		release()
 	}
 }
+
+// TestWaiterReadsItsOwnReply: a request alone on its connection, waited
+// for with a context that cannot end, is read by its waiter (no hand-off
+// from the reader goroutine); a cancellable context, or requests queued
+// behind each other, go through the reader goroutine; either way every
+// request completes with its data.
+func TestWaiterReadsItsOwnReply(t *testing.T) {
+	m := newMem(1 << 20)
+	cl, _, _ := tcpPair(t, m, ClientOptions{Conns: 1, PingInterval: -1})
+	ctx := context.Background()
+	for i := range 100 {
+		if err := cl.WriteAt(ctx, bytes.Repeat([]byte{byte(i)}, 4096), int64(i%16)*4096, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w, r := cl.ReadStats(); w != 100 || r != 0 {
+		t.Fatalf("queue depth 1: %d replies read by their waiter, %d by the reader goroutine; want 100, 0", w, r)
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	buf := make([]byte, 4096)
+	if err := cl.ReadAt(cctx, buf, 15*4096); err != nil || buf[0] != 95 { // written last by i=95
+		t.Fatalf("read with a cancellable context: %v, byte %d", err, buf[0])
+	}
+	if w, r := cl.ReadStats(); w != 100 || r != 1 {
+		t.Fatalf("a cancellable context: %d by waiters, %d by the reader; want 100, 1", w, r)
+	}
+
+	// Many at once on the one connection: all complete, with their data.
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := range 16 {
+		wg.Go(func() {
+			p := make([]byte, 4096)
+			for k := range 50 {
+				off := int64(16+g) * 4096
+				if err := cl.WriteAt(ctx, bytes.Repeat([]byte{byte(g + k)}, 4096), off, false); err != nil {
+					errs <- err
+					return
+				}
+				if err := cl.ReadAt(ctx, p, off); err != nil || p[0] != byte(g+k) || p[4095] != byte(g+k) {
+					errs <- fmt.Errorf("goroutine %d: read back %d (%v), want %d", g, p[0], err, byte(g+k))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if w, r := cl.ReadStats(); w+r != 101+16*100 {
+		t.Fatalf("%d replies read in all, want %d", w+r, 101+16*100)
+	}
+}
+
+// TestWaiterHandsOverToTheReader: a waiter reading for its request while
+// a second request starts on the same connection leaves the second's
+// answer to the reader goroutine when its own comes first, and neither
+// request hangs.
+func TestWaiterHandsOverToTheReader(t *testing.T) {
+	for _, first := range []int64{0, 4096} { // which write the backend answers first
+		m := newMem(1 << 20)
+		gates := map[int64]chan struct{}{0: make(chan struct{}), 4096: make(chan struct{})}
+		m.hook = func(op Op, off int64) error {
+			if op == OpWrite {
+				<-gates[off]
+			}
+			return nil
+		}
+		cl, _, _ := tcpPair(t, m, ClientOptions{Conns: 1, PingInterval: -1})
+		ctx := context.Background()
+		a := cl.StartWriteAt([]byte("aaaa"), 0, false)
+		aDone := make(chan error, 1)
+		go func() { aDone <- a.Wait(ctx) }() // alone: reads for itself
+		b := cl.StartWriteAt([]byte("bbbb"), 4096, false)
+		bDone := make(chan error, 1)
+		go func() { bDone <- b.Wait(ctx) }() // not alone: the reader goroutine reads for it
+		close(gates[first])
+		close(gates[4096-first])
+		for _, ch := range []chan error{aDone, bDone} {
+			select {
+			case err := <-ch:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("first=%d: a write never completed", first)
+			}
+		}
+		if got := m.contents(); string(got[:4]) != "aaaa" || string(got[4096:4100]) != "bbbb" {
+			t.Fatalf("first=%d: the writes did not land", first)
+		}
+		if w, r := cl.ReadStats(); w+r != 2 {
+			t.Fatalf("first=%d: %d replies read, want 2", first, w+r)
+		}
+	}
+}
+
+// TestIdleServerLossFoundByPing: replies are read only while requests
+// wait, so a server that goes away while the client is idle is found by
+// the liveness ping.
+func TestIdleServerLossFoundByPing(t *testing.T) {
+	cl, srv, _ := tcpPair(t, newMem(1<<20), ClientOptions{Conns: 2, PingInterval: 20 * time.Millisecond, PingTimeout: time.Second})
+	if err := cl.WriteAt(context.Background(), []byte("x"), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	select {
+	case <-cl.Done():
+		if err := cl.Err(); !errors.Is(err, ErrConnectionLost) {
+			t.Fatalf("client failed with %v, want a lost connection", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client never noticed its server was gone")
+	}
+}
