@@ -457,7 +457,9 @@ func (p *Pending) Wait(ctx context.Context) error {
 		return cl.err
 	}
 	p.cc.ensureReader()
-	timer := time.NewTimer(time.Until(p.deadline))
+	// Another goroutine reads for us: it may still have to get to an
+	// answer that is in, so a lapsed deadline gets a grace.
+	timer := time.NewTimer(max(time.Until(p.deadline), lapsedWaitGrace))
 	defer timer.Stop()
 	select {
 	case <-cl.done:
@@ -518,26 +520,34 @@ func (cl *call) completed() bool {
 	}
 }
 
-// lapsedGrace is how long readUntil still reads when the deadline has
-// passed before it starts: long enough to take an answer that is in
-// already (it wins over the deadline, as in Wait), short enough not to
-// stretch the timeout.
-const lapsedGrace = 5 * time.Millisecond
+// An answer that is in wins over a deadline that passed before Wait was
+// called (the caller may have been waiting for other requests). Replies
+// are read only while someone waits, so such an answer may still be in
+// the socket: the waiter gets a grace to read it (lapsedReadGrace), or
+// for the reader goroutine to (lapsedWaitGrace); long enough to take an
+// answer that is there, short against any request timeout.
+const (
+	lapsedReadGrace = 5 * time.Millisecond
+	lapsedWaitGrace = 100 * time.Millisecond
+)
 
 // readUntil reads replies from this goroutine until p's call is complete,
-// when it is the only call on cc and nobody else is reading: at queue
-// depth 1 the waiter gets its answer straight from the socket, without
+// when it is the only call on cc (or its deadline has passed) and nobody
+// else is reading: at queue depth 1 the waiter gets its answer straight from the socket, without
 // readLoop handing it over (a goroutine hand-off the scheduler pays a
 // thread wake-up for). Replies to calls started meanwhile, read on the
 // way, complete those. It returns false, having read nothing, when
 // another goroutine reads cc. A read that fails, or p's deadline passing,
 // fails the client, as in Wait.
 func (cc *clientConn) readUntil(p *Pending) bool {
+	lapsed := time.Now().After(p.deadline)
 	cc.mu.Lock()
 	// Only for a call alone on the connection: with more in flight,
 	// readLoop keeps reading (and the waiters are handed their answers),
-	// rather than each waiter reading a while and waking it again.
-	if cc.closed || cc.reader != readerNone || len(cc.pending) != 1 {
+	// rather than each waiter reading a while and waking it again. Except
+	// when the deadline has passed: then read the answer that may be in
+	// at once, rather than wait for readLoop to be scheduled.
+	if cc.closed || cc.reader != readerNone || (len(cc.pending) != 1 && !lapsed) {
 		cc.mu.Unlock()
 		return false
 	}
@@ -547,7 +557,7 @@ func (cc *clientConn) readUntil(p *Pending) bool {
 	cc.rmu.Lock()
 	deadline := p.deadline
 	if now := time.Now(); deadline.Before(now) {
-		deadline = now.Add(lapsedGrace)
+		deadline = now.Add(lapsedReadGrace)
 	}
 	var err error
 	if err = cc.nc.SetReadDeadline(deadline); err == nil {

@@ -124,30 +124,46 @@ func TestRemoteErrorsAreTyped(t *testing.T) {
 // TestOutOfOrderCompletion holds the first request in the backend until a
 // later one on the same connection has completed.
 func TestOutOfOrderCompletion(t *testing.T) {
+	// A scripted server that answers two requests in reverse order. (A
+	// real server runs a request that arrives alone inline, so it cannot
+	// be made to hold the first and answer the second deterministically.)
+	c, s := net.Pipe()
+	defer s.Close()
+	cl := NewClient([]net.Conn{c}, ClientOptions{PingInterval: -1})
+	defer cl.Close()
 	ctx := context.Background()
-	m := newMem(1 << 20)
-	release := make(chan struct{})
-	m.hook = func(op Op, off int64) error {
-		if op == OpRead && off == 0 {
-			<-release
-		}
-		return nil
-	}
-	cl, _ := pipePair(t, m, 1, ClientOptions{})
 	first := make(chan error, 1)
-	go func() { first <- cl.ReadAt(ctx, make([]byte, 4096), 0) }()
-	// The second request completes while the first is still held.
-	if err := cl.WriteAt(ctx, []byte("later"), 8192, false); err != nil {
-		t.Fatal(err)
+	buf := make([]byte, 4096)
+	go func() { first <- cl.ReadAt(ctx, buf, 0) }()
+	req, err := Decode(s, DefaultMaxPayload)
+	if err != nil || req.Header.Op != OpRead {
+		t.Fatalf("first request: %+v, %v", req.Header, err)
+	}
+	second := make(chan error, 1)
+	go func() { second <- cl.WriteAt(ctx, []byte("later"), 8192, false) }()
+	req2, err := Decode(s, DefaultMaxPayload)
+	if err != nil || req2.Header.Op != OpWrite {
+		t.Fatalf("second request: %+v, %v", req2.Header, err)
+	}
+	answer := func(h Header, payload []byte) {
+		t.Helper()
+		rh := Header{Op: h.Op.Reply(), Seq: h.Seq, Offset: h.Offset, Epoch: h.Epoch, Length: h.Length, PayloadLen: uint32(len(payload)), PayloadCRC: Checksum(payload)}
+		if err := Encode(s, rh, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answer(req2.Header, nil)
+	if err := <-second; err != nil {
+		t.Fatalf("the second request, answered first: %v", err)
 	}
 	select {
 	case err := <-first:
-		t.Fatalf("first request completed before it was released: %v", err)
+		t.Fatalf("the first request completed before it was answered: %v", err)
 	default:
 	}
-	close(release)
-	if err := <-first; err != nil {
-		t.Fatal(err)
+	answer(req.Header, bytes.Repeat([]byte{0x42}, 4096))
+	if err := <-first; err != nil || buf[0] != 0x42 || buf[4095] != 0x42 {
+		t.Fatalf("the first request: %v (data %#x)", err, buf[0])
 	}
 }
 
@@ -584,29 +600,51 @@ func TestWaiterReadsItsOwnReply(t *testing.T) {
 }
 
 // TestWaiterHandsOverToTheReader: a waiter reading for its request while
-// a second request starts on the same connection leaves the second's
-// answer to the reader goroutine when its own comes first, and neither
-// request hangs.
+// a second request starts on the same connection completes the second's
+// answer when it comes first, and leaves it to the reader goroutine when
+// it comes second; neither request hangs. (A scripted server picks the
+// order.)
 func TestWaiterHandsOverToTheReader(t *testing.T) {
-	for _, first := range []int64{0, 4096} { // which write the backend answers first
-		m := newMem(1 << 20)
-		gates := map[int64]chan struct{}{0: make(chan struct{}), 4096: make(chan struct{})}
-		m.hook = func(op Op, off int64) error {
-			if op == OpWrite {
-				<-gates[off]
-			}
-			return nil
-		}
-		cl, _, _ := tcpPair(t, m, ClientOptions{Conns: 1, PingInterval: -1})
+	for _, aFirst := range []bool{true, false} {
+		c, s := socketPair(t) // buffered, unlike net.Pipe: a start does not wait for the reader
+		cl := NewClient([]net.Conn{c}, ClientOptions{PingInterval: -1})
 		ctx := context.Background()
 		a := cl.StartWriteAt([]byte("aaaa"), 0, false)
+		ra, err := Decode(s, DefaultMaxPayload)
+		if err != nil {
+			t.Fatal(err)
+		}
 		aDone := make(chan error, 1)
 		go func() { aDone <- a.Wait(ctx) }() // alone: reads for itself
+		cc := cl.conns[0]
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			cc.mu.Lock()
+			reading := cc.reader == readerInline
+			cc.mu.Unlock()
+			if reading {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the lone request's waiter never started reading")
+			}
+		}
 		b := cl.StartWriteAt([]byte("bbbb"), 4096, false)
+		rb, err := Decode(s, DefaultMaxPayload)
+		if err != nil {
+			t.Fatal(err)
+		}
 		bDone := make(chan error, 1)
-		go func() { bDone <- b.Wait(ctx) }() // not alone: the reader goroutine reads for it
-		close(gates[first])
-		close(gates[4096-first])
+		go func() { bDone <- b.Wait(ctx) }()
+		order := []Header{rb.Header, ra.Header}
+		if aFirst {
+			order = []Header{ra.Header, rb.Header}
+		}
+		for _, h := range order {
+			rh := Header{Op: h.Op.Reply(), Seq: h.Seq, Offset: h.Offset, Epoch: h.Epoch, Length: h.Length, PayloadCRC: Checksum(nil)}
+			if err := Encode(s, rh, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
 		for _, ch := range []chan error{aDone, bDone} {
 			select {
 			case err := <-ch:
@@ -614,15 +652,14 @@ func TestWaiterHandsOverToTheReader(t *testing.T) {
 					t.Fatal(err)
 				}
 			case <-time.After(10 * time.Second):
-				t.Fatalf("first=%d: a write never completed", first)
+				t.Fatalf("aFirst=%v: a write never completed", aFirst)
 			}
 		}
-		if got := m.contents(); string(got[:4]) != "aaaa" || string(got[4096:4100]) != "bbbb" {
-			t.Fatalf("first=%d: the writes did not land", first)
+		if w, r := cl.ReadStats(); w+r != 2 || aFirst && r != 1 || !aFirst && w != 2 {
+			t.Fatalf("aFirst=%v: %d replies read by waiters, %d by the reader goroutine", aFirst, w, r)
 		}
-		if w, r := cl.ReadStats(); w+r != 2 {
-			t.Fatalf("first=%d: %d replies read, want 2", first, w+r)
-		}
+		cl.Close()
+		s.Close()
 	}
 }
 
@@ -643,4 +680,57 @@ func TestIdleServerLossFoundByPing(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the client never noticed its server was gone")
 	}
+}
+
+// TestLapsedDeadlineWithSeveralPending: as above, but with two answered
+// requests on the fast client's one connection, so the waiter does not
+// read for itself alone: the answers sitting unread in the socket must
+// still win over the lapsed deadline.
+func TestLapsedDeadlineWithSeveralPending(t *testing.T) {
+	ctx := context.Background()
+	for round := range 20 {
+		slow := newMem(1 << 20)
+		release := slow.hold(OpWrite)
+		opts := ClientOptions{Conns: 1, RequestTimeout: 30 * time.Millisecond, PingInterval: -1}
+		cs, _, _ := tcpPair(t, slow, opts)
+		cf, _, _ := tcpPair(t, newMem(1<<20), opts)
+		t.Cleanup(release)
+		ps := cs.StartWriteAt(make([]byte, 4096), 0, false)
+		p1, p2 := cf.StartWriteAt(make([]byte, 4096), 0, false), cf.StartWriteAt(make([]byte, 4096), 4096, false)
+		if err := ps.Wait(ctx); !errors.Is(err, ErrTimeout) {
+			t.Fatalf("round %d: the slow request: %v, want a timeout", round, err)
+		}
+		time.Sleep(40 * time.Millisecond) // both deadlines have passed; both answers are in
+		for i, p := range []*Pending{p1, p2} {
+			if err := p.Wait(ctx); err != nil {
+				t.Fatalf("round %d: answered request %d: %v", round, i+1, err)
+			}
+		}
+		select {
+		case <-cf.Done():
+			t.Fatalf("round %d: the client of the answered requests was failed for a timeout", round)
+		default:
+		}
+		release()
+	}
+}
+
+// socketPair returns both ends of a connected unix stream socket pair.
+func socketPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns [2]net.Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	return conns[0], conns[1]
 }
