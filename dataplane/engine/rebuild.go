@@ -116,8 +116,16 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	var src *member
 	var srcInfo ReplicaInfo
 	// The target first: if it cannot take the snapshot (a full disk, say),
-	// the members are left untouched.
-	err = r.Snapshot(ctx, snap, false) // its current head (stale or empty) sits below the new head
+	// the members are left untouched. And fence it before its snapshot: a
+	// returning replica may still hold writes of its old membership (one
+	// paused with writes queued, say); one landing after the snapshot
+	// would sit in the new head, above everything the rebuild copies
+	// (chaos seed 320047). At the epoch about to be published it refuses
+	// them.
+	err = r.SetEpoch(ctx, e.epoch+1, true, true)
+	if err == nil {
+		err = r.Snapshot(ctx, snap, false) // its current head (stale or empty) sits below the new head
+	}
 	for _, m := range e.members {
 		if err != nil {
 			break
