@@ -722,3 +722,78 @@ func TestNoAckWhenFencingFails(t *testing.T) {
 		t.Fatal("a write was acknowledged although the failed replica could not be fenced off")
 	}
 }
+
+// lateWriter wraps the replica being added: right after its rebuild
+// snapshot it receives a write carrying its old epoch, as a returning
+// replica that was paused with a write queued would apply it.
+type lateWriter struct {
+	engine.Replica
+	data    string // the replica's data address
+	lateErr chan error
+}
+
+func (l *lateWriter) Snapshot(ctx context.Context, name string, user bool) error {
+	if err := l.Replica.Snapshot(ctx, name, user); err != nil {
+		return err
+	}
+	c, err := dataconn.Dial(ctx, "tcp", l.data, dataconn.ClientOptions{Conns: 1, PingInterval: -1})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetEpoch(0) // the epoch it had before it was added
+	l.lateErr <- c.WriteAt(ctx, pattern(9, 4096), 0, false)
+	return nil
+}
+
+// TestAddFencesTargetBeforeSnapshot: a write of the target's old epoch
+// arriving between its rebuild snapshot and the new epoch is refused, and
+// the rebuilt target holds the volume's data (chaos seed 320047: such a
+// write landed in the target's new head, above the copied data).
+func TestAddFencesTargetBeforeSnapshot(t *testing.T) {
+	var addrs []string
+	for i := range 2 {
+		addrs = append(addrs, startReplica(t, filepath.Join(t.TempDir(), fmt.Sprint("r", i)), 1<<20, "").addr)
+	}
+	extra := startReplica(t, filepath.Join(t.TempDir(), "x"), 1<<20, "")
+	late := &lateWriter{data: extra.data, lateErr: make(chan error, 1)}
+	dial := dialer()
+	e, err := engine.Open(context.Background(), engine.Options{Name: "test", Replicas: addrs,
+		Dial: func(ctx context.Context, addr string) (engine.Replica, error) {
+			r, err := dial(ctx, addr)
+			if err != nil || addr != extra.addr {
+				return r, err
+			}
+			late.Replica = r
+			return late, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	if err := e.WriteAt(ctx, pattern(1, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.AddReplica(ctx, extra.addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-late.lateErr; err == nil {
+		t.Fatal("the target took a write of its old epoch after its rebuild snapshot")
+	}
+	if st, err := e.WaitRebuild(ctx, extra.addr); err != nil || st.State != engine.RebuildComplete {
+		t.Fatalf("rebuild: %+v, %v", st, err)
+	}
+	for _, a := range addrs {
+		if err := e.RemoveReplica(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]byte, 4096)
+	if err := e.ReadAt(ctx, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, pattern(1, 4096)) {
+		t.Fatal("the rebuilt replica alone does not read back the volume's data")
+	}
+}
