@@ -461,10 +461,8 @@ func (p *Pending) Wait(ctx context.Context) error {
 	// answer that is in, so a lapsed deadline gets a grace.
 	timer := time.NewTimer(max(time.Until(p.deadline), lapsedWaitGrace))
 	defer timer.Stop()
-	select {
-	case <-cl.done:
+	if cl.completed() { // over a context that ended meanwhile, too
 		return cl.err
-	default:
 	}
 	select {
 	case <-cl.done:

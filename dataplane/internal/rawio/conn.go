@@ -68,30 +68,20 @@ func Wrap(nc net.Conn) net.Conn {
 	c := &Conn{Conn: nc, rc: rc, iovs: make([]syscall.Iovec, 0, 8)}
 	// Built once: a closure made per call would be allocated per call.
 	c.rfunc = func(fd uintptr) bool {
-		for {
-			r, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&c.rbuf[0])), uintptr(len(c.rbuf)))
-			switch e {
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false // wait in the netpoller
-			}
-			c.rn, c.rerr = int(r), e
-			return true
+		n, e := rawCall(syscall.SYS_READ, fd, unsafe.Pointer(&c.rbuf[0]), uintptr(len(c.rbuf)), 0)
+		if e == syscall.EAGAIN {
+			return false // wait in the netpoller
 		}
+		c.rn, c.rerr = n, e
+		return true
 	}
 	c.wfunc = func(fd uintptr) bool {
-		for {
-			r, _, e := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&c.iovs[0])), uintptr(len(c.iovs)))
-			switch e {
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false
-			}
-			c.wn, c.werr = int(r), e
-			return true
+		n, e := rawCall(syscall.SYS_WRITEV, fd, unsafe.Pointer(&c.iovs[0]), uintptr(len(c.iovs)), 0)
+		if e == syscall.EAGAIN {
+			return false
 		}
+		c.wn, c.werr = n, e
+		return true
 	}
 	return c
 }
@@ -160,6 +150,18 @@ func (c *Conn) WriteBuffers(bufs *net.Buffers) (int64, error) {
 		consume(bufs, int64(c.wn))
 	}
 	return total, nil
+}
+
+// rawCall makes the raw system call trap(fd, p, n, a4), again while it
+// is interrupted (EINTR). p stays an unsafe.Pointer up to the call
+// expression, where its conversion keeps the memory alive.
+func rawCall(trap, fd uintptr, p unsafe.Pointer, n, a4 uintptr) (int, syscall.Errno) {
+	for {
+		r, _, e := syscall.RawSyscall6(trap, fd, uintptr(p), n, a4, 0, 0)
+		if e != syscall.EINTR {
+			return int(r), e
+		}
+	}
 }
 
 // consume drops n written bytes from the front of *bufs.

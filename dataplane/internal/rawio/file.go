@@ -43,13 +43,13 @@ func (w *File) WriteAt(p []byte, off int64) (int, error) {
 		pw.p, pw.off, pw.n, pw.errno = p[done:], off+int64(done), 0, 0
 		// Control holds a reference on the descriptor for the call, so a
 		// concurrent Close cannot free (and a later open reuse) its number.
-		if err := w.rc.Control(pw.fn); err != nil {
+		cerr := w.rc.Control(pw.fn)
+		pw.p = nil
+		if cerr != nil {
 			// The file is closed: os.File says so in its own words.
-			pw.p = nil
 			n, err := w.f.WriteAt(p[done:], off+int64(done))
 			return done + n, err
 		}
-		pw.p = nil
 		err := error(nil)
 		if pw.errno != 0 {
 			err = pw.errno
@@ -92,12 +92,5 @@ var pwrites = sync.Pool{New: func() any {
 }}
 
 func (pw *pwrite) do(fd uintptr) {
-	for {
-		r, _, e := syscall.RawSyscall6(syscall.SYS_PWRITE64, fd, uintptr(unsafe.Pointer(&pw.p[0])), uintptr(len(pw.p)), uintptr(pw.off), 0, 0)
-		if e == syscall.EINTR {
-			continue
-		}
-		pw.n, pw.errno = int(r), e
-		return
-	}
+	pw.n, pw.errno = rawCall(syscall.SYS_PWRITE64, fd, unsafe.Pointer(&pw.p[0]), uintptr(len(pw.p)), uintptr(pw.off))
 }
