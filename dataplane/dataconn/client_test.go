@@ -517,25 +517,41 @@ func TestStartWriteAt(t *testing.T) {
 // two ready cases picks at random, so the bug failed about half the
 // rounds; found by chaos seed 68014, where it failed a healthy replica).
 func TestWaitPrefersAnswerOverLapsedDeadline(t *testing.T) {
+	answerWinsOverLapsedDeadline(t, 1, func(b Backend, opts ClientOptions) *Client {
+		cl, _ := pipePair(t, b, 1, opts)
+		return cl
+	})
+}
+
+// answerWinsOverLapsedDeadline runs 20 rounds: a request to a server that
+// holds writes times out; then n requests to a second client, answered
+// long before but with their deadlines passed too, must each get their
+// answer and leave that client alone.
+func answerWinsOverLapsedDeadline(t *testing.T, n int, pair func(Backend, ClientOptions) *Client) {
 	ctx := context.Background()
 	for round := range 20 {
 		slow := newMem(1 << 20)
 		release := slow.hold(OpWrite)
-		opts := ClientOptions{RequestTimeout: 30 * time.Millisecond, PingInterval: -1}
-		cs, _ := pipePair(t, slow, 1, opts)
-		cf, _ := pipePair(t, newMem(1<<20), 1, opts)
+		opts := ClientOptions{Conns: 1, RequestTimeout: 30 * time.Millisecond, PingInterval: -1}
+		cs, cf := pair(slow, opts), pair(newMem(1<<20), opts)
 		t.Cleanup(release) // runs before the pairs' cleanups (LIFO), even on failure
-		ps, pf := cs.StartWriteAt(make([]byte, 4096), 0, false), cf.StartWriteAt(make([]byte, 4096), 0, false)
+		ps := cs.StartWriteAt(make([]byte, 4096), 0, false)
+		var answered []*Pending
+		for i := range n {
+			answered = append(answered, cf.StartWriteAt(make([]byte, 4096), int64(i)*4096, false))
+		}
 		if err := ps.Wait(ctx); !errors.Is(err, ErrTimeout) {
 			t.Fatalf("round %d: the slow request: %v, want a timeout", round, err)
 		}
-		time.Sleep(40 * time.Millisecond) // the second deadline has surely passed too
-		if err := pf.Wait(ctx); err != nil {
-			t.Fatalf("round %d: the answered request: %v", round, err)
+		time.Sleep(40 * time.Millisecond) // the other deadlines have surely passed too
+		for i, p := range answered {
+			if err := p.Wait(ctx); err != nil {
+				t.Fatalf("round %d: answered request %d: %v", round, i+1, err)
+			}
 		}
 		select {
 		case <-cf.Done():
-			t.Fatalf("round %d: the client of the answered request was failed for a timeout", round)
+			t.Fatalf("round %d: the client of the answered requests was failed for a timeout", round)
 		default:
 		}
 		release()
@@ -682,37 +698,15 @@ func TestIdleServerLossFoundByPing(t *testing.T) {
 	}
 }
 
-// TestLapsedDeadlineWithSeveralPending: as above, but with two answered
-// requests on the fast client's one connection, so the waiter does not
-// read for itself alone: the answers sitting unread in the socket must
-// still win over the lapsed deadline.
+// TestLapsedDeadlineWithSeveralPending: as TestWaitPrefersAnswerOverLapsedDeadline,
+// but with two answered requests on the fast client's one connection, so
+// the waiter does not read for itself alone: the answers sitting unread
+// in the socket must still win over the lapsed deadline.
 func TestLapsedDeadlineWithSeveralPending(t *testing.T) {
-	ctx := context.Background()
-	for round := range 20 {
-		slow := newMem(1 << 20)
-		release := slow.hold(OpWrite)
-		opts := ClientOptions{Conns: 1, RequestTimeout: 30 * time.Millisecond, PingInterval: -1}
-		cs, _, _ := tcpPair(t, slow, opts)
-		cf, _, _ := tcpPair(t, newMem(1<<20), opts)
-		t.Cleanup(release)
-		ps := cs.StartWriteAt(make([]byte, 4096), 0, false)
-		p1, p2 := cf.StartWriteAt(make([]byte, 4096), 0, false), cf.StartWriteAt(make([]byte, 4096), 4096, false)
-		if err := ps.Wait(ctx); !errors.Is(err, ErrTimeout) {
-			t.Fatalf("round %d: the slow request: %v, want a timeout", round, err)
-		}
-		time.Sleep(40 * time.Millisecond) // both deadlines have passed; both answers are in
-		for i, p := range []*Pending{p1, p2} {
-			if err := p.Wait(ctx); err != nil {
-				t.Fatalf("round %d: answered request %d: %v", round, i+1, err)
-			}
-		}
-		select {
-		case <-cf.Done():
-			t.Fatalf("round %d: the client of the answered requests was failed for a timeout", round)
-		default:
-		}
-		release()
-	}
+	answerWinsOverLapsedDeadline(t, 2, func(b Backend, opts ClientOptions) *Client {
+		cl, _, _ := tcpPair(t, b, opts)
+		return cl
+	})
 }
 
 // socketPair returns both ends of a connected unix stream socket pair.

@@ -657,6 +657,35 @@ func TestCallerGivingUpDoesNotFailReplicas(t *testing.T) {
 	}
 }
 
+// openWrapped starts n replicas of 1 MiB and opens an engine on them
+// whose dialer passes every replica it dials, those added later too,
+// through wrap (one call at a time). The engine is
+// closed when the test ends.
+func openWrapped(t *testing.T, n int, wrap func(addr string, r engine.Replica) engine.Replica) (*engine.Engine, []string) {
+	t.Helper()
+	var addrs []string
+	for i := range n {
+		addrs = append(addrs, startReplica(t, filepath.Join(t.TempDir(), fmt.Sprint("r", i)), 1<<20, "").addr)
+	}
+	var mu sync.Mutex
+	dial := dialer()
+	e, err := engine.Open(context.Background(), engine.Options{Name: "test", Replicas: addrs,
+		Dial: func(ctx context.Context, addr string) (engine.Replica, error) {
+			r, err := dial(ctx, addr)
+			if err != nil {
+				return nil, err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			return wrap(addr, r), nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e, addrs
+}
+
 // switchable wraps a real replica client: failWrite makes its writes fail,
 // failSetEpoch its SetEpoch calls. It does not implement WriteStarter, so
 // the engine writes to it synchronously.
@@ -686,32 +715,12 @@ func (s *switchable) SetEpoch(ctx context.Context, epoch uint64, degraded, rebui
 // the newest epoch and the next engine may serve it: an acknowledged write
 // lost (found by chaos seed 68014).
 func TestNoAckWhenFencingFails(t *testing.T) {
-	var reps []*testReplica
-	var addrs []string
-	for i := range 2 {
-		tr := startReplica(t, filepath.Join(t.TempDir(), fmt.Sprint("r", i)), 1<<20, "")
-		reps = append(reps, tr)
-		addrs = append(addrs, tr.addr)
-	}
 	wrapped := map[string]*switchable{}
-	var mu sync.Mutex
-	dial := dialer()
-	e, err := engine.Open(context.Background(), engine.Options{Name: "test", Replicas: addrs,
-		Dial: func(ctx context.Context, addr string) (engine.Replica, error) {
-			r, err := dial(ctx, addr)
-			if err != nil {
-				return nil, err
-			}
-			s := &switchable{Replica: r}
-			mu.Lock()
-			wrapped[addr] = s
-			mu.Unlock()
-			return s, nil
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e, addrs := openWrapped(t, 2, func(addr string, r engine.Replica) engine.Replica {
+		s := &switchable{Replica: r}
+		wrapped[addr] = s
+		return s
+	})
 	ctx := context.Background()
 	if err := e.WriteAt(ctx, pattern(1, 4096), 0, false); err != nil {
 		t.Fatal(err)
@@ -751,26 +760,15 @@ func (l *lateWriter) Snapshot(ctx context.Context, name string, user bool) error
 // the rebuilt target holds the volume's data (chaos seed 320047: such a
 // write landed in the target's new head, above the copied data).
 func TestAddFencesTargetBeforeSnapshot(t *testing.T) {
-	var addrs []string
-	for i := range 2 {
-		addrs = append(addrs, startReplica(t, filepath.Join(t.TempDir(), fmt.Sprint("r", i)), 1<<20, "").addr)
-	}
 	extra := startReplica(t, filepath.Join(t.TempDir(), "x"), 1<<20, "")
 	late := &lateWriter{data: extra.data, lateErr: make(chan error, 1)}
-	dial := dialer()
-	e, err := engine.Open(context.Background(), engine.Options{Name: "test", Replicas: addrs,
-		Dial: func(ctx context.Context, addr string) (engine.Replica, error) {
-			r, err := dial(ctx, addr)
-			if err != nil || addr != extra.addr {
-				return r, err
-			}
-			late.Replica = r
-			return late, nil
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e, addrs := openWrapped(t, 2, func(addr string, r engine.Replica) engine.Replica {
+		if addr != extra.addr {
+			return r
+		}
+		late.Replica = r
+		return late
+	})
 	ctx := context.Background()
 	if err := e.WriteAt(ctx, pattern(1, 4096), 0, false); err != nil {
 		t.Fatal(err)
