@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -159,9 +160,9 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
 	ctx = detach(ctx)
 	e.mu.Lock()
 	for _, rb := range e.rebuilds {
-		if st := rb.status(); st.State == RebuildInProgress && st.Snapshot == name {
+		if st := rb.status(); st.State == RebuildInProgress && slices.Contains(st.Layers, name) {
 			e.mu.Unlock()
-			return fmt.Errorf("%w: snapshot %s is in use by the rebuild of %s", ErrInvalid, name, st.Replica)
+			return fmt.Errorf("%w: snapshot %s is in use by the rebuild of %s; delete it when the rebuild has finished (ctl rebuilds), or cancel the rebuild", ErrInvalid, name, st.Replica)
 		}
 	}
 	e.mu.Unlock()

@@ -536,7 +536,7 @@ func TestFullRebuildOverStaleData(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := e2.WaitRebuild(ctx, back.addr)
-	if err != nil || st.State != engine.RebuildComplete || st.DirtyOnly || !st.Fill {
+	if err != nil || st.State != engine.RebuildComplete || st.DirtyOnly || st.BytesCopied != 0 {
 		t.Fatalf("rebuild: %+v %v", st, err)
 	}
 	reps[0].kill()
@@ -732,9 +732,10 @@ func TestNoAckWhenFencingFails(t *testing.T) {
 	}
 }
 
-// lateWriter wraps the replica being added: right after its rebuild
-// snapshot it receives a write carrying its old epoch, as a returning
-// replica that was paused with a write queued would apply it.
+// lateWriter wraps the replica being added: right after it takes its
+// rebuild snapshot (a returning replica) or its new chain (a full rebuild)
+// it receives a write carrying its old epoch, as a returning replica that
+// was paused with a write queued would apply it.
 type lateWriter struct {
 	engine.Replica
 	data    string // the replica's data address
@@ -745,6 +746,17 @@ func (l *lateWriter) Snapshot(ctx context.Context, name string, user bool) error
 	if err := l.Replica.Snapshot(ctx, name, user); err != nil {
 		return err
 	}
+	return l.writeLate(ctx)
+}
+
+func (l *lateWriter) ReplaceChain(ctx context.Context, snaps []engine.SnapshotInfo) error {
+	if err := l.Replica.ReplaceChain(ctx, snaps); err != nil {
+		return err
+	}
+	return l.writeLate(ctx)
+}
+
+func (l *lateWriter) writeLate(ctx context.Context) error {
 	c, err := dataconn.Dial(ctx, "tcp", l.data, dataconn.ClientOptions{Conns: 1, PingInterval: -1})
 	if err != nil {
 		return err
@@ -793,5 +805,185 @@ func TestAddFencesTargetBeforeSnapshot(t *testing.T) {
 	}
 	if !bytes.Equal(got, pattern(1, 4096)) {
 		t.Fatal("the rebuilt replica alone does not read back the volume's data")
+	}
+}
+
+// snapshotHistory writes three generations of data with a snapshot after
+// the first two (and calls between after s1), returning each snapshot's
+// expected content and the current one.
+func snapshotHistory(t *testing.T, e *engine.Engine, size int, between func()) (s1, s2, now []byte) {
+	t.Helper()
+	ctx := context.Background()
+	s1 = pattern(1, size)
+	if err := e.WriteAt(ctx, s1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Snapshot(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	between()
+	s2 = append([]byte(nil), s1...)
+	copy(s2, pattern(2, size/2))
+	if err := e.WriteAt(ctx, s2[:size/2], 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Unmap(ctx, int64(size)-8192, 8192); err != nil { // zeros over older data
+		t.Fatal(err)
+	}
+	clear(s2[size-8192:])
+	if err := e.Snapshot(ctx, "s2"); err != nil {
+		t.Fatal(err)
+	}
+	now = append([]byte(nil), s2...)
+	copy(now[size/4:], pattern(3, 1<<20))
+	if err := e.WriteAt(ctx, now[size/4:size/4+1<<20], int64(size/4), false); err != nil {
+		t.Fatal(err)
+	}
+	return s1, s2, now
+}
+
+// checkHistory removes every replica but only, then reads the volume and
+// reverts to s2 and s1 in turn, checking each.
+func checkHistory(t *testing.T, e *engine.Engine, only string, s1, s2, now []byte) {
+	t.Helper()
+	ctx := context.Background()
+	for _, r := range e.Replicas() {
+		if r.Address != only {
+			if err := e.RemoveReplica(ctx, r.Address); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	snaps, err := e.Snapshots(ctx)
+	if err != nil || len(snaps) != 2 || snaps[0].Name != "s1" || snaps[1].Name != "s2" || snaps[1].Parent != "s1" || !snaps[0].UserCreated {
+		t.Fatalf("the rebuilt replica's snapshots: %+v %v", snaps, err)
+	}
+	got := make([]byte, len(now))
+	for _, step := range []struct {
+		revert string
+		want   []byte
+	}{{"", now}, {"s2", s2}, {"s1", s1}} {
+		if step.revert != "" {
+			if err := e.Revert(ctx, step.revert); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, step.want) {
+			t.Fatalf("the rebuilt replica alone, reverted to %q: wrong data (%v)", step.revert, err)
+		}
+	}
+}
+
+// TestRebuildKeepsSnapshotHistory: a new replica rebuilt in full gets every
+// snapshot, layer by layer, with its name, time and flag: once the
+// originals are gone it still reverts to each one.
+func TestRebuildKeepsSnapshotHistory(t *testing.T) {
+	ctx := context.Background()
+	const size = 8 << 20
+	e, _ := cluster(t, 2, size)
+	s1, s2, now := snapshotHistory(t, e, size, func() {})
+	want, err := e.Snapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := startReplica(t, filepath.Join(t.TempDir(), "new"), size, "")
+	if err := e.AddReplica(ctx, fresh.addr); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.WaitRebuild(ctx, fresh.addr)
+	if err != nil || st.State != engine.RebuildComplete || st.DirtyOnly {
+		t.Fatalf("rebuild: %+v %v", st, err)
+	}
+	if len(st.Layers) != 3 || st.Layers[0] != "s1" || st.Layers[1] != "s2" || st.Layers[2] != st.Snapshot {
+		t.Fatalf("layers copied: %v", st.Layers)
+	}
+	// Every layer's own data, no more: s1 whole, half in s2 plus the
+	// zeros over older data, 1 MiB in the rebuild snapshot.
+	if wantBytes := int64(size + size/2 + 8192 + 1<<20); st.BytesCopied != wantBytes || st.BytesDone != st.BytesTotal || st.BytesTotal != wantBytes {
+		t.Fatalf("copied %d, done %d of %d; want %d", st.BytesCopied, st.BytesDone, st.BytesTotal, wantBytes)
+	}
+	in, err := fresh.run.R.Info()
+	if err != nil || len(in.Snapshots) != 2 {
+		t.Fatalf("the new replica's chain (the rebuild snapshot should be merged away): %+v %v", in.Snapshots, err)
+	}
+	for i, s := range in.Snapshots {
+		if s.Name != want[i].Name || !s.Created.Equal(want[i].Created) || s.UserCreated != want[i].UserCreated {
+			t.Fatalf("snapshot %d on the new replica: %+v, want %+v", i, s, want[i])
+		}
+	}
+	checkHistory(t, e, fresh.addr, s1, s2, now)
+}
+
+// TestReturningReplicaMissingASnapshotRebuiltInFull: a snapshot taken while
+// a replica was away leaves its layers out of line with the volume's, so
+// it is rebuilt in full (not dirty regions only) and gets that snapshot.
+func TestReturningReplicaMissingASnapshotRebuiltInFull(t *testing.T) {
+	ctx := context.Background()
+	const size = 8 << 20
+	e, reps := cluster(t, 2, size)
+	r1 := reps[1]
+	s1, s2, now := snapshotHistory(t, e, size, func() { // s2 is taken on the survivor only
+		r1.kill()
+		waitFor(t, "ERR", func() bool { return modes(e)[r1.addr] == "ERR" })
+	})
+	back := startReplica(t, r1.dir, 0, r1.addr)
+	if err := e.AddReplica(ctx, back.addr); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.WaitRebuild(ctx, back.addr)
+	if err != nil || st.State != engine.RebuildComplete || st.DirtyOnly {
+		t.Fatalf("rebuild: %+v %v", st, err)
+	}
+	checkHistory(t, e, back.addr, s1, s2, now)
+}
+
+// holdLayers wraps a rebuild target: its layer writes wait until release
+// is closed, so a test can act while the rebuild is in progress.
+type holdLayers struct {
+	engine.Replica
+	release chan struct{}
+}
+
+func (h *holdLayers) WriteLayer(ctx context.Context, name string, p []byte, off int64) error {
+	<-h.release
+	return h.Replica.WriteLayer(ctx, name, p, off)
+}
+
+// TestSnapshotsInUseByARebuildKept: while a rebuild copies the layers,
+// deleting one of those snapshots is refused with the reason (the copy
+// would lose its place); afterwards it works.
+func TestSnapshotsInUseByARebuildKept(t *testing.T) {
+	ctx := context.Background()
+	extra := startReplica(t, filepath.Join(t.TempDir(), "x"), 1<<20, "")
+	hold := &holdLayers{release: make(chan struct{})}
+	e, _ := openWrapped(t, 1, func(addr string, r engine.Replica) engine.Replica {
+		if addr != extra.addr {
+			return r
+		}
+		hold.Replica = r
+		return hold
+	})
+	if err := e.WriteAt(ctx, pattern(1, 8192), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Snapshot(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.AddReplica(ctx, extra.addr); err != nil {
+		t.Fatal(err)
+	}
+	err := e.DeleteSnapshot(ctx, "s1")
+	if !errors.Is(err, engine.ErrInvalid) || !strings.Contains(err.Error(), "in use by the rebuild") {
+		t.Fatalf("deleting a snapshot a rebuild copies: %v", err)
+	}
+	close(hold.release)
+	if st, err := e.WaitRebuild(ctx, extra.addr); err != nil || st.State != engine.RebuildComplete {
+		t.Fatalf("rebuild: %+v %v", st, err)
+	}
+	if err := e.DeleteSnapshot(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := extra.run.R.Info(); len(in.Snapshots) != 0 {
+		t.Fatalf("snapshots left on the rebuilt replica: %+v", in.Snapshots)
 	}
 }

@@ -29,11 +29,13 @@ type RebuildStatus struct {
 	// DirtyOnly is true when only regions marked in the write-intent bitmaps
 	// are copied (a returning replica); false for a full copy.
 	DirtyOnly bool
-	// Fill is true when the target already held data: regions are written
-	// whole, zeros included, so none of its old data shows through where
-	// the source has holes.
-	Fill bool
-	// BytesDone and BytesTotal measure progress through the regions to copy.
+	// Layers are the snapshots the rebuild reads, oldest first, the
+	// rebuild snapshot last. A full rebuild copies each one's own data
+	// into the same snapshot on the target, so the target keeps the
+	// volume's snapshot history; they cannot be deleted meanwhile.
+	Layers []string
+	// BytesDone and BytesTotal measure progress: through the dirty regions
+	// (dirty-only), or through the data the source's layers hold (full).
 	BytesDone, BytesTotal int64
 	// BytesCopied is the data actually sent (holes are skipped).
 	BytesCopied int64
@@ -55,6 +57,7 @@ func (rb *rebuild) status() RebuildStatus {
 	rb.mu.Lock()
 	defer rb.mu.Unlock()
 	s := rb.st
+	s.Layers = append([]string(nil), s.Layers...)
 	s.BytesDone, s.BytesCopied = rb.done.Load(), rb.copied.Load()
 	return s
 }
@@ -113,18 +116,31 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	e.pause()
 	e.mu.Lock()
 	snap := fmt.Sprintf("rebuild-%d-%d", e.epoch, time.Now().UnixNano()%1e6)
-	var src *member
-	var srcInfo ReplicaInfo
-	// The target first: if it cannot take the snapshot (a full disk, say),
-	// the members are left untouched. And fence it before its snapshot: a
+	// The source: an RW member. Its snapshots are the history a full
+	// rebuild reproduces on the target, layer by layer.
+	src, chain, err := e.rebuildSourceLocked(ctx, nil)
+	if err == nil && dirtyOnly && !sameNames(chain, tinfo.Snapshots) {
+		// Snapshots were taken or deleted while it was away: its layers no
+		// longer line up with the source's, so it is rebuilt in full.
+		e.log.Info("the returning replica's snapshots differ from the volume's; rebuilding it in full", "replica", addr)
+		dirtyOnly = false
+	}
+	// The target first: if it cannot take its new chain (a full disk, say),
+	// the members are left untouched. And fence it before that: a
 	// returning replica may still hold writes of its old membership (one
-	// paused with writes queued, say); one landing after the snapshot
-	// would sit in the new head, above everything the rebuild copies
-	// (chaos seed 320047). At the epoch about to be published it refuses
-	// them.
-	err = r.SetEpoch(ctx, e.epoch+1, true, true)
+	// paused with writes queued, say); one landing after its rebuild
+	// snapshot would sit in the new head, above everything the rebuild
+	// copies (chaos seed 320047). At the epoch about to be published it
+	// refuses them. The fence also marks it rebuilding, which ReplaceChain
+	// requires.
 	if err == nil {
-		err = r.Snapshot(ctx, snap, false) // its current head (stale or empty) sits below the new head
+		err = r.SetEpoch(ctx, e.epoch+1, true, true)
+	}
+	if err == nil && dirtyOnly {
+		err = r.Snapshot(ctx, snap, false) // its current head sits below the new head
+	} else if err == nil {
+		// Emptied into the source's chain plus the rebuild snapshot.
+		err = r.ReplaceChain(ctx, append(append([]SnapshotInfo(nil), chain...), SnapshotInfo{Name: snap, Created: time.Now()}))
 	}
 	for _, m := range e.members {
 		if err != nil {
@@ -137,17 +153,17 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 		if merr == nil {
 			merr = m.r.Snapshot(ctx, snap, false)
 		}
-		if merr == nil && src == nil && m.mode == ModeRW {
-			if srcInfo, merr = m.r.Info(ctx); merr == nil {
-				src = m
-			}
-		}
 		if merr != nil {
 			e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", merr))
 		}
 	}
-	if err == nil && src == nil {
-		err = fmt.Errorf("%w: no RW replica to rebuild from", ErrNoReplica)
+	var srcInfo ReplicaInfo
+	if err == nil {
+		// Read after the snapshot: the dirty bitmap covers every write
+		// below it. If the source failed meanwhile, another RW member with
+		// the same chain serves.
+		want := append(append([]SnapshotInfo(nil), chain...), SnapshotInfo{Name: snap})
+		src, srcInfo, err = e.rebuildSourceInfoLocked(ctx, src, want)
 	}
 	var nm *member
 	if err == nil {
@@ -165,8 +181,10 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	}
 	rctx, cancel := context.WithCancel(context.Background())
 	rb := &rebuild{cancel: cancel, fin: make(chan struct{}), st: RebuildStatus{
-		Replica: addr, Snapshot: snap, State: RebuildInProgress, DirtyOnly: dirtyOnly, Started: time.Now(),
-		Fill: dirtyOnly || tinfo.HeadBytes > 0 || len(tinfo.Snapshots) > 0}}
+		Replica: addr, Snapshot: snap, State: RebuildInProgress, DirtyOnly: dirtyOnly, Started: time.Now()}}
+	for _, s := range srcInfo.Snapshots {
+		rb.st.Layers = append(rb.st.Layers, s.Name)
+	}
 	if src != nil {
 		rb.st.Source = src.addr
 	}
@@ -192,17 +210,21 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	}
 	go e.watch(nm)
 
-	// The regions to copy.
+	// What to copy: the dirty regions of the view at the rebuild snapshot,
+	// or every layer's data.
 	size := e.Size()
 	var regions []span
+	var total int64
 	if dirtyOnly {
 		regions = dirtySpans(size, srcInfo, tinfo)
+		for _, s := range regions {
+			total += s.n
+		}
 	} else {
 		regions = []span{{0, size}}
-	}
-	var total int64
-	for _, s := range regions {
-		total += s.n
+		for _, s := range srcInfo.Snapshots {
+			total += s.DataBytes
+		}
 	}
 	rb.mu.Lock()
 	rb.st.BytesTotal = total
@@ -210,6 +232,64 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	e.log.Info("rebuild started", "replica", addr, "source", src.addr, "snapshot", snap, "dirtyOnly", dirtyOnly, "bytes", total)
 	go e.runRebuild(rctx, rb, src, nm, regions)
 	return nil
+}
+
+// rebuildSourceLocked returns the first RW member other than skip and its
+// snapshots, failing members that cannot answer. Called with I/O paused.
+func (e *Engine) rebuildSourceLocked(ctx context.Context, skip *member) (*member, []SnapshotInfo, error) {
+	for _, m := range e.members {
+		if m.mode != ModeRW || m == skip {
+			continue
+		}
+		info, err := m.r.Info(ctx)
+		if err != nil {
+			e.setMode(m, ModeERR, fmt.Errorf("rebuild: info: %w", err))
+			continue
+		}
+		return m, info.Snapshots, nil
+	}
+	return nil, nil, fmt.Errorf("%w: no RW replica to rebuild from", ErrNoReplica)
+}
+
+// rebuildSourceInfoLocked returns src's info after the rebuild snapshot,
+// or, if src failed, another RW member's whose snapshots carry the names
+// in want: the target's chain was made from src's.
+func (e *Engine) rebuildSourceInfoLocked(ctx context.Context, src *member, want []SnapshotInfo) (*member, ReplicaInfo, error) {
+	for _, m := range append([]*member{src}, e.members...) {
+		if m.mode != ModeRW {
+			continue
+		}
+		info, err := m.r.Info(ctx)
+		if err != nil {
+			e.setMode(m, ModeERR, fmt.Errorf("rebuild: info: %w", err))
+			continue
+		}
+		if sameNames(info.Snapshots, want) {
+			return m, info, nil
+		}
+	}
+	return nil, ReplicaInfo{}, fmt.Errorf("%w: no RW replica with the snapshots %v left to rebuild from", ErrNoReplica, names(want))
+}
+
+func names(s []SnapshotInfo) []string {
+	out := make([]string, len(s))
+	for i, x := range s {
+		out[i] = x.Name
+	}
+	return out
+}
+
+// sameNames reports whether two chains name the same snapshots in order.
+func sameNames(a, b []SnapshotInfo) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Name != b[i].Name {
+			return false
+		}
+	}
+	return true
 }
 
 type span struct{ off, n int64 }
@@ -280,11 +360,59 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 	}
 }
 
-// copyAndVerify copies the view at the rebuild snapshot, region by region,
-// from src into dst's snapshot layer, then compares checksums.
+// copyAndVerify copies into dst what it lacks below the rebuild
+// snapshot, then compares checksums: for a dirty-only rebuild, the regions
+// of the view at the snapshot, written whole (zeros included, so none of
+// the target's stale data shows through the source's holes) into the
+// snapshot's layer; for a full one, every layer's own data into the same
+// layer of the target (emptied before it joined).
 func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *member, regions []span) error {
 	snap := rb.st.Snapshot
-	fill := rb.st.Fill
+	layers := rb.st.Layers
+	if rb.st.DirtyOnly {
+		layers = []string{snap}
+	}
+	for _, l := range layers {
+		if err := e.copyLayer(ctx, rb, src, dst, l, regions); err != nil {
+			return err
+		}
+	}
+	if err := dst.r.SyncLayers(ctx); err != nil {
+		return fmt.Errorf("sync %s: %w", dst.addr, err)
+	}
+	sum := func(r Replica) func(context.Context, string, int64, int64) (uint32, error) {
+		if rb.st.DirtyOnly {
+			return r.Checksum
+		}
+		return r.LayerChecksum
+	}
+	for _, l := range layers {
+		for _, s := range regions {
+			for off := s.off; off < s.off+s.n; off += RebuildChunk {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				n := min(RebuildChunk, s.off+s.n-off)
+				a, err := sum(src.r)(ctx, l, off, n)
+				if err != nil {
+					return fmt.Errorf("verify: checksum on %s: %w", src.addr, err)
+				}
+				b, err := sum(dst.r)(ctx, l, off, n)
+				if err != nil {
+					return fmt.Errorf("verify: checksum on %s: %w", dst.addr, err)
+				}
+				if a != b {
+					return fmt.Errorf("verify: snapshot %s, bytes %d..%d differ after the copy (%08x vs %08x)", l, off, off+n, a, b)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// copyLayer copies the regions of snapshot layer l from src to dst: the
+// view, filled (dirty-only), or the layer's own extents (full).
+func (e *Engine) copyLayer(ctx context.Context, rb *rebuild, src, dst *member, l string, regions []span) error {
 	for _, s := range regions {
 		for off := s.off; off < s.off+s.n; off += RebuildChunk {
 			if err := ctx.Err(); err != nil {
@@ -294,11 +422,15 @@ func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *membe
 				return errors.New("the replica failed during the rebuild")
 			}
 			n := min(RebuildChunk, s.off+s.n-off)
-			ext, err := src.r.ReadSnapshot(ctx, snap, off, n)
-			if err != nil {
-				return fmt.Errorf("read from %s: %w", src.addr, err)
+			read := src.r.ReadLayer
+			if rb.st.DirtyOnly {
+				read = src.r.ReadSnapshot
 			}
-			if fill {
+			ext, err := read(ctx, l, off, n)
+			if err != nil {
+				return fmt.Errorf("read snapshot %s from %s: %w", l, src.addr, err)
+			}
+			if rb.st.DirtyOnly {
 				// The target may hold stale data here, even where the source
 				// has holes: write the whole region, zeros included.
 				buf := make([]byte, n)
@@ -308,30 +440,16 @@ func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *membe
 				ext = []Extent{{Offset: off, Data: buf}}
 			}
 			for _, x := range ext {
-				if err := dst.r.WriteLayer(ctx, snap, x.Data, x.Offset); err != nil {
-					return fmt.Errorf("write to %s: %w", dst.addr, err)
+				if err := dst.r.WriteLayer(ctx, l, x.Data, x.Offset); err != nil {
+					return fmt.Errorf("write snapshot %s to %s: %w", l, dst.addr, err)
 				}
 				rb.copied.Add(int64(len(x.Data)))
+				if !rb.st.DirtyOnly {
+					rb.done.Add(int64(len(x.Data)))
+				}
 			}
-			rb.done.Add(n)
-		}
-	}
-	if err := dst.r.SyncLayers(ctx); err != nil {
-		return fmt.Errorf("sync %s: %w", dst.addr, err)
-	}
-	for _, s := range regions {
-		for off := s.off; off < s.off+s.n; off += RebuildChunk {
-			n := min(RebuildChunk, s.off+s.n-off)
-			a, err := src.r.Checksum(ctx, snap, off, n)
-			if err != nil {
-				return fmt.Errorf("verify: checksum on %s: %w", src.addr, err)
-			}
-			b, err := dst.r.Checksum(ctx, snap, off, n)
-			if err != nil {
-				return fmt.Errorf("verify: checksum on %s: %w", dst.addr, err)
-			}
-			if a != b {
-				return fmt.Errorf("verify: bytes %d..%d differ after the copy (%08x vs %08x)", off, off+n, a, b)
+			if rb.st.DirtyOnly {
+				rb.done.Add(n)
 			}
 		}
 	}

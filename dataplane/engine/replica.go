@@ -30,11 +30,20 @@ type Replica interface {
 	// ReadSnapshot returns the data extents of [off, off+length) of the
 	// view at snapshot name (holes left out).
 	ReadSnapshot(ctx context.Context, name string, off, length int64) ([]Extent, error)
+	// ReadLayer returns the data extents snapshot name's own layer holds in
+	// [off, off+length).
+	ReadLayer(ctx context.Context, name string, off, length int64) ([]Extent, error)
+	// ReplaceChain empties a replica marked rebuilding into empty snapshots
+	// named and dated as snaps (oldest first) under an empty head.
+	ReplaceChain(ctx context.Context, snaps []SnapshotInfo) error
 	// WriteLayer writes into snapshot name's own layer, below the head.
 	WriteLayer(ctx context.Context, name string, p []byte, off int64) error
 	SyncLayers(ctx context.Context) error
 	// Checksum is the CRC-32C of [off, off+length) of the view at name.
 	Checksum(ctx context.Context, name string, off, length int64) (uint32, error)
+	// LayerChecksum is a CRC-32C of what snapshot name's own layer holds in
+	// [off, off+length): its data and where that data lies.
+	LayerChecksum(ctx context.Context, name string, off, length int64) (uint32, error)
 
 	Close() error
 }

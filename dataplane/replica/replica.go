@@ -33,6 +33,7 @@ var (
 	ErrSnapshotExists   = errors.New("snapshot already exists")
 	ErrSnapshotNotFound = errors.New("snapshot not found")
 	ErrInvalidName      = errors.New("invalid snapshot name")
+	ErrNotRebuilding    = errors.New("replica is not marked rebuilding")
 )
 
 // Options configure Open. Zero values take the defaults.

@@ -441,3 +441,131 @@ func TestRebuildPrimitives(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReplaceChainThenCopyLayers empties a stale replica into the source's
+// chain and copies every layer's own data, as a full rebuild does: every
+// snapshot then reads the same on both, the names, times and flags match,
+// the stale data and its files are gone, and it all survives a reopen.
+func TestReplaceChainThenCopyLayers(t *testing.T) {
+	const size = 4 << 20
+	src := open(t, t.TempDir(), size)
+	defer src.Close()
+	src.WriteAt(bytes.Repeat([]byte{1}, 8192), 0)
+	src.Snapshot("daily-1", true)
+	src.WriteAt(bytes.Repeat([]byte{2}, 4096), 4096)
+	src.Unmap(0, 4096) // a hole in the newer layer over data in the older one: zeros written there
+	src.Snapshot("daily-2", true)
+	src.WriteAt(bytes.Repeat([]byte{3}, 4096), 2<<20)
+	src.Snapshot("rb", false)
+	src.WriteAt(bytes.Repeat([]byte{9}, 4096), 0) // after the rebuild point
+	sin, _ := src.Info()
+
+	dir := t.TempDir()
+	dst := open(t, dir, size)
+	dst.WriteAt(bytes.Repeat([]byte{7}, size), 0) // stale data everywhere
+	dst.Snapshot("daily-1", true)                 // a stale snapshot of the same name
+	dst.WriteAt(bytes.Repeat([]byte{8}, 4096), 3<<20)
+
+	if err := dst.ReplaceChain(sin.Snapshots); !errors.Is(err, ErrNotRebuilding) {
+		t.Fatalf("replacing the chain of a replica not marked rebuilding: %v", err)
+	}
+	if err := dst.SetEpoch(5, true, true); err != nil {
+		t.Fatal(err)
+	}
+	bad := append(append([]SnapshotInfo(nil), sin.Snapshots...), sin.Snapshots[0])
+	if err := dst.ReplaceChain(bad); !errors.Is(err, ErrInvalidName) {
+		t.Fatalf("a chain naming a snapshot twice: %v", err)
+	}
+	stale := bytes.Repeat([]byte{7}, size)
+	copy(stale[3<<20:], bytes.Repeat([]byte{8}, 4096))
+	if got := readAll(t, dst, size); !bytes.Equal(got, stale) {
+		t.Fatal("a refused ReplaceChain changed the data")
+	}
+	if err := dst.ReplaceChain(sin.Snapshots); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, dst, size); !bytes.Equal(got, make([]byte, size)) {
+		t.Fatal("stale data survived ReplaceChain")
+	}
+	dst.WriteAt(bytes.Repeat([]byte{6}, 4096), 3<<20) // a new write lands in the head meanwhile
+
+	for _, s := range sin.Snapshots {
+		ext, err := src.ReadLayer(s.Name, 0, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, x := range ext {
+			if err := dst.WriteLayer(s.Name, x.Data, x.Offset); err != nil {
+				t.Fatal(err)
+			}
+			n += int64(len(x.Data))
+		}
+		if n != s.DataBytes {
+			t.Fatalf("layer %s: read %d bytes of its own, Info says it holds %d", s.Name, n, s.DataBytes)
+		}
+	}
+	if err := dst.SyncLayers(); err != nil {
+		t.Fatal(err)
+	}
+	dst.Close()
+	dst = open(t, dir, 0)
+	defer dst.Close()
+	din, _ := dst.Info()
+	if len(din.Snapshots) != len(sin.Snapshots) {
+		t.Fatalf("chain after the copy: %+v, want %+v", din.Snapshots, sin.Snapshots)
+	}
+	for i, s := range sin.Snapshots {
+		d := din.Snapshots[i]
+		if d.Name != s.Name || d.Parent != s.Parent || !d.Created.Equal(s.Created) || d.UserCreated != s.UserCreated || d.DataBytes != s.DataBytes {
+			t.Fatalf("snapshot %d: %+v, want %+v", i, d, s)
+		}
+		a, _ := src.Checksum(s.Name, 0, size)
+		b, _ := dst.Checksum(s.Name, 0, size)
+		la, _ := src.LayerChecksum(s.Name, 0, size)
+		lb, err := dst.LayerChecksum(s.Name, 0, size)
+		if err != nil || a != b || la != lb {
+			t.Fatalf("snapshot %s: view %08x/%08x, layer %08x/%08x, %v", s.Name, a, b, la, lb, err)
+		}
+	}
+	if got := readAll(t, dst, size); got[3<<20] != 6 || got[4096] != 2 || got[0] != 0 || got[2<<20] != 3 {
+		t.Fatalf("volume after the copy: %d %d %d %d", got[3<<20], got[4096], got[0], got[2<<20])
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "layer-*.img"))
+	if len(files) != len(sin.Snapshots)+1 {
+		t.Fatalf("%d layer files for %d snapshots and a head: old layers left behind", len(files), len(sin.Snapshots))
+	}
+}
+
+// TestLayerChecksumSeesHoles: a layer holding zeros where another has a
+// hole (which shows older data through) must not checksum the same.
+func TestLayerChecksumSeesHoles(t *testing.T) {
+	a := open(t, t.TempDir(), 1<<20)
+	defer a.Close()
+	b := open(t, t.TempDir(), 1<<20)
+	defer b.Close()
+	for _, r := range []*Replica{a, b} {
+		r.WriteAt(bytes.Repeat([]byte{1}, 4096), 0)
+		r.Snapshot("s", false)
+	}
+	b.WriteAt(make([]byte, 4096), 8192) // zeros written in b's head only
+	a.Snapshot("t", false)
+	b.Snapshot("t", false)
+	x, _ := a.LayerChecksum("t", 0, 1<<20)
+	y, _ := b.LayerChecksum("t", 0, 1<<20)
+	if x == y {
+		t.Fatal("a hole and written zeros checksum the same")
+	}
+	if _, err := a.LayerChecksum("nope", 0, 4096); !errors.Is(err, ErrSnapshotNotFound) {
+		t.Fatal(err)
+	}
+}
+
+func readAll(t *testing.T, r *Replica, size int64) []byte {
+	t.Helper()
+	p := make([]byte, size)
+	if _, err := r.ReadAt(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"encoding/binary"
 	"fmt"
 	"hash/crc32"
 	"os"
@@ -266,7 +267,7 @@ func (r *Replica) mergeChildInto(i int, buf []byte) error {
 
 func (r *Replica) removeFile(name string) {
 	if err := os.Remove(filepath.Join(r.dir, name)); err != nil {
-		r.log.Error(err, "removing a merged layer failed; the next open removes it", "file", name)
+		r.log.Error(err, "removing a layer file failed; the next open removes it", "file", name)
 	}
 }
 
@@ -401,8 +402,21 @@ func (r *Replica) snapshotTop(name string) (int, error) {
 
 // ReadSnapshot returns the data in [off, off+length) of the volume as it was
 // when snapshot name was taken, as extents; ranges no layer holds (holes,
-// which read as zeros) are left out. It is what a rebuild copies.
+// which read as zeros) are left out. A rebuild that copies only dirty
+// regions copies this view.
 func (r *Replica) ReadSnapshot(name string, off, length int64) ([]Extent, error) {
+	return r.readExtents(name, off, length, false)
+}
+
+// ReadLayer returns the data snapshot name's own layer holds in [off,
+// off+length), as extents: only what was written between the previous
+// snapshot and this one. A full rebuild copies every layer this way, so the
+// rebuilt replica keeps the snapshot history.
+func (r *Replica) ReadLayer(name string, off, length int64) ([]Extent, error) {
+	return r.readExtents(name, off, length, true)
+}
+
+func (r *Replica) readExtents(name string, off, length int64, own bool) ([]Extent, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	top, err := r.snapshotTop(name)
@@ -417,7 +431,7 @@ func (r *Replica) ReadSnapshot(name string, off, length int64) ([]Extent, error)
 	}
 	var out []Extent
 	for b, end := off/BlockSize, (off+length)/BlockSize; b < end; {
-		li, n := r.resolve(b, end-b, top)
+		li, n := r.resolveIn(b, end-b, top, own)
 		if li >= 0 {
 			p := make([]byte, n*BlockSize)
 			if _, err := r.layers[li].f.ReadAt(p, b*BlockSize); err != nil {
@@ -433,6 +447,19 @@ func (r *Replica) ReadSnapshot(name string, off, length int64) ([]Extent, error)
 		b += n
 	}
 	return out, nil
+}
+
+// resolveIn is resolve through layers[:top], or (own) through layer top-1
+// alone.
+func (r *Replica) resolveIn(b, limit int64, top int, own bool) (int, int64) {
+	if !own {
+		return r.resolve(b, limit, top)
+	}
+	n, data := r.layers[top-1].idx.run(b, limit)
+	if data {
+		return top - 1, n
+	}
+	return -1, n
 }
 
 // WriteLayer writes p at off directly into the layer of snapshot name, not
@@ -499,6 +526,101 @@ func (r *Replica) Checksum(name string, off, length int64) (uint32, error) {
 		done += n
 	}
 	return h.Sum32(), nil
+}
+
+// LayerChecksum returns a CRC-32C of what snapshot name's own layer holds
+// in [off, off+length) (block-aligned): its data and where that data lies,
+// so a hole and a block of written zeros differ (in a layer they do: the
+// hole shows the older layers through). Two layers with the same data at
+// the same blocks have the same sum.
+func (r *Replica) LayerChecksum(name string, off, length int64) (uint32, error) {
+	ext, err := r.readExtents(name, off, length, true)
+	if err != nil {
+		return 0, err
+	}
+	h := crc32.New(castagnoli)
+	var pos [16]byte
+	for _, x := range ext { // contiguous runs are merged, so the runs are canonical
+		binary.LittleEndian.PutUint64(pos[:8], uint64(x.Offset))
+		binary.LittleEndian.PutUint64(pos[8:], uint64(len(x.Data)))
+		h.Write(pos[:])
+		h.Write(x.Data)
+	}
+	return h.Sum32(), nil
+}
+
+// ReplaceChain discards the replica's data, every snapshot and the head,
+// and puts in their place empty snapshots described by snaps (oldest
+// first: name, creation time, whether a user took it) under an empty head.
+// A full rebuild starts its target this way and then fills each
+// snapshot's layer from a healthy replica's (ReadLayer, WriteLayer), so the
+// rebuilt replica keeps the volume's snapshot history. Since it empties the
+// replica, it refuses unless the replica is marked rebuilding (SetEpoch),
+// which keeps any engine from opening it as a healthy member until the
+// rebuild completes.
+//
+// Crash story: the new layer files are created and synced, then the
+// metadata naming them committed, then the old files removed; a crash
+// leaves the old chain or the new one, plus files that open deletes.
+func (r *Replica) ReplaceChain(snaps []SnapshotInfo) error {
+	seen := make(map[string]bool, len(snaps))
+	for _, s := range snaps {
+		if !snapshotName.MatchString(s.Name) {
+			return fmt.Errorf("%w: %q", ErrInvalidName, s.Name)
+		}
+		if seen[s.Name] {
+			return fmt.Errorf("%w: %q twice in the chain", ErrInvalidName, s.Name)
+		}
+		seen[s.Name] = true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	if !r.meta.Rebuilding {
+		return fmt.Errorf("%w: replacing the chain would empty a replica that may be in use; set the rebuilding flag first", ErrNotRebuilding)
+	}
+	m := r.meta
+	m.Snapshots = make([]snapshotMeta, 0, len(snaps))
+	var fresh []*layer
+	undo := func(err error) error {
+		for _, l := range fresh {
+			l.f.Close()
+			os.Remove(filepath.Join(r.dir, l.file))
+		}
+		return fmt.Errorf("replace chain: %w", err)
+	}
+	for _, s := range snaps {
+		nl, err := r.createHead(&m)
+		if err != nil {
+			return undo(err)
+		}
+		nl.name = s.Name
+		fresh = append(fresh, nl)
+		created := s.Created.UTC()
+		if s.Created.IsZero() {
+			created = time.Now().UTC()
+		}
+		m.Snapshots = append(m.Snapshots, snapshotMeta{Name: s.Name, File: nl.file, Created: created, UserCreated: s.UserCreated})
+	}
+	head, err := r.createHead(&m)
+	if err != nil {
+		return undo(err)
+	}
+	fresh = append(fresh, head)
+	m.Head = head.file
+	if err := r.commit(m); err != nil {
+		return undo(err)
+	}
+	old := r.layers
+	r.layers = fresh
+	for _, l := range old {
+		l.f.Close()
+		r.removeFile(l.file)
+	}
+	r.log.Info("chain replaced for a rebuild", "snapshots", len(snaps), "discarded layers", len(old))
+	return nil
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -195,7 +195,7 @@ func rebuildLine(r *enginev1.Rebuild) string {
 	if r.BytesTotal > 0 {
 		pct = int(r.BytesDone * 100 / r.BytesTotal)
 	}
-	kind := "full"
+	kind := fmt.Sprintf("full, %d layers", len(r.Layers))
 	if r.DirtyOnly {
 		kind = "dirty regions only"
 	}

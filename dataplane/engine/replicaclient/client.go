@@ -182,9 +182,17 @@ func (c *Client) Expand(ctx context.Context, size int64) error {
 }
 
 func (c *Client) ReadSnapshot(ctx context.Context, name string, off, n int64) ([]engine.Extent, error) {
+	return c.readExtents(ctx, &replicav1.SnapshotReadRequest{Snapshot: name, Offset: off, Length: n})
+}
+
+func (c *Client) ReadLayer(ctx context.Context, name string, off, n int64) ([]engine.Extent, error) {
+	return c.readExtents(ctx, &replicav1.SnapshotReadRequest{Snapshot: name, Offset: off, Length: n, LayerOnly: true})
+}
+
+func (c *Client) readExtents(ctx context.Context, req *replicav1.SnapshotReadRequest) ([]engine.Extent, error) {
 	ctx, cancel := c.cctx(ctx)
 	defer cancel()
-	resp, err := c.ctl.SnapshotRead(ctx, &replicav1.SnapshotReadRequest{Snapshot: name, Offset: off, Length: n})
+	resp, err := c.ctl.SnapshotRead(ctx, req)
 	if err != nil {
 		return nil, mapErr(err)
 	}
@@ -209,10 +217,29 @@ func (c *Client) SyncLayers(ctx context.Context) error {
 	return err
 }
 
-func (c *Client) Checksum(ctx context.Context, name string, off, n int64) (uint32, error) {
+func (c *Client) ReplaceChain(ctx context.Context, snaps []engine.SnapshotInfo) error {
 	ctx, cancel := c.cctx(ctx)
 	defer cancel()
-	resp, err := c.ctl.Checksum(ctx, &replicav1.ChecksumRequest{Snapshot: name, Offset: off, Length: n})
+	req := &replicav1.ReplaceChainRequest{}
+	for _, s := range snaps {
+		req.Snapshots = append(req.Snapshots, &replicav1.Snapshot{Name: s.Name, CreatedUnixNano: s.Created.UnixNano(), UserCreated: s.UserCreated})
+	}
+	_, err := c.ctl.ReplaceChain(ctx, req)
+	return mapErr(err)
+}
+
+func (c *Client) Checksum(ctx context.Context, name string, off, n int64) (uint32, error) {
+	return c.checksum(ctx, &replicav1.ChecksumRequest{Snapshot: name, Offset: off, Length: n})
+}
+
+func (c *Client) LayerChecksum(ctx context.Context, name string, off, n int64) (uint32, error) {
+	return c.checksum(ctx, &replicav1.ChecksumRequest{Snapshot: name, Offset: off, Length: n, LayerOnly: true})
+}
+
+func (c *Client) checksum(ctx context.Context, req *replicav1.ChecksumRequest) (uint32, error) {
+	ctx, cancel := c.cctx(ctx)
+	defer cancel()
+	resp, err := c.ctl.Checksum(ctx, req)
 	if err != nil {
 		return 0, mapErr(err)
 	}

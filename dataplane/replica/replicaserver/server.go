@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -32,7 +33,7 @@ func wire(err error) error {
 		return fmt.Errorf("%w: %w", dataconn.CodeStaleEpoch, err)
 	case errors.Is(err, replica.ErrOutOfRange):
 		return fmt.Errorf("%w: %w", dataconn.CodeOutOfRange, err)
-	case errors.Is(err, replica.ErrClosed):
+	case errors.Is(err, replica.ErrClosed), errors.Is(err, replica.ErrNotRebuilding):
 		return fmt.Errorf("%w: %w", dataconn.CodeShutdown, err)
 	}
 	return err
@@ -92,7 +93,7 @@ func grpcErr(err error) error {
 		code = codes.AlreadyExists
 	case errors.Is(err, replica.ErrInvalidName), errors.Is(err, replica.ErrInvalidSize):
 		code = codes.InvalidArgument
-	case errors.Is(err, replica.ErrClosed):
+	case errors.Is(err, replica.ErrClosed), errors.Is(err, replica.ErrNotRebuilding):
 		code = codes.FailedPrecondition
 	case errors.Is(err, replica.ErrOutOfRange):
 		code = codes.OutOfRange
@@ -175,7 +176,11 @@ func (c *Control) SnapshotRead(_ context.Context, req *replicav1.SnapshotReadReq
 	if req.GetLength() > MaxSnapshotRead {
 		return nil, status.Errorf(codes.InvalidArgument, "snapshot reads are limited to %d bytes per call, got %d", MaxSnapshotRead, req.GetLength())
 	}
-	ext, err := c.R.ReadSnapshot(req.GetSnapshot(), req.GetOffset(), req.GetLength())
+	read := c.R.ReadSnapshot
+	if req.GetLayerOnly() {
+		read = c.R.ReadLayer
+	}
+	ext, err := read(req.GetSnapshot(), req.GetOffset(), req.GetLength())
 	if err != nil {
 		return nil, grpcErr(err)
 	}
@@ -184,6 +189,14 @@ func (c *Control) SnapshotRead(_ context.Context, req *replicav1.SnapshotReadReq
 		out.Extents = append(out.Extents, &replicav1.Extent{Offset: e.Offset, Data: e.Data})
 	}
 	return out, nil
+}
+
+func (c *Control) ReplaceChain(_ context.Context, req *replicav1.ReplaceChainRequest) (*replicav1.ReplaceChainResponse, error) {
+	snaps := make([]replica.SnapshotInfo, 0, len(req.GetSnapshots()))
+	for _, s := range req.GetSnapshots() {
+		snaps = append(snaps, replica.SnapshotInfo{Name: s.GetName(), Created: time.Unix(0, s.GetCreatedUnixNano()), UserCreated: s.GetUserCreated()})
+	}
+	return &replicav1.ReplaceChainResponse{}, grpcErr(c.R.ReplaceChain(snaps))
 }
 
 func (c *Control) LayerWrite(_ context.Context, req *replicav1.LayerWriteRequest) (*replicav1.LayerWriteResponse, error) {
@@ -195,9 +208,13 @@ func (c *Control) SyncLayers(context.Context, *replicav1.SyncLayersRequest) (*re
 }
 
 func (c *Control) Checksum(_ context.Context, req *replicav1.ChecksumRequest) (*replicav1.ChecksumResponse, error) {
-	sum, err := c.R.Checksum(req.GetSnapshot(), req.GetOffset(), req.GetLength())
+	sum := c.R.Checksum
+	if req.GetLayerOnly() {
+		sum = c.R.LayerChecksum
+	}
+	crc, err := sum(req.GetSnapshot(), req.GetOffset(), req.GetLength())
 	if err != nil {
 		return nil, grpcErr(err)
 	}
-	return &replicav1.ChecksumResponse{Crc32C: sum}, nil
+	return &replicav1.ChecksumResponse{Crc32C: crc}, nil
 }

@@ -468,8 +468,11 @@ type Rebuild struct {
 	StartedUnixNano  int64  `protobuf:"varint,9,opt,name=started_unix_nano,json=startedUnixNano,proto3" json:"started_unix_nano,omitempty"`
 	FinishedUnixNano int64  `protobuf:"varint,10,opt,name=finished_unix_nano,json=finishedUnixNano,proto3" json:"finished_unix_nano,omitempty"`
 	Error            string `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The snapshots the rebuild reads, oldest first, the rebuild snapshot
+	// last; a full rebuild copies each one's layer, keeping the history.
+	Layers        []string `protobuf:"bytes,12,rep,name=layers,proto3" json:"layers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Rebuild) Reset() {
@@ -577,6 +580,13 @@ func (x *Rebuild) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *Rebuild) GetLayers() []string {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
 }
 
 type RebuildStatusRequest struct {
@@ -1519,7 +1529,7 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x12ReplicaAddResponse\"0\n" +
 	"\x14ReplicaRemoveRequest\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\"\x17\n" +
-	"\x15ReplicaRemoveResponse\"\xdf\x02\n" +
+	"\x15ReplicaRemoveResponse\"\xf7\x02\n" +
 	"\aRebuild\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
@@ -1535,7 +1545,8 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x11started_unix_nano\x18\t \x01(\x03R\x0fstartedUnixNano\x12,\n" +
 	"\x12finished_unix_nano\x18\n" +
 	" \x01(\x03R\x10finishedUnixNano\x12\x14\n" +
-	"\x05error\x18\v \x01(\tR\x05error\"\x16\n" +
+	"\x05error\x18\v \x01(\tR\x05error\x12\x16\n" +
+	"\x06layers\x18\f \x03(\tR\x06layers\"\x16\n" +
 	"\x14RebuildStatusRequest\"M\n" +
 	"\x15RebuildStatusResponse\x124\n" +
 	"\brebuilds\x18\x01 \x03(\v2\x18.cairn.engine.v1.RebuildR\brebuilds\"0\n" +

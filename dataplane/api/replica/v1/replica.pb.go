@@ -77,10 +77,12 @@ func (x *Extent) GetData() []byte {
 }
 
 type SnapshotReadRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Snapshot      string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
-	Offset        int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
-	Length        int64                  `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Offset   int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length   int64                  `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	// Only the snapshot's own layer, not the view through older ones.
+	LayerOnly     bool `protobuf:"varint,4,opt,name=layer_only,json=layerOnly,proto3" json:"layer_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -136,6 +138,13 @@ func (x *SnapshotReadRequest) GetLength() int64 {
 	return 0
 }
 
+func (x *SnapshotReadRequest) GetLayerOnly() bool {
+	if x != nil {
+		return x.LayerOnly
+	}
+	return false
+}
+
 type SnapshotReadResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Extents       []*Extent              `protobuf:"bytes,1,rep,name=extents,proto3" json:"extents,omitempty"`
@@ -180,6 +189,87 @@ func (x *SnapshotReadResponse) GetExtents() []*Extent {
 	return nil
 }
 
+type ReplaceChainRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Oldest first; name, created_unix_nano and user_created are used.
+	Snapshots     []*Snapshot `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplaceChainRequest) Reset() {
+	*x = ReplaceChainRequest{}
+	mi := &file_replica_v1_replica_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplaceChainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplaceChainRequest) ProtoMessage() {}
+
+func (x *ReplaceChainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplaceChainRequest.ProtoReflect.Descriptor instead.
+func (*ReplaceChainRequest) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReplaceChainRequest) GetSnapshots() []*Snapshot {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+type ReplaceChainResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplaceChainResponse) Reset() {
+	*x = ReplaceChainResponse{}
+	mi := &file_replica_v1_replica_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplaceChainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplaceChainResponse) ProtoMessage() {}
+
+func (x *ReplaceChainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplaceChainResponse.ProtoReflect.Descriptor instead.
+func (*ReplaceChainResponse) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{4}
+}
+
 type LayerWriteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Snapshot      string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
@@ -191,7 +281,7 @@ type LayerWriteRequest struct {
 
 func (x *LayerWriteRequest) Reset() {
 	*x = LayerWriteRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[3]
+	mi := &file_replica_v1_replica_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -203,7 +293,7 @@ func (x *LayerWriteRequest) String() string {
 func (*LayerWriteRequest) ProtoMessage() {}
 
 func (x *LayerWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[3]
+	mi := &file_replica_v1_replica_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -216,7 +306,7 @@ func (x *LayerWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerWriteRequest.ProtoReflect.Descriptor instead.
 func (*LayerWriteRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{3}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LayerWriteRequest) GetSnapshot() string {
@@ -248,7 +338,7 @@ type LayerWriteResponse struct {
 
 func (x *LayerWriteResponse) Reset() {
 	*x = LayerWriteResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[4]
+	mi := &file_replica_v1_replica_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -260,7 +350,7 @@ func (x *LayerWriteResponse) String() string {
 func (*LayerWriteResponse) ProtoMessage() {}
 
 func (x *LayerWriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[4]
+	mi := &file_replica_v1_replica_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -273,7 +363,7 @@ func (x *LayerWriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerWriteResponse.ProtoReflect.Descriptor instead.
 func (*LayerWriteResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{4}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{6}
 }
 
 type SyncLayersRequest struct {
@@ -284,7 +374,7 @@ type SyncLayersRequest struct {
 
 func (x *SyncLayersRequest) Reset() {
 	*x = SyncLayersRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[5]
+	mi := &file_replica_v1_replica_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -296,7 +386,7 @@ func (x *SyncLayersRequest) String() string {
 func (*SyncLayersRequest) ProtoMessage() {}
 
 func (x *SyncLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[5]
+	mi := &file_replica_v1_replica_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -309,7 +399,7 @@ func (x *SyncLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncLayersRequest.ProtoReflect.Descriptor instead.
 func (*SyncLayersRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{5}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{7}
 }
 
 type SyncLayersResponse struct {
@@ -320,7 +410,7 @@ type SyncLayersResponse struct {
 
 func (x *SyncLayersResponse) Reset() {
 	*x = SyncLayersResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[6]
+	mi := &file_replica_v1_replica_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -332,7 +422,7 @@ func (x *SyncLayersResponse) String() string {
 func (*SyncLayersResponse) ProtoMessage() {}
 
 func (x *SyncLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[6]
+	mi := &file_replica_v1_replica_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -345,21 +435,23 @@ func (x *SyncLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncLayersResponse.ProtoReflect.Descriptor instead.
 func (*SyncLayersResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{6}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{8}
 }
 
 type ChecksumRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Snapshot      string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
-	Offset        int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
-	Length        int64                  `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Offset   int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length   int64                  `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	// Only the snapshot's own layer, not the view through older ones.
+	LayerOnly     bool `protobuf:"varint,4,opt,name=layer_only,json=layerOnly,proto3" json:"layer_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ChecksumRequest) Reset() {
 	*x = ChecksumRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[7]
+	mi := &file_replica_v1_replica_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -371,7 +463,7 @@ func (x *ChecksumRequest) String() string {
 func (*ChecksumRequest) ProtoMessage() {}
 
 func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[7]
+	mi := &file_replica_v1_replica_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -384,7 +476,7 @@ func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumRequest.ProtoReflect.Descriptor instead.
 func (*ChecksumRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{7}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ChecksumRequest) GetSnapshot() string {
@@ -408,6 +500,13 @@ func (x *ChecksumRequest) GetLength() int64 {
 	return 0
 }
 
+func (x *ChecksumRequest) GetLayerOnly() bool {
+	if x != nil {
+		return x.LayerOnly
+	}
+	return false
+}
+
 type ChecksumResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Crc32C        uint32                 `protobuf:"varint,1,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
@@ -417,7 +516,7 @@ type ChecksumResponse struct {
 
 func (x *ChecksumResponse) Reset() {
 	*x = ChecksumResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[8]
+	mi := &file_replica_v1_replica_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -429,7 +528,7 @@ func (x *ChecksumResponse) String() string {
 func (*ChecksumResponse) ProtoMessage() {}
 
 func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[8]
+	mi := &file_replica_v1_replica_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -442,7 +541,7 @@ func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumResponse.ProtoReflect.Descriptor instead.
 func (*ChecksumResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{8}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ChecksumResponse) GetCrc32C() uint32 {
@@ -467,7 +566,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_replica_v1_replica_proto_msgTypes[9]
+	mi := &file_replica_v1_replica_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +578,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[9]
+	mi := &file_replica_v1_replica_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +591,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{9}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Snapshot) GetName() string {
@@ -544,7 +643,7 @@ type DirtyRegions struct {
 
 func (x *DirtyRegions) Reset() {
 	*x = DirtyRegions{}
-	mi := &file_replica_v1_replica_proto_msgTypes[10]
+	mi := &file_replica_v1_replica_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +655,7 @@ func (x *DirtyRegions) String() string {
 func (*DirtyRegions) ProtoMessage() {}
 
 func (x *DirtyRegions) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[10]
+	mi := &file_replica_v1_replica_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +668,7 @@ func (x *DirtyRegions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirtyRegions.ProtoReflect.Descriptor instead.
 func (*DirtyRegions) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{10}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DirtyRegions) GetRegionSize() int64 {
@@ -608,7 +707,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	mi := &file_replica_v1_replica_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -620,7 +719,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	mi := &file_replica_v1_replica_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -633,7 +732,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{11}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{13}
 }
 
 type InfoResponse struct {
@@ -658,7 +757,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[12]
+	mi := &file_replica_v1_replica_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +769,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[12]
+	mi := &file_replica_v1_replica_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +782,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{12}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *InfoResponse) GetSize() int64 {
@@ -766,7 +865,7 @@ type SnapshotCreateRequest struct {
 
 func (x *SnapshotCreateRequest) Reset() {
 	*x = SnapshotCreateRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[13]
+	mi := &file_replica_v1_replica_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +877,7 @@ func (x *SnapshotCreateRequest) String() string {
 func (*SnapshotCreateRequest) ProtoMessage() {}
 
 func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[13]
+	mi := &file_replica_v1_replica_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +890,7 @@ func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{13}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SnapshotCreateRequest) GetName() string {
@@ -816,7 +915,7 @@ type SnapshotCreateResponse struct {
 
 func (x *SnapshotCreateResponse) Reset() {
 	*x = SnapshotCreateResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[14]
+	mi := &file_replica_v1_replica_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +927,7 @@ func (x *SnapshotCreateResponse) String() string {
 func (*SnapshotCreateResponse) ProtoMessage() {}
 
 func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[14]
+	mi := &file_replica_v1_replica_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +940,7 @@ func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{14}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{16}
 }
 
 type SnapshotListRequest struct {
@@ -852,7 +951,7 @@ type SnapshotListRequest struct {
 
 func (x *SnapshotListRequest) Reset() {
 	*x = SnapshotListRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[15]
+	mi := &file_replica_v1_replica_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -864,7 +963,7 @@ func (x *SnapshotListRequest) String() string {
 func (*SnapshotListRequest) ProtoMessage() {}
 
 func (x *SnapshotListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[15]
+	mi := &file_replica_v1_replica_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -877,7 +976,7 @@ func (x *SnapshotListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotListRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{15}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{17}
 }
 
 type SnapshotListResponse struct {
@@ -889,7 +988,7 @@ type SnapshotListResponse struct {
 
 func (x *SnapshotListResponse) Reset() {
 	*x = SnapshotListResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[16]
+	mi := &file_replica_v1_replica_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +1000,7 @@ func (x *SnapshotListResponse) String() string {
 func (*SnapshotListResponse) ProtoMessage() {}
 
 func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[16]
+	mi := &file_replica_v1_replica_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +1013,7 @@ func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotListResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{16}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SnapshotListResponse) GetSnapshots() []*Snapshot {
@@ -933,7 +1032,7 @@ type SnapshotDeleteRequest struct {
 
 func (x *SnapshotDeleteRequest) Reset() {
 	*x = SnapshotDeleteRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[17]
+	mi := &file_replica_v1_replica_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1044,7 @@ func (x *SnapshotDeleteRequest) String() string {
 func (*SnapshotDeleteRequest) ProtoMessage() {}
 
 func (x *SnapshotDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[17]
+	mi := &file_replica_v1_replica_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1057,7 @@ func (x *SnapshotDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotDeleteRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{17}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SnapshotDeleteRequest) GetName() string {
@@ -976,7 +1075,7 @@ type SnapshotDeleteResponse struct {
 
 func (x *SnapshotDeleteResponse) Reset() {
 	*x = SnapshotDeleteResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[18]
+	mi := &file_replica_v1_replica_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1087,7 @@ func (x *SnapshotDeleteResponse) String() string {
 func (*SnapshotDeleteResponse) ProtoMessage() {}
 
 func (x *SnapshotDeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[18]
+	mi := &file_replica_v1_replica_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1100,7 @@ func (x *SnapshotDeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotDeleteResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotDeleteResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{18}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{20}
 }
 
 type SnapshotRevertRequest struct {
@@ -1013,7 +1112,7 @@ type SnapshotRevertRequest struct {
 
 func (x *SnapshotRevertRequest) Reset() {
 	*x = SnapshotRevertRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[19]
+	mi := &file_replica_v1_replica_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1124,7 @@ func (x *SnapshotRevertRequest) String() string {
 func (*SnapshotRevertRequest) ProtoMessage() {}
 
 func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[19]
+	mi := &file_replica_v1_replica_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1137,7 @@ func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{19}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SnapshotRevertRequest) GetName() string {
@@ -1056,7 +1155,7 @@ type SnapshotRevertResponse struct {
 
 func (x *SnapshotRevertResponse) Reset() {
 	*x = SnapshotRevertResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[20]
+	mi := &file_replica_v1_replica_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1167,7 @@ func (x *SnapshotRevertResponse) String() string {
 func (*SnapshotRevertResponse) ProtoMessage() {}
 
 func (x *SnapshotRevertResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[20]
+	mi := &file_replica_v1_replica_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1180,7 @@ func (x *SnapshotRevertResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{20}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{22}
 }
 
 type ExpandRequest struct {
@@ -1093,7 +1192,7 @@ type ExpandRequest struct {
 
 func (x *ExpandRequest) Reset() {
 	*x = ExpandRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[21]
+	mi := &file_replica_v1_replica_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1204,7 @@ func (x *ExpandRequest) String() string {
 func (*ExpandRequest) ProtoMessage() {}
 
 func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[21]
+	mi := &file_replica_v1_replica_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1217,7 @@ func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandRequest.ProtoReflect.Descriptor instead.
 func (*ExpandRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{21}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExpandRequest) GetSize() int64 {
@@ -1136,7 +1235,7 @@ type ExpandResponse struct {
 
 func (x *ExpandResponse) Reset() {
 	*x = ExpandResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[22]
+	mi := &file_replica_v1_replica_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1247,7 @@ func (x *ExpandResponse) String() string {
 func (*ExpandResponse) ProtoMessage() {}
 
 func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[22]
+	mi := &file_replica_v1_replica_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1260,7 @@ func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandResponse.ProtoReflect.Descriptor instead.
 func (*ExpandResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{22}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{24}
 }
 
 type SetEpochRequest struct {
@@ -1179,7 +1278,7 @@ type SetEpochRequest struct {
 
 func (x *SetEpochRequest) Reset() {
 	*x = SetEpochRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[23]
+	mi := &file_replica_v1_replica_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1191,7 +1290,7 @@ func (x *SetEpochRequest) String() string {
 func (*SetEpochRequest) ProtoMessage() {}
 
 func (x *SetEpochRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[23]
+	mi := &file_replica_v1_replica_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1204,7 +1303,7 @@ func (x *SetEpochRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochRequest.ProtoReflect.Descriptor instead.
 func (*SetEpochRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{23}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SetEpochRequest) GetEpoch() uint64 {
@@ -1236,7 +1335,7 @@ type SetEpochResponse struct {
 
 func (x *SetEpochResponse) Reset() {
 	*x = SetEpochResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[24]
+	mi := &file_replica_v1_replica_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1347,7 @@ func (x *SetEpochResponse) String() string {
 func (*SetEpochResponse) ProtoMessage() {}
 
 func (x *SetEpochResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[24]
+	mi := &file_replica_v1_replica_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1360,7 @@ func (x *SetEpochResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochResponse.ProtoReflect.Descriptor instead.
 func (*SetEpochResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{24}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{26}
 }
 
 type CloseRequest struct {
@@ -1272,7 +1371,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[25]
+	mi := &file_replica_v1_replica_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1383,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[25]
+	mi := &file_replica_v1_replica_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1396,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{25}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{27}
 }
 
 type CloseResponse struct {
@@ -1308,7 +1407,7 @@ type CloseResponse struct {
 
 func (x *CloseResponse) Reset() {
 	*x = CloseResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[26]
+	mi := &file_replica_v1_replica_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1320,7 +1419,7 @@ func (x *CloseResponse) String() string {
 func (*CloseResponse) ProtoMessage() {}
 
 func (x *CloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[26]
+	mi := &file_replica_v1_replica_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1333,7 +1432,7 @@ func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
 func (*CloseResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{26}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{28}
 }
 
 var File_replica_v1_replica_proto protoreflect.FileDescriptor
@@ -1343,24 +1442,31 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\x18replica/v1/replica.proto\x12\x10cairn.replica.v1\"4\n" +
 	"\x06Extent\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"a\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x80\x01\n" +
 	"\x13SnapshotReadRequest\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x03R\x06length\"J\n" +
+	"\x06length\x18\x03 \x01(\x03R\x06length\x12\x1d\n" +
+	"\n" +
+	"layer_only\x18\x04 \x01(\bR\tlayerOnly\"J\n" +
 	"\x14SnapshotReadResponse\x122\n" +
-	"\aextents\x18\x01 \x03(\v2\x18.cairn.replica.v1.ExtentR\aextents\"[\n" +
+	"\aextents\x18\x01 \x03(\v2\x18.cairn.replica.v1.ExtentR\aextents\"O\n" +
+	"\x13ReplaceChainRequest\x128\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1a.cairn.replica.v1.SnapshotR\tsnapshots\"\x16\n" +
+	"\x14ReplaceChainResponse\"[\n" +
 	"\x11LayerWriteRequest\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"\x14\n" +
 	"\x12LayerWriteResponse\"\x13\n" +
 	"\x11SyncLayersRequest\"\x14\n" +
-	"\x12SyncLayersResponse\"]\n" +
+	"\x12SyncLayersResponse\"|\n" +
 	"\x0fChecksumRequest\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x03R\x06length\"*\n" +
+	"\x06length\x18\x03 \x01(\x03R\x06length\x12\x1d\n" +
+	"\n" +
+	"layer_only\x18\x04 \x01(\bR\tlayerOnly\"*\n" +
 	"\x10ChecksumResponse\x12\x16\n" +
 	"\x06crc32c\x18\x01 \x01(\rR\x06crc32c\"\xa4\x01\n" +
 	"\bSnapshot\x12\x12\n" +
@@ -1417,7 +1523,7 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"rebuilding\"\x12\n" +
 	"\x10SetEpochResponse\"\x0e\n" +
 	"\fCloseRequest\"\x0f\n" +
-	"\rCloseResponse2\xb3\b\n" +
+	"\rCloseResponse2\x92\t\n" +
 	"\x0eReplicaService\x12E\n" +
 	"\x04Info\x12\x1d.cairn.replica.v1.InfoRequest\x1a\x1e.cairn.replica.v1.InfoResponse\x12c\n" +
 	"\x0eSnapshotCreate\x12'.cairn.replica.v1.SnapshotCreateRequest\x1a(.cairn.replica.v1.SnapshotCreateResponse\x12]\n" +
@@ -1427,7 +1533,8 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\x06Expand\x12\x1f.cairn.replica.v1.ExpandRequest\x1a .cairn.replica.v1.ExpandResponse\x12Q\n" +
 	"\bSetEpoch\x12!.cairn.replica.v1.SetEpochRequest\x1a\".cairn.replica.v1.SetEpochResponse\x12H\n" +
 	"\x05Close\x12\x1e.cairn.replica.v1.CloseRequest\x1a\x1f.cairn.replica.v1.CloseResponse\x12]\n" +
-	"\fSnapshotRead\x12%.cairn.replica.v1.SnapshotReadRequest\x1a&.cairn.replica.v1.SnapshotReadResponse\x12W\n" +
+	"\fSnapshotRead\x12%.cairn.replica.v1.SnapshotReadRequest\x1a&.cairn.replica.v1.SnapshotReadResponse\x12]\n" +
+	"\fReplaceChain\x12%.cairn.replica.v1.ReplaceChainRequest\x1a&.cairn.replica.v1.ReplaceChainResponse\x12W\n" +
 	"\n" +
 	"LayerWrite\x12#.cairn.replica.v1.LayerWriteRequest\x1a$.cairn.replica.v1.LayerWriteResponse\x12W\n" +
 	"\n" +
@@ -1446,70 +1553,75 @@ func file_replica_v1_replica_proto_rawDescGZIP() []byte {
 	return file_replica_v1_replica_proto_rawDescData
 }
 
-var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_replica_v1_replica_proto_goTypes = []any{
 	(*Extent)(nil),                 // 0: cairn.replica.v1.Extent
 	(*SnapshotReadRequest)(nil),    // 1: cairn.replica.v1.SnapshotReadRequest
 	(*SnapshotReadResponse)(nil),   // 2: cairn.replica.v1.SnapshotReadResponse
-	(*LayerWriteRequest)(nil),      // 3: cairn.replica.v1.LayerWriteRequest
-	(*LayerWriteResponse)(nil),     // 4: cairn.replica.v1.LayerWriteResponse
-	(*SyncLayersRequest)(nil),      // 5: cairn.replica.v1.SyncLayersRequest
-	(*SyncLayersResponse)(nil),     // 6: cairn.replica.v1.SyncLayersResponse
-	(*ChecksumRequest)(nil),        // 7: cairn.replica.v1.ChecksumRequest
-	(*ChecksumResponse)(nil),       // 8: cairn.replica.v1.ChecksumResponse
-	(*Snapshot)(nil),               // 9: cairn.replica.v1.Snapshot
-	(*DirtyRegions)(nil),           // 10: cairn.replica.v1.DirtyRegions
-	(*InfoRequest)(nil),            // 11: cairn.replica.v1.InfoRequest
-	(*InfoResponse)(nil),           // 12: cairn.replica.v1.InfoResponse
-	(*SnapshotCreateRequest)(nil),  // 13: cairn.replica.v1.SnapshotCreateRequest
-	(*SnapshotCreateResponse)(nil), // 14: cairn.replica.v1.SnapshotCreateResponse
-	(*SnapshotListRequest)(nil),    // 15: cairn.replica.v1.SnapshotListRequest
-	(*SnapshotListResponse)(nil),   // 16: cairn.replica.v1.SnapshotListResponse
-	(*SnapshotDeleteRequest)(nil),  // 17: cairn.replica.v1.SnapshotDeleteRequest
-	(*SnapshotDeleteResponse)(nil), // 18: cairn.replica.v1.SnapshotDeleteResponse
-	(*SnapshotRevertRequest)(nil),  // 19: cairn.replica.v1.SnapshotRevertRequest
-	(*SnapshotRevertResponse)(nil), // 20: cairn.replica.v1.SnapshotRevertResponse
-	(*ExpandRequest)(nil),          // 21: cairn.replica.v1.ExpandRequest
-	(*ExpandResponse)(nil),         // 22: cairn.replica.v1.ExpandResponse
-	(*SetEpochRequest)(nil),        // 23: cairn.replica.v1.SetEpochRequest
-	(*SetEpochResponse)(nil),       // 24: cairn.replica.v1.SetEpochResponse
-	(*CloseRequest)(nil),           // 25: cairn.replica.v1.CloseRequest
-	(*CloseResponse)(nil),          // 26: cairn.replica.v1.CloseResponse
+	(*ReplaceChainRequest)(nil),    // 3: cairn.replica.v1.ReplaceChainRequest
+	(*ReplaceChainResponse)(nil),   // 4: cairn.replica.v1.ReplaceChainResponse
+	(*LayerWriteRequest)(nil),      // 5: cairn.replica.v1.LayerWriteRequest
+	(*LayerWriteResponse)(nil),     // 6: cairn.replica.v1.LayerWriteResponse
+	(*SyncLayersRequest)(nil),      // 7: cairn.replica.v1.SyncLayersRequest
+	(*SyncLayersResponse)(nil),     // 8: cairn.replica.v1.SyncLayersResponse
+	(*ChecksumRequest)(nil),        // 9: cairn.replica.v1.ChecksumRequest
+	(*ChecksumResponse)(nil),       // 10: cairn.replica.v1.ChecksumResponse
+	(*Snapshot)(nil),               // 11: cairn.replica.v1.Snapshot
+	(*DirtyRegions)(nil),           // 12: cairn.replica.v1.DirtyRegions
+	(*InfoRequest)(nil),            // 13: cairn.replica.v1.InfoRequest
+	(*InfoResponse)(nil),           // 14: cairn.replica.v1.InfoResponse
+	(*SnapshotCreateRequest)(nil),  // 15: cairn.replica.v1.SnapshotCreateRequest
+	(*SnapshotCreateResponse)(nil), // 16: cairn.replica.v1.SnapshotCreateResponse
+	(*SnapshotListRequest)(nil),    // 17: cairn.replica.v1.SnapshotListRequest
+	(*SnapshotListResponse)(nil),   // 18: cairn.replica.v1.SnapshotListResponse
+	(*SnapshotDeleteRequest)(nil),  // 19: cairn.replica.v1.SnapshotDeleteRequest
+	(*SnapshotDeleteResponse)(nil), // 20: cairn.replica.v1.SnapshotDeleteResponse
+	(*SnapshotRevertRequest)(nil),  // 21: cairn.replica.v1.SnapshotRevertRequest
+	(*SnapshotRevertResponse)(nil), // 22: cairn.replica.v1.SnapshotRevertResponse
+	(*ExpandRequest)(nil),          // 23: cairn.replica.v1.ExpandRequest
+	(*ExpandResponse)(nil),         // 24: cairn.replica.v1.ExpandResponse
+	(*SetEpochRequest)(nil),        // 25: cairn.replica.v1.SetEpochRequest
+	(*SetEpochResponse)(nil),       // 26: cairn.replica.v1.SetEpochResponse
+	(*CloseRequest)(nil),           // 27: cairn.replica.v1.CloseRequest
+	(*CloseResponse)(nil),          // 28: cairn.replica.v1.CloseResponse
 }
 var file_replica_v1_replica_proto_depIdxs = []int32{
 	0,  // 0: cairn.replica.v1.SnapshotReadResponse.extents:type_name -> cairn.replica.v1.Extent
-	9,  // 1: cairn.replica.v1.InfoResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
-	10, // 2: cairn.replica.v1.InfoResponse.dirty:type_name -> cairn.replica.v1.DirtyRegions
-	9,  // 3: cairn.replica.v1.SnapshotListResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
-	11, // 4: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
-	13, // 5: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
-	15, // 6: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
-	17, // 7: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
-	19, // 8: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
-	21, // 9: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
-	23, // 10: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
-	25, // 11: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
-	1,  // 12: cairn.replica.v1.ReplicaService.SnapshotRead:input_type -> cairn.replica.v1.SnapshotReadRequest
-	3,  // 13: cairn.replica.v1.ReplicaService.LayerWrite:input_type -> cairn.replica.v1.LayerWriteRequest
-	5,  // 14: cairn.replica.v1.ReplicaService.SyncLayers:input_type -> cairn.replica.v1.SyncLayersRequest
-	7,  // 15: cairn.replica.v1.ReplicaService.Checksum:input_type -> cairn.replica.v1.ChecksumRequest
-	12, // 16: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
-	14, // 17: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
-	16, // 18: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
-	18, // 19: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
-	20, // 20: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
-	22, // 21: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
-	24, // 22: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
-	26, // 23: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
-	2,  // 24: cairn.replica.v1.ReplicaService.SnapshotRead:output_type -> cairn.replica.v1.SnapshotReadResponse
-	4,  // 25: cairn.replica.v1.ReplicaService.LayerWrite:output_type -> cairn.replica.v1.LayerWriteResponse
-	6,  // 26: cairn.replica.v1.ReplicaService.SyncLayers:output_type -> cairn.replica.v1.SyncLayersResponse
-	8,  // 27: cairn.replica.v1.ReplicaService.Checksum:output_type -> cairn.replica.v1.ChecksumResponse
-	16, // [16:28] is the sub-list for method output_type
-	4,  // [4:16] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	11, // 1: cairn.replica.v1.ReplaceChainRequest.snapshots:type_name -> cairn.replica.v1.Snapshot
+	11, // 2: cairn.replica.v1.InfoResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
+	12, // 3: cairn.replica.v1.InfoResponse.dirty:type_name -> cairn.replica.v1.DirtyRegions
+	11, // 4: cairn.replica.v1.SnapshotListResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
+	13, // 5: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
+	15, // 6: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
+	17, // 7: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
+	19, // 8: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
+	21, // 9: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
+	23, // 10: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
+	25, // 11: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
+	27, // 12: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
+	1,  // 13: cairn.replica.v1.ReplicaService.SnapshotRead:input_type -> cairn.replica.v1.SnapshotReadRequest
+	3,  // 14: cairn.replica.v1.ReplicaService.ReplaceChain:input_type -> cairn.replica.v1.ReplaceChainRequest
+	5,  // 15: cairn.replica.v1.ReplicaService.LayerWrite:input_type -> cairn.replica.v1.LayerWriteRequest
+	7,  // 16: cairn.replica.v1.ReplicaService.SyncLayers:input_type -> cairn.replica.v1.SyncLayersRequest
+	9,  // 17: cairn.replica.v1.ReplicaService.Checksum:input_type -> cairn.replica.v1.ChecksumRequest
+	14, // 18: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
+	16, // 19: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
+	18, // 20: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
+	20, // 21: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
+	22, // 22: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
+	24, // 23: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
+	26, // 24: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
+	28, // 25: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
+	2,  // 26: cairn.replica.v1.ReplicaService.SnapshotRead:output_type -> cairn.replica.v1.SnapshotReadResponse
+	4,  // 27: cairn.replica.v1.ReplicaService.ReplaceChain:output_type -> cairn.replica.v1.ReplaceChainResponse
+	6,  // 28: cairn.replica.v1.ReplicaService.LayerWrite:output_type -> cairn.replica.v1.LayerWriteResponse
+	8,  // 29: cairn.replica.v1.ReplicaService.SyncLayers:output_type -> cairn.replica.v1.SyncLayersResponse
+	10, // 30: cairn.replica.v1.ReplicaService.Checksum:output_type -> cairn.replica.v1.ChecksumResponse
+	18, // [18:31] is the sub-list for method output_type
+	5,  // [5:18] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_replica_v1_replica_proto_init() }
@@ -1523,7 +1635,7 @@ func file_replica_v1_replica_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_replica_v1_replica_proto_rawDesc), len(file_replica_v1_replica_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	ReplicaService_SetEpoch_FullMethodName       = "/cairn.replica.v1.ReplicaService/SetEpoch"
 	ReplicaService_Close_FullMethodName          = "/cairn.replica.v1.ReplicaService/Close"
 	ReplicaService_SnapshotRead_FullMethodName   = "/cairn.replica.v1.ReplicaService/SnapshotRead"
+	ReplicaService_ReplaceChain_FullMethodName   = "/cairn.replica.v1.ReplicaService/ReplaceChain"
 	ReplicaService_LayerWrite_FullMethodName     = "/cairn.replica.v1.ReplicaService/LayerWrite"
 	ReplicaService_SyncLayers_FullMethodName     = "/cairn.replica.v1.ReplicaService/SyncLayers"
 	ReplicaService_Checksum_FullMethodName       = "/cairn.replica.v1.ReplicaService/Checksum"
@@ -61,14 +62,22 @@ type ReplicaServiceClient interface {
 	Close(ctx context.Context, in *CloseRequest, opts ...grpc.CallOption) (*CloseResponse, error)
 	// Rebuild support.
 	// SnapshotRead returns the data (holes left out) of a range of the volume
-	// as it was at a snapshot. Block-aligned; at most 4 MiB per call.
+	// as it was at a snapshot, or (layer_only) of that snapshot's own layer.
+	// Block-aligned; at most 4 MiB per call.
 	SnapshotRead(ctx context.Context, in *SnapshotReadRequest, opts ...grpc.CallOption) (*SnapshotReadResponse, error)
+	// ReplaceChain empties the replica into the given chain of empty
+	// snapshots (oldest first) under an empty head, for a full rebuild that
+	// then fills every layer. FAILED_PRECONDITION unless the replica is
+	// marked rebuilding (SetEpoch); INVALID_ARGUMENT for a bad or repeated
+	// name.
+	ReplaceChain(ctx context.Context, in *ReplaceChainRequest, opts ...grpc.CallOption) (*ReplaceChainResponse, error)
 	// LayerWrite writes block-aligned data into a snapshot's own layer, below
 	// the head, while the replica is write-only in a rebuild.
 	LayerWrite(ctx context.Context, in *LayerWriteRequest, opts ...grpc.CallOption) (*LayerWriteResponse, error)
 	// SyncLayers makes every layer durable.
 	SyncLayers(ctx context.Context, in *SyncLayersRequest, opts ...grpc.CallOption) (*SyncLayersResponse, error)
-	// Checksum returns the CRC-32C of a range of the view at a snapshot.
+	// Checksum returns the CRC-32C of a range of the view at a snapshot, or
+	// (layer_only) of that snapshot's own layer: its data and where it lies.
 	Checksum(ctx context.Context, in *ChecksumRequest, opts ...grpc.CallOption) (*ChecksumResponse, error)
 }
 
@@ -170,6 +179,16 @@ func (c *replicaServiceClient) SnapshotRead(ctx context.Context, in *SnapshotRea
 	return out, nil
 }
 
+func (c *replicaServiceClient) ReplaceChain(ctx context.Context, in *ReplaceChainRequest, opts ...grpc.CallOption) (*ReplaceChainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplaceChainResponse)
+	err := c.cc.Invoke(ctx, ReplicaService_ReplaceChain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *replicaServiceClient) LayerWrite(ctx context.Context, in *LayerWriteRequest, opts ...grpc.CallOption) (*LayerWriteResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(LayerWriteResponse)
@@ -225,14 +244,22 @@ type ReplicaServiceServer interface {
 	Close(context.Context, *CloseRequest) (*CloseResponse, error)
 	// Rebuild support.
 	// SnapshotRead returns the data (holes left out) of a range of the volume
-	// as it was at a snapshot. Block-aligned; at most 4 MiB per call.
+	// as it was at a snapshot, or (layer_only) of that snapshot's own layer.
+	// Block-aligned; at most 4 MiB per call.
 	SnapshotRead(context.Context, *SnapshotReadRequest) (*SnapshotReadResponse, error)
+	// ReplaceChain empties the replica into the given chain of empty
+	// snapshots (oldest first) under an empty head, for a full rebuild that
+	// then fills every layer. FAILED_PRECONDITION unless the replica is
+	// marked rebuilding (SetEpoch); INVALID_ARGUMENT for a bad or repeated
+	// name.
+	ReplaceChain(context.Context, *ReplaceChainRequest) (*ReplaceChainResponse, error)
 	// LayerWrite writes block-aligned data into a snapshot's own layer, below
 	// the head, while the replica is write-only in a rebuild.
 	LayerWrite(context.Context, *LayerWriteRequest) (*LayerWriteResponse, error)
 	// SyncLayers makes every layer durable.
 	SyncLayers(context.Context, *SyncLayersRequest) (*SyncLayersResponse, error)
-	// Checksum returns the CRC-32C of a range of the view at a snapshot.
+	// Checksum returns the CRC-32C of a range of the view at a snapshot, or
+	// (layer_only) of that snapshot's own layer: its data and where it lies.
 	Checksum(context.Context, *ChecksumRequest) (*ChecksumResponse, error)
 	mustEmbedUnimplementedReplicaServiceServer()
 }
@@ -270,6 +297,9 @@ func (UnimplementedReplicaServiceServer) Close(context.Context, *CloseRequest) (
 }
 func (UnimplementedReplicaServiceServer) SnapshotRead(context.Context, *SnapshotReadRequest) (*SnapshotReadResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SnapshotRead not implemented")
+}
+func (UnimplementedReplicaServiceServer) ReplaceChain(context.Context, *ReplaceChainRequest) (*ReplaceChainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplaceChain not implemented")
 }
 func (UnimplementedReplicaServiceServer) LayerWrite(context.Context, *LayerWriteRequest) (*LayerWriteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method LayerWrite not implemented")
@@ -463,6 +493,24 @@ func _ReplicaService_SnapshotRead_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ReplicaService_ReplaceChain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplaceChainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServiceServer).ReplaceChain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ReplicaService_ReplaceChain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServiceServer).ReplaceChain(ctx, req.(*ReplaceChainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _ReplicaService_LayerWrite_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(LayerWriteRequest)
 	if err := dec(in); err != nil {
@@ -559,6 +607,10 @@ var ReplicaService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SnapshotRead",
 			Handler:    _ReplicaService_SnapshotRead_Handler,
+		},
+		{
+			MethodName: "ReplaceChain",
+			Handler:    _ReplicaService_ReplaceChain_Handler,
 		},
 		{
 			MethodName: "LayerWrite",
