@@ -402,7 +402,14 @@ func (c *cluster) healAll(ctx context.Context) error {
 			for _, n := range c.nodes {
 				switch m[n.addr()] {
 				case "RW":
-					rw++
+					if n.alive() {
+						rw++
+					} else {
+						// Killed, and the engine has not noticed yet: an idle
+						// engine finds a lost replica at its next liveness
+						// ping (docs/dataconn.md); then it is rejoined.
+						busy = true
+					}
 				case "WO":
 					busy = true // rebuilding
 				default: // ERR or not a member
