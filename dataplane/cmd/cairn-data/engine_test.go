@@ -358,3 +358,35 @@ func dialReplica(t *testing.T, p *proc) *dataconn.Client {
 	}
 	return c
 }
+
+// TestRebuiltReplicaKeepsSnapshots: processes end to end. A replica added
+// to a volume with a snapshot is rebuilt layer by layer (ctl shows the
+// layers); with the originals removed it alone serves the data and
+// reverts to the snapshot.
+func TestRebuiltReplicaKeepsSnapshots(t *testing.T) {
+	needTool(t, "qemu-io")
+	v := startVolume(t, 2, "32Mi")
+	qemuIO(t, v.uri, "write -P 0xa1 0 8M", "flush")
+	v.ctl(t, "snapshot", "create", "before")
+	qemuIO(t, v.uri, "write -P 0xb2 0 4M", "flush")
+	fresh := start(t, "replica", "--dir", filepath.Join(t.TempDir(), "new"), "--size", "32Mi",
+		"--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
+	addr := fresh.data + "," + fresh.control
+	out := v.ctl(t, "add", addr, "--wait")
+	t.Logf("ctl add --wait:\n%s", out)
+	if !strings.Contains(out, "full, 2 layers") || !strings.Contains(out, "complete 100%") {
+		t.Fatalf("add --wait:\n%s", out)
+	}
+	for _, a := range v.addrs {
+		v.ctl(t, "remove", a)
+	}
+	if out := v.ctl(t, "replicas"); strings.Count(out, "RW") != 1 || !strings.Contains(out, addr) {
+		t.Fatalf("replicas:\n%s", out)
+	}
+	if out := v.ctl(t, "snapshot", "list"); !strings.Contains(out, "before") || !strings.Contains(out, "user=true") {
+		t.Fatalf("the rebuilt replica's snapshots:\n%s", out)
+	}
+	qemuIO(t, v.uri, "read -P 0xb2 0 4M", "read -P 0xa1 4M 4M", "read -P 0 8M 24M")
+	v.ctl(t, "snapshot", "revert", "before")
+	qemuIO(t, v.uri, "read -P 0xa1 0 8M", "read -P 0 8M 24M")
+}
