@@ -987,3 +987,53 @@ func TestSnapshotsInUseByARebuildKept(t *testing.T) {
 		t.Fatalf("snapshots left on the rebuilt replica: %+v", in.Snapshots)
 	}
 }
+
+// TestReturningReplicaAfterSnapshotDeleteCopiesOnlyDirty: a snapshot
+// deleted while a replica was away is deleted on it too when it returns,
+// and it still copies only its dirty regions; alone it then serves the
+// volume and reverts to the remaining snapshot correctly.
+func TestReturningReplicaAfterSnapshotDeleteCopiesOnlyDirty(t *testing.T) {
+	ctx := context.Background()
+	const size = 16 << 20
+	e, reps := cluster(t, 2, size)
+	r1 := reps[1]
+	_, s2, _ := snapshotHistory(t, e, size, func() {})
+	waitFor(t, "bits to clear", func() bool {
+		return e.Flush(ctx) == nil && dirtyCount(t, reps[0])+dirtyCount(t, r1) == 0
+	})
+	r1.kill()
+	waitFor(t, "ERR", func() bool { return modes(e)[r1.addr] == "ERR" })
+	if err := e.DeleteSnapshot(ctx, "s1"); err != nil { // on the survivor only
+		t.Fatal(err)
+	}
+	now := pattern(4, 8192)
+	if err := e.WriteAt(ctx, now, 12<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	back := startReplica(t, r1.dir, 0, r1.addr)
+	if err := e.AddReplica(ctx, back.addr); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.WaitRebuild(ctx, back.addr)
+	if err != nil || st.State != engine.RebuildComplete || !st.DirtyOnly || st.BytesCopied > 2<<20 {
+		t.Fatalf("rebuild (want dirty regions only, about 1 MiB): %+v %v", st, err)
+	}
+	if err := e.RemoveReplica(ctx, reps[0].addr); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := e.Snapshots(ctx)
+	if err != nil || len(snaps) != 1 || snaps[0].Name != "s2" {
+		t.Fatalf("the returning replica's snapshots: %+v %v", snaps, err)
+	}
+	got := make([]byte, 8192)
+	if err := e.ReadAt(ctx, got, 12<<20); err != nil || !bytes.Equal(got, now) {
+		t.Fatalf("a write made while it was away: %v", err)
+	}
+	if err := e.Revert(ctx, "s2"); err != nil {
+		t.Fatal(err)
+	}
+	all := make([]byte, size)
+	if err := e.ReadAt(ctx, all, 0); err != nil || !bytes.Equal(all, s2) {
+		t.Fatalf("reverted to s2 on the returning replica alone: wrong data (%v)", err)
+	}
+}

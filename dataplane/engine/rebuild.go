@@ -111,6 +111,9 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	// From here on a failure fails replicas: the caller's cancellation must
 	// not cause one.
 	ctx = detach(ctx)
+	if dirtyOnly {
+		tinfo.Snapshots = e.dropDeletedWhileAway(ctx, r, addr, tinfo.Snapshots)
+	}
 
 	// Pause I/O: snapshot everyone at the same point, add the new member.
 	e.pause()
@@ -232,6 +235,56 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	e.log.Info("rebuild started", "replica", addr, "source", src.addr, "snapshot", snap, "dirtyOnly", dirtyOnly, "bytes", total)
 	go e.runRebuild(rctx, rb, src, nm, regions)
 	return nil
+}
+
+// dropDeletedWhileAway deletes on a returning replica (not a member yet,
+// so I/O goes on) the snapshots the volume deleted while it was away, if
+// that is the only way its chain differs from the volume's: deleting the
+// same snapshots leaves the same data in the ones that remain, so its
+// dirty regions are still all it lacks. It returns the replica's chain
+// afterwards; any other difference is left for AddReplica to find (a full
+// rebuild).
+func (e *Engine) dropDeletedWhileAway(ctx context.Context, r Replica, addr string, have []SnapshotInfo) []SnapshotInfo {
+	rs := e.readable()
+	if len(rs) == 0 {
+		return have
+	}
+	info, err := rs[0].r.Info(ctx)
+	if err != nil {
+		return have
+	}
+	gone := deletedFrom(have, info.Snapshots)
+	for _, name := range gone {
+		if err := r.DeleteSnapshot(ctx, name); err != nil {
+			e.log.Info("could not delete on the returning replica a snapshot the volume deleted while it was away", "replica", addr, "snapshot", name, "error", err.Error())
+			break
+		}
+	}
+	if len(gone) > 0 {
+		e.log.Info("deleted on the returning replica the snapshots the volume deleted while it was away", "replica", addr, "snapshots", gone)
+		if in, err := r.Info(ctx); err == nil {
+			return in.Snapshots
+		}
+	}
+	return have
+}
+
+// deletedFrom returns the names in have that want lacks, provided want is
+// have with just those left out (same order, nothing new); else nil.
+func deletedFrom(have, want []SnapshotInfo) []string {
+	var gone []string
+	j := 0
+	for _, s := range have {
+		if j < len(want) && want[j].Name == s.Name {
+			j++
+		} else {
+			gone = append(gone, s.Name)
+		}
+	}
+	if j != len(want) {
+		return nil // want has snapshots the replica never had
+	}
+	return gone
 }
 
 // rebuildSourceLocked returns the first RW member other than skip and its
