@@ -71,12 +71,21 @@ type Replica struct {
 	log    logr.Logger
 	direct bool // layer files opened with O_DIRECT
 
+	// chainMu is held by every change to the chain (snapshot, delete,
+	// revert, expand, replace) for its whole duration: a deletion copies
+	// data without holding mu exclusively.
+	chainMu sync.Mutex
 	// mu: I/O holds it shared; changes to the chain, size and metadata hold
 	// it exclusively.
-	mu     sync.RWMutex
-	meta   metadata
-	layers []*layer // snapshots oldest first, then the head
-	closed bool
+	mu sync.RWMutex
+	// merge is set while a snapshot deletion copies data (changed with mu
+	// held exclusively); writes then go through fence.
+	merge *mergeState
+	// afterMergeChunk, if set (tests), runs between a deletion's chunks.
+	afterMergeChunk func()
+	meta            metadata
+	layers          []*layer // snapshots oldest first, then the head
+	closed          bool
 
 	epoch atomic.Uint64
 	size  atomic.Int64
@@ -150,7 +159,10 @@ func Open(dir string, opts Options) (*Replica, error) {
 	for i := 0; i < len(r.meta.Snapshots); i++ {
 		if r.meta.Snapshots[i].Deleting {
 			r.log.Info("finishing an interrupted snapshot deletion", "name", r.meta.Snapshots[i].Name)
-			if err := r.deleteSnapshotLocked(i); err != nil {
+			r.mu.Lock()
+			err := r.deleteSnapshot(i)
+			r.mu.Unlock()
+			if err != nil {
 				r.Close()
 				return nil, fmt.Errorf("open replica %s: finish deleting snapshot %s: %w", dir, r.meta.Snapshots[i].Name, err)
 			}
@@ -401,6 +413,7 @@ func (r *Replica) writeAt(p []byte, off int64) error {
 		return err
 	}
 	defer r.dirty.end(off, int64(len(p)))
+	defer r.fence(off, int64(len(p)))()
 	return r.writeHead(p, off)
 }
 
@@ -528,6 +541,7 @@ func (r *Replica) unmap(off, length int64) error {
 		return err
 	}
 	defer r.dirty.end(off, length)
+	defer r.fence(off, length)()
 	end := off + length
 	first := (off + BlockSize - 1) / BlockSize // first whole block
 	last := end / BlockSize                    // one past the last whole block

@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func open(t *testing.T, dir string, size int64) *Replica {
@@ -566,6 +570,152 @@ func readAll(t *testing.T, r *Replica, size int64) []byte {
 	p := make([]byte, size)
 	if _, err := r.ReadAt(p, 0); err != nil {
 		t.Fatal(err)
+	}
+	return p
+}
+
+// TestDeleteSnapshotWhileWriting deletes a snapshot in each direction
+// (into the head; the head into the snapshot's layer) while writers keep
+// writing and trimming: writes complete while the copy is held halfway,
+// and afterwards the volume holds exactly the last write of every block,
+// also after a reopen, and the older snapshot still reads as it was.
+func TestDeleteSnapshotWhileWriting(t *testing.T) {
+	const size = 8 << 20
+	for _, tc := range []struct {
+		name          string
+		before, after int64 // bytes written before the snapshot, and after it before the delete
+	}{
+		{"into the head", 2 << 20, 6 << 20},
+		{"head into the snapshot", 8 << 20, 1 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			r := open(t, dir, size)
+			want := make([]byte, size)
+			put := func(p []byte, off int64) {
+				if _, err := r.WriteAt(p, off); err != nil {
+					t.Error(err)
+				}
+			}
+			put(bytes.Repeat([]byte{1}, 1<<20), 0)
+			r.Snapshot("old", false)
+			base := readAll(t, r, size)
+			fill := pattern(2, int(tc.before))
+			put(fill, 0)
+			r.Snapshot("s", true)
+			fill3 := pattern(3, int(tc.after))
+			put(fill3, 0)
+			copy(want, fill)
+			copy(want, fill3)
+
+			// Hold the copy after its first chunk until writes to a copied
+			// chunk and to one still to copy have gone through; then let
+			// each further chunk wait for more writes, so writes land
+			// all through the copy.
+			held := make(chan struct{})
+			release := make(chan struct{})
+			var ops atomic.Int64
+			chunks := 0
+			r.afterMergeChunk = func() {
+				chunks++
+				if chunks == 1 {
+					close(held)
+					<-release
+				}
+				for deadline := time.Now().Add(10 * time.Second); ops.Load() < int64(chunks*60) && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			done := make(chan error, 1)
+			go func() { done <- r.DeleteSnapshot("s") }()
+			<-held
+			wrote := make(chan struct{})
+			go func() {
+				put(bytes.Repeat([]byte{4}, 4096), 40960) // copied already
+				put(bytes.Repeat([]byte{5}, 4096), 5<<20) // not yet
+				close(wrote)
+			}()
+			select {
+			case <-wrote:
+			case <-time.After(20 * time.Second):
+				t.Fatal("a write waited for the whole deletion")
+			}
+			copy(want[40960:], bytes.Repeat([]byte{4}, 4096))
+			copy(want[5<<20:], bytes.Repeat([]byte{5}, 4096))
+			close(release)
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			for w := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(w), 9))
+					for i := 0; i < 200; i++ {
+						// Each writer owns the blocks b with b%4 == w.
+						b := int64(rng.IntN(size/4096/4)*4 + w)
+						if b == 10 || b == 5<<20/4096 {
+							continue
+						}
+						off := b * 4096
+						switch rng.IntN(4) {
+						case 0:
+							if err := r.Unmap(off, 4096); err != nil {
+								t.Error(err)
+							}
+							mu.Lock()
+							clear(want[off : off+4096])
+							mu.Unlock()
+						case 1: // a partial block
+							p := pattern(int(b)*1000+i, 512)
+							put(p, off+1024)
+							mu.Lock()
+							copy(want[off+1024:], p)
+							mu.Unlock()
+						default:
+							p := pattern(int(b)*1000+i, 4096)
+							put(p, off)
+							mu.Lock()
+							copy(want[off:], p)
+							mu.Unlock()
+						}
+						ops.Add(1)
+					}
+				}()
+			}
+			wg.Wait()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			check := func(what string) {
+				if got := readAll(t, r, size); !bytes.Equal(got, want) {
+					for b := int64(0); b < size/4096; b++ {
+						if !bytes.Equal(got[b*4096:(b+1)*4096], want[b*4096:(b+1)*4096]) {
+							t.Fatalf("%s: block %d differs from the last write", what, b)
+						}
+					}
+				}
+				if sum, _ := r.Checksum("old", 0, size); sum != crc32.Checksum(base, crc32.MakeTable(crc32.Castagnoli)) {
+					t.Fatalf("%s: the older snapshot changed", what)
+				}
+				in, _ := r.Info()
+				if len(in.Snapshots) != 1 || in.Snapshots[0].Name != "old" {
+					t.Fatalf("%s: snapshots %+v", what, in.Snapshots)
+				}
+			}
+			check("after the delete")
+			r.Close()
+			r = open(t, dir, 0)
+			defer r.Close()
+			check("after a reopen")
+		})
+	}
+}
+
+func pattern(seed, n int) []byte {
+	p := make([]byte, n)
+	rng := rand.New(rand.NewPCG(uint64(seed), 5))
+	for i := range p {
+		p[i] = byte(rng.Uint32())
 	}
 	return p
 }

@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 )
 
@@ -119,6 +120,8 @@ func (r *Replica) Snapshot(name string, userCreated bool) error {
 	if !snapshotName.MatchString(name) {
 		return fmt.Errorf("%w: %q: use 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalidName, name)
 	}
+	r.chainMu.Lock()
+	defer r.chainMu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -157,8 +160,14 @@ func (r *Replica) Snapshot(name string, userCreated bool) error {
 //   - the snapshot's blocks into its child (the next newer snapshot or the
 //     head) where the child has none; or, when the child holds less,
 //   - the child's blocks into the snapshot's layer, which then takes the
-//     child's place (after a rebuild, the rebuild snapshot holds the whole
-//     volume and the head only the writes since: this copies the few).
+//     child's place (after a dirty-only rebuild, the rebuild snapshot can
+//     hold much and the head only the writes since: this copies the few).
+//
+// I/O goes on meanwhile: the copy runs a chunk at a time, holding the I/O
+// lock shared, and writes to the replica wait only for the chunk being
+// copied (mergeState). Other changes to the chain wait for the deletion.
+// In the second case the head's blocks written during the copy are copied
+// again at the end, with I/O held off for just that.
 //
 // Crash story: in the first case each copied block equals what a read
 // already returned, so a crash mid-copy changes nothing visible. The
@@ -167,41 +176,154 @@ func (r *Replica) Snapshot(name string, userCreated bool) error {
 // is finished by the next open. Either way the metadata without the
 // snapshot is committed before any file is removed.
 func (r *Replica) DeleteSnapshot(name string) error {
+	r.chainMu.Lock()
+	defer r.chainMu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	i, err := r.snapshotIndex(name)
 	if err != nil {
 		return err
 	}
-	if err := r.deleteSnapshotLocked(i); err != nil {
+	if err := r.deleteSnapshot(i); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", name, err)
 	}
 	r.log.Info("snapshot deleted", "name", name)
 	return nil
 }
 
-func (r *Replica) deleteSnapshotLocked(i int) error {
-	src, child := r.layers[i], r.layers[i+1]
-	buf := make([]byte, 1<<20)
-	if r.meta.Snapshots[i].Deleting || child.idx.count() < src.idx.count() {
-		return r.mergeChildInto(i, buf)
+// mergeState coordinates a snapshot deletion's copy with writes: every
+// write (head, unmap, rebuild layer write) holds mu shared and records
+// the blocks it wrote in touched; the copy holds mu exclusively for one
+// chunk at a time.
+type mergeState struct {
+	mu      sync.RWMutex
+	touched *blockIndex
+}
+
+// mergeChunk is how many blocks a deletion copies per hold of the merge
+// lock: 1 MiB, so a write waits at most about one such copy.
+const mergeChunk = 256
+
+// fence makes a write wait for the chunk a deletion is copying and
+// records what it wrote; it returns the function that ends it. Callers
+// hold mu shared.
+func (r *Replica) fence(off, length int64) func() {
+	ms := r.merge
+	if ms == nil || length <= 0 {
+		return func() {}
 	}
-	blocks := src.idx.blocks
-	for b := int64(0); b < blocks; {
-		n, data := src.idx.run(b, blocks-b)
-		if data {
-			for c := b; c < b+n; {
-				cn, has := child.idx.run(c, b+n-c)
-				if !has {
-					if err := copyBlocks(src, child, c, cn, buf); err != nil {
+	ms.mu.RLock()
+	return func() {
+		first := off / BlockSize
+		ms.touched.set(first, (off+length+BlockSize-1)/BlockSize-first)
+		ms.mu.RUnlock()
+	}
+}
+
+// deleteSnapshot removes snapshot i. The caller holds chainMu and mu
+// exclusively; mu is released while data is copied and held again on
+// return.
+func (r *Replica) deleteSnapshot(i int) error {
+	src, child := r.layers[i], r.layers[i+1]
+	intoChild := !r.meta.Snapshots[i].Deleting && child.idx.count() >= src.idx.count()
+	if !intoChild {
+		if !r.meta.Snapshots[i].Deleting {
+			m := r.meta
+			m.Snapshots = append([]snapshotMeta(nil), m.Snapshots...)
+			m.Snapshots[i].Deleting = true
+			if err := r.commit(m); err != nil {
+				return err
+			}
+		}
+		if fi, err := child.f.Stat(); err == nil && fi.Size() > 0 {
+			if err := src.f.Truncate(max(fi.Size(), r.meta.Size)); err != nil { // the child may be longer (expansion)
+				return err
+			}
+			src.idx.grow(fi.Size() / BlockSize)
+		}
+	}
+	ms := &mergeState{touched: newBlockIndex(max(child.idx.blocks, src.idx.blocks))}
+	r.merge = ms
+	r.mu.Unlock()
+	var err error
+	if intoChild {
+		err = r.copyOnline(ms, src, child, true)
+	} else {
+		err = r.copyOnline(ms, child, src, false)
+	}
+	r.mu.Lock()
+	r.merge = nil
+	if err == nil && r.closed {
+		err = ErrClosed
+	}
+	if err != nil {
+		return err
+	}
+	if intoChild {
+		return r.dropIntoChild(i)
+	}
+	return r.takeChildsPlace(i, ms.touched)
+}
+
+// copyOnline copies from's blocks into to, chunk by chunk (only where to
+// has none when onlyMissing), holding mu shared and the merge lock
+// exclusively per chunk.
+func (r *Replica) copyOnline(ms *mergeState, from, to *layer, onlyMissing bool) error {
+	buf := make([]byte, mergeChunk*BlockSize)
+	blocks := from.idx.blocks
+	for c := int64(0); c < blocks; c += mergeChunk {
+		err := func() error {
+			r.mu.RLock()
+			defer r.mu.RUnlock()
+			if r.closed {
+				return ErrClosed
+			}
+			ms.mu.Lock()
+			defer ms.mu.Unlock()
+			end := min(c+mergeChunk, blocks)
+			for b := c; b < end; {
+				n, data := from.idx.run(b, end-b)
+				if data {
+					if err := copyRuns(from, to, b, n, onlyMissing, buf); err != nil {
 						return err
 					}
 				}
-				c += cn
+				b += n
+			}
+			return nil
+		}()
+		if err != nil {
+			return err
+		}
+		if r.afterMergeChunk != nil {
+			r.afterMergeChunk()
+		}
+	}
+	return nil
+}
+
+// copyRuns copies blocks [b, b+n) from one layer to another, skipping
+// those the destination holds when onlyMissing.
+func copyRuns(from, to *layer, b, n int64, onlyMissing bool, buf []byte) error {
+	if !onlyMissing {
+		return copyBlocks(from, to, b, n, buf)
+	}
+	for c := b; c < b+n; {
+		cn, has := to.idx.run(c, b+n-c)
+		if !has {
+			if err := copyBlocks(from, to, c, cn, buf); err != nil {
+				return err
 			}
 		}
-		b += n
+		c += cn
 	}
+	return nil
+}
+
+// dropIntoChild ends a deletion whose blocks went into the child: the
+// snapshot's layer goes. Called with mu held exclusively.
+func (r *Replica) dropIntoChild(i int) error {
+	src, child := r.layers[i], r.layers[i+1]
 	if err := child.f.Sync(); err != nil {
 		return fmt.Errorf("sync: %w", err)
 	}
@@ -216,30 +338,24 @@ func (r *Replica) deleteSnapshotLocked(i int) error {
 	return nil
 }
 
-// mergeChildInto copies layer i+1's blocks into layer i and makes layer
-// i's file take layer i+1's place.
-func (r *Replica) mergeChildInto(i int, buf []byte) error {
+// takeChildsPlace ends a deletion that copied the child's blocks into the
+// snapshot's layer: the blocks written to the child during the copy
+// (touched) are copied again, then the snapshot's file takes the child's
+// place. Called with mu held exclusively, so no write runs meanwhile.
+func (r *Replica) takeChildsPlace(i int, touched *blockIndex) error {
 	src, child := r.layers[i], r.layers[i+1]
-	if !r.meta.Snapshots[i].Deleting {
-		m := r.meta
-		m.Snapshots = append([]snapshotMeta(nil), m.Snapshots...)
-		m.Snapshots[i].Deleting = true
-		if err := r.commit(m); err != nil {
-			return err
-		}
-	}
-	if fi, err := child.f.Stat(); err == nil && fi.Size() > 0 {
-		if err := src.f.Truncate(max(fi.Size(), r.meta.Size)); err != nil { // the child may be longer (expansion)
-			return err
-		}
-		src.idx.grow(fi.Size() / BlockSize)
-	}
-	blocks := child.idx.blocks
-	for b := int64(0); b < blocks; {
-		n, data := child.idx.run(b, blocks-b)
-		if data {
-			if err := copyBlocks(child, src, b, n, buf); err != nil {
-				return err
+	buf := make([]byte, mergeChunk*BlockSize)
+	for b := int64(0); b < touched.blocks; {
+		n, hit := touched.run(b, touched.blocks-b)
+		if hit {
+			for c := b; c < b+n; {
+				cn, data := child.idx.run(c, b+n-c)
+				if data {
+					if err := copyBlocks(child, src, c, cn, buf); err != nil {
+						return err
+					}
+				}
+				c += cn
 			}
 		}
 		b += n
@@ -299,6 +415,8 @@ func copyBlocks(from, to *layer, b, n int64, buf []byte) error {
 // the discarded files removed; a crash leaves either the old chain or the
 // reverted one, plus files that open deletes.
 func (r *Replica) Revert(name string) error {
+	r.chainMu.Lock()
+	defer r.chainMu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	i, err := r.snapshotIndex(name)
@@ -339,6 +457,8 @@ func (r *Replica) Revert(name string) error {
 // Crash story: the head is extended and synced before the metadata is
 // committed; a crash in between leaves a longer head that open trims back.
 func (r *Replica) Expand(size int64) error {
+	r.chainMu.Lock()
+	defer r.chainMu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -480,6 +600,7 @@ func (r *Replica) WriteLayer(name string, p []byte, off int64) error {
 	if off%BlockSize != 0 || len(p)%BlockSize != 0 {
 		return fmt.Errorf("%w: layer writes must be block-aligned", ErrInvalidSize)
 	}
+	defer r.fence(off, int64(len(p)))()
 	l := r.layers[top-1]
 	if _, err := l.f.WriteAt(p, off); err != nil {
 		return fmt.Errorf("write %s: %w", l.file, err)
@@ -573,6 +694,8 @@ func (r *Replica) ReplaceChain(snaps []SnapshotInfo) error {
 		}
 		seen[s.Name] = true
 	}
+	r.chainMu.Lock()
+	defer r.chainMu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
