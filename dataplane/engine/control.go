@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -128,6 +129,8 @@ func (e *Engine) forEachWritable(ctx context.Context, what string, fn func(*memb
 // name, then I/O resumes.
 func (e *Engine) Snapshot(ctx context.Context, name string) error {
 	ctx = detach(ctx)
+	e.chain.Lock()
+	defer e.chain.Unlock()
 	return e.forEachWritable(ctx, "snapshot "+name, func(m *member) error {
 		if err := m.r.Flush(ctx); err != nil {
 			return err
@@ -154,10 +157,16 @@ func (e *Engine) Snapshots(ctx context.Context) ([]SnapshotInfo, error) {
 var ErrSnapshotNotFound = errors.New("snapshot not found")
 
 // DeleteSnapshot removes a snapshot on every replica (merging its data
-// into its child). Replicas that never had it (rebuilt since) are skipped.
-// A snapshot an active rebuild uses cannot be deleted.
+// into its child) without pausing I/O: a deletion leaves every read the
+// same, and replicas merge while serving. The replicas delete in
+// parallel; one that fails to is failed (it needs a rebuild). Replicas
+// that never had the snapshot are skipped; if none had it, the error
+// wraps ErrSnapshotNotFound. A snapshot an active rebuild reads cannot be
+// deleted.
 func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
 	ctx = detach(ctx)
+	e.chain.Lock()
+	defer e.chain.Unlock()
 	e.mu.Lock()
 	for _, rb := range e.rebuilds {
 		if st := rb.status(); st.State == RebuildInProgress && slices.Contains(st.Layers, name) {
@@ -166,8 +175,45 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
 		}
 	}
 	e.mu.Unlock()
-	return e.forEachWritable(ctx, "delete snapshot "+name, func(m *member) error { return m.r.DeleteSnapshot(ctx, name) },
-		func(err error) bool { return errors.Is(err, ErrSnapshotNotFound) })
+	ms, _ := e.writable()
+	errs := make([]error, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = m.r.DeleteSnapshot(ctx, name)
+		}()
+	}
+	wg.Wait()
+	ok, had, failed := 0, 0, false
+	var last error
+	for i, m := range ms {
+		err := errs[i]
+		if err != nil && !errors.Is(err, ErrSnapshotNotFound) {
+			failed = e.markFailed(m, fmt.Errorf("delete snapshot %s: %w", name, err)) || failed
+			last = err
+			continue
+		}
+		if err == nil {
+			had++
+		}
+		if e.modeOf(m) == ModeRW {
+			ok++
+		}
+	}
+	if failed {
+		e.afterFailure(ctx)
+	}
+	switch {
+	case ok == 0 && last != nil:
+		return fmt.Errorf("%w: delete snapshot %s failed on every replica: %v", ErrNoReplica, name, last)
+	case ok == 0:
+		return fmt.Errorf("%w: no RW replica", ErrNoReplica)
+	case had == 0 && last == nil:
+		return fmt.Errorf("%w: %s", ErrSnapshotNotFound, name)
+	}
+	return nil
 }
 
 // Revert makes the volume read as it did at snapshot name, on every
@@ -176,6 +222,8 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
 // data changes under them.
 func (e *Engine) Revert(ctx context.Context, name string) error {
 	ctx = detach(ctx)
+	e.chain.Lock()
+	defer e.chain.Unlock()
 	return e.forEachWritable(ctx, "revert to "+name, func(m *member) error {
 		if m.mode == ModeWO {
 			return errors.New("a replica being rebuilt cannot be reverted")
@@ -187,6 +235,8 @@ func (e *Engine) Revert(ctx context.Context, name string) error {
 // Expand grows the volume on every replica.
 func (e *Engine) Expand(ctx context.Context, size int64) error {
 	ctx = detach(ctx)
+	e.chain.Lock()
+	defer e.chain.Unlock()
 	if cur := e.Size(); size < cur || size%4096 != 0 {
 		return fmt.Errorf("%w: cannot expand from %d to %d bytes (must grow, in multiples of 4096)", ErrInvalid, cur, size)
 	}

@@ -76,6 +76,12 @@ type Engine struct {
 	io     sync.RWMutex
 	ranges rangeLock
 
+	// chain serialises the operations that change the replicas' snapshot
+	// chains (snapshot, delete, revert, expand, a rebuild's start): a
+	// snapshot deletion runs without pausing I/O, and one of the others
+	// arriving meanwhile waits for it here rather than with I/O paused.
+	chain sync.Mutex
+
 	mu       sync.Mutex // members, modes, epoch, rebuilds, failed
 	members  []*member
 	epoch    uint64

@@ -1037,3 +1037,88 @@ func TestReturningReplicaAfterSnapshotDeleteCopiesOnlyDirty(t *testing.T) {
 		t.Fatalf("reverted to s2 on the returning replica alone: wrong data (%v)", err)
 	}
 }
+
+// holdDelete wraps a replica: its snapshot deletions wait until release
+// is closed, as a long merge would.
+type holdDelete struct {
+	engine.Replica
+	started chan struct{}
+	release chan struct{}
+}
+
+func (h *holdDelete) DeleteSnapshot(ctx context.Context, name string) error {
+	h.started <- struct{}{}
+	<-h.release
+	return h.Replica.DeleteSnapshot(ctx, name)
+}
+
+// TestDeleteSnapshotKeepsIOGoing: while the replicas merge a deleted
+// snapshot, writes and reads go on; a snapshot asked for meanwhile waits
+// for the deletion instead of pausing I/O; deleting a snapshot no replica
+// has is NotFound.
+func TestDeleteSnapshotKeepsIOGoing(t *testing.T) {
+	ctx := context.Background()
+	var holds []*holdDelete
+	e, _ := openWrapped(t, 2, func(addr string, r engine.Replica) engine.Replica {
+		h := &holdDelete{Replica: r, started: make(chan struct{}, 1), release: make(chan struct{})}
+		holds = append(holds, h)
+		return h
+	})
+	if err := e.WriteAt(ctx, pattern(1, 8192), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Snapshot(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- e.DeleteSnapshot(ctx, "s1") }()
+	for _, h := range holds {
+		<-h.started
+	}
+	// Both replicas are "merging": I/O must not wait for them.
+	if err := e.WriteAt(ctx, pattern(2, 4096), 4096, false); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 8192)
+	if err := e.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got[:4096], pattern(1, 4096)) || !bytes.Equal(got[4096:], pattern(2, 4096)) {
+		t.Fatalf("read during the deletion: %v", err)
+	}
+	snapped := make(chan error, 1)
+	go func() { snapped <- e.Snapshot(ctx, "s2") }()
+	if err := e.WriteAt(ctx, pattern(3, 4096), 0, false); err != nil { // a snapshot waiting does not pause I/O either
+		t.Fatal(err)
+	}
+	select {
+	case err := <-snapped:
+		t.Fatalf("a snapshot was taken in the middle of a deletion: %v", err)
+	default:
+	}
+	for _, h := range holds {
+		close(h.release)
+	}
+	if err := <-deleted; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-snapped; err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := e.Snapshots(ctx)
+	if err != nil || len(snaps) != 1 || snaps[0].Name != "s2" {
+		t.Fatalf("snapshots: %+v %v", snaps, err)
+	}
+	for _, h := range holds {
+		h.release = make(chan struct{})
+		close(h.release)
+	}
+	go func() {
+		for _, h := range holds {
+			<-h.started
+		}
+	}()
+	if err := e.DeleteSnapshot(ctx, "nope"); !errors.Is(err, engine.ErrSnapshotNotFound) {
+		t.Fatalf("deleting a snapshot nobody has: %v", err)
+	}
+	if e.Robustness() != "healthy" {
+		t.Fatal(modes(e))
+	}
+}

@@ -116,6 +116,8 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	}
 
 	// Pause I/O: snapshot everyone at the same point, add the new member.
+	e.chain.Lock()
+	defer e.chain.Unlock() // until the copy has started in the background
 	e.pause()
 	e.mu.Lock()
 	snap := fmt.Sprintf("rebuild-%d-%d", e.epoch, time.Now().UnixNano()%1e6)
