@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -87,6 +88,8 @@ type cluster struct {
 	cc      *grpc.ClientConn
 	ctl     enginev1.EngineServiceClient
 	logs    []*os.File
+	snapSeq int            // snapshots taken
+	bg      sync.WaitGroup // snapshot deletions running
 }
 
 // freePort picks a free port below the kernel's ephemeral range

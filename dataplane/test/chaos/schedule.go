@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -23,7 +24,11 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
 )
 
@@ -39,11 +44,16 @@ const (
 	FaultKillEngine       Fault = "kill-engine"       // SIGKILL the engine, start a new one on the survivors
 	FaultReplaceReplica   Fault = "replace-replica"   // swap a replica for an empty one: full rebuild
 	FaultRejoinReplica    Fault = "rejoin-replica"    // bring a failed replica back: stale, then resynced
+	// Not faults, but operations that change the snapshot chains while the
+	// faults go on: rebuilds then copy several layers, and deletions merge
+	// while clients write.
+	FaultSnapshot       Fault = "snapshot"        // take a snapshot through the engine
+	FaultDeleteSnapshot Fault = "delete-snapshot" // delete one (in the background: it runs while I/O goes on)
 )
 
 // AllFaults lists every fault kind.
 var AllFaults = []Fault{FaultKillReplica, FaultPauseReplica, FaultPartitionReplica, FaultFillDisk,
-	FaultKillEngine, FaultReplaceReplica, FaultRejoinReplica}
+	FaultKillEngine, FaultReplaceReplica, FaultRejoinReplica, FaultSnapshot, FaultDeleteSnapshot}
 
 // Config describes one schedule.
 type Config struct {
@@ -359,6 +369,38 @@ func (c *cluster) nemesis(ctx context.Context, rng *rand.Rand, count map[Fault]i
 				fmt.Fprintf(c.cfg.Verbose, "nemesis: restarting the engine: %v\n", err)
 				continue
 			}
+		case FaultSnapshot:
+			c.snapSeq++
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := c.ctl.SnapshotCreate(sctx, &enginev1.SnapshotCreateRequest{Name: fmt.Sprintf("chaos-%d", c.snapSeq)})
+			cancel()
+			if err != nil {
+				fmt.Fprintf(c.cfg.Verbose, "nemesis: snapshot: %v\n", err)
+				continue
+			}
+		case FaultDeleteSnapshot:
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			list, err := c.ctl.SnapshotList(sctx, &enginev1.SnapshotListRequest{})
+			cancel()
+			var names []string
+			for _, sn := range list.GetSnapshots() {
+				if strings.HasPrefix(sn.Name, "chaos-") {
+					names = append(names, sn.Name)
+				}
+			}
+			if err != nil || len(names) == 0 {
+				continue
+			}
+			name := names[rng.IntN(len(names))]
+			c.bg.Add(1)
+			go func() {
+				defer c.bg.Done()
+				dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if _, err := c.ctl.SnapshotDelete(dctx, &enginev1.SnapshotDeleteRequest{Name: name}); err != nil {
+					fmt.Fprintf(c.cfg.Verbose, "nemesis: delete snapshot %s: %v\n", name, err)
+				}
+			}()
 		case FaultRejoinReplica:
 			m, err := c.modes(ctx)
 			if err != nil || (n.alive() && m[n.addr()] != "ERR" && m[n.addr()] != "") || n.paused || n.partitioned || n.ballast != "" {
@@ -379,6 +421,7 @@ func (c *cluster) nemesis(ctx context.Context, rng *rand.Rand, count map[Fault]i
 
 // healAll undoes every fault and brings every replica back as RW.
 func (c *cluster) healAll(ctx context.Context) error {
+	c.bg.Wait() // snapshot deletions still running
 	for _, n := range c.nodes {
 		c.heal(n)
 	}
@@ -510,6 +553,48 @@ func (c *cluster) checkReplicasIdentical(ctx context.Context) string {
 		for i := range sums {
 			if !bytes.Equal(sums[i][:], ref[i][:]) {
 				return fmt.Sprintf("replica %d differs from replica 0 in region %d (bytes %d..%d)", n.idx, i, i*region, (i+1)*region)
+			}
+		}
+	}
+	return c.checkSnapshotsIdentical(ctx)
+}
+
+// checkSnapshotsIdentical compares every replica's snapshots: the same
+// names in the same order, and the same data in the view at each.
+func (c *cluster) checkSnapshotsIdentical(ctx context.Context) string {
+	var refNames []string
+	var refSums []uint32
+	for _, n := range c.nodes {
+		cc, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", n.ctl), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return fmt.Sprintf("replica %d: %v", n.idx, err)
+		}
+		rc := replicav1.NewReplicaServiceClient(cc)
+		list, err := rc.SnapshotList(ctx, &replicav1.SnapshotListRequest{})
+		var names []string
+		var sums []uint32
+		for _, sn := range list.GetSnapshots() {
+			names = append(names, sn.Name)
+			if err == nil {
+				var sum *replicav1.ChecksumResponse
+				sum, err = rc.Checksum(ctx, &replicav1.ChecksumRequest{Snapshot: sn.Name, Length: c.cfg.Size})
+				sums = append(sums, sum.GetCrc32C())
+			}
+		}
+		cc.Close()
+		if err != nil {
+			return fmt.Sprintf("replica %d: snapshots: %v", n.idx, err)
+		}
+		if n == c.nodes[0] {
+			refNames, refSums = names, sums
+			continue
+		}
+		if !slices.Equal(names, refNames) {
+			return fmt.Sprintf("replica %d has snapshots %v, replica 0 %v", n.idx, names, refNames)
+		}
+		for i := range sums {
+			if sums[i] != refSums[i] {
+				return fmt.Sprintf("snapshot %s differs between replica %d and replica 0", names[i], n.idx)
 			}
 		}
 	}
