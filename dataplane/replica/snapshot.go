@@ -120,13 +120,11 @@ func (r *Replica) Snapshot(name string, userCreated bool) error {
 	if !snapshotName.MatchString(name) {
 		return fmt.Errorf("%w: %q: use 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalidName, name)
 	}
-	r.chainMu.Lock()
-	defer r.chainMu.Unlock()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return ErrClosed
+	unlock, err := r.lockChain()
+	if err != nil {
+		return err
 	}
+	defer unlock()
 	if r.findSnapshot(name) >= 0 {
 		return fmt.Errorf("%w: %q", ErrSnapshotExists, name)
 	}
@@ -176,10 +174,11 @@ func (r *Replica) Snapshot(name string, userCreated bool) error {
 // is finished by the next open. Either way the metadata without the
 // snapshot is committed before any file is removed.
 func (r *Replica) DeleteSnapshot(name string) error {
-	r.chainMu.Lock()
-	defer r.chainMu.Unlock()
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	unlock, err := r.lockChain()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	i, err := r.snapshotIndex(name)
 	if err != nil {
 		return err
@@ -189,6 +188,22 @@ func (r *Replica) DeleteSnapshot(name string) error {
 	}
 	r.log.Info("snapshot deleted", "name", name)
 	return nil
+}
+
+// lockChain takes the locks for a change to the chain (chainMu, then mu
+// exclusively), failing if the replica is closed; the caller calls unlock.
+func (r *Replica) lockChain() (unlock func(), err error) {
+	r.chainMu.Lock()
+	r.mu.Lock()
+	unlock = func() {
+		r.mu.Unlock()
+		r.chainMu.Unlock()
+	}
+	if r.closed {
+		unlock()
+		return nil, ErrClosed
+	}
+	return unlock, nil
 }
 
 // mergeState coordinates a snapshot deletion's copy with writes: every
@@ -415,10 +430,11 @@ func copyBlocks(from, to *layer, b, n int64, buf []byte) error {
 // the discarded files removed; a crash leaves either the old chain or the
 // reverted one, plus files that open deletes.
 func (r *Replica) Revert(name string) error {
-	r.chainMu.Lock()
-	defer r.chainMu.Unlock()
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	unlock, err := r.lockChain()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	i, err := r.snapshotIndex(name)
 	if err != nil {
 		return err
@@ -457,13 +473,11 @@ func (r *Replica) Revert(name string) error {
 // Crash story: the head is extended and synced before the metadata is
 // committed; a crash in between leaves a longer head that open trims back.
 func (r *Replica) Expand(size int64) error {
-	r.chainMu.Lock()
-	defer r.chainMu.Unlock()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return ErrClosed
+	unlock, err := r.lockChain()
+	if err != nil {
+		return err
 	}
+	defer unlock()
 	cur := r.meta.Size
 	if size%BlockSize != 0 || size < cur {
 		return fmt.Errorf("%w: cannot expand from %d to %d bytes: the new size must be a multiple of %d and at least the current size",
@@ -694,13 +708,11 @@ func (r *Replica) ReplaceChain(snaps []SnapshotInfo) error {
 		}
 		seen[s.Name] = true
 	}
-	r.chainMu.Lock()
-	defer r.chainMu.Unlock()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return ErrClosed
+	unlock, err := r.lockChain()
+	if err != nil {
+		return err
 	}
+	defer unlock()
 	if !r.meta.Rebuilding {
 		return fmt.Errorf("%w: replacing the chain would empty a replica that may be in use; set the rebuilding flag first", ErrNotRebuilding)
 	}
