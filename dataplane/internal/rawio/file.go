@@ -12,6 +12,20 @@ import (
 // rawWrites counts File writes in progress as raw calls, process-wide.
 var rawWrites atomic.Int32
 
+// rawLimit caches GOMAXPROCS-1 (runtime.GOMAXPROCS takes the scheduler's
+// global lock); it is read again every refreshEvery writes, since
+// GOMAXPROCS can change while the process runs.
+var (
+	rawLimit    atomic.Int32
+	limitChecks atomic.Uint32
+)
+
+const refreshEvery = 1024
+
+func init() { refreshLimit() }
+
+func refreshLimit() { rawLimit.Store(int32(runtime.GOMAXPROCS(0) - 1)) }
+
 // File writes a regular file with raw pwrite calls when it may (see the
 // package comment), and through os.File otherwise. It is meant for
 // buffered writes (a file opened with O_DIRECT waits for the device on
@@ -67,7 +81,10 @@ func (w *File) WriteAt(p []byte, off int64) (int, error) {
 // acquireRaw counts a raw write in if fewer than GOMAXPROCS-1 are in
 // progress; the caller then decrements rawWrites when done.
 func acquireRaw() bool {
-	if rawWrites.Add(1) <= int32(runtime.GOMAXPROCS(0)-1) {
+	if limitChecks.Add(1)%refreshEvery == 0 {
+		refreshLimit()
+	}
+	if rawWrites.Add(1) <= rawLimit.Load() {
 		return true
 	}
 	rawWrites.Add(-1)
