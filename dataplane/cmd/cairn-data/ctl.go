@@ -196,10 +196,17 @@ func rebuildLine(r *enginev1.Rebuild) string {
 		pct = int(r.BytesDone * 100 / r.BytesTotal)
 	}
 	kind := fmt.Sprintf("full, %d layers", len(r.Layers))
+	if len(r.Layers) == 1 {
+		kind = "full, 1 layer"
+	}
 	if r.DirtyOnly {
 		kind = "dirty regions only"
 	}
-	s := fmt.Sprintf("%s: %s %3d%% (%s of %s, %s copied, %s) from %s", r.Replica, r.State, pct,
+	state := r.State
+	if state == "in-progress" && r.BytesDone >= r.BytesTotal {
+		state = "verifying" // copied; checksums being compared
+	}
+	s := fmt.Sprintf("%s: %s %3d%% (%s of %s, %s copied, %s) from %s", r.Replica, state, pct,
 		human(r.BytesDone), human(r.BytesTotal), human(r.BytesCopied), kind, r.Source)
 	if r.Error != "" {
 		s += ": " + r.Error

@@ -5,6 +5,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
 )
 
 func TestRun(t *testing.T) {
@@ -28,6 +30,24 @@ func TestRun(t *testing.T) {
 		}
 		if !strings.Contains(errb.String(), tc.inStderr) {
 			t.Errorf("run(%q) stderr %q, want it to contain %q", tc.args, errb.String(), tc.inStderr)
+		}
+	}
+}
+
+func TestRebuildLine(t *testing.T) {
+	for _, tc := range []struct {
+		r    *enginev1.Rebuild
+		want string
+	}{
+		{&enginev1.Rebuild{Replica: "b", Source: "a", State: "in-progress", BytesDone: 1 << 20, BytesTotal: 4 << 20, BytesCopied: 1 << 20, Layers: []string{"s1", "rb"}},
+			"b: in-progress  25% (1.0 MiB of 4.0 MiB, 1.0 MiB copied, full, 2 layers) from a"},
+		{&enginev1.Rebuild{Replica: "b", Source: "a", State: "in-progress", BytesDone: 4 << 20, BytesTotal: 4 << 20, BytesCopied: 4 << 20, Layers: []string{"rb"}},
+			"b: verifying 100% (4.0 MiB of 4.0 MiB, 4.0 MiB copied, full, 1 layer) from a"},
+		{&enginev1.Rebuild{Replica: "b", Source: "a", State: "failed", DirtyOnly: true, BytesDone: 1 << 20, BytesTotal: 2 << 20, Error: "boom"},
+			"b: failed  50% (1.0 MiB of 2.0 MiB, 0 B copied, dirty regions only) from a: boom"},
+	} {
+		if got := rebuildLine(tc.r); got != tc.want {
+			t.Errorf("rebuildLine:\n got %q\nwant %q", got, tc.want)
 		}
 	}
 }
