@@ -448,11 +448,18 @@ func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *membe
 					return err
 				}
 				n := min(RebuildChunk, s.off+s.n-off)
-				a, err := sum(src.r)(ctx, l, off, n)
-				if err != nil {
-					return fmt.Errorf("verify: checksum on %s: %w", src.addr, err)
-				}
+				var a uint32
+				var aerr error
+				done := make(chan struct{})
+				go func() { // both sides at once: they are different processes
+					defer close(done)
+					a, aerr = sum(src.r)(ctx, l, off, n)
+				}()
 				b, err := sum(dst.r)(ctx, l, off, n)
+				<-done
+				if aerr != nil {
+					return fmt.Errorf("verify: checksum on %s: %w", src.addr, aerr)
+				}
 				if err != nil {
 					return fmt.Errorf("verify: checksum on %s: %w", dst.addr, err)
 				}
@@ -466,49 +473,75 @@ func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *membe
 }
 
 // copyLayer copies the regions of snapshot layer l from src to dst: the
-// view, filled (dirty-only), or the layer's own extents (full).
+// view, filled (dirty-only), or the layer's own extents (full). The next
+// chunk is read from src while the current one is written to dst.
 func (e *Engine) copyLayer(ctx context.Context, rb *rebuild, src, dst *member, l string, regions []span) error {
-	for _, s := range regions {
-		for off := s.off; off < s.off+s.n; off += RebuildChunk {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if e.modeOf(dst) != ModeWO {
-				return errors.New("the replica failed during the rebuild")
-			}
-			n := min(RebuildChunk, s.off+s.n-off)
-			read := src.r.ReadLayer
-			if rb.st.DirtyOnly {
-				read = src.r.ReadSnapshot
-			}
-			ext, err := read(ctx, l, off, n)
-			if err != nil {
-				return fmt.Errorf("read snapshot %s from %s: %w", l, src.addr, err)
-			}
-			if rb.st.DirtyOnly {
-				// The target may hold stale data here, even where the source
-				// has holes: write the whole region, zeros included.
-				buf := make([]byte, n)
-				for _, x := range ext {
-					copy(buf[x.Offset-off:], x.Data)
+	type chunk struct {
+		off, n int64
+		ext    []Extent
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	chunks := make(chan chunk, 1)
+	readErr := make(chan error, 1)
+	go func() {
+		defer close(chunks)
+		readErr <- func() error {
+			for _, s := range regions {
+				for off := s.off; off < s.off+s.n; off += RebuildChunk {
+					n := min(RebuildChunk, s.off+s.n-off)
+					read := src.r.ReadLayer
+					if rb.st.DirtyOnly {
+						read = src.r.ReadSnapshot
+					}
+					ext, err := read(ctx, l, off, n)
+					if err != nil {
+						return fmt.Errorf("read snapshot %s from %s: %w", l, src.addr, err)
+					}
+					select {
+					case chunks <- chunk{off, n, ext}:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
 				}
-				ext = []Extent{{Offset: off, Data: buf}}
 			}
+			return nil
+		}()
+	}()
+	for c := range chunks {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if e.modeOf(dst) != ModeWO {
+			return errors.New("the replica failed during the rebuild")
+		}
+		ext := c.ext
+		if rb.st.DirtyOnly {
+			// The target may hold stale data here, even where the source
+			// has holes: write the whole region, zeros included.
+			buf := make([]byte, c.n)
 			for _, x := range ext {
-				if err := dst.r.WriteLayer(ctx, l, x.Data, x.Offset); err != nil {
-					return fmt.Errorf("write snapshot %s to %s: %w", l, dst.addr, err)
-				}
-				rb.copied.Add(int64(len(x.Data)))
-				if !rb.st.DirtyOnly {
-					rb.done.Add(int64(len(x.Data)))
-				}
+				copy(buf[x.Offset-c.off:], x.Data)
 			}
-			if rb.st.DirtyOnly {
-				rb.done.Add(n)
+			ext = []Extent{{Offset: c.off, Data: buf}}
+		}
+		for _, x := range ext {
+			if err := dst.r.WriteLayer(ctx, l, x.Data, x.Offset); err != nil {
+				return fmt.Errorf("write snapshot %s to %s: %w", l, dst.addr, err)
+			}
+			rb.copied.Add(int64(len(x.Data)))
+			if !rb.st.DirtyOnly {
+				rb.done.Add(int64(len(x.Data)))
 			}
 		}
+		if rb.st.DirtyOnly {
+			rb.done.Add(c.n)
+		}
 	}
-	return nil
+	if err := <-readErr; err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
 func (e *Engine) modeOf(m *member) Mode {

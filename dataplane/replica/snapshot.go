@@ -669,17 +669,45 @@ func (r *Replica) Checksum(name string, off, length int64) (uint32, error) {
 // hole shows the older layers through). Two layers with the same data at
 // the same blocks have the same sum.
 func (r *Replica) LayerChecksum(name string, off, length int64) (uint32, error) {
-	ext, err := r.readExtents(name, off, length, true)
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	top, err := r.snapshotTop(name)
 	if err != nil {
 		return 0, err
 	}
+	if err := r.checkRange(off, length); err != nil {
+		return 0, err
+	}
+	if off%BlockSize != 0 || length%BlockSize != 0 {
+		return 0, fmt.Errorf("%w: layer checksums must be block-aligned", ErrInvalidSize)
+	}
+	l := r.layers[top-1]
 	h := crc32.New(castagnoli)
-	var pos [16]byte
-	for _, x := range ext { // contiguous runs are merged, so the runs are canonical
-		binary.LittleEndian.PutUint64(pos[:8], uint64(x.Offset))
-		binary.LittleEndian.PutUint64(pos[8:], uint64(len(x.Data)))
-		h.Write(pos[:])
-		h.Write(x.Data)
+	var runs []int64 // first and end block of each maximal data run
+	buf := make([]byte, min(length, 1<<20))
+	for b, end := off/BlockSize, (off+length)/BlockSize; b < end; {
+		n, data := l.idx.run(b, end-b)
+		if data {
+			if k := len(runs); k > 0 && runs[k-1] == b {
+				runs[k-1] = b + n
+			} else {
+				runs = append(runs, b, b+n)
+			}
+			for c := b; c < b+n; {
+				k := min(b+n-c, int64(len(buf))/BlockSize)
+				if _, err := l.f.ReadAt(buf[:k*BlockSize], c*BlockSize); err != nil {
+					return 0, fmt.Errorf("read %s: %w", l.file, err)
+				}
+				h.Write(buf[:k*BlockSize])
+				c += k
+			}
+		}
+		b += n
+	}
+	var x [8]byte
+	for _, v := range runs {
+		binary.LittleEndian.PutUint64(x[:], uint64(v))
+		h.Write(x[:])
 	}
 	return h.Sum32(), nil
 }
