@@ -131,11 +131,12 @@ func (e *Engine) Snapshot(ctx context.Context, name string) error {
 	ctx = detach(ctx)
 	e.chain.Lock()
 	defer e.chain.Unlock()
+	created := time.Now() // the same on every replica: with the name, it identifies the snapshot
 	return e.forEachWritable(ctx, "snapshot "+name, func(m *member) error {
 		if err := m.r.Flush(ctx); err != nil {
 			return err
 		}
-		return m.r.Snapshot(ctx, name, true)
+		return m.r.Snapshot(ctx, SnapshotInfo{Name: name, UserCreated: true, Created: created})
 	}, nil)
 }
 

@@ -742,8 +742,8 @@ type lateWriter struct {
 	lateErr chan error
 }
 
-func (l *lateWriter) Snapshot(ctx context.Context, name string, user bool) error {
-	if err := l.Replica.Snapshot(ctx, name, user); err != nil {
+func (l *lateWriter) Snapshot(ctx context.Context, sn engine.SnapshotInfo) error {
+	if err := l.Replica.Snapshot(ctx, sn); err != nil {
 		return err
 	}
 	return l.writeLate(ctx)
@@ -914,15 +914,19 @@ func TestRebuildKeepsSnapshotHistory(t *testing.T) {
 	checkHistory(t, e, fresh.addr, s1, s2, now)
 }
 
-// TestReturningReplicaMissingASnapshotRebuiltInFull: a snapshot taken while
-// a replica was away leaves its layers out of line with the volume's, so
-// it is rebuilt in full (not dirty regions only) and gets that snapshot.
-func TestReturningReplicaMissingASnapshotRebuiltInFull(t *testing.T) {
+// TestReturningReplicaMissingASnapshot: a snapshot taken while a replica
+// was away is taken on it too when it returns, and it still copies only
+// its dirty regions (into that snapshot and the rebuild snapshot): alone
+// it then reverts to every snapshot correctly.
+func TestReturningReplicaMissingASnapshot(t *testing.T) {
 	ctx := context.Background()
-	const size = 8 << 20
+	const size = 16 << 20
 	e, reps := cluster(t, 2, size)
 	r1 := reps[1]
 	s1, s2, now := snapshotHistory(t, e, size, func() { // s2 is taken on the survivor only
+		waitFor(t, "bits to clear", func() bool {
+			return e.Flush(ctx) == nil && dirtyCount(t, reps[0])+dirtyCount(t, r1) == 0
+		})
 		r1.kill()
 		waitFor(t, "ERR", func() bool { return modes(e)[r1.addr] == "ERR" })
 	})
@@ -931,8 +935,10 @@ func TestReturningReplicaMissingASnapshotRebuiltInFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := e.WaitRebuild(ctx, back.addr)
-	if err != nil || st.State != engine.RebuildComplete || st.DirtyOnly {
-		t.Fatalf("rebuild: %+v %v", st, err)
+	// Written while away: half the volume, 8 KiB trimmed, 1 MiB; each
+	// dirty region goes into s2 and the rebuild snapshot.
+	if err != nil || st.State != engine.RebuildComplete || !st.DirtyOnly || st.BytesCopied > 2*(size/2+2<<20) {
+		t.Fatalf("rebuild (want dirty regions only): %+v %v", st, err)
 	}
 	checkHistory(t, e, back.addr, s1, s2, now)
 }
@@ -1120,5 +1126,56 @@ func TestDeleteSnapshotKeepsIOGoing(t *testing.T) {
 	}
 	if e.Robustness() != "healthy" {
 		t.Fatal(modes(e))
+	}
+}
+
+// TestSnapshotTakenAgainUnderTheSameName: while a replica is away, a
+// snapshot is deleted and another taken under the same name. The returning
+// replica's old one must not pass for it: reverting to that name on the
+// returning replica alone gives the new snapshot's data.
+func TestSnapshotTakenAgainUnderTheSameName(t *testing.T) {
+	ctx := context.Background()
+	const size = 8 << 20
+	e, reps := cluster(t, 2, size)
+	r1 := reps[1]
+	old := pattern(1, size)
+	if err := e.WriteAt(ctx, old, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Snapshot(ctx, "daily"); err != nil {
+		t.Fatal(err)
+	}
+	r1.kill()
+	waitFor(t, "ERR", func() bool { return modes(e)[r1.addr] == "ERR" })
+	again := append([]byte(nil), old...)
+	copy(again, pattern(2, size/2))
+	if err := e.WriteAt(ctx, again[:size/2], 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.DeleteSnapshot(ctx, "daily"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Snapshot(ctx, "daily"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.WriteAt(ctx, pattern(3, 1<<20), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	back := startReplica(t, r1.dir, 0, r1.addr)
+	if err := e.AddReplica(ctx, back.addr); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := e.WaitRebuild(ctx, back.addr); err != nil || st.State != engine.RebuildComplete {
+		t.Fatalf("rebuild: %+v %v", st, err)
+	}
+	if err := e.RemoveReplica(ctx, reps[0].addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Revert(ctx, "daily"); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, size)
+	if err := e.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, again) {
+		t.Fatalf("the returning replica reverted to the old snapshot of that name (%v)", err)
 	}
 }

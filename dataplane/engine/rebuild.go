@@ -45,7 +45,11 @@ type RebuildStatus struct {
 }
 
 type rebuild struct {
-	cancel context.CancelFunc
+	// dirtyLayers: for a dirty-only rebuild, the snapshots the dirty
+	// regions are copied into, oldest first (those the replica missed,
+	// then the rebuild snapshot).
+	dirtyLayers []string
+	cancel      context.CancelFunc
 	mu     sync.Mutex
 	st     RebuildStatus
 	done   atomic.Int64
@@ -120,15 +124,25 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	defer e.chain.Unlock() // until the copy has started in the background
 	e.pause()
 	e.mu.Lock()
-	snap := fmt.Sprintf("rebuild-%d-%d", e.epoch, time.Now().UnixNano()%1e6)
+	now := time.Now()
+	rbSnap := SnapshotInfo{Name: fmt.Sprintf("rebuild-%d-%d", e.epoch, now.UnixNano()%1e6), Created: now}
+	snap := rbSnap.Name
 	// The source: an RW member. Its snapshots are the history a full
 	// rebuild reproduces on the target, layer by layer.
 	src, chain, err := e.rebuildSourceLocked(ctx, nil)
-	if err == nil && dirtyOnly && !sameNames(chain, tinfo.Snapshots) {
-		// Snapshots were taken or deleted while it was away: its layers no
-		// longer line up with the source's, so it is rebuilt in full.
-		e.log.Info("the returning replica's snapshots differ from the volume's; rebuilding it in full", "replica", addr)
-		dirtyOnly = false
+	// A returning replica resyncs dirty regions only if its snapshots are
+	// the oldest of the volume's (those deleted while it was away are gone
+	// by now); the ones taken since it left are taken on it too, over its
+	// old head, and get their data in the dirty regions like the rebuild
+	// snapshot.
+	var missed []SnapshotInfo
+	if err == nil && dirtyOnly {
+		if isPrefix(tinfo.Snapshots, chain) {
+			missed = chain[len(tinfo.Snapshots):]
+		} else {
+			e.log.Info("the returning replica's snapshots are not the volume's oldest; rebuilding it in full", "replica", addr)
+			dirtyOnly = false
+		}
 	}
 	// The target first: if it cannot take its new chain (a full disk, say),
 	// the members are left untouched. And fence it before that: a
@@ -142,10 +156,16 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 		err = r.SetEpoch(ctx, e.epoch+1, true, true)
 	}
 	if err == nil && dirtyOnly {
-		err = r.Snapshot(ctx, snap, false) // its current head sits below the new head
+		// Its old head becomes the oldest snapshot it missed (or the
+		// rebuild snapshot), under empty ones for the rest.
+		for _, s := range append(append([]SnapshotInfo(nil), missed...), rbSnap) {
+			if err = r.Snapshot(ctx, s); err != nil {
+				break
+			}
+		}
 	} else if err == nil {
 		// Emptied into the source's chain plus the rebuild snapshot.
-		err = r.ReplaceChain(ctx, append(append([]SnapshotInfo(nil), chain...), SnapshotInfo{Name: snap, Created: time.Now()}))
+		err = r.ReplaceChain(ctx, append(append([]SnapshotInfo(nil), chain...), rbSnap))
 	}
 	for _, m := range e.members {
 		if err != nil {
@@ -156,7 +176,7 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 		}
 		merr := m.r.Flush(ctx)
 		if merr == nil {
-			merr = m.r.Snapshot(ctx, snap, false)
+			merr = m.r.Snapshot(ctx, rbSnap)
 		}
 		if merr != nil {
 			e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", merr))
@@ -167,7 +187,7 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 		// Read after the snapshot: the dirty bitmap covers every write
 		// below it. If the source failed meanwhile, another RW member with
 		// the same chain serves.
-		want := append(append([]SnapshotInfo(nil), chain...), SnapshotInfo{Name: snap})
+		want := append(append([]SnapshotInfo(nil), chain...), rbSnap)
 		src, srcInfo, err = e.rebuildSourceInfoLocked(ctx, src, want)
 	}
 	var nm *member
@@ -190,6 +210,10 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	for _, s := range srcInfo.Snapshots {
 		rb.st.Layers = append(rb.st.Layers, s.Name)
 	}
+	for _, s := range missed {
+		rb.dirtyLayers = append(rb.dirtyLayers, s.Name)
+	}
+	rb.dirtyLayers = append(rb.dirtyLayers, snap)
 	if src != nil {
 		rb.st.Source = src.addr
 	}
@@ -223,7 +247,7 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	if dirtyOnly {
 		regions = dirtySpans(size, srcInfo, tinfo)
 		for _, s := range regions {
-			total += s.n
+			total += s.n * int64(len(rb.dirtyLayers)) // copied into each
 		}
 	} else {
 		regions = []span{{0, size}}
@@ -240,12 +264,12 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 }
 
 // dropDeletedWhileAway deletes on a returning replica (not a member yet,
-// so I/O goes on) the snapshots the volume deleted while it was away, if
-// that is the only way its chain differs from the volume's: deleting the
-// same snapshots leaves the same data in the ones that remain, so its
-// dirty regions are still all it lacks. It returns the replica's chain
-// afterwards; any other difference is left for AddReplica to find (a full
-// rebuild).
+// so I/O goes on) the snapshots the volume deleted while it was away:
+// deleting the same snapshots leaves the same data in the ones that
+// remain, so its dirty regions are still all it lacks. A snapshot is
+// known by name and creation time, so one deleted and taken again under
+// the same name is deleted here too (and taken on it again by
+// AddReplica). It returns the replica's chain afterwards.
 func (e *Engine) dropDeletedWhileAway(ctx context.Context, r Replica, addr string, have []SnapshotInfo) []SnapshotInfo {
 	rs := e.readable()
 	if len(rs) == 0 {
@@ -271,20 +295,18 @@ func (e *Engine) dropDeletedWhileAway(ctx context.Context, r Replica, addr strin
 	return have
 }
 
-// deletedFrom returns the names in have that want lacks, provided want is
-// have with just those left out (same order, nothing new); else nil.
+// deletedFrom returns the snapshots of have that want lacks: want is have
+// less the snapshots deleted since, plus the ones taken since (newer than
+// all of have's, so at its end).
 func deletedFrom(have, want []SnapshotInfo) []string {
 	var gone []string
 	j := 0
 	for _, s := range have {
-		if j < len(want) && want[j].Name == s.Name {
+		if j < len(want) && sameSnapshot(want[j], s) {
 			j++
 		} else {
 			gone = append(gone, s.Name)
 		}
-	}
-	if j != len(want) {
-		return nil // want has snapshots the replica never had
 	}
 	return gone
 }
@@ -319,7 +341,7 @@ func (e *Engine) rebuildSourceInfoLocked(ctx context.Context, src *member, want 
 			e.setMode(m, ModeERR, fmt.Errorf("rebuild: info: %w", err))
 			continue
 		}
-		if sameNames(info.Snapshots, want) {
+		if sameChain(info.Snapshots, want) {
 			return m, info, nil
 		}
 	}
@@ -334,13 +356,21 @@ func names(s []SnapshotInfo) []string {
 	return out
 }
 
-// sameNames reports whether two chains name the same snapshots in order.
-func sameNames(a, b []SnapshotInfo) bool {
-	if len(a) != len(b) {
+// sameSnapshot: a snapshot is known by its name and creation time (the
+// engine gives every replica the same), so one deleted and taken again
+// under the same name is another snapshot.
+func sameSnapshot(a, b SnapshotInfo) bool { return a.Name == b.Name && a.Created.Equal(b.Created) }
+
+// sameChain reports whether two chains hold the same snapshots in order.
+func sameChain(a, b []SnapshotInfo) bool { return len(a) == len(b) && isPrefix(a, b) }
+
+// isPrefix reports whether chain a is the start of chain b.
+func isPrefix(a, b []SnapshotInfo) bool {
+	if len(a) > len(b) {
 		return false
 	}
 	for i := range a {
-		if a[i].Name != b[i].Name {
+		if !sameSnapshot(a[i], b[i]) {
 			return false
 		}
 	}
@@ -416,16 +446,16 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 }
 
 // copyAndVerify copies into dst what it lacks below the rebuild
-// snapshot, then compares checksums: for a dirty-only rebuild, the regions
-// of the view at the snapshot, written whole (zeros included, so none of
-// the target's stale data shows through the source's holes) into the
-// snapshot's layer; for a full one, every layer's own data into the same
-// layer of the target (emptied before it joined).
+// snapshot, then compares checksums: for a dirty-only rebuild, the dirty
+// regions of the view at each snapshot it missed and at the rebuild
+// snapshot, written whole (zeros included, so none of the target's stale
+// data shows through the source's holes) into that snapshot's layer; for
+// a full one, every layer's own data into the same layer of the target
+// (emptied before it joined).
 func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *member, regions []span) error {
-	snap := rb.st.Snapshot
 	layers := rb.st.Layers
 	if rb.st.DirtyOnly {
-		layers = []string{snap}
+		layers = rb.dirtyLayers
 	}
 	for _, l := range layers {
 		if err := e.copyLayer(ctx, rb, src, dst, l, regions); err != nil {

@@ -23,7 +23,9 @@ type Replica interface {
 	// SetEpoch persists the replica's epoch, whether the set is degraded,
 	// and whether this replica is being rebuilt (incomplete).
 	SetEpoch(ctx context.Context, epoch uint64, degraded, rebuilding bool) error
-	Snapshot(ctx context.Context, name string, userCreated bool) error
+	// Snapshot takes snapshot s.Name, recording s.UserCreated and s.Created
+	// (zero: now).
+	Snapshot(ctx context.Context, s SnapshotInfo) error
 	DeleteSnapshot(ctx context.Context, name string) error
 	Revert(ctx context.Context, name string) error
 	Expand(ctx context.Context, size int64) error

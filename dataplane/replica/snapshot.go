@@ -117,6 +117,17 @@ func (r *Replica) commit(m metadata) error {
 // commit leaves the old metadata and an unnamed file, removed on open; a
 // crash after leaves the snapshot taken.
 func (r *Replica) Snapshot(name string, userCreated bool) error {
+	return r.SnapshotAt(name, userCreated, time.Time{})
+}
+
+// SnapshotAt is Snapshot recording created as the creation time (zero:
+// now). The engine gives every replica the same time, so that a snapshot
+// is known by its name and time: one deleted and taken again under the
+// same name is another snapshot.
+func (r *Replica) SnapshotAt(name string, userCreated bool, created time.Time) error {
+	if created.IsZero() {
+		created = time.Now()
+	}
 	if !snapshotName.MatchString(name) {
 		return fmt.Errorf("%w: %q: use 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalidName, name)
 	}
@@ -139,7 +150,7 @@ func (r *Replica) Snapshot(name string, userCreated bool) error {
 	}
 	newHead := nl.file
 	m.Snapshots = append(append([]snapshotMeta(nil), m.Snapshots...),
-		snapshotMeta{Name: name, File: old.file, Created: time.Now().UTC(), UserCreated: userCreated})
+		snapshotMeta{Name: name, File: old.file, Created: created.UTC(), UserCreated: userCreated})
 	m.Head = newHead
 	if err := r.commit(m); err != nil {
 		nl.f.Close()

@@ -155,10 +155,14 @@ func (c *Client) SetEpoch(ctx context.Context, epoch uint64, degraded, rebuildin
 	return err
 }
 
-func (c *Client) Snapshot(ctx context.Context, name string, user bool) error {
+func (c *Client) Snapshot(ctx context.Context, s engine.SnapshotInfo) error {
 	ctx, cancel := c.qctx(ctx)
 	defer cancel()
-	_, err := c.ctl.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: name, UserCreated: user})
+	req := &replicav1.SnapshotCreateRequest{Name: s.Name, UserCreated: s.UserCreated}
+	if !s.Created.IsZero() {
+		req.CreatedUnixNano = s.Created.UnixNano()
+	}
+	_, err := c.ctl.SnapshotCreate(ctx, req)
 	return err
 }
 

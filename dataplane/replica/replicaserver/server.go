@@ -123,7 +123,11 @@ func (c *Control) Info(context.Context, *replicav1.InfoRequest) (*replicav1.Info
 }
 
 func (c *Control) SnapshotCreate(_ context.Context, req *replicav1.SnapshotCreateRequest) (*replicav1.SnapshotCreateResponse, error) {
-	return &replicav1.SnapshotCreateResponse{}, grpcErr(c.R.Snapshot(req.GetName(), req.GetUserCreated()))
+	var created time.Time
+	if ns := req.GetCreatedUnixNano(); ns != 0 {
+		created = time.Unix(0, ns)
+	}
+	return &replicav1.SnapshotCreateResponse{}, grpcErr(c.R.SnapshotAt(req.GetName(), req.GetUserCreated(), created))
 }
 
 func (c *Control) SnapshotList(context.Context, *replicav1.SnapshotListRequest) (*replicav1.SnapshotListResponse, error) {

@@ -856,11 +856,14 @@ func (x *InfoResponse) GetRebuilding() bool {
 }
 
 type SnapshotCreateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	UserCreated   bool                   `protobuf:"varint,2,opt,name=user_created,json=userCreated,proto3" json:"user_created,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	UserCreated bool                   `protobuf:"varint,2,opt,name=user_created,json=userCreated,proto3" json:"user_created,omitempty"`
+	// The creation time to record (0: now). The engine gives every replica
+	// the same, so a snapshot is known by its name and time.
+	CreatedUnixNano int64 `protobuf:"varint,3,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *SnapshotCreateRequest) Reset() {
@@ -905,6 +908,13 @@ func (x *SnapshotCreateRequest) GetUserCreated() bool {
 		return x.UserCreated
 	}
 	return false
+}
+
+func (x *SnapshotCreateRequest) GetCreatedUnixNano() int64 {
+	if x != nil {
+		return x.CreatedUnixNano
+	}
+	return 0
 }
 
 type SnapshotCreateResponse struct {
@@ -1498,10 +1508,11 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\n" +
 	"rebuilding\x18\n" +
 	" \x01(\bR\n" +
-	"rebuilding\"N\n" +
+	"rebuilding\"z\n" +
 	"\x15SnapshotCreateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
-	"\fuser_created\x18\x02 \x01(\bR\vuserCreated\"\x18\n" +
+	"\fuser_created\x18\x02 \x01(\bR\vuserCreated\x12*\n" +
+	"\x11created_unix_nano\x18\x03 \x01(\x03R\x0fcreatedUnixNano\"\x18\n" +
 	"\x16SnapshotCreateResponse\"\x15\n" +
 	"\x13SnapshotListRequest\"P\n" +
 	"\x14SnapshotListResponse\x128\n" +
