@@ -50,11 +50,11 @@ type rebuild struct {
 	// then the rebuild snapshot).
 	dirtyLayers []string
 	cancel      context.CancelFunc
-	mu     sync.Mutex
-	st     RebuildStatus
-	done   atomic.Int64
-	copied atomic.Int64
-	fin    chan struct{}
+	mu          sync.Mutex
+	st          RebuildStatus
+	done        atomic.Int64
+	copied      atomic.Int64
+	fin         chan struct{}
 }
 
 func (rb *rebuild) status() RebuildStatus {
