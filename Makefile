@@ -119,7 +119,7 @@ chaos: ## Randomized fault schedules against real processes: make chaos SCHEDULE
 	  -chaos.schedules=$(SCHEDULES) -chaos.seed=$(SEED) $(if $(UNSAFE),-chaos.unsafe-engine)
 
 .PHONY: demo
-demo: build ## See it work: 3 replicas + engine on loopback, kill one, rebuild, verify every byte (no Kubernetes).
+demo: build ## See it work: 3 replicas + engine on loopback, snapshot, kill one, rebuild, verify every byte, revert (no Kubernetes).
 	hack/install-test-tools.sh
 	hack/demo.sh
 
