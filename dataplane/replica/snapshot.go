@@ -128,8 +128,8 @@ func (r *Replica) SnapshotAt(name string, userCreated bool, created time.Time) e
 	if created.IsZero() {
 		created = time.Now()
 	}
-	if !snapshotName.MatchString(name) {
-		return fmt.Errorf("%w: %q: use 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalidName, name)
+	if err := checkName(name); err != nil {
+		return err
 	}
 	unlock, err := r.lockChain()
 	if err != nil {
@@ -201,6 +201,15 @@ func (r *Replica) DeleteSnapshot(name string) error {
 	return nil
 }
 
+// checkName refuses a snapshot name that is not 1 to 63 letters, digits,
+// '.', '_' or '-' starting with a letter or digit.
+func checkName(name string) error {
+	if !snapshotName.MatchString(name) {
+		return fmt.Errorf("%w: %q: use 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalidName, name)
+	}
+	return nil
+}
+
 // lockChain takes the locks for a change to the chain (chainMu, then mu
 // exclusively), failing if the replica is closed; the caller calls unlock.
 func (r *Replica) lockChain() (unlock func(), err error) {
@@ -219,8 +228,9 @@ func (r *Replica) lockChain() (unlock func(), err error) {
 
 // mergeState coordinates a snapshot deletion's copy with writes: every
 // write (head, unmap, rebuild layer write) holds mu shared and records
-// the blocks it wrote in touched; the copy holds mu exclusively for one
-// chunk at a time.
+// the blocks it wrote in touched (only when the child's blocks are copied
+// into the snapshot's layer: they must be copied again); the copy holds
+// mu exclusively for one chunk at a time.
 type mergeState struct {
 	mu      sync.RWMutex
 	touched *blockIndex
@@ -240,8 +250,10 @@ func (r *Replica) fence(off, length int64) func() {
 	}
 	ms.mu.RLock()
 	return func() {
-		first := off / BlockSize
-		ms.touched.set(first, (off+length+BlockSize-1)/BlockSize-first)
+		if ms.touched != nil {
+			first := off / BlockSize
+			ms.touched.set(first, (off+length+BlockSize-1)/BlockSize-first)
+		}
 		ms.mu.RUnlock()
 	}
 }
@@ -268,7 +280,10 @@ func (r *Replica) deleteSnapshot(i int) error {
 			src.idx.grow(fi.Size() / BlockSize)
 		}
 	}
-	ms := &mergeState{touched: newBlockIndex(max(child.idx.blocks, src.idx.blocks))}
+	ms := &mergeState{}
+	if !intoChild { // writes to the child during the copy must be copied again
+		ms.touched = newBlockIndex(max(child.idx.blocks, src.idx.blocks))
+	}
 	r.merge = ms
 	r.mu.Unlock()
 	var err error
@@ -306,17 +321,12 @@ func (r *Replica) copyOnline(ms *mergeState, from, to *layer, onlyMissing bool) 
 			}
 			ms.mu.Lock()
 			defer ms.mu.Unlock()
-			end := min(c+mergeChunk, blocks)
-			for b := c; b < end; {
-				n, data := from.idx.run(b, end-b)
-				if data {
-					if err := copyRuns(from, to, b, n, onlyMissing, buf); err != nil {
-						return err
-					}
+			return eachRun(from.idx, c, min(mergeChunk, blocks-c), true, func(b, n int64) error {
+				if !onlyMissing {
+					return copyBlocks(from, to, b, n, buf)
 				}
-				b += n
-			}
-			return nil
+				return eachRun(to.idx, b, n, false, func(b, n int64) error { return copyBlocks(from, to, b, n, buf) })
+			})
 		}()
 		if err != nil {
 			return err
@@ -328,20 +338,17 @@ func (r *Replica) copyOnline(ms *mergeState, from, to *layer, onlyMissing bool) 
 	return nil
 }
 
-// copyRuns copies blocks [b, b+n) from one layer to another, skipping
-// those the destination holds when onlyMissing.
-func copyRuns(from, to *layer, b, n int64, onlyMissing bool, buf []byte) error {
-	if !onlyMissing {
-		return copyBlocks(from, to, b, n, buf)
-	}
-	for c := b; c < b+n; {
-		cn, has := to.idx.run(c, b+n-c)
-		if !has {
-			if err := copyBlocks(from, to, c, cn, buf); err != nil {
+// eachRun calls fn for every run of blocks in [b, b+n) that holds data
+// in x (data true) or is a hole there (data false).
+func eachRun(x *blockIndex, b, n int64, data bool, fn func(b, n int64) error) error {
+	for end := b + n; b < end; {
+		k, has := x.run(b, end-b)
+		if has == data {
+			if err := fn(b, k); err != nil {
 				return err
 			}
 		}
-		c += cn
+		b += k
 	}
 	return nil
 }
@@ -371,20 +378,11 @@ func (r *Replica) dropIntoChild(i int) error {
 func (r *Replica) takeChildsPlace(i int, touched *blockIndex) error {
 	src, child := r.layers[i], r.layers[i+1]
 	buf := make([]byte, mergeChunk*BlockSize)
-	for b := int64(0); b < touched.blocks; {
-		n, hit := touched.run(b, touched.blocks-b)
-		if hit {
-			for c := b; c < b+n; {
-				cn, data := child.idx.run(c, b+n-c)
-				if data {
-					if err := copyBlocks(child, src, c, cn, buf); err != nil {
-						return err
-					}
-				}
-				c += cn
-			}
-		}
-		b += n
+	err := eachRun(touched, 0, touched.blocks, true, func(b, n int64) error {
+		return eachRun(child.idx, b, n, true, func(b, n int64) error { return copyBlocks(child, src, b, n, buf) })
+	})
+	if err != nil {
+		return err
 	}
 	if err := src.f.Sync(); err != nil {
 		return fmt.Errorf("sync: %w", err)
@@ -545,6 +543,24 @@ func (r *Replica) snapshotTop(name string) (int, error) {
 	return i + 1, err
 }
 
+// snapshotSpan checks a request on snapshot name: the snapshot is served,
+// [off, off+length) lies in the volume and, when aligned names the
+// request ("layer writes"), is block-aligned. It returns snapshotTop.
+// Callers hold mu.
+func (r *Replica) snapshotSpan(name string, off, length int64, aligned string) (int, error) {
+	top, err := r.snapshotTop(name)
+	if err != nil {
+		return 0, err
+	}
+	if err := r.checkRange(off, length); err != nil {
+		return 0, err
+	}
+	if aligned != "" && (off%BlockSize != 0 || length%BlockSize != 0) {
+		return 0, fmt.Errorf("%w: %s must be block-aligned", ErrInvalidSize, aligned)
+	}
+	return top, nil
+}
+
 // ReadSnapshot returns the data in [off, off+length) of the volume as it was
 // when snapshot name was taken, as extents; ranges no layer holds (holes,
 // which read as zeros) are left out. A rebuild that copies only dirty
@@ -564,15 +580,9 @@ func (r *Replica) ReadLayer(name string, off, length int64) ([]Extent, error) {
 func (r *Replica) readExtents(name string, off, length int64, own bool) ([]Extent, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	top, err := r.snapshotTop(name)
+	top, err := r.snapshotSpan(name, off, length, "snapshot reads")
 	if err != nil {
 		return nil, err
-	}
-	if err := r.checkRange(off, length); err != nil {
-		return nil, err
-	}
-	if off%BlockSize != 0 || length%BlockSize != 0 {
-		return nil, fmt.Errorf("%w: snapshot reads must be block-aligned", ErrInvalidSize)
 	}
 	var out []Extent
 	for b, end := off/BlockSize, (off+length)/BlockSize; b < end; {
@@ -615,15 +625,9 @@ func (r *Replica) resolveIn(b, limit int64, top int, own bool) (int, int64) {
 func (r *Replica) WriteLayer(name string, p []byte, off int64) error {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	top, err := r.snapshotTop(name)
+	top, err := r.snapshotSpan(name, off, int64(len(p)), "layer writes")
 	if err != nil {
 		return err
-	}
-	if err := r.checkRange(off, int64(len(p))); err != nil {
-		return err
-	}
-	if off%BlockSize != 0 || len(p)%BlockSize != 0 {
-		return fmt.Errorf("%w: layer writes must be block-aligned", ErrInvalidSize)
 	}
 	defer r.fence(off, int64(len(p)))()
 	l := r.layers[top-1]
@@ -654,11 +658,8 @@ func (r *Replica) SyncLayers() error {
 func (r *Replica) Checksum(name string, off, length int64) (uint32, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	top, err := r.snapshotTop(name)
+	top, err := r.snapshotSpan(name, off, length, "")
 	if err != nil {
-		return 0, err
-	}
-	if err := r.checkRange(off, length); err != nil {
 		return 0, err
 	}
 	h := crc32.New(castagnoli)
@@ -682,38 +683,32 @@ func (r *Replica) Checksum(name string, off, length int64) (uint32, error) {
 func (r *Replica) LayerChecksum(name string, off, length int64) (uint32, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	top, err := r.snapshotTop(name)
+	top, err := r.snapshotSpan(name, off, length, "layer checksums")
 	if err != nil {
 		return 0, err
-	}
-	if err := r.checkRange(off, length); err != nil {
-		return 0, err
-	}
-	if off%BlockSize != 0 || length%BlockSize != 0 {
-		return 0, fmt.Errorf("%w: layer checksums must be block-aligned", ErrInvalidSize)
 	}
 	l := r.layers[top-1]
 	h := crc32.New(castagnoli)
 	var runs []int64 // first and end block of each maximal data run
 	buf := make([]byte, min(length, 1<<20))
-	for b, end := off/BlockSize, (off+length)/BlockSize; b < end; {
-		n, data := l.idx.run(b, end-b)
-		if data {
-			if k := len(runs); k > 0 && runs[k-1] == b {
-				runs[k-1] = b + n
-			} else {
-				runs = append(runs, b, b+n)
-			}
-			for c := b; c < b+n; {
-				k := min(b+n-c, int64(len(buf))/BlockSize)
-				if _, err := l.f.ReadAt(buf[:k*BlockSize], c*BlockSize); err != nil {
-					return 0, fmt.Errorf("read %s: %w", l.file, err)
-				}
-				h.Write(buf[:k*BlockSize])
-				c += k
-			}
+	err = eachRun(l.idx, off/BlockSize, length/BlockSize, true, func(b, n int64) error {
+		if k := len(runs); k > 0 && runs[k-1] == b {
+			runs[k-1] = b + n
+		} else {
+			runs = append(runs, b, b+n)
 		}
-		b += n
+		for c := b; c < b+n; {
+			k := min(b+n-c, int64(len(buf))/BlockSize)
+			if _, err := l.f.ReadAt(buf[:k*BlockSize], c*BlockSize); err != nil {
+				return fmt.Errorf("read %s: %w", l.file, err)
+			}
+			h.Write(buf[:k*BlockSize])
+			c += k
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
 	}
 	var x [8]byte
 	for _, v := range runs {
@@ -739,8 +734,8 @@ func (r *Replica) LayerChecksum(name string, off, length int64) (uint32, error) 
 func (r *Replica) ReplaceChain(snaps []SnapshotInfo) error {
 	seen := make(map[string]bool, len(snaps))
 	for _, s := range snaps {
-		if !snapshotName.MatchString(s.Name) {
-			return fmt.Errorf("%w: %q", ErrInvalidName, s.Name)
+		if err := checkName(s.Name); err != nil {
+			return err
 		}
 		if seen[s.Name] {
 			return fmt.Errorf("%w: %q twice in the chain", ErrInvalidName, s.Name)
