@@ -129,7 +129,7 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	snap := rbSnap.Name
 	// The source: an RW member. Its snapshots are the history a full
 	// rebuild reproduces on the target, layer by layer.
-	src, chain, err := e.rebuildSourceLocked(ctx, nil)
+	src, chain, err := e.rebuildSourceLocked(ctx)
 	// A returning replica resyncs dirty regions only if its snapshots are
 	// the oldest of the volume's (those deleted while it was away are gone
 	// by now); the ones taken since it left are taken on it too, over its
@@ -207,13 +207,8 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	rctx, cancel := context.WithCancel(context.Background())
 	rb := &rebuild{cancel: cancel, fin: make(chan struct{}), st: RebuildStatus{
 		Replica: addr, Snapshot: snap, State: RebuildInProgress, DirtyOnly: dirtyOnly, Started: time.Now()}}
-	for _, s := range srcInfo.Snapshots {
-		rb.st.Layers = append(rb.st.Layers, s.Name)
-	}
-	for _, s := range missed {
-		rb.dirtyLayers = append(rb.dirtyLayers, s.Name)
-	}
-	rb.dirtyLayers = append(rb.dirtyLayers, snap)
+	rb.st.Layers = names(srcInfo.Snapshots)
+	rb.dirtyLayers = append(names(missed), snap)
 	if src != nil {
 		rb.st.Source = src.addr
 	}
@@ -311,11 +306,11 @@ func deletedFrom(have, want []SnapshotInfo) []string {
 	return gone
 }
 
-// rebuildSourceLocked returns the first RW member other than skip and its
-// snapshots, failing members that cannot answer. Called with I/O paused.
-func (e *Engine) rebuildSourceLocked(ctx context.Context, skip *member) (*member, []SnapshotInfo, error) {
+// rebuildSourceLocked returns the first RW member and its snapshots,
+// failing members that cannot answer. Called with I/O paused.
+func (e *Engine) rebuildSourceLocked(ctx context.Context) (*member, []SnapshotInfo, error) {
 	for _, m := range e.members {
-		if m.mode != ModeRW || m == skip {
+		if m.mode != ModeRW {
 			continue
 		}
 		info, err := m.r.Info(ctx)
@@ -378,6 +373,19 @@ func isPrefix(a, b []SnapshotInfo) bool {
 }
 
 type span struct{ off, n int64 }
+
+// eachChunk calls fn for every piece of at most RebuildChunk bytes of the
+// regions, in order, until fn fails.
+func eachChunk(regions []span, fn func(off, n int64) error) error {
+	for _, s := range regions {
+		for off := s.off; off < s.off+s.n; off += RebuildChunk {
+			if err := fn(off, min(RebuildChunk, s.off+s.n-off)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
 
 // dirtySpans is the union of two write-intent bitmaps as byte ranges.
 func dirtySpans(size int64, a, b ReplicaInfo) []span {
@@ -472,31 +480,32 @@ func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *membe
 		return r.LayerChecksum
 	}
 	for _, l := range layers {
-		for _, s := range regions {
-			for off := s.off; off < s.off+s.n; off += RebuildChunk {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				n := min(RebuildChunk, s.off+s.n-off)
-				var a uint32
-				var aerr error
-				done := make(chan struct{})
-				go func() { // both sides at once: they are different processes
-					defer close(done)
-					a, aerr = sum(src.r)(ctx, l, off, n)
-				}()
-				b, err := sum(dst.r)(ctx, l, off, n)
-				<-done
-				if aerr != nil {
-					return fmt.Errorf("verify: checksum on %s: %w", src.addr, aerr)
-				}
-				if err != nil {
-					return fmt.Errorf("verify: checksum on %s: %w", dst.addr, err)
-				}
-				if a != b {
-					return fmt.Errorf("verify: snapshot %s, bytes %d..%d differ after the copy (%08x vs %08x)", l, off, off+n, a, b)
-				}
+		err := eachChunk(regions, func(off, n int64) error {
+			if err := ctx.Err(); err != nil {
+				return err
 			}
+			var a uint32
+			var aerr error
+			done := make(chan struct{})
+			go func() { // both sides at once: they are different processes
+				defer close(done)
+				a, aerr = sum(src.r)(ctx, l, off, n)
+			}()
+			b, err := sum(dst.r)(ctx, l, off, n)
+			<-done
+			if aerr != nil {
+				return fmt.Errorf("verify: checksum on %s: %w", src.addr, aerr)
+			}
+			if err != nil {
+				return fmt.Errorf("verify: checksum on %s: %w", dst.addr, err)
+			}
+			if a != b {
+				return fmt.Errorf("verify: snapshot %s, bytes %d..%d differ after the copy (%08x vs %08x)", l, off, off+n, a, b)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 	}
 	return nil
@@ -517,25 +526,22 @@ func (e *Engine) copyLayer(ctx context.Context, rb *rebuild, src, dst *member, l
 	go func() {
 		defer close(chunks)
 		readErr <- func() error {
-			for _, s := range regions {
-				for off := s.off; off < s.off+s.n; off += RebuildChunk {
-					n := min(RebuildChunk, s.off+s.n-off)
-					read := src.r.ReadLayer
-					if rb.st.DirtyOnly {
-						read = src.r.ReadSnapshot
-					}
-					ext, err := read(ctx, l, off, n)
-					if err != nil {
-						return fmt.Errorf("read snapshot %s from %s: %w", l, src.addr, err)
-					}
-					select {
-					case chunks <- chunk{off, n, ext}:
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-				}
+			read := src.r.ReadLayer
+			if rb.st.DirtyOnly {
+				read = src.r.ReadSnapshot
 			}
-			return nil
+			return eachChunk(regions, func(off, n int64) error {
+				ext, err := read(ctx, l, off, n)
+				if err != nil {
+					return fmt.Errorf("read snapshot %s from %s: %w", l, src.addr, err)
+				}
+				select {
+				case chunks <- chunk{off, n, ext}:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			})
 		}()
 	}()
 	for c := range chunks {
