@@ -129,7 +129,8 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	snap := rbSnap.Name
 	// The source: an RW member. Its snapshots are the history a full
 	// rebuild reproduces on the target, layer by layer.
-	src, chain, err := e.rebuildSourceLocked(ctx)
+	src, before, err := e.rebuildSourceLocked(ctx, nil, nil)
+	chain := before.Snapshots
 	// A returning replica resyncs dirty regions only if its snapshots are
 	// the oldest of the volume's (those deleted while it was away are gone
 	// by now); the ones taken since it left are taken on it too, over its
@@ -188,7 +189,7 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 		// below it. If the source failed meanwhile, another RW member with
 		// the same chain serves.
 		want := append(append([]SnapshotInfo(nil), chain...), rbSnap)
-		src, srcInfo, err = e.rebuildSourceInfoLocked(ctx, src, want)
+		src, srcInfo, err = e.rebuildSourceLocked(ctx, src, want)
 	}
 	var nm *member
 	if err == nil {
@@ -306,28 +307,17 @@ func deletedFrom(have, want []SnapshotInfo) []string {
 	return gone
 }
 
-// rebuildSourceLocked returns the first RW member and its snapshots,
-// failing members that cannot answer. Called with I/O paused.
-func (e *Engine) rebuildSourceLocked(ctx context.Context) (*member, []SnapshotInfo, error) {
-	for _, m := range e.members {
-		if m.mode != ModeRW {
-			continue
-		}
-		info, err := m.r.Info(ctx)
-		if err != nil {
-			e.setMode(m, ModeERR, fmt.Errorf("rebuild: info: %w", err))
-			continue
-		}
-		return m, info.Snapshots, nil
+// rebuildSourceLocked returns an RW member to rebuild from and its info,
+// trying prefer first (if not nil), and failing members that cannot
+// answer. With want set, only a member whose snapshots are exactly those
+// serves (after the rebuild snapshot: the target's chain was made from
+// the first source's). Called with I/O paused.
+func (e *Engine) rebuildSourceLocked(ctx context.Context, prefer *member, want []SnapshotInfo) (*member, ReplicaInfo, error) {
+	ms := e.members
+	if prefer != nil {
+		ms = append([]*member{prefer}, ms...)
 	}
-	return nil, nil, fmt.Errorf("%w: no RW replica to rebuild from", ErrNoReplica)
-}
-
-// rebuildSourceInfoLocked returns src's info after the rebuild snapshot,
-// or, if src failed, another RW member's whose snapshots carry the names
-// in want: the target's chain was made from src's.
-func (e *Engine) rebuildSourceInfoLocked(ctx context.Context, src *member, want []SnapshotInfo) (*member, ReplicaInfo, error) {
-	for _, m := range append([]*member{src}, e.members...) {
+	for _, m := range ms {
 		if m.mode != ModeRW {
 			continue
 		}
@@ -336,9 +326,12 @@ func (e *Engine) rebuildSourceInfoLocked(ctx context.Context, src *member, want 
 			e.setMode(m, ModeERR, fmt.Errorf("rebuild: info: %w", err))
 			continue
 		}
-		if sameChain(info.Snapshots, want) {
+		if want == nil || sameChain(info.Snapshots, want) {
 			return m, info, nil
 		}
+	}
+	if want == nil {
+		return nil, ReplicaInfo{}, fmt.Errorf("%w: no RW replica to rebuild from", ErrNoReplica)
 	}
 	return nil, ReplicaInfo{}, fmt.Errorf("%w: no RW replica with the snapshots %v left to rebuild from", ErrNoReplica, names(want))
 }
