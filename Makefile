@@ -113,10 +113,10 @@ bench: build ## fio: raw file vs qemu-nbd vs the engine with 1 and 3 replicas (t
 .PHONY: chaos
 SCHEDULES ?= 100
 SEED ?= 0
-chaos: ## Randomized fault schedules against real processes: make chaos SCHEDULES=N SEED=S [UNSAFE=1] (root).
+chaos: ## Randomized fault schedules against real processes: make chaos SCHEDULES=N SEED=S [FAULTS=a,b] [UNSAFE=1] (root).
 	hack/install-test-tools.sh
 	cd dataplane && $(GO) test -v -count=1 -timeout 0 -run '^TestChaos$$' ./test/chaos -args \
-	  -chaos.schedules=$(SCHEDULES) -chaos.seed=$(SEED) $(if $(UNSAFE),-chaos.unsafe-engine)
+	  -chaos.schedules=$(SCHEDULES) -chaos.seed=$(SEED) $(if $(FAULTS),-chaos.faults=$(FAULTS)) $(if $(UNSAFE),-chaos.unsafe-engine)
 
 .PHONY: demo
 demo: build ## See it work: 3 replicas + engine on loopback, snapshot, kill one, rebuild, verify every byte, revert (no Kubernetes).
