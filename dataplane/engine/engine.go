@@ -93,6 +93,9 @@ type Engine struct {
 	// write-intent bits were kept on the survivors, so if the same replica
 	// (same ID) comes back it resyncs only dirty regions.
 	failed map[string]string
+	// doneSnaps are the snapshots of completed rebuilds not deleted yet
+	// (another rebuild was reading them): see removeDoneSnapshots.
+	doneSnaps map[string]bool
 
 	size atomic.Int64
 	rr   atomic.Uint64
@@ -117,7 +120,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		opts.Wanted = len(opts.Replicas)
 	}
 	e := &Engine{opts: opts, log: opts.Logger.WithValues("volume", opts.Name), wanted: opts.Wanted,
-		rebuilds: map[string]*rebuild{}, failed: map[string]string{}}
+		rebuilds: map[string]*rebuild{}, failed: map[string]string{}, doneSnaps: map[string]bool{}}
 	var good []cand
 	var maxEpoch uint64
 	for _, addr := range opts.Replicas {

@@ -1179,3 +1179,46 @@ func TestSnapshotTakenAgainUnderTheSameName(t *testing.T) {
 		t.Fatalf("the returning replica reverted to the old snapshot of that name (%v)", err)
 	}
 }
+
+// TestOverlappingRebuildsLeaveNoSnapshot: a rebuild that completes while
+// another, started after it, still copies its snapshot as a layer cannot
+// delete that snapshot then; the later rebuild deletes it when it ends.
+func TestOverlappingRebuildsLeaveNoSnapshot(t *testing.T) {
+	ctx := context.Background()
+	a := startReplica(t, filepath.Join(t.TempDir(), "a"), 1<<20, "")
+	b := startReplica(t, filepath.Join(t.TempDir(), "b"), 1<<20, "")
+	holds := map[string]*holdLayers{a.addr: {release: make(chan struct{})}, b.addr: {release: make(chan struct{})}}
+	e, _ := openWrapped(t, 1, func(addr string, r engine.Replica) engine.Replica {
+		if h := holds[addr]; h != nil {
+			h.Replica = r
+			return h
+		}
+		return r
+	})
+	if err := e.WriteAt(ctx, pattern(1, 8192), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.AddReplica(ctx, a.addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.AddReplica(ctx, b.addr); err != nil { // copies a's rebuild snapshot as a layer
+		t.Fatal(err)
+	}
+	close(holds[a.addr].release)
+	if st, err := e.WaitRebuild(ctx, a.addr); err != nil || st.State != engine.RebuildComplete {
+		t.Fatalf("first rebuild: %+v %v", st, err)
+	}
+	close(holds[b.addr].release)
+	if st, err := e.WaitRebuild(ctx, b.addr); err != nil || st.State != engine.RebuildComplete {
+		t.Fatalf("second rebuild: %+v %v", st, err)
+	}
+	waitFor(t, "no rebuild snapshot left", func() bool {
+		snaps, err := e.Snapshots(ctx)
+		return err == nil && len(snaps) == 0
+	})
+	for _, tr := range []*testReplica{a, b} {
+		if in, _ := tr.run.R.Info(); len(in.Snapshots) != 0 {
+			t.Fatalf("snapshots left on %s: %+v", tr.addr, in.Snapshots)
+		}
+	}
+}

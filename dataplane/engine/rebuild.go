@@ -441,8 +441,35 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 	e.log.Info("rebuild complete", "replica", dst.addr, "copied", rb.copied.Load())
 	// The rebuild snapshot has served its purpose: merge it away on every
 	// replica, or each rebuild would leave a layer behind for good.
-	if err := e.DeleteSnapshot(context.Background(), rb.st.Snapshot); err != nil {
-		e.log.Error(err, "removing the rebuild snapshot; it stays until deleted by hand", "snapshot", rb.st.Snapshot)
+	e.mu.Lock()
+	e.doneSnaps[rb.st.Snapshot] = true
+	e.mu.Unlock()
+	e.removeDoneSnapshots()
+}
+
+// removeDoneSnapshots deletes the snapshots of completed rebuilds. One
+// that another rebuild in progress still reads (it started meanwhile and
+// copies it as a layer) is kept until that rebuild ends and calls this
+// again.
+func (e *Engine) removeDoneSnapshots() {
+	e.mu.Lock()
+	var todo []string
+	for name := range e.doneSnaps {
+		todo = append(todo, name)
+	}
+	e.mu.Unlock()
+	for _, name := range todo {
+		err := e.DeleteSnapshot(context.Background(), name)
+		switch {
+		case errors.Is(err, ErrInvalid):
+			continue // in use by a rebuild: it removes it when it ends
+		case err != nil && !errors.Is(err, ErrSnapshotNotFound):
+			e.log.Error(err, "removing a rebuild snapshot; the next rebuild to complete tries again", "snapshot", name)
+			continue
+		}
+		e.mu.Lock()
+		delete(e.doneSnaps, name)
+		e.mu.Unlock()
 	}
 }
 
