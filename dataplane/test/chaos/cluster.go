@@ -278,8 +278,9 @@ func (c *cluster) modes(ctx context.Context) (map[string]string, error) {
 	return out, nil
 }
 
-// settle is how long a healed node stays suspect: requests sent while it
-// was partitioned or paused can still time out (1 s) after the heal.
+// settle is how long a healed or restarted node stays suspect: requests
+// sent while it was partitioned or paused can still time out (1 s) after
+// the heal, and the engine may not have noticed a restart yet.
 const settle = 2 * time.Second
 
 // healthy counts nodes that are reachable and RW, other than skip, and not
@@ -370,6 +371,12 @@ func (c *cluster) rejoin(ctx context.Context, n *node) error {
 		if err := c.startNode(n); err != nil {
 			return err
 		}
+		// Suspect for a while, like a healed node: the engine may still
+		// hold a connection to the process that died and call the node RW
+		// until it notices (and then refuses this add, leaving the new
+		// process running). Counting it healthy let the nemesis take the
+		// last replica the engine could use (seed 799679798: faulted).
+		n.healedAt = time.Now()
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
