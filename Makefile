@@ -93,13 +93,13 @@ envtest: ## Get kube-apiserver, etcd and kubectl for envtest into bin/k8s (built
 	  ENVTEST_ETCD_VERSION=$(ENVTEST_ETCD_VERSION) hack/envtest.sh >/dev/null
 
 .PHONY: test-tools
-test-tools: ## Install the real clients the tests drive (qemu-utils, libnbd-bin, fio, e2fsprogs) if missing.
+test-tools: ## Install the real clients the tests drive (qemu-utils, libnbd-bin, fio, e2fsprogs, iptables, user-mode-linux) if missing.
 	hack/install-test-tools.sh
 
 .PHONY: test
 test: verify lint envtest test-tools ## Verify generated code, lint, run every test of both modules (envtest included), build each module alone.
 	export KUBEBUILDER_ASSETS="$$(LOCALBIN=$(LOCALBIN) CAIRN_CACHE=$(CAIRN_CACHE) ENVTEST_K8S_VERSION=$(ENVTEST_K8S_VERSION) ENVTEST_ETCD_VERSION=$(ENVTEST_ETCD_VERSION) hack/envtest.sh)"; \
-	  $(GO) test $(GOTESTFLAGS) ./... ./dataplane/...
+	  CAIRN_REQUIRE_UML=1 $(GO) test $(GOTESTFLAGS) ./... ./dataplane/...
 	GOWORK=off $(GO) build ./...
 	cd dataplane && GOWORK=off $(GO) build ./...
 

@@ -41,40 +41,30 @@ func loopAttached(dev string) bool {
 	return false
 }
 
-// TestFUSEFrontendFilesystem: the engine with the FUSE frontend gives a
-// loop device that takes mkfs.ext4, a mount and files; a replica is
-// SIGKILLed while files are written; after unmount e2fsck finds the
-// filesystem clean; SIGTERM leaves no mount and no loop device behind.
-func TestFUSEFrontendFilesystem(t *testing.T) {
-	needRoot(t)
-	needTool(t, "mkfs.ext4")
-	dir := t.TempDir()
-	var addrs []string
-	var reps []*proc
+// startFilesystemVolume starts three 256 MiB replicas and an engine with
+// the given frontend arguments.
+func startFilesystemVolume(t *testing.T, dir string, frontend ...string) (eng *proc, reps []*proc) {
+	t.Helper()
+	args := append([]string{"engine", "--name", "vol"}, frontend...)
+	args = append(args, "--replica-timeout", "3s", "--listen", "127.0.0.1:0")
 	for i := range 3 {
 		p := start(t, "replica", "--dir", filepath.Join(dir, fmt.Sprint("r", i)), "--size", "256Mi",
 			"--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
 		reps = append(reps, p)
-		addrs = append(addrs, p.data+","+p.control)
+		args = append(args, "--replica", p.data+","+p.control)
 	}
-	fuseDir := filepath.Join(dir, "fuse")
-	args := []string{"engine", "--name", "vol", "--frontend", "fuse", "--fuse-dir", fuseDir, "--replica-timeout", "3s", "--listen", "127.0.0.1:0"}
-	for _, a := range addrs {
-		args = append(args, "--replica", a)
-	}
-	eng := start(t, args...)
-	dev := eng.endpoint
-	if !strings.HasPrefix(dev, "/dev/loop") {
-		t.Fatalf("endpoint %q is not a loop device", dev)
-	}
-	// The loop device is backed by the volume file in the FUSE mount.
-	if out := sh(t, "losetup", "--list", "--noheadings", "--output", "BACK-FILE", dev); strings.TrimSpace(out) != filepath.Join(fuseDir, "vol") {
-		t.Fatalf("%s is backed by %q", dev, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", filepath.Join(dir, "mnt")).Run() })
+	return start(t, args...), reps
+}
 
-	sh(t, "mkfs.ext4", "-q", "-F", dev)
+// filesystemThroughFailure puts ext4 on the engine's block device dev,
+// mounts it and writes files; SIGKILLs a replica while more files are
+// written; reads every file back, checks the replica is ERR, unmounts and
+// requires e2fsck to find the filesystem clean.
+func filesystemThroughFailure(t *testing.T, dir, dev string, eng *proc, reps []*proc) {
+	t.Helper()
 	mnt := filepath.Join(dir, "mnt")
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	sh(t, "mkfs.ext4", "-q", "-F", dev)
 	os.MkdirAll(mnt, 0o755)
 	sh(t, "mount", dev, mnt)
 	write := func(from, to int) {
@@ -103,6 +93,27 @@ func TestFUSEFrontendFilesystem(t *testing.T) {
 	}
 	sh(t, "umount", mnt)
 	t.Log(sh(t, "e2fsck", "-fn", dev))
+}
+
+// TestFUSEFrontendFilesystem: the engine with the FUSE frontend gives a
+// loop device that takes mkfs.ext4, a mount and files; a replica is
+// SIGKILLed while files are written; after unmount e2fsck finds the
+// filesystem clean; SIGTERM leaves no mount and no loop device behind.
+func TestFUSEFrontendFilesystem(t *testing.T) {
+	needRoot(t)
+	needTool(t, "mkfs.ext4")
+	dir := t.TempDir()
+	fuseDir := filepath.Join(dir, "fuse")
+	eng, reps := startFilesystemVolume(t, dir, "--frontend", "fuse", "--fuse-dir", fuseDir)
+	dev := eng.endpoint
+	if !strings.HasPrefix(dev, "/dev/loop") {
+		t.Fatalf("endpoint %q is not a loop device", dev)
+	}
+	// The loop device is backed by the volume file in the FUSE mount.
+	if out := sh(t, "losetup", "--list", "--noheadings", "--output", "BACK-FILE", dev); strings.TrimSpace(out) != filepath.Join(fuseDir, "vol") {
+		t.Fatalf("%s is backed by %q", dev, out)
+	}
+	filesystemThroughFailure(t, dir, dev, eng, reps)
 
 	eng.cmd.Process.Signal(syscall.SIGTERM)
 	if code := eng.waitExit(t); code != 0 {

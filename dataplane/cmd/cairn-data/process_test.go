@@ -22,16 +22,18 @@ import (
 
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/internal/uml"
 )
 
 // TestMain lets tests run this package's main code as a real child
 // process: with CAIRN_DATA_EXEC=1 the test binary acts as cairn-data.
+// Inside User-Mode Linux (the *InUML tests) it is init.
 func TestMain(m *testing.M) {
 	if os.Getenv("CAIRN_DATA_EXEC") == "1" {
 		main()
 		return
 	}
-	os.Exit(m.Run())
+	os.Exit(uml.Main(m))
 }
 
 // proc is a running cairn-data child process.

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cairn-io/cairn/dataplane/internal/uml"
 )
 
 // TestConnectMessageLayout checks NBD_CMD_CONNECT's attributes byte for
@@ -283,4 +285,19 @@ func TestPipelinedReplies(t *testing.T) {
 			t.Fatalf("reply for handle %d carries another block's data", h)
 		}
 	}
+}
+
+// TestMain lets TestConnectKernelInUML run this package's tests as init
+// of a User-Mode Linux kernel.
+func TestMain(m *testing.M) { os.Exit(uml.Main(m)) }
+
+// TestConnectKernelInUML runs TestConnectKernel inside User-Mode Linux
+// with the nbd module loaded, so the netlink attach, I/O on /dev/nbdN and
+// the disconnect meet the kernel's real nbd driver on every host,
+// including those (like CI's) whose kernel has none.
+func TestConnectKernelInUML(t *testing.T) {
+	if uml.Inside() {
+		t.Skip("already inside UML")
+	}
+	uml.Run(t, uml.Options{Tests: "^TestConnectKernel$", Want: []string{"TestConnectKernel"}, Modules: []string{"nbd"}})
 }

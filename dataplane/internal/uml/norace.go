@@ -1,0 +1,5 @@
+//go:build !race
+
+package uml
+
+const raceEnabled = false
