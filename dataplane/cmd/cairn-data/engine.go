@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -37,45 +38,97 @@ type frontend struct {
 	stop     func()
 }
 
-// startNBD serves the volume on the unix socket sock and, unless kernel is
-// "off", attaches it to a /dev/nbdN through the kernel's nbd driver; the
-// device is then the endpoint. With "auto" a host without the driver (or
-// without the privilege) gets the socket as the endpoint, and the log says
-// why; with "on" that is an error.
-func startNBD(e *engine.Engine, name, sock, kernel string, buffers *shm.Arena, log func(string)) (*frontend, error) {
+// nbdClaim is what the nbd frontend takes before the engine opens the
+// replicas, which fences out whatever engine had them (it bumps their
+// epoch): the NBD socket and, where the kernel device will be used, the
+// volume's device lock. A second engine started by mistake for a running
+// volume fails here and leaves the running one alone.
+type nbdClaim struct {
+	name, sock, kernel string
+	l                  net.Listener
+	// lock is the abstract unix socket "@cairn-nbd/NAME", held while this
+	// engine may own the volume's /dev/nbdN (the kernel frees it when the
+	// process dies, however it dies); nil without a kernel device.
+	lock net.Listener
+	// noDevice says why there is no kernel device (nil with one, or
+	// with --nbd-kernel off).
+	noDevice error
+}
+
+// claimNBD takes the socket and, unless kernel is "off" or the kernel has
+// no nbd driver, the device lock.
+func claimNBD(name, sock, kernel string) (*nbdClaim, error) {
 	if sock == "" {
 		return nil, errors.New("--frontend nbd needs --nbd-socket PATH")
+	}
+	c := &nbdClaim{name: name, sock: sock, kernel: kernel}
+	if kernel != "off" {
+		c.noDevice = nbd.KernelDriver()
+		if c.noDevice != nil && kernel == "on" {
+			return nil, fmt.Errorf("--nbd-kernel on: %w", c.noDevice)
+		}
 	}
 	l, err := listenUnix("--nbd-socket", sock)
 	if err != nil {
 		return nil, err
 	}
-	s := nbd.NewServer(e, nbd.Options{ExportName: name, Buffers: buffers})
+	c.l = l
+	if kernel != "off" && c.noDevice == nil {
+		lock, err := net.Listen("unix", "@cairn-nbd/"+name)
+		if err != nil {
+			c.release()
+			return nil, fmt.Errorf("volume %s: another engine on this node owns its /dev/nbdN (it holds the abstract socket @cairn-nbd/%s: %v); stop that engine first", name, name, err)
+		}
+		c.lock = lock
+	}
+	return c, nil
+}
+
+// release gives the claim up (when the engine stops, or fails to start).
+func (c *nbdClaim) release() {
+	c.l.Close()
+	os.Remove(c.sock)
+	if c.lock != nil {
+		c.lock.Close()
+	}
+}
+
+// startNBD serves the volume on the claimed socket and, where the claim
+// holds the device lock, attaches it to a /dev/nbdN through the kernel's
+// nbd driver; the device is then the endpoint. With --nbd-kernel auto a
+// host without the driver (or without the privilege) gets the socket as
+// the endpoint, and the log says why; with "on" that is an error.
+func startNBD(e *engine.Engine, c *nbdClaim, reattachWait time.Duration, buffers *shm.Arena, log func(string)) (*frontend, error) {
+	s := nbd.NewServer(e, nbd.Options{ExportName: c.name, Buffers: buffers})
 	go func() {
-		if err := s.Serve(l); err != nil {
+		if err := s.Serve(c.l); err != nil {
 			log("nbd listener failed: " + err.Error())
 		}
 	}()
-	f := &frontend{endpoint: sock, socket: sock, stop: func() { l.Close(); s.Close(); os.Remove(sock) }}
+	f := &frontend{endpoint: c.sock, socket: c.sock, stop: func() { s.Close(); c.release() }}
 	f.inUse = func() string {
 		if n := s.Clients(); n > 0 {
 			return fmt.Sprintf("%d NBD client connection(s)", n)
 		}
 		return ""
 	}
-	if kernel == "off" {
+	if c.kernel == "off" {
 		return f, nil
 	}
-	kd, err := nbd.ConnectKernel(s, nbd.KernelOptions{Backend: name})
+	if c.noDevice != nil {
+		log("no /dev/nbdN, serving the NBD socket " + c.sock + " only: " + c.noDevice.Error())
+		return f, nil
+	}
+	kd, err := attachKernel(s, c.name, reattachWait, log)
 	if err != nil {
-		if kernel == "on" {
+		var owned *deviceOwnedError
+		if c.kernel == "on" || errors.As(err, &owned) {
 			f.stop()
-			return nil, fmt.Errorf("--nbd-kernel on: %w", err)
+			return nil, fmt.Errorf("--nbd-kernel %s: %w", c.kernel, err)
 		}
-		log("no /dev/nbdN, serving the NBD socket " + sock + " only: " + err.Error())
+		log("no /dev/nbdN, serving the NBD socket " + c.sock + " only: " + err.Error())
 		return f, nil
 	}
-	log("attached " + kd.Path() + " through the kernel's nbd driver")
 	f.endpoint = kd.Path()
 	f.inUse = func() string { return "attached as " + kd.Path() }
 	stopSocket := f.stop
@@ -86,6 +139,38 @@ func startNBD(e *engine.Engine, name, sock, kernel string, buffers *shm.Arena, l
 		stopSocket()
 	}
 	return f, nil
+}
+
+// deviceOwnedError: the volume's /dev/nbdN exists and this engine cannot
+// take it; serving the socket alone would leave whatever uses the device
+// without a server, so even --nbd-kernel auto stops.
+type deviceOwnedError struct{ error }
+
+func (e *deviceOwnedError) Unwrap() error { return e.error }
+
+// attachKernel attaches the volume to a /dev/nbdN, or reattaches the one
+// an engine of the same volume left behind when it died: a device whose
+// backend is the volume's name and which is still configured (the caller
+// holds the volume's device lock, so that engine is gone). The kernel
+// holds that device's I/O for up to reattachWait after its engine died, so
+// a filesystem mounted on it carries on once the new engine is up.
+func attachKernel(s *nbd.Server, name string, reattachWait time.Duration, log func(string)) (*nbd.KernelDevice, error) {
+	opts := nbd.KernelOptions{Backend: name, DeadConnTimeoutSeconds: uint64((reattachWait + time.Second - 1) / time.Second)}
+	if index, found := nbd.FindKernelDevice(name); found {
+		kd, err := nbd.ReattachKernel(s, index, opts)
+		if err != nil {
+			return nil, &deviceOwnedError{fmt.Errorf("/dev/nbd%d belongs to volume %s, left by an engine that stopped without detaching it, and reattaching it failed: %w; "+
+				"release it with `nbd-client -d /dev/nbd%d` (writes it holds are lost) and start the engine again", index, name, err, index)}
+		}
+		log(fmt.Sprintf("reattached %s, left attached by an engine of volume %s that stopped without detaching it; the I/O it held goes on", kd.Path(), name))
+		return kd, nil
+	}
+	kd, err := nbd.ConnectKernel(s, opts)
+	if err != nil {
+		return nil, err
+	}
+	log("attached " + kd.Path() + " through the kernel's nbd driver")
+	return kd, nil
 }
 
 func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -99,6 +184,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fe := fs.String("frontend", "nbd", "how to expose the volume: nbd or fuse")
 	sock := fs.String("nbd-socket", "", "unix socket path for the nbd frontend")
 	nbdKernel := fs.String("nbd-kernel", "auto", "attach the nbd frontend to a /dev/nbdN through the kernel's nbd driver: auto (if the host has it), on (required), off (socket only)")
+	reattachWait := fs.Duration("nbd-reattach-wait", 2*time.Minute, "if the engine dies, how long the kernel holds /dev/nbdN's I/O for a restarted engine to reattach it (0: fail the I/O at once)")
 	fuseDir := fs.String("fuse-dir", "", "mount directory for the fuse frontend")
 	listenAddr := fs.String("listen", "", "host:port for the gRPC control API (default: none)")
 	sharedFlag := fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for NBD writes to reach them without a socket copy; 0 turns it off")
@@ -131,6 +217,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if *nbdKernel != "auto" && *nbdKernel != "on" && *nbdKernel != "off" {
 		return fail("--nbd-kernel %q: use auto, on or off", *nbdKernel)
 	}
+	if *reattachWait < 0 {
+		return fail("--nbd-reattach-wait %v: give a duration of 0 or more", *reattachWait)
+	}
 	shared, err := parseSize(*sharedFlag)
 	if err != nil || shared < 0 || shared > 1<<31 {
 		return fail("--shared-memory %q: give a size up to 2Gi, e.g. 32Mi, or 0 for none", *sharedFlag)
@@ -152,6 +241,21 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			defer region.Close() // after the engine and the frontend (deferred later)
 		}
 	}
+	// The frontend's exclusive parts first: opening the replicas fences
+	// out any engine that has them, so a second engine for a running
+	// volume must fail before that.
+	var claim *nbdClaim
+	if *fe == "nbd" {
+		if claim, err = claimNBD(*name, *sock, *nbdKernel); err != nil {
+			return fail("%v", err)
+		}
+	}
+	started := false
+	defer func() {
+		if claim != nil && !started {
+			claim.release()
+		}
+	}()
 	octx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	e, err := engine.Open(octx, engine.Options{
@@ -169,7 +273,8 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		if region != nil {
 			go releaseIdle(ctx, arena, releaseIdleEvery, log)
 		}
-		f, err = startNBD(e, *name, *sock, *nbdKernel, arena, func(m string) { log.Info(m) })
+		f, err = startNBD(e, claim, *reattachWait, arena, func(m string) { log.Info(m) })
+		started = true // the frontend releases the claim, also when it failed
 	case "fuse":
 		if *fuseDir == "" {
 			return fail("--frontend fuse needs --fuse-dir DIR")

@@ -273,8 +273,14 @@ func TestEngineSurvivesReplicaKillUnderFio(t *testing.T) {
 	if len(fields) < 5 || fields[4] != "0" { // terse v3: field 5 is the error count
 		t.Fatalf("fio reported errors: %s", out.String())
 	}
-	if r := v.ctl(t, "replicas"); strings.Count(r, "ERR") != 1 || strings.Count(r, "RW") != 2 {
-		t.Fatalf("replicas after the kill:\n%s", r)
+	// fio may end before a write reaches the dead replica; the engine then
+	// finds it at its next liveness ping (every 2 s).
+	deadline = time.Now().Add(15 * time.Second)
+	for r := v.ctl(t, "replicas"); strings.Count(r, "ERR") != 1 || strings.Count(r, "RW") != 2; r = v.ctl(t, "replicas") {
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas after the kill:\n%s", r)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if info := v.ctl(t, "info"); !strings.Contains(info, "degraded") {
 		t.Fatalf("info after the kill: %s", info)

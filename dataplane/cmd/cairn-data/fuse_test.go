@@ -42,10 +42,10 @@ func loopAttached(dev string) bool {
 }
 
 // startFilesystemVolume starts three 256 MiB replicas and an engine with
-// the given frontend arguments.
-func startFilesystemVolume(t *testing.T, dir string, frontend ...string) (eng *proc, reps []*proc) {
+// the given frontend arguments; args start the same engine again.
+func startFilesystemVolume(t *testing.T, dir string, frontend ...string) (eng *proc, reps []*proc, args []string) {
 	t.Helper()
-	args := append([]string{"engine", "--name", "vol"}, frontend...)
+	args = append([]string{"engine", "--name", "vol"}, frontend...)
 	args = append(args, "--replica-timeout", "3s", "--listen", "127.0.0.1:0")
 	for i := range 3 {
 		p := start(t, "replica", "--dir", filepath.Join(dir, fmt.Sprint("r", i)), "--size", "256Mi",
@@ -53,7 +53,33 @@ func startFilesystemVolume(t *testing.T, dir string, frontend ...string) (eng *p
 		reps = append(reps, p)
 		args = append(args, "--replica", p.data+","+p.control)
 	}
-	return start(t, args...), reps
+	return start(t, args...), reps, args
+}
+
+// writeFiles writes files f<from>..f<to-1> of 160 KB each into mnt and
+// syncs the filesystem.
+func writeFiles(mnt string, from, to int) error {
+	for i := from; i < to; i++ {
+		data := []byte(strings.Repeat(fmt.Sprintf("file %d ", i), 20000))
+		if err := os.WriteFile(filepath.Join(mnt, fmt.Sprintf("f%03d", i)), data, 0o644); err != nil {
+			return err
+		}
+	}
+	if out, err := exec.Command("sync", "-f", mnt).CombinedOutput(); err != nil {
+		return fmt.Errorf("sync: %v: %s", err, out)
+	}
+	return nil
+}
+
+// checkFiles reads back what writeFiles wrote.
+func checkFiles(t *testing.T, mnt string, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		b, err := os.ReadFile(filepath.Join(mnt, fmt.Sprintf("f%03d", i)))
+		if err != nil || !strings.HasPrefix(string(b), fmt.Sprintf("file %d ", i)) || len(b) != len(fmt.Sprintf("file %d ", i))*20000 {
+			t.Fatalf("file %d: %v (%d bytes)", i, err, len(b))
+		}
+	}
 }
 
 // filesystemThroughFailure puts ext4 on the engine's block device dev,
@@ -68,25 +94,16 @@ func filesystemThroughFailure(t *testing.T, dir, dev string, eng *proc, reps []*
 	os.MkdirAll(mnt, 0o755)
 	sh(t, "mount", dev, mnt)
 	write := func(from, to int) {
-		for i := from; i < to; i++ {
-			data := []byte(strings.Repeat(fmt.Sprintf("file %d ", i), 20000))
-			if err := os.WriteFile(filepath.Join(mnt, fmt.Sprintf("f%03d", i)), data, 0o644); err != nil {
-				t.Fatal(err)
-			}
+		if err := writeFiles(mnt, from, to); err != nil {
+			t.Fatal(err)
 		}
-		sh(t, "sync", "-f", mnt)
 	}
 	write(0, 20)
 	t.Logf("20 files written and synced through %s", dev)
 	reps[2].cmd.Process.Kill() // a replica dies under the filesystem
 	reps[2].waitExit(t)
 	write(20, 40)
-	for i := 0; i < 40; i++ {
-		b, err := os.ReadFile(filepath.Join(mnt, fmt.Sprintf("f%03d", i)))
-		if err != nil || !strings.HasPrefix(string(b), fmt.Sprintf("file %d ", i)) || len(b) != len(fmt.Sprintf("file %d ", i))*20000 {
-			t.Fatalf("file %d: %v (%d bytes)", i, err, len(b))
-		}
-	}
+	checkFiles(t, mnt, 0, 40)
 	v := &volume{engine: eng}
 	if r := v.ctl(t, "replicas"); strings.Count(r, "ERR") != 1 {
 		t.Fatalf("the killed replica is not ERR:\n%s", r)
@@ -104,7 +121,7 @@ func TestFUSEFrontendFilesystem(t *testing.T) {
 	needTool(t, "mkfs.ext4")
 	dir := t.TempDir()
 	fuseDir := filepath.Join(dir, "fuse")
-	eng, reps := startFilesystemVolume(t, dir, "--frontend", "fuse", "--fuse-dir", fuseDir)
+	eng, reps, _ := startFilesystemVolume(t, dir, "--frontend", "fuse", "--fuse-dir", fuseDir)
 	dev := eng.endpoint
 	if !strings.HasPrefix(dev, "/dev/loop") {
 		t.Fatalf("endpoint %q is not a loop device", dev)

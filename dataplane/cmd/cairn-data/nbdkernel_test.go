@@ -2,10 +2,13 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cairn-io/cairn/dataplane/internal/uml"
 )
@@ -23,7 +26,7 @@ func TestNBDKernelFilesystem(t *testing.T) {
 		t.Skip("no nbd driver in this kernel: TestNBDKernelFilesystemInUML runs this test inside User-Mode Linux")
 	}
 	dir := t.TempDir()
-	eng, reps := startFilesystemVolume(t, dir, "--frontend", "nbd", "--nbd-socket", filepath.Join(dir, "vol.sock"), "--nbd-kernel", "on")
+	eng, reps, _ := startFilesystemVolume(t, dir, "--frontend", "nbd", "--nbd-socket", filepath.Join(dir, "vol.sock"), "--nbd-kernel", "on")
 	dev := eng.endpoint
 	if !strings.HasPrefix(dev, "/dev/nbd") {
 		t.Fatalf("endpoint %q is not an nbd device", dev)
@@ -61,12 +64,99 @@ func TestNBDKernelFilesystem(t *testing.T) {
 	}
 }
 
-// TestNBDKernelFilesystemInUML runs TestNBDKernelFilesystem inside
+// TestNBDKernelEngineRestart: an engine SIGKILLed under a mounted
+// filesystem leaves /dev/nbdN configured, and the kernel holds the I/O
+// issued meanwhile; an engine started again for the volume reattaches the
+// same device, the held writes complete, and the filesystem is whole
+// (every file reads back, e2fsck clean). A second engine for the volume
+// while one owns the device is refused.
+func TestNBDKernelEngineRestart(t *testing.T) {
+	needRoot(t)
+	needTool(t, "mkfs.ext4")
+	if _, err := os.Stat("/sys/module/nbd"); err != nil {
+		t.Skip("no nbd driver in this kernel: TestNBDKernelEngineRestartInUML runs this test inside User-Mode Linux")
+	}
+	dir := t.TempDir()
+	eng, _, args := startFilesystemVolume(t, dir, "--frontend", "nbd", "--nbd-socket", filepath.Join(dir, "vol.sock"), "--nbd-kernel", "auto")
+	dev := eng.endpoint
+	if !strings.HasPrefix(dev, "/dev/nbd") {
+		t.Fatalf("endpoint %q is not an nbd device", dev)
+	}
+	sys := filepath.Join("/sys/block", filepath.Base(dev))
+	mnt := filepath.Join(dir, "mnt")
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	sh(t, "mkfs.ext4", "-q", "-F", dev)
+	os.MkdirAll(mnt, 0o755)
+	sh(t, "mount", dev, mnt)
+	if err := writeFiles(mnt, 0, 10); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another engine for the same volume (on another socket) must not take
+	// the device, even with --nbd-kernel auto.
+	dup := slices.Clone(args)
+	dup[slices.Index(dup, "--nbd-socket")+1] = filepath.Join(dir, "dup.sock")
+	if code, stderr := runExit(t, dup...); code == 0 || !strings.Contains(stderr, "another engine on this node owns its /dev/nbdN") {
+		t.Fatalf("a second engine for the volume: exit %d\n%s", code, stderr)
+	}
+	// It failed before opening the replicas, which would have fenced the
+	// running engine out: writes still go through.
+	if err := writeFiles(mnt, 10, 12); err != nil {
+		t.Fatalf("writing after a second engine was refused: %v\n%s", err, kernelLog())
+	}
+
+	eng.cmd.Process.Kill()
+	eng.waitExit(t)
+	if _, err := os.Stat(filepath.Join(sys, "pid")); err != nil {
+		t.Fatalf("%s was detached when its engine died: %v", dev, err)
+	}
+	// Files written now wait in the kernel for an engine.
+	held := make(chan error, 1)
+	go func() { held <- writeFiles(mnt, 12, 20) }()
+
+	eng2 := start(t, args...)
+	if eng2.endpoint != dev {
+		t.Fatalf("the restarted engine's endpoint is %q, want the device it left, %s", eng2.endpoint, dev)
+	}
+	if !strings.Contains(eng2.stderr.String(), "reattached "+dev) {
+		t.Fatalf("the restarted engine did not say it reattached %s:\n%s", dev, eng2.stderr.String())
+	}
+	select {
+	case err := <-held:
+		if err != nil {
+			t.Fatalf("writing while the engine restarted: %v\nengine:\n%s\nkernel:\n%s", err, eng2.stderr.String(), kernelLog())
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the writes held while the engine was gone did not complete after it came back\nkernel:\n%s", kernelLog())
+	}
+	checkFiles(t, mnt, 0, 20)
+	sh(t, "umount", mnt)
+	t.Log(sh(t, "e2fsck", "-fn", dev))
+
+	eng2.cmd.Process.Signal(syscall.SIGTERM)
+	if code := eng2.waitExit(t); code != 0 {
+		t.Fatalf("engine exit %d\n%s", code, eng2.stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(sys, "pid")); err == nil {
+		t.Fatalf("%s is still connected after the engine's SIGTERM", dev)
+	}
+}
+
+// kernelLog is the end of the kernel's log, for a failure's message.
+func kernelLog() string {
+	out, _ := exec.Command("dmesg").CombinedOutput()
+	l := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return strings.Join(l[max(0, len(l)-25):], "\n")
+}
+
+// TestNBDKernelFilesystemInUML runs TestNBDKernelFilesystem and
+// TestNBDKernelEngineRestart inside
 // User-Mode Linux with the nbd module loaded: the real kernel driver under
 // a real filesystem, on hosts whose kernel has no nbd driver (CI's).
 func TestNBDKernelFilesystemInUML(t *testing.T) {
 	if uml.Inside() {
 		t.Skip("already inside UML")
 	}
-	uml.Run(t, uml.Options{Tests: "^TestNBDKernelFilesystem$", Want: []string{"TestNBDKernelFilesystem"}, Modules: []string{"nbd"}})
+	uml.Run(t, uml.Options{Tests: "^(TestNBDKernelFilesystem|TestNBDKernelEngineRestart)$",
+		Want: []string{"TestNBDKernelFilesystem", "TestNBDKernelEngineRestart"}, Modules: []string{"nbd"}})
 }

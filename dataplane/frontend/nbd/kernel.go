@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -21,16 +24,18 @@ const (
 	nbdFamily  = "nbd"
 	nbdVersion = 1
 
-	nbdCmdConnect    = 1
-	nbdCmdDisconnect = 2
+	nbdCmdConnect     = 1
+	nbdCmdDisconnect  = 2
+	nbdCmdReconfigure = 3
 
-	nbdAttrIndex          = 1 // u32
-	nbdAttrSizeBytes      = 2 // u64
-	nbdAttrBlockSizeBytes = 3 // u64
-	nbdAttrTimeout        = 4 // u64, seconds
-	nbdAttrServerFlags    = 5 // u64
-	nbdAttrSockets        = 7 // nested NBD_SOCK_ITEMs
-	nbdAttrBackend        = 10
+	nbdAttrIndex           = 1 // u32
+	nbdAttrSizeBytes       = 2 // u64
+	nbdAttrBlockSizeBytes  = 3 // u64
+	nbdAttrTimeout         = 4 // u64, seconds
+	nbdAttrServerFlags     = 5 // u64
+	nbdAttrSockets         = 7 // nested NBD_SOCK_ITEMs
+	nbdAttrDeadConnTimeout = 8 // u64, seconds
+	nbdAttrBackend         = 10
 
 	nbdSockItem = 1 // nested
 	nbdSockFD   = 1 // u32
@@ -43,6 +48,22 @@ const (
 // clients.
 var ErrNoKernelNBD = errors.New("the kernel has no nbd driver (load it with `modprobe nbd`, or use the NBD socket or --frontend fuse)")
 
+// KernelDriver reports whether the kernel has the nbd driver: nil, an
+// error wrapping ErrNoKernelNBD, or why netlink could not tell.
+func KernelDriver() error {
+	nl, err := dialGenl()
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer nl.close()
+	if _, err := nl.familyID(nbdFamily); errors.Is(err, unix.ENOENT) {
+		return ErrNoKernelNBD
+	} else if err != nil {
+		return fmt.Errorf("netlink: looking up the nbd family: %w", err)
+	}
+	return nil
+}
+
 // KernelOptions configure ConnectKernel.
 type KernelOptions struct {
 	// Conns is how many sockets the kernel gets (it spreads requests over
@@ -51,8 +72,13 @@ type KernelOptions struct {
 	// TimeoutSeconds is the kernel's per-request timeout; 0 keeps its
 	// default (30 s).
 	TimeoutSeconds uint64
-	// Backend names the device's backend in sysfs (the volume name).
+	// Backend names the device's backend in sysfs (the volume name);
+	// FindKernelDevice finds the device by it.
 	Backend string
+	// DeadConnTimeoutSeconds is how long the kernel holds I/O once every
+	// connection is gone (the engine died), waiting for a new engine to
+	// reattach the device with ReattachKernel; 0 fails that I/O at once.
+	DeadConnTimeoutSeconds uint64
 }
 
 // KernelDevice is a /dev/nbdN connected to a Server.
@@ -74,6 +100,22 @@ func (d *KernelDevice) Path() string { return fmt.Sprintf("/dev/nbd%d", d.Index)
 // the driver is missing, and the kernel's error (EPERM without
 // CAP_SYS_ADMIN, ...) otherwise.
 func ConnectKernel(s *Server, opts KernelOptions) (*KernelDevice, error) {
+	return attach(s, -1, opts)
+}
+
+// ReattachKernel gives /dev/nbd<index>, still configured but with every
+// connection dead (its engine was killed), new connections served by s:
+// the I/O the kernel held while waiting (see
+// KernelOptions.DeadConnTimeoutSeconds) and the requests the dead engine
+// never answered go to s, and whatever has the device open or mounted
+// carries on. s must serve the same volume: the kernel keeps the size
+// and flags it had.
+func ReattachKernel(s *Server, index int, opts KernelOptions) (*KernelDevice, error) {
+	return attach(s, index, opts)
+}
+
+// attach connects (index < 0) or reconfigures /dev/nbd<index>.
+func attach(s *Server, index int, opts KernelOptions) (*KernelDevice, error) {
 	if opts.Conns <= 0 {
 		opts.Conns = 4
 	}
@@ -116,25 +158,59 @@ func ConnectKernel(s *Server, opts KernelOptions) (*KernelDevice, error) {
 		}
 		d.conns = append(d.conns, c)
 	}
-	msg := connectMessage(uint64(s.dev.Size()), uint64(s.TransmissionFlags()), opts, kernelEnds)
-	reply, err := nl.request(family, nbdCmdConnect, msg)
-	if errors.Is(err, unix.EPERM) {
-		return nil, fmt.Errorf("connecting /dev/nbdN: %w (it needs root or CAP_SYS_ADMIN)", err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("connecting /dev/nbdN: %w", err)
-	}
-	index, ok := findU32(reply, nbdAttrIndex)
-	if !ok {
-		return nil, errors.New("connecting /dev/nbdN: the kernel's reply carries no device index")
+	what := "connecting /dev/nbdN"
+	if index >= 0 {
+		what = fmt.Sprintf("reattaching /dev/nbd%d", index)
+		msg := reconfigureMessage(uint32(index), opts, kernelEnds)
+		if _, err := nl.request(family, nbdCmdReconfigure, msg); err != nil {
+			return nil, kernelError(what, err)
+		}
+	} else {
+		msg := connectMessage(uint64(s.dev.Size()), uint64(s.TransmissionFlags()), opts, kernelEnds)
+		reply, err := nl.request(family, nbdCmdConnect, msg)
+		if err != nil {
+			return nil, kernelError(what, err)
+		}
+		i, ok := findU32(reply, nbdAttrIndex)
+		if !ok {
+			return nil, errors.New("connecting /dev/nbdN: the kernel's reply carries no device index")
+		}
+		index = int(i)
 	}
 	connected = true
-	d.Index = int(index)
+	d.Index = index
 	for _, c := range d.conns {
 		d.done.Add(1)
 		go func() { defer d.done.Done(); s.ServeTransmission(c) }()
 	}
 	return d, nil
+}
+
+func kernelError(what string, err error) error {
+	if errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("%s: %w (it needs root or CAP_SYS_ADMIN)", what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// FindKernelDevice returns the index of the configured /dev/nbdN whose
+// backend (KernelOptions.Backend) is name, from sysfs.
+func FindKernelDevice(name string) (index int, found bool) {
+	matches, _ := filepath.Glob("/sys/block/nbd*/backend")
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil || strings.TrimSpace(string(b)) != name {
+			continue
+		}
+		dir := filepath.Dir(m)
+		if _, err := os.Stat(filepath.Join(dir, "pid")); err != nil {
+			continue // not connected
+		}
+		if i, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(dir), "nbd")); err == nil {
+			return i, true
+		}
+	}
+	return 0, false
 }
 
 // Disconnect detaches /dev/nbdN: the kernel fails new I/O, closes its
@@ -169,9 +245,36 @@ func connectMessage(size, serverFlags uint64, opts KernelOptions, fds []int) att
 	if opts.TimeoutSeconds > 0 {
 		b.u64(nbdAttrTimeout, opts.TimeoutSeconds)
 	}
+	if opts.DeadConnTimeoutSeconds > 0 {
+		b.u64(nbdAttrDeadConnTimeout, opts.DeadConnTimeoutSeconds)
+	}
 	if opts.Backend != "" {
 		b.str(nbdAttrBackend, opts.Backend)
 	}
+	putSockets(&b, fds)
+	return b
+}
+
+// reconfigureMessage is NBD_CMD_RECONFIGURE's attributes: the device, its
+// backend (the kernel refuses a reconfigure without the one the device
+// was connected with) and sockets to replace its dead ones.
+func reconfigureMessage(index uint32, opts KernelOptions, fds []int) attrs {
+	var b attrs
+	b.u32(nbdAttrIndex, index)
+	if opts.Backend != "" {
+		b.str(nbdAttrBackend, opts.Backend)
+	}
+	if opts.TimeoutSeconds > 0 {
+		b.u64(nbdAttrTimeout, opts.TimeoutSeconds)
+	}
+	if opts.DeadConnTimeoutSeconds > 0 {
+		b.u64(nbdAttrDeadConnTimeout, opts.DeadConnTimeoutSeconds)
+	}
+	putSockets(&b, fds)
+	return b
+}
+
+func putSockets(b *attrs, fds []int) {
 	socks := b.nest(nbdAttrSockets)
 	for _, fd := range fds {
 		item := b.nest(nbdSockItem)
@@ -179,7 +282,6 @@ func connectMessage(size, serverFlags uint64, opts KernelOptions, fds []int) att
 		b.end(item)
 	}
 	b.end(socks)
-	return b
 }
 
 // attrs builds netlink attributes: {len u16, type u16, value, pad to 4},

@@ -6,24 +6,38 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/cairn-io/cairn/dataplane/internal/uml"
 )
 
-// TestConnectMessageLayout checks NBD_CMD_CONNECT's attributes byte for
+// TestConnectMessageLayout checks NBD_CMD_CONNECT's and
+// NBD_CMD_RECONFIGURE's attributes byte for
 // byte against linux/nbd-netlink.h: {len, type} headers in host order,
 // values padded to 4 bytes, sockets nested as ITEM{FD}.
 func TestConnectMessageLayout(t *testing.T) {
-	got := connectMessage(1<<30, 0x16d, KernelOptions{TimeoutSeconds: 30, Backend: "vol"}, []int{7, 9})
+	opts := KernelOptions{TimeoutSeconds: 30, Backend: "vol", DeadConnTimeoutSeconds: 120}
+	got := connectMessage(1<<30, 0x16d, opts, []int{7, 9})
 	var want []byte
 	ne := binary.NativeEndian
 	hdr := func(n, typ uint16) { want = ne.AppendUint16(ne.AppendUint16(want, n), typ) }
+	sockets := func() {
+		hdr(4+2*12, 7|0x8000) // SOCKETS, nested
+		for _, fd := range []uint32{7, 9} {
+			hdr(12, 1|0x8000) // SOCK_ITEM, nested
+			hdr(8, 1)         // SOCK_FD
+			want = ne.AppendUint32(want, fd)
+		}
+	}
 	hdr(12, 2) // SIZE_BYTES
 	want = ne.AppendUint64(want, 1<<30)
 	hdr(12, 3) // BLOCK_SIZE_BYTES
@@ -32,16 +46,30 @@ func TestConnectMessageLayout(t *testing.T) {
 	want = ne.AppendUint64(want, 0x16d)
 	hdr(12, 4) // TIMEOUT
 	want = ne.AppendUint64(want, 30)
+	hdr(12, 8) // DEAD_CONN_TIMEOUT
+	want = ne.AppendUint64(want, 120)
 	hdr(8, 10) // BACKEND_IDENTIFIER "vol\0"
 	want = append(want, 'v', 'o', 'l', 0)
-	hdr(4+2*12, 7|0x8000) // SOCKETS, nested
-	for _, fd := range []uint32{7, 9} {
-		hdr(12, 1|0x8000) // SOCK_ITEM, nested
-		hdr(8, 1)         // SOCK_FD
-		want = ne.AppendUint32(want, fd)
-	}
+	sockets()
 	if !bytes.Equal(got, want) {
 		t.Fatalf("connect attributes\n got %x\nwant %x", []byte(got), want)
+	}
+
+	// NBD_CMD_RECONFIGURE: the index, the backend (the kernel requires
+	// the device's own), the timeouts, new sockets; no size or flags.
+	got = reconfigureMessage(3, opts, []int{7, 9})
+	want = nil
+	hdr(8, 1) // INDEX
+	want = ne.AppendUint32(want, 3)
+	hdr(8, 10)
+	want = append(want, 'v', 'o', 'l', 0)
+	hdr(12, 4)
+	want = ne.AppendUint64(want, 30)
+	hdr(12, 8)
+	want = ne.AppendUint64(want, 120)
+	sockets()
+	if !bytes.Equal(got, want) {
+		t.Fatalf("reconfigure attributes\n got %x\nwant %x", []byte(got), want)
 	}
 }
 
@@ -230,6 +258,133 @@ func TestConnectKernel(t *testing.T) {
 	if err := kd.Disconnect(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// openDirect opens a block device for O_DIRECT I/O, polling while its
+// node appears (udev or devtmpfs create it asynchronously).
+func openDirect(t *testing.T, path string) *os.File {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|unix.O_DIRECT, 0)
+		if err == nil {
+			return f
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// alignedBlock is a 4 KiB-aligned buffer of n bytes of v, for O_DIRECT.
+func alignedBlock(n int, v byte) []byte {
+	b := make([]byte, n+4096)
+	off := 4096 - int(uintptr(unsafe.Pointer(&b[0]))%4096)
+	b = b[off%4096 : off%4096+n]
+	for i := range b {
+		b[i] = v
+	}
+	return b
+}
+
+// TestReattachKernel: when the engine serving /dev/nbdN dies (its
+// sockets close without a disconnect), the device stays configured and
+// holds new I/O; FindKernelDevice finds it by backend name, and
+// ReattachKernel with a new server completes the held write and serves
+// the old data.
+func TestReattachKernel(t *testing.T) {
+	dev := &memDevice{data: make([]byte, 16<<20)}
+	s1 := NewServer(dev, Options{})
+	opts := KernelOptions{Conns: 2, Backend: "cairn-reattach", DeadConnTimeoutSeconds: 60}
+	kd, err := ConnectKernel(s1, opts)
+	if errors.Is(err, ErrNoKernelNBD) {
+		t.Skipf("no kernel nbd driver here (TestReattachKernelInUML runs this inside User-Mode Linux): %v", err)
+	}
+	if errors.Is(err, unix.EPERM) {
+		t.Skipf("not allowed to configure nbd devices: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := openDirect(t, kd.Path())
+	defer f.Close()
+	if _, err := f.WriteAt(alignedBlock(64<<10, 0xa1), 0); err != nil {
+		t.Fatal(err)
+	}
+	// The engine dies: its ends of the sockets close, nobody disconnects.
+	kd.closeConns()
+	kd.done.Wait()
+	kd.nl.close()
+	s1.Close()
+
+	index, found := FindKernelDevice("cairn-reattach")
+	if !found || index != kd.Index {
+		t.Fatalf("FindKernelDevice: %d, %v; want %d", index, found, kd.Index)
+	}
+	if _, found := FindKernelDevice("cairn-nosuch"); found {
+		t.Fatal("FindKernelDevice found a backend nobody has")
+	}
+	pid, _ := os.ReadFile(fmt.Sprintf("/sys/block/nbd%d/pid", index))
+	t.Logf("orphaned /dev/nbd%d, pid file %q", index, strings.TrimSpace(string(pid)))
+
+	held := make(chan error, 1)
+	go func() {
+		_, err := f.WriteAt(alignedBlock(64<<10, 0xb2), 1<<20)
+		held <- err
+	}()
+	s2 := NewServer(dev, Options{})
+	defer s2.Close()
+	kd2, err := ReattachKernel(s2, index, opts)
+	if err != nil {
+		out, _ := exec.Command("dmesg").CombinedOutput()
+		t.Fatalf("%v\n%s", err, tailLines(string(out), 15))
+	}
+	defer kd2.Disconnect()
+	select {
+	case err := <-held:
+		if err != nil {
+			t.Fatalf("the write held while no engine served: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held write did not complete after the reattach")
+	}
+	dev.mu.Lock()
+	ok := bytes.Equal(dev.data[1<<20:1<<20+64<<10], bytes.Repeat([]byte{0xb2}, 64<<10))
+	dev.mu.Unlock()
+	if !ok {
+		t.Fatal("the held write did not reach the new server")
+	}
+	got := alignedBlock(64<<10, 0)
+	if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{0xa1}, 64<<10)) {
+		t.Fatalf("reading the first engine's write through the new one: %v", err)
+	}
+	pid, _ = os.ReadFile(fmt.Sprintf("/sys/block/nbd%d/pid", index))
+	t.Logf("reattached, pid file %q", strings.TrimSpace(string(pid)))
+	f.Close()
+	if err := kd2.Disconnect(); err != nil {
+		t.Fatal(err)
+	}
+	if _, found := FindKernelDevice("cairn-reattach"); found {
+		t.Fatal("the device is still configured after Disconnect")
+	}
+}
+
+func tailLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
+// TestReattachKernelInUML runs TestReattachKernel inside User-Mode Linux
+// with the nbd module.
+func TestReattachKernelInUML(t *testing.T) {
+	if uml.Inside() {
+		t.Skip("already inside UML")
+	}
+	uml.Run(t, uml.Options{Tests: "^TestReattachKernel$", Want: []string{"TestReattachKernel"}, Modules: []string{"nbd"}})
 }
 
 // TestPipelinedReplies sends 256 reads and writes without waiting, so
