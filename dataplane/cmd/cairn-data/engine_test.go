@@ -30,6 +30,7 @@ type volume struct {
 	replicas []*proc
 	addrs    []string
 	engine   *proc
+	args     []string // the engine's command line
 	sock     string
 	uri      string
 }
@@ -66,8 +67,31 @@ func startVolumeUnix(t *testing.T, n, nUnix int, size string) *volume {
 		args = append(args, "--replica", a)
 	}
 	v.engine = start(t, args...)
+	v.args = args
 	v.uri = "nbd+unix:///vol?socket=" + v.sock
 	return v
+}
+
+// TestSecondEngineLeavesRunningOneAlone: an engine started again for a
+// running volume on the same socket fails, and fails before it opens the
+// replicas, which would fence the running engine out (its writes would
+// fail from then on).
+func TestSecondEngineLeavesRunningOneAlone(t *testing.T) {
+	needTool(t, "qemu-io")
+	v := startVolume(t, 2, "16Mi")
+	qemuIO(t, v.uri, "write -P 0x31 0 1M", "flush")
+	code, stderr := runExit(t, v.args...)
+	if code == 0 || !strings.Contains(stderr, "another server is listening on it") {
+		t.Fatalf("a second engine on the socket: exit %d\n%s", code, stderr)
+	}
+	if strings.Contains(stderr, "engine opened") {
+		t.Fatalf("the second engine opened the replicas before it found the socket taken:\n%s", stderr)
+	}
+	qemuIO(t, v.uri, "write -P 0x32 1M 1M", "flush")
+	qemuIO(t, v.uri, "read -P 0x31 0 1M", "read -P 0x32 1M 1M")
+	if r := v.ctl(t, "replicas"); strings.Count(r, "RW") != 2 {
+		t.Fatalf("replicas after a second engine was refused:\n%s", r)
+	}
 }
 
 // memfdMappings counts the mappings of an engine's shared memory (memfds
