@@ -955,6 +955,47 @@ func (h *holdLayers) WriteLayer(ctx context.Context, name string, p []byte, off 
 	return h.Replica.WriteLayer(ctx, name, p, off)
 }
 
+// TestCancelledRebuildLeavesNoSnapshot: a rebuild cancelled halfway
+// leaves the replica ERR and its rebuild snapshot deleted from the
+// members, not kept as a layer for good.
+func TestCancelledRebuildLeavesNoSnapshot(t *testing.T) {
+	ctx := context.Background()
+	extra := startReplica(t, filepath.Join(t.TempDir(), "x"), 1<<20, "")
+	hold := &holdLayers{release: make(chan struct{})}
+	e, _ := openWrapped(t, 1, func(addr string, r engine.Replica) engine.Replica {
+		if addr != extra.addr {
+			return r
+		}
+		hold.Replica = r
+		return hold
+	})
+	if err := e.WriteAt(ctx, pattern(1, 8192), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.AddReplica(ctx, extra.addr); err != nil {
+		t.Fatal(err)
+	}
+	if snaps, err := e.Snapshots(ctx); err != nil || len(snaps) != 1 {
+		t.Fatalf("snapshots during the rebuild: %+v %v; want its rebuild snapshot", snaps, err)
+	}
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- e.CancelRebuild(extra.addr) }()
+	close(hold.release)
+	if err := <-cancelled; err != nil {
+		t.Fatal(err)
+	}
+	if st, err := e.WaitRebuild(ctx, extra.addr); err != nil || st.State != engine.RebuildCancelled {
+		t.Fatalf("rebuild: %+v %v", st, err)
+	}
+	waitFor(t, "no rebuild snapshot left", func() bool {
+		snaps, err := e.Snapshots(ctx)
+		return err == nil && len(snaps) == 0
+	})
+	if err := e.WriteAt(ctx, pattern(2, 4096), 0, false); err != nil {
+		t.Fatalf("the volume after the cancelled rebuild: %v", err)
+	}
+}
+
 // TestSnapshotsInUseByARebuildKept: while a rebuild copies the layers,
 // deleting one of those snapshots is refused with the reason (the copy
 // would lose its place); afterwards it works.

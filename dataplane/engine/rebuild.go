@@ -424,7 +424,9 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 	switch {
 	case err == nil:
 		rb.st.State = RebuildComplete
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, context.Canceled) || ctx.Err() != nil:
+		// A cancelled call to a replica over gRPC returns its own
+		// Canceled status, which does not wrap context.Canceled.
 		rb.st.State, rb.st.Error = RebuildCancelled, "cancelled"
 	default:
 		rb.st.State, rb.st.Error = RebuildFailed, err.Error()
@@ -436,11 +438,16 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 			e.afterFailure(context.Background())
 		}
 		e.log.Info("rebuild ended", "replica", dst.addr, "state", string(st), "error", err.Error())
+	} else {
+		e.log.Info("rebuild complete", "replica", dst.addr, "copied", rb.copied.Load())
+	}
+	if rb.st.Snapshot == "" {
 		return
 	}
-	e.log.Info("rebuild complete", "replica", dst.addr, "copied", rb.copied.Load())
-	// The rebuild snapshot has served its purpose: merge it away on every
-	// replica, or each rebuild would leave a layer behind for good.
+	// The rebuild snapshot has served its purpose, or the rebuild failed
+	// or was cancelled and the members keep it for nothing: merge it away
+	// on every replica, or each rebuild would leave a layer behind for
+	// good.
 	e.mu.Lock()
 	e.doneSnaps[rb.st.Snapshot] = true
 	e.mu.Unlock()
