@@ -41,8 +41,9 @@ var (
 	only    = flag.String("targets", "raw,qemu-nbd,cairn-1,cairn-1-tcp,cairn-3", "targets to measure (a ratio column is printed when both its targets were)")
 	rebuild = flag.Bool("rebuild", true, "also time a full rebuild")
 	rounds  = flag.Int("rounds", 3, "rounds over all targets; the table shows each figure's median")
-	modes   = flag.String("io", "buffered", "I/O modes, a table each: buffered (page cache everywhere) and/or direct (O_DIRECT everywhere: raw, qemu-nbd --cache=none, replicas --direct-io)")
+	modes   = flag.String("io", "buffered", "I/O modes, a table each: buffered (page cache everywhere) and/or direct (O_DIRECT everywhere: raw, qemu-nbd --cache=none, replicas --direct-io); none: only the device-bound table")
 	filter  = flag.String("workloads", "", "only the workloads whose name contains this text (default: all)")
+	devFlag = flag.String("device", "iops=3000,bps=125M", "after the --io tables, one more with direct I/O on an emulated device-bound disk, iops=N,bps=SIZE each way (the default is a cloud SSD's), shared by the processes that touch the disk for each target (cgroup v1 blkio throttle, root); off: no such table")
 )
 
 type workload struct {
@@ -78,6 +79,7 @@ var workloads = []workload{
 
 type target struct {
 	name    string
+	fioDisk bool        // fio itself does the target's disk I/O (raw)
 	engine  []string    // fio args selecting the target
 	control string      // the engine's control address (cairn targets)
 	procs   []*exec.Cmd // the target's processes, for their CPU time
@@ -114,6 +116,18 @@ func startProc(args ...string) (*exec.Cmd, map[string]string) {
 // direct is whether the table being measured uses O_DIRECT everywhere.
 var direct bool
 
+// dev is the emulated device (--device), nil without one.
+var dev *device
+
+// fioCmd is fio with args, inside the emulated device when it is the
+// process that touches the disk.
+func fioCmd(t target, args []string) *exec.Cmd {
+	if dev != nil && t.fioDisk {
+		return exec.Command("sh", append([]string{"-c", `echo $$ > "$0" && exec fio "$@"`, dev.procs()}, args...)...)
+	}
+	return exec.Command("fio", args...)
+}
+
 func stopAll(cmds ...*exec.Cmd) {
 	for _, c := range cmds {
 		c.Process.Signal(os.Interrupt)
@@ -138,6 +152,9 @@ func cairn(work, name string, n, local int) target {
 			rargs = append(rargs, "--direct-io")
 		}
 		c, f := startProc(rargs...)
+		if dev != nil {
+			dev.enter(c.Process.Pid)
+		}
 		procs = append(procs, c)
 		args = append(args, "--replica", f["data"]+","+f["control"])
 	}
@@ -156,6 +173,9 @@ func qemuNBD(work string) target {
 	}
 	cmd := exec.Command("qemu-nbd", "-f", "raw", "--socket="+sock, cache, "--aio=threads", "--shared=8", "--persistent", file)
 	must(cmd.Start())
+	if dev != nil {
+		dev.enter(cmd.Process.Pid)
+	}
 	for i := 0; i < 100; i++ {
 		if _, err := os.Stat(sock); err == nil {
 			break
@@ -172,7 +192,7 @@ func raw(work string) target {
 	if direct {
 		args = append(args, "--direct=1")
 	}
-	return target{name: "raw", engine: args, stop: func() {}}
+	return target{name: "raw", engine: args, fioDisk: true, stop: func() {}}
 }
 
 // cpuTime is the CPU time (user and system) the processes used so far.
@@ -199,7 +219,7 @@ func fio(t target, w workload) (float64, time.Duration) {
 		fmt.Sprintf("--runtime=%ds", int(runtime.Seconds())), "--end_fsync=1", "--randrepeat=0", "--norandommap"}, t.engine...)
 	args = append(args, w.args...)
 	before := cpuTime(t.procs)
-	cmd := exec.Command("fio", args...)
+	cmd := fioCmd(t, args)
 	out, err := cmd.Output()
 	if err != nil {
 		must(fmt.Errorf("fio on %s (%s): %v", t.name, w.name, err))
@@ -233,7 +253,7 @@ func median(xs []float64) float64 {
 // prefill writes the whole target once so reads hit data.
 func prefill(t target) {
 	args := append([]string{"--name=fill", "--rw=write", "--bs=1M", "--iodepth=4", "--size=" + *size, "--end_fsync=1"}, t.engine...)
-	must(exec.Command("fio", args...).Run())
+	must(fioCmd(t, args).Run())
 }
 
 // measureRebuild fills a one-replica volume, adds a fresh replica and
@@ -284,7 +304,11 @@ func table(work, mode string, names []string, targets map[string]func(string) ta
 	}
 	ratios := []ratio{{"c1/qemu-nbd", "cairn-1", "qemu-nbd", 1}, {"c1tcp/qemu", "cairn-1-tcp", "qemu-nbd", 1},
 		{"c3/raw", "cairn-3", "raw", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}}
-	printTable(fmt.Sprintf("%s I/O, median of %d rounds", mode, *rounds), names, medians(samples),
+	title := mode + " I/O"
+	if dev != nil {
+		title = "direct I/O on an emulated device-bound disk (" + dev.String() + ")"
+	}
+	printTable(fmt.Sprintf("%s, median of %d rounds", title, *rounds), names, medians(samples),
 		func(w workload) string { return w.name }, 0, ratios)
 	var plain []ratio // a CPU cost against a third of another's means nothing
 	for _, r := range ratios {
@@ -347,6 +371,25 @@ func medians(samples map[string][][]float64) map[string][]float64 {
 	return m
 }
 
+// deviceTable measures the targets with direct I/O on the emulated
+// device (--device), or says why it cannot.
+func deviceTable(work string, names []string, targets map[string]func(string) target) {
+	iops, bps, err := parseDeviceLimit(*devFlag)
+	must(err)
+	d, err := newDevice(work, iops, bps)
+	if err != nil {
+		fmt.Printf("\nno device-bound table: %v\n", err)
+		return
+	}
+	defer d.close()
+	// The throttle, not the shared CPUs, sets these figures, and they
+	// repeat to within a few IOPS: one round is enough.
+	saved := *rounds
+	dev, direct, *rounds = d, true, 1
+	defer func() { dev, direct, *rounds = nil, false, saved }()
+	table(work, "device", names, targets)
+}
+
 func main() {
 	flag.Parse()
 	if *filter != "" {
@@ -379,6 +422,9 @@ func main() {
 		}
 	}
 	for _, mode := range strings.Split(*modes, ",") {
+		if mode == "none" {
+			continue
+		}
 		switch mode {
 		case "buffered", "direct":
 			direct = mode == "direct"
@@ -386,6 +432,9 @@ func main() {
 			must(fmt.Errorf("--io %q: use buffered and/or direct", mode))
 		}
 		table(work, mode, names, targets)
+	}
+	if *devFlag != "off" {
+		deviceTable(work, names, targets)
 	}
 	if !*rebuild {
 		return
