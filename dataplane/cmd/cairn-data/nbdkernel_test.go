@@ -13,6 +13,26 @@ import (
 	"github.com/cairn-io/cairn/dataplane/internal/uml"
 )
 
+// startNBDKernelVolume skips without root, mkfs.ext4 or the nbd driver
+// (TestNBDKernelFilesystemInUML runs the tests that use it inside
+// User-Mode Linux, which has one), then starts three replicas and an
+// engine with --nbd-kernel kernel, and checks its endpoint is /dev/nbdN.
+// args start the same engine again.
+func startNBDKernelVolume(t *testing.T, kernel string) (dir string, eng *proc, reps []*proc, args []string) {
+	t.Helper()
+	needRoot(t)
+	needTool(t, "mkfs.ext4")
+	if _, err := os.Stat("/sys/module/nbd"); err != nil {
+		t.Skip("no nbd driver in this kernel: TestNBDKernelFilesystemInUML runs this test inside User-Mode Linux")
+	}
+	dir = t.TempDir()
+	eng, reps, args = startFilesystemVolume(t, dir, "--frontend", "nbd", "--nbd-socket", filepath.Join(dir, "vol.sock"), "--nbd-kernel", kernel)
+	if !strings.HasPrefix(eng.endpoint, "/dev/nbd") {
+		t.Fatalf("endpoint %q is not an nbd device", eng.endpoint)
+	}
+	return dir, eng, reps, args
+}
+
 // TestNBDKernelFilesystem: the engine with --nbd-kernel on attaches
 // /dev/nbdN through the kernel's nbd driver and reports it as its
 // endpoint; ext4 on it survives a replica killed while files are written
@@ -20,17 +40,8 @@ import (
 // SIGTERM detaches it. It needs the nbd driver:
 // TestNBDKernelFilesystemInUML runs it inside User-Mode Linux with one.
 func TestNBDKernelFilesystem(t *testing.T) {
-	needRoot(t)
-	needTool(t, "mkfs.ext4")
-	if _, err := os.Stat("/sys/module/nbd"); err != nil {
-		t.Skip("no nbd driver in this kernel: TestNBDKernelFilesystemInUML runs this test inside User-Mode Linux")
-	}
-	dir := t.TempDir()
-	eng, reps, _ := startFilesystemVolume(t, dir, "--frontend", "nbd", "--nbd-socket", filepath.Join(dir, "vol.sock"), "--nbd-kernel", "on")
+	dir, eng, reps, _ := startNBDKernelVolume(t, "on")
 	dev := eng.endpoint
-	if !strings.HasPrefix(dev, "/dev/nbd") {
-		t.Fatalf("endpoint %q is not an nbd device", dev)
-	}
 	sys := filepath.Join("/sys/block", filepath.Base(dev))
 	if b, err := os.ReadFile(filepath.Join(sys, "size")); err != nil || strings.TrimSpace(string(b)) != "524288" {
 		t.Fatalf("%s size %q (%v), want 524288 sectors (256 MiB)", dev, b, err)
@@ -71,17 +82,8 @@ func TestNBDKernelFilesystem(t *testing.T) {
 // (every file reads back, e2fsck clean). A second engine for the volume
 // while one owns the device is refused.
 func TestNBDKernelEngineRestart(t *testing.T) {
-	needRoot(t)
-	needTool(t, "mkfs.ext4")
-	if _, err := os.Stat("/sys/module/nbd"); err != nil {
-		t.Skip("no nbd driver in this kernel: TestNBDKernelEngineRestartInUML runs this test inside User-Mode Linux")
-	}
-	dir := t.TempDir()
-	eng, _, args := startFilesystemVolume(t, dir, "--frontend", "nbd", "--nbd-socket", filepath.Join(dir, "vol.sock"), "--nbd-kernel", "auto")
+	dir, eng, _, args := startNBDKernelVolume(t, "auto")
 	dev := eng.endpoint
-	if !strings.HasPrefix(dev, "/dev/nbd") {
-		t.Fatalf("endpoint %q is not an nbd device", dev)
-	}
 	sys := filepath.Join("/sys/block", filepath.Base(dev))
 	mnt := filepath.Join(dir, "mnt")
 	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
