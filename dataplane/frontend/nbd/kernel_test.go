@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -228,19 +227,7 @@ func TestConnectKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kd.Disconnect()
-	// The device node appears asynchronously (udev); poll for it.
-	var f *os.File
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		f, err = os.OpenFile(kd.Path(), os.O_RDWR, 0)
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := openDevice(t, kd.Path(), os.O_RDWR)
 	data := bytes.Repeat([]byte{0x5a}, 64<<10)
 	if _, err := f.WriteAt(data, 1<<20); err != nil {
 		t.Fatal(err)
@@ -260,13 +247,13 @@ func TestConnectKernel(t *testing.T) {
 	}
 }
 
-// openDirect opens a block device for O_DIRECT I/O, polling while its
-// node appears (udev or devtmpfs create it asynchronously).
-func openDirect(t *testing.T, path string) *os.File {
+// openDevice opens a block device, polling while its node appears (udev
+// or devtmpfs create it asynchronously).
+func openDevice(t *testing.T, path string, flags int) *os.File {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		f, err := os.OpenFile(path, os.O_RDWR|unix.O_DIRECT, 0)
+		f, err := os.OpenFile(path, flags, 0)
 		if err == nil {
 			return f
 		}
@@ -307,7 +294,7 @@ func TestReattachKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := openDirect(t, kd.Path())
+	f := openDevice(t, kd.Path(), os.O_RDWR|unix.O_DIRECT)
 	defer f.Close()
 	if _, err := f.WriteAt(alignedBlock(64<<10, 0xa1), 0); err != nil {
 		t.Fatal(err)
@@ -337,8 +324,7 @@ func TestReattachKernel(t *testing.T) {
 	defer s2.Close()
 	kd2, err := ReattachKernel(s2, index, opts)
 	if err != nil {
-		out, _ := exec.Command("dmesg").CombinedOutput()
-		t.Fatalf("%v\n%s", err, tailLines(string(out), 15))
+		t.Fatalf("%v\n%s", err, uml.KernelLog(15))
 	}
 	defer kd2.Disconnect()
 	select {
@@ -370,21 +356,13 @@ func TestReattachKernel(t *testing.T) {
 	}
 }
 
-func tailLines(s string, n int) string {
-	l := strings.Split(strings.TrimSpace(s), "\n")
-	if len(l) > n {
-		l = l[len(l)-n:]
-	}
-	return strings.Join(l, "\n")
-}
-
 // TestReattachKernelInUML runs TestReattachKernel inside User-Mode Linux
 // with the nbd module.
 func TestReattachKernelInUML(t *testing.T) {
 	if uml.Inside() {
 		t.Skip("already inside UML")
 	}
-	uml.Run(t, uml.Options{Tests: "^TestReattachKernel$", Want: []string{"TestReattachKernel"}, Modules: []string{"nbd"}})
+	uml.Run(t, uml.Options{Tests: []string{"TestReattachKernel"}, Modules: []string{"nbd"}})
 }
 
 // TestPipelinedReplies sends 256 reads and writes without waiting, so
@@ -454,5 +432,5 @@ func TestConnectKernelInUML(t *testing.T) {
 	if uml.Inside() {
 		t.Skip("already inside UML")
 	}
-	uml.Run(t, uml.Options{Tests: "^TestConnectKernel$", Want: []string{"TestConnectKernel"}, Modules: []string{"nbd"}})
+	uml.Run(t, uml.Options{Tests: []string{"TestConnectKernel"}, Modules: []string{"nbd"}})
 }

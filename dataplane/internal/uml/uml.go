@@ -63,11 +63,8 @@ func Inside() bool { return os.Getpid() == 1 && os.Getenv(envDir) != "" }
 
 // Options configure Run.
 type Options struct {
-	// Tests is the -test.run pattern of the tests to run inside; each
-	// name in Want must pass.
-	Tests string
-	// Want names the tests that must report PASS.
-	Want []string
+	// Tests names the tests to run inside; each must report PASS.
+	Tests []string
 	// Modules are kernel modules to load before the tests (e.g. "nbd").
 	Modules []string
 	// Memory is the kernel's memory (default 1536M); the tests' TMPDIR is
@@ -78,7 +75,7 @@ type Options struct {
 }
 
 // Run boots UML with this test binary as init, runs opts.Tests inside and
-// fails t unless every test in opts.Want passed. It skips when UML is not
+// fails t unless every one of them passed. It skips when UML is not
 // installed, unless CAIRN_REQUIRE_UML=1 (make test sets it after
 // installing the package), where it fails.
 func Run(t *testing.T, opts Options) {
@@ -95,6 +92,7 @@ func Run(t *testing.T, opts Options) {
 	if opts.Timeout == 0 {
 		opts.Timeout = 5 * time.Minute
 	}
+	pattern := "^(" + strings.Join(opts.Tests, "|") + ")$"
 	dir := t.TempDir()
 	self, err := filepath.Abs(os.Args[0])
 	if err != nil {
@@ -123,7 +121,7 @@ func Run(t *testing.T, opts Options) {
 		envDir + "=" + dir,
 		envModules + "=" + strings.Join(opts.Modules, ","),
 		"--",
-		"-test.run=" + opts.Tests, "-test.v", "-test.count=1",
+		"-test.run=" + pattern, "-test.v", "-test.count=1",
 		"-test.timeout=" + (opts.Timeout - 10*time.Second).String(),
 	}
 	console, err := os.Create(filepath.Join(dir, "console"))
@@ -141,7 +139,7 @@ func Run(t *testing.T, opts Options) {
 	runErr := cmd.Run()
 	out, _ := os.ReadFile(filepath.Join(dir, "out"))
 	rc, rcErr := os.ReadFile(filepath.Join(dir, "rc"))
-	t.Logf("UML %s (%s, %.1fs); the tests inside said:\n%s", Kernel, opts.Tests, time.Since(begin).Seconds(), out)
+	t.Logf("UML %s (%s, %.1fs); the tests inside said:\n%s", Kernel, pattern, time.Since(begin).Seconds(), out)
 	if rcErr != nil {
 		cons, _ := os.ReadFile(console.Name())
 		t.Fatalf("the tests inside UML did not finish (%v, %v); kernel console:\n%s", runErr, rcErr, tail(cons, 60))
@@ -149,7 +147,7 @@ func Run(t *testing.T, opts Options) {
 	if code := strings.TrimSpace(string(rc)); code != "0" {
 		t.Errorf("the tests inside UML exited %s", code)
 	}
-	for _, name := range opts.Want {
+	for _, name := range opts.Tests {
 		if !regexp.MustCompile(`(?m)^--- PASS: ` + regexp.QuoteMeta(name) + ` `).Match(out) {
 			t.Errorf("%s did not pass inside UML", name)
 		}
@@ -171,6 +169,13 @@ func buildWithoutRace(t *testing.T, dir string) string {
 		t.Fatalf("building the tests without -race for UML: %v\n%s", err, out)
 	}
 	return bin
+}
+
+// KernelLog is the last lines of the kernel's log (dmesg), for a failure's
+// message inside UML.
+func KernelLog(lines int) string {
+	out, _ := exec.Command("dmesg").CombinedOutput()
+	return string(tail(bytes.TrimSpace(out), lines))
 }
 
 func tail(b []byte, lines int) []byte {
