@@ -955,11 +955,11 @@ func (h *holdLayers) WriteLayer(ctx context.Context, name string, p []byte, off 
 	return h.Replica.WriteLayer(ctx, name, p, off)
 }
 
-// TestCancelledRebuildLeavesNoSnapshot: a rebuild cancelled halfway
-// leaves the replica ERR and its rebuild snapshot deleted from the
-// members, not kept as a layer for good.
-func TestCancelledRebuildLeavesNoSnapshot(t *testing.T) {
-	ctx := context.Background()
+// openWithHeldTarget opens a one-replica volume holding 8 KiB of data,
+// and a replica to add whose layer writes wait for hold.release: a
+// rebuild to it stays in progress until the test lets it go.
+func openWithHeldTarget(t *testing.T) (*engine.Engine, *testReplica, *holdLayers) {
+	t.Helper()
 	extra := startReplica(t, filepath.Join(t.TempDir(), "x"), 1<<20, "")
 	hold := &holdLayers{release: make(chan struct{})}
 	e, _ := openWrapped(t, 1, func(addr string, r engine.Replica) engine.Replica {
@@ -969,9 +969,18 @@ func TestCancelledRebuildLeavesNoSnapshot(t *testing.T) {
 		hold.Replica = r
 		return hold
 	})
-	if err := e.WriteAt(ctx, pattern(1, 8192), 0, false); err != nil {
+	if err := e.WriteAt(context.Background(), pattern(1, 8192), 0, false); err != nil {
 		t.Fatal(err)
 	}
+	return e, extra, hold
+}
+
+// TestCancelledRebuildLeavesNoSnapshot: a rebuild cancelled halfway
+// leaves the replica ERR and its rebuild snapshot deleted from the
+// members, not kept as a layer for good.
+func TestCancelledRebuildLeavesNoSnapshot(t *testing.T) {
+	ctx := context.Background()
+	e, extra, hold := openWithHeldTarget(t)
 	if err := e.AddReplica(ctx, extra.addr); err != nil {
 		t.Fatal(err)
 	}
@@ -1001,18 +1010,7 @@ func TestCancelledRebuildLeavesNoSnapshot(t *testing.T) {
 // would lose its place); afterwards it works.
 func TestSnapshotsInUseByARebuildKept(t *testing.T) {
 	ctx := context.Background()
-	extra := startReplica(t, filepath.Join(t.TempDir(), "x"), 1<<20, "")
-	hold := &holdLayers{release: make(chan struct{})}
-	e, _ := openWrapped(t, 1, func(addr string, r engine.Replica) engine.Replica {
-		if addr != extra.addr {
-			return r
-		}
-		hold.Replica = r
-		return hold
-	})
-	if err := e.WriteAt(ctx, pattern(1, 8192), 0, false); err != nil {
-		t.Fatal(err)
-	}
+	e, extra, hold := openWithHeldTarget(t)
 	if err := e.Snapshot(ctx, "s1"); err != nil {
 		t.Fatal(err)
 	}

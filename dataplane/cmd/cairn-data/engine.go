@@ -115,11 +115,11 @@ func startNBD(e *engine.Engine, c *nbdClaim, reattachWait time.Duration, buffers
 	if c.kernel == "off" {
 		return f, nil
 	}
-	if c.noDevice != nil {
-		log("no /dev/nbdN, serving the NBD socket " + c.sock + " only: " + c.noDevice.Error())
-		return f, nil
+	var kd *nbd.KernelDevice
+	err := c.noDevice // never set with "on": claimNBD refused that
+	if err == nil {
+		kd, err = attachKernel(s, c.name, reattachWait, log)
 	}
-	kd, err := attachKernel(s, c.name, reattachWait, log)
 	if err != nil {
 		var owned *deviceOwnedError
 		if c.kernel == "on" || errors.As(err, &owned) {

@@ -51,17 +51,28 @@ var ErrNoKernelNBD = errors.New("the kernel has no nbd driver (load it with `mod
 // KernelDriver reports whether the kernel has the nbd driver: nil, an
 // error wrapping ErrNoKernelNBD, or why netlink could not tell.
 func KernelDriver() error {
+	nl, _, err := dialNBD()
+	if err == nil {
+		nl.close()
+	}
+	return err
+}
+
+// dialNBD opens generic netlink and looks up the nbd family.
+func dialNBD() (*genl, uint16, error) {
 	nl, err := dialGenl()
 	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
+		return nil, 0, fmt.Errorf("netlink: %w", err)
 	}
-	defer nl.close()
-	if _, err := nl.familyID(nbdFamily); errors.Is(err, unix.ENOENT) {
-		return ErrNoKernelNBD
-	} else if err != nil {
-		return fmt.Errorf("netlink: looking up the nbd family: %w", err)
+	family, err := nl.familyID(nbdFamily)
+	if err != nil {
+		nl.close()
+		if errors.Is(err, unix.ENOENT) {
+			return nil, 0, ErrNoKernelNBD
+		}
+		return nil, 0, fmt.Errorf("netlink: looking up the nbd family: %w", err)
 	}
-	return nil
+	return nl, family, nil
 }
 
 // KernelOptions configure ConnectKernel.
@@ -119,18 +130,9 @@ func attach(s *Server, index int, opts KernelOptions) (*KernelDevice, error) {
 	if opts.Conns <= 0 {
 		opts.Conns = 4
 	}
-	nl, err := dialGenl()
+	nl, family, err := dialNBD()
 	if err != nil {
-		return nil, fmt.Errorf("netlink: %w", err)
-	}
-	family, err := nl.familyID(nbdFamily)
-	if errors.Is(err, unix.ENOENT) {
-		nl.close()
-		return nil, ErrNoKernelNBD
-	}
-	if err != nil {
-		nl.close()
-		return nil, fmt.Errorf("netlink: looking up the nbd family: %w", err)
+		return nil, err
 	}
 	d := &KernelDevice{nl: nl, family: family}
 	var kernelEnds []int

@@ -100,7 +100,7 @@ func newDevice(work string, iops, bps int64) (*device, error) {
 
 // enter moves a process (all its threads) into the device.
 func (d *device) enter(pid int) {
-	must(os.WriteFile(filepath.Join(d.dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644))
+	must(os.WriteFile(d.procs(), []byte(strconv.Itoa(pid)), 0o644))
 }
 
 // procs is the file a shell writes its pid to, to enter the device
