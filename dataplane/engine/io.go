@@ -41,6 +41,7 @@ const MaxIO = 1 << 20
 const maxUnmap = 1 << 30
 
 func (e *Engine) readAt(ctx context.Context, p []byte, off int64) error {
+	began := time.Now()
 	e.io.RLock()
 	lr := e.ranges.lock(off, int64(len(p)), false)
 	rs := e.readable()
@@ -68,7 +69,7 @@ func (e *Engine) readAt(ctx context.Context, p []byte, off int64) error {
 	if failed {
 		e.afterFailure(ctx)
 	}
-	e.io_.record(opRead, len(p), err)
+	e.io_.record(opRead, len(p), began, err)
 	return err
 }
 
@@ -139,6 +140,7 @@ func (e *Engine) mutate(ctx context.Context, o op, off, n int64, fn func(*member
 // mutateWith is mutate with prepare run once the range is locked, before
 // the fan-out (a read-modify-write reads there).
 func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare func() error, fn func(*member) error, start func(*member) func() error) error {
+	began := time.Now()
 	e.io.RLock()
 	var lr *lockedRange
 	if o != opFlush {
@@ -148,6 +150,7 @@ func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare fun
 		if err := prepare(); err != nil {
 			e.ranges.unlock(lr)
 			e.io.RUnlock()
+			e.io_.record(o, int(n), began, err)
 			return err
 		}
 	}
@@ -193,7 +196,7 @@ func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare fun
 	default:
 		err = fmt.Errorf("%w: no RW replica", ErrNoReplica)
 	}
-	e.io_.record(o, int(n), err)
+	e.io_.record(o, int(n), began, err)
 	return err
 }
 

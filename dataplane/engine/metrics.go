@@ -53,10 +53,14 @@ type stats struct{ byOp [4]opStats }
 
 func (s *stats) record(o op, n int, d time.Duration, err error) { s.byOp[o].record(n, d, err) }
 
-// ioStats are the volume's counters as the frontend sees them.
+// ioStats are the volume's counters as the frontend sees them: an
+// operation's latency runs from the engine receiving it (before it waits
+// for overlapping writes or a paused set) to its answer.
 type ioStats struct{ byOp [4]opStats }
 
-func (s *ioStats) record(o op, n int, err error) { s.byOp[o].record(n, 0, err) }
+func (s *ioStats) record(o op, n int, since time.Time, err error) {
+	s.byOp[o].record(n, time.Since(since), err)
+}
 
 // Metrics are counters for the volume and for each replica.
 type Metrics struct {
