@@ -119,7 +119,7 @@ func (e *Engine) forEachWritable(ctx context.Context, what string, fn func(*memb
 		}
 	}
 	if ok == 0 {
-		return fmt.Errorf("%w: %s failed on every replica: %v", ErrNoReplica, what, last)
+		return fmt.Errorf("%w: %s failed on every replica: %w", ErrNoReplica, what, last)
 	}
 	return nil
 }
@@ -208,7 +208,7 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
 	}
 	switch {
 	case ok == 0 && last != nil:
-		return fmt.Errorf("%w: delete snapshot %s failed on every replica: %v", ErrNoReplica, name, last)
+		return fmt.Errorf("%w: delete snapshot %s failed on every replica: %w", ErrNoReplica, name, last)
 	case ok == 0:
 		return fmt.Errorf("%w: no RW replica", ErrNoReplica)
 	case had == 0 && last == nil:

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -166,7 +167,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	if len(usable) == 0 {
 		e.closeAll()
-		return nil, fmt.Errorf("%w: none of %d replicas is usable (%v)", ErrNoReplica, len(opts.Replicas), e.memberErrors())
+		return nil, fmt.Errorf("%w: none of %d replicas is usable: %w", ErrNoReplica, len(opts.Replicas), e.memberErrors())
 	}
 	e.size.Store(size)
 	e.epoch = maxEpoch + 1
@@ -183,7 +184,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	if e.rwCount() == 0 {
 		e.closeAll()
-		return nil, fmt.Errorf("%w: every replica failed while opening (%v)", ErrNoReplica, e.memberErrors())
+		return nil, fmt.Errorf("%w: every replica failed while opening: %w", ErrNoReplica, e.memberErrors())
 	}
 	// A replica failed while reconciling already has the new epoch: bump
 	// again so it cannot be trusted by a later engine.
@@ -340,7 +341,7 @@ func (e *Engine) publishEpochLocked(ctx context.Context, bump bool) error {
 		}
 	}
 	if e.rwCountLocked() == 0 {
-		return fmt.Errorf("%w: %v", ErrNoReplica, e.memberErrorsLocked())
+		return fmt.Errorf("%w: %w", ErrNoReplica, e.memberErrorsLocked())
 	}
 	return nil
 }
@@ -374,21 +375,41 @@ func (e *Engine) rwCountLocked() int {
 	return n
 }
 
-func (e *Engine) memberErrors() string {
+func (e *Engine) memberErrors() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.memberErrorsLocked()
 }
 
-func (e *Engine) memberErrorsLocked() string {
-	s := ""
+// memberErrorsLocked returns the members' errors, each prefixed with its
+// replica's address.
+func (e *Engine) memberErrorsLocked() error {
+	var errs memberErrors
 	for _, m := range e.members {
 		if m.err != nil {
-			s += fmt.Sprintf("%s: %v; ", m.addr, m.err)
+			errs = append(errs, fmt.Errorf("%s: %w", m.addr, m.err))
 		}
 	}
-	return s
+	return errs
 }
+
+// memberErrors are several replicas' errors in one: errors.Is, errors.As
+// and status.Code see each replica's cause (a refused connection, a
+// deadline, a gRPC status), and the message lists them all.
+type memberErrors []error
+
+func (m memberErrors) Error() string {
+	if len(m) == 0 {
+		return "no replica reported an error"
+	}
+	s := make([]string, len(m))
+	for i, err := range m {
+		s[i] = err.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (m memberErrors) Unwrap() []error { return m }
 
 // writable returns the RW and WO members with their modes at the time;
 // readable the RW ones.

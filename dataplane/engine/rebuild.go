@@ -214,7 +214,7 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 		rb.st.Source = src.addr
 	}
 	if err == nil && nm.mode == ModeERR {
-		err = fmt.Errorf("the new replica failed while joining: %v", nm.err)
+		err = fmt.Errorf("the new replica failed while joining: %w", nm.err)
 	}
 	if err == nil {
 		e.rebuilds[addr] = rb
@@ -412,7 +412,7 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 		e.pause()
 		e.mu.Lock()
 		if dst.mode != ModeWO {
-			err = fmt.Errorf("the replica left write-only mode during the rebuild: %v", dst.err)
+			err = fmt.Errorf("the replica left write-only mode during the rebuild: %w", dst.err)
 		} else if err = e.setMode(dst, ModeRW, nil); err == nil {
 			err = e.publishEpochLocked(detach(ctx), true)
 		}
