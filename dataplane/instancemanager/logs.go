@@ -3,7 +3,7 @@ package instancemanager
 import (
 	"bufio"
 	"bytes"
-	"errors"
+	"io"
 	"os"
 	"sync"
 )
@@ -14,9 +14,11 @@ import (
 type processLog struct {
 	path string
 	max  int64
+	// open opens the log file for writing (os.OpenFile; tests replace it).
+	open func(path string) (*os.File, error)
 
 	mu        sync.Mutex
-	f         *os.File
+	f         *os.File // nil after a failed reopen: Write tries again
 	size      int64
 	partial   []byte
 	tail      []string
@@ -26,12 +28,16 @@ type processLog struct {
 
 const tailLines = 20
 
+func createLogFile(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+}
+
 func openLog(path string, max int64) (*processLog, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	f, err := createLogFile(path)
 	if err != nil {
 		return nil, err
 	}
-	return &processLog{path: path, max: max, f: f, followers: map[chan string]struct{}{}}, nil
+	return &processLog{path: path, max: max, open: createLogFile, f: f, followers: map[chan string]struct{}{}}, nil
 }
 
 // Write appends output from the process.
@@ -41,11 +47,26 @@ func (l *processLog) Write(p []byte) (int, error) {
 	if l.closed {
 		return len(p), nil
 	}
-	if l.size+int64(len(p)) > l.max {
+	if l.size+int64(len(p)) > l.max && l.f != nil {
 		l.rotate()
 	}
-	n, err := l.f.Write(p)
-	l.size += int64(n)
+	if l.f == nil {
+		// The last reopen failed (a full or read-only disk): try again,
+		// and meanwhile keep the lines for the tail and the followers.
+		if f, err := l.open(l.path); err == nil {
+			l.f, l.size = f, 0
+		}
+	}
+	n := len(p)
+	var err error
+	if l.f != nil {
+		n, err = l.f.Write(p)
+		l.size += int64(n)
+		if n < len(p) {
+			n = len(p) // what the disk did not take is lost to the file only
+		}
+		err = nil // a process must not die of its log: the tail still has it
+	}
 	// Split into lines for the tail and the followers.
 	data := append(l.partial, p[:n]...)
 	for {
@@ -70,10 +91,13 @@ func (l *processLog) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// rotate moves the log to PATH.1 and starts a new one. If the new file
+// cannot be opened, l.f is nil and Write tries again (never a closed file).
 func (l *processLog) rotate() {
 	l.f.Close()
+	l.f = nil
 	os.Rename(l.path, l.path+".1")
-	if f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640); err == nil {
+	if f, err := l.open(l.path); err == nil {
 		l.f = f
 	}
 	l.size = 0
@@ -92,31 +116,48 @@ func (l *processLog) Tail() []string {
 
 // Lines returns what the log files hold now, oldest first, and (if follow)
 // a channel of later lines, closed when the log closes; stop unsubscribes.
+// The files are read without the lock, so a process writing its log never
+// waits for a reader: under the lock it only opens them and notes their
+// sizes, and reads up to those sizes after (a rotation meanwhile does not
+// disturb open files; what is written after goes to the followers).
 func (l *processLog) Lines(follow bool) (lines []string, later <-chan string, stop func()) {
+	type part struct {
+		f    *os.File
+		size int64
+	}
+	var parts []part
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	for _, p := range []string{l.path + ".1", l.path} {
 		f, err := os.Open(p)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
 		if err != nil {
 			continue
 		}
-		sc := bufio.NewScanner(f)
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			continue
+		}
+		parts = append(parts, part{f, fi.Size()})
+	}
+	var ch chan string
+	if follow && !l.closed {
+		ch = make(chan string, 256)
+		l.followers[ch] = struct{}{}
+	}
+	l.mu.Unlock()
+	for _, p := range parts {
+		sc := bufio.NewScanner(io.LimitReader(p.f, p.size))
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			lines = append(lines, sc.Text())
 		}
-		f.Close()
+		p.f.Close()
 	}
-	if !follow || l.closed {
-		ch := make(chan string)
-		close(ch)
-		return lines, ch, func() {}
+	if ch == nil {
+		done := make(chan string)
+		close(done)
+		return lines, done, func() {}
 	}
-	ch := make(chan string, 256)
-	l.followers[ch] = struct{}{}
 	return lines, ch, func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -139,5 +180,8 @@ func (l *processLog) Close() error {
 		close(ch)
 	}
 	l.followers = nil
+	if l.f == nil {
+		return nil
+	}
 	return l.f.Close()
 }

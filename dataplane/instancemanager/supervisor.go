@@ -2,27 +2,25 @@
 // processes: it starts them on request, allocates their ports, watches
 // them through their life (starting → running → stopping → stopped, or
 // error), keeps their logs, and reports every change to watchers. The gRPC
-// service in server.go puts it on the network.
+// service in package imserver puts it on the network.
 package instancemanager
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/cairn-io/cairn/dataplane/internal/ready"
 )
 
 // Kind is the kind of process.
@@ -34,18 +32,6 @@ const (
 	KindReplica Kind = "replica"
 )
 
-// State is a process's state.
-type State string
-
-// States.
-const (
-	StateStarting State = "starting"
-	StateRunning  State = "running"
-	StateStopping State = "stopping"
-	StateStopped  State = "stopped"
-	StateError    State = "error"
-)
-
 // Errors, tested with errors.Is.
 var (
 	ErrExists       = errors.New("process already exists")
@@ -53,7 +39,28 @@ var (
 	ErrNoPorts      = errors.New("no free ports")
 	ErrInvalid      = errors.New("invalid request")
 	ErrShuttingDown = errors.New("instance manager shutting down")
+	// ErrConflict: a process of that name exists with another spec, or
+	// another process uses the data directory.
+	ErrConflict = errors.New("conflict")
+	// ErrInUse: the data directory to delete is used by a process.
+	ErrInUse = errors.New("in use")
+	// ErrStillStopping: a delete's deadline ended before the process
+	// exited; the stop goes on.
+	ErrStillStopping = errors.New("still stopping")
 )
+
+// EngineFinalFlush is how long an engine may take, after SIGTERM, to
+// detach its frontend and flush every replica (cairn-data engine's final
+// flush timeout). An engine always gets at least this plus engineStopSlack
+// before SIGKILL, whatever the configured grace.
+const (
+	EngineFinalFlush = 30 * time.Second
+	engineStopSlack  = 15 * time.Second
+)
+
+// defaultEnv is the whole environment of a child unless Options.Env says
+// otherwise: nothing of the instance manager's own environment leaks in.
+var defaultEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 // Options configure a Supervisor.
 type Options struct {
@@ -61,29 +68,48 @@ type Options struct {
 	Binary string
 	// PortMin and PortMax bound the ports handed to processes.
 	PortMin, PortMax int
+	// Host is the address children listen on and report (the node's
+	// address as other nodes reach it). Default 127.0.0.1.
+	Host string
+	// DataDirs are the directories replica data may live in; a replica's
+	// DataDir must be strictly inside one of them.
+	DataDirs []string
+	// RunDir holds the children's unix sockets and FUSE mounts; its path
+	// must leave room for a socket name within the 107 bytes a unix socket
+	// path may have. Default: StateDir/run.
+	RunDir string
 	// LogDir holds one log file per process (required).
 	LogDir string
 	// StateDir records running children so a restarted instance manager
 	// can kill those it no longer supervises. Default: LogDir.
 	StateDir string
-	// ProbeHost is where readiness probes dial the allocated ports.
-	// Default 127.0.0.1.
-	ProbeHost string
-	// StartTimeout: a process whose ports do not all answer by then is
+	// Env is the children's whole environment. Default: only PATH.
+	Env []string
+	// StartTimeout: a process that has not reported ready by then is
 	// killed and put in error. Default 60s.
 	StartTimeout time.Duration
 	// StopGrace is how long a process has to exit after SIGTERM before it
-	// gets SIGKILL. Default 10s.
+	// gets SIGKILL. Default 60s; an engine gets at least EngineFinalFlush
+	// plus 15s.
 	StopGrace time.Duration
 	// LogMaxBytes rotates a process log past this size. Default 10 MiB.
 	LogMaxBytes int64
 	Logger      logr.Logger
 }
 
+// Endpoint is where a running engine serves its volume.
+type Endpoint struct {
+	Path     string
+	Kind     ready.EndpointKind
+	Socket   string
+	Fallback string
+}
+
 // Process is a snapshot of one supervised process.
 type Process struct {
 	Name     string
 	Kind     Kind
+	Spec     Spec
 	State    State
 	Ports    []int
 	Args     []string
@@ -91,6 +117,11 @@ type Process struct {
 	ExitCode int
 	Error    string
 	LogTail  []string
+	// What the process reported when it became ready.
+	DataAddress    string
+	ControlAddress string
+	SizeBytes      int64
+	Endpoint       Endpoint
 }
 
 // Event is one change, as watchers see it.
@@ -102,11 +133,12 @@ type Event struct {
 
 type proc struct {
 	Process
-	cmd     *exec.Cmd
-	log     *processLog
-	started chan struct{} // closed once the start attempt is over (PID set or failed)
-	exited  chan struct{}
-	deleted bool // ProcessDelete was asked: remove once stopped
+	cmd      *exec.Cmd
+	log      *processLog
+	started  chan struct{} // closed once the start attempt is over (PID set or failed)
+	exited   chan struct{}
+	deleted  bool // ProcessDelete was asked: remove once stopped
+	stopOnce sync.Once
 }
 
 // Supervisor runs and watches processes.
@@ -120,6 +152,7 @@ type Supervisor struct {
 	ports    *portRange
 	seq      uint64
 	watchers map[chan Event]struct{}
+	deleting map[string]struct{} // data directories being removed
 	closing  bool
 	wg       sync.WaitGroup
 }
@@ -129,7 +162,9 @@ type spawnReq struct {
 	done chan error
 }
 
-var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
+// readyFD is the descriptor number of the ready pipe in a child (the
+// first of exec.Cmd.ExtraFiles).
+const readyFD = 3
 
 // New returns a Supervisor, first killing any child a previous instance
 // manager left running (see docs/instance-manager.md, "Restarts").
@@ -147,14 +182,33 @@ func New(opts Options) (*Supervisor, error) {
 	if opts.StateDir == "" {
 		opts.StateDir = opts.LogDir
 	}
-	if opts.ProbeHost == "" {
-		opts.ProbeHost = "127.0.0.1"
+	if opts.RunDir == "" {
+		opts.RunDir = filepath.Join(opts.StateDir, "run")
+	}
+	if !filepath.IsAbs(opts.RunDir) {
+		abs, err := filepath.Abs(opts.RunDir)
+		if err != nil {
+			return nil, err
+		}
+		opts.RunDir = abs
+	}
+	if n := len(opts.RunDir) + len("/r-.sock") + shortNameLen; n > 107 {
+		return nil, fmt.Errorf("%w: run directory %s is too long for unix socket paths in it (%d bytes of 107); choose a shorter one", ErrInvalid, opts.RunDir, n)
+	}
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	if len(opts.Env) == 0 {
+		opts.Env = defaultEnv
+	}
+	for i, d := range opts.DataDirs {
+		opts.DataDirs[i] = filepath.Clean(d)
 	}
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = 60 * time.Second
 	}
 	if opts.StopGrace <= 0 {
-		opts.StopGrace = 10 * time.Second
+		opts.StopGrace = 60 * time.Second
 	}
 	if opts.LogMaxBytes <= 0 {
 		opts.LogMaxBytes = 10 << 20
@@ -163,18 +217,26 @@ func New(opts Options) (*Supervisor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	for _, d := range []string{opts.LogDir, opts.StateDir} {
+	for _, d := range []string{opts.LogDir, opts.StateDir, opts.RunDir} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, err
 		}
 	}
 	s := &Supervisor{opts: opts, log: opts.Logger, spawn: make(chan spawnReq), procs: map[string]*proc{},
-		ports: ports, watchers: map[chan Event]struct{}{}}
+		ports: ports, watchers: map[chan Event]struct{}{}, deleting: map[string]struct{}{}}
 	if n := killOrphans(opts.StateDir, s.log); n > 0 {
 		s.log.Info("killed processes left by a previous instance manager", "count", n)
 	}
 	go s.spawner()
 	return s, nil
+}
+
+// grace is how long a process gets between SIGTERM and SIGKILL.
+func (s *Supervisor) grace(k Kind) time.Duration {
+	if k == KindEngine {
+		return max(s.opts.StopGrace, EngineFinalFlush+engineStopSlack)
+	}
+	return s.opts.StopGrace
 }
 
 // spawner starts every child from one OS thread that never exits: a
@@ -187,17 +249,19 @@ func (s *Supervisor) spawner() {
 	}
 }
 
-// Create starts a process. If the name exists, it returns the existing
-// process and an error wrapping ErrExists.
-func (s *Supervisor) Create(name string, kind Kind, args []string, portCount int) (Process, error) {
+// Create starts the process spec describes, under name. If the name
+// exists with the same spec, it returns the existing process and an error
+// wrapping ErrExists; with another spec, an error wrapping ErrConflict.
+func (s *Supervisor) Create(name string, spec Spec) (Process, error) {
 	if !nameRE.MatchString(name) {
-		return Process{}, fmt.Errorf("%w: name %q: use lowercase letters, digits, '-' and '.'", ErrInvalid, name)
+		return Process{}, fmt.Errorf("%w: name %q: use lowercase letters, digits, '-' and '.', optionally after NAMESPACE/", ErrInvalid, name)
 	}
-	if kind != KindEngine && kind != KindReplica {
-		return Process{}, fmt.Errorf("%w: kind %q: use engine or replica", ErrInvalid, kind)
+	if spec == nil {
+		return Process{}, fmt.Errorf("%w: give an engine or a replica spec", ErrInvalid)
 	}
-	if portCount < 0 || portCount > 16 {
-		return Process{}, fmt.Errorf("%w: port count %d: use 0 to 16", ErrInvalid, portCount)
+	spec = withDefaults(spec)
+	if err := spec.validate(s.opts.DataDirs); err != nil {
+		return Process{}, err
 	}
 	s.mu.Lock()
 	if s.closing {
@@ -207,29 +271,32 @@ func (s *Supervisor) Create(name string, kind Kind, args []string, portCount int
 	if p, ok := s.procs[name]; ok {
 		snap := p.snapshot()
 		s.mu.Unlock()
+		if !sameSpec(p.Spec, spec) {
+			return snap, fmt.Errorf("%w: process %s exists with another spec (%+v); delete it first", ErrConflict, name, p.Spec)
+		}
 		return snap, fmt.Errorf("%w: %s", ErrExists, name)
 	}
-	ports, ok := s.ports.alloc(portCount)
+	if err := s.dataDirFreeLocked(dataDirOf(spec)); err != nil {
+		s.mu.Unlock()
+		return Process{}, fmt.Errorf("%w: %w", ErrConflict, err)
+	}
+	n := portsFor(spec)
+	ports, ok := s.ports.alloc(n)
 	if !ok {
 		s.mu.Unlock()
-		return Process{}, fmt.Errorf("%w: %d contiguous ports wanted in %d-%d", ErrNoPorts, portCount, s.opts.PortMin, s.opts.PortMax)
+		return Process{}, fmt.Errorf("%w: %d contiguous ports wanted in %d-%d", ErrNoPorts, n, s.opts.PortMin, s.opts.PortMax)
 	}
-	p := &proc{Process: Process{Name: name, Kind: kind, State: StateStarting, Ports: ports, Args: substitute(args, ports)},
+	p := &proc{Process: Process{Name: name, Kind: spec.Kind(), Spec: spec, State: StateStarting, Ports: ports,
+		Args: args(spec, placement{host: s.opts.Host, runDir: s.opts.RunDir, ports: ports, name: name, readyF: readyFD})},
 		started: make(chan struct{}), exited: make(chan struct{})}
 	defer close(p.started)
 	s.procs[name] = p // reserve the name: concurrent creates see it
 	s.mu.Unlock()
 
-	lg, err := openLog(filepath.Join(s.opts.LogDir, name+".log"), s.opts.LogMaxBytes)
-	if err == nil {
-		p.log = lg
-		p.cmd = exec.Command(s.opts.Binary, append([]string{string(kind)}, p.Args...)...)
-		p.cmd.Stdout, p.cmd.Stderr = lg, lg
-		p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		done := make(chan error, 1)
-		s.spawn <- spawnReq{cmd: p.cmd, done: done}
-		err = <-done
-	}
+	// If we crash from here on, the child dies with us (its parent-death
+	// signal) and a restarted instance manager kills it by its pid file;
+	// the caller's next reconcile creates it again.
+	readyR, err := s.launch(p)
 	s.mu.Lock()
 	if err != nil {
 		s.setState(p, StateError, func(p *proc) { p.Error = "start: " + err.Error(); p.ExitCode = -1 })
@@ -237,42 +304,171 @@ func (s *Supervisor) Create(name string, kind Kind, args []string, portCount int
 		close(p.exited)
 		snap := p.snapshot()
 		s.mu.Unlock()
-		if lg != nil {
-			lg.Close()
+		if p.log != nil {
+			p.log.Close()
 		}
 		return snap, nil
 	}
 	p.PID = p.cmd.Process.Pid
-	writePIDFile(s.opts.StateDir, name, p.PID)
+	writePIDFile(s.opts.StateDir, fileName(name), p.PID)
 	// The name was reserved at "starting"; announce it now that it has a pid.
 	s.emit(p, false)
 	snap := p.snapshot()
 	s.wg.Add(2)
 	s.mu.Unlock()
 	go s.wait(p)
-	go s.probe(p)
+	go s.awaitReady(p, readyR)
 	return snap, nil
 }
 
-func substitute(args []string, ports []int) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		for k := len(ports) - 1; k >= 0; k-- { // PORT10 before PORT1
-			a = strings.ReplaceAll(a, "${PORT"+strconv.Itoa(k)+"}", strconv.Itoa(ports[k]))
-		}
-		out[i] = a
+// launch opens the process's log and starts it with the write end of a
+// ready pipe as descriptor 3; it returns the read end.
+func (s *Supervisor) launch(p *proc) (*os.File, error) {
+	lg, err := openLog(filepath.Join(s.opts.LogDir, fileName(p.Name)+".log"), s.opts.LogMaxBytes)
+	if err != nil {
+		return nil, err
 	}
-	return out
+	p.log = lg
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer readyW.Close() // the child has its copy
+	p.cmd = exec.Command(s.opts.Binary, append([]string{string(p.Kind)}, p.Args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = lg, lg
+	p.cmd.Env = s.opts.Env
+	p.cmd.ExtraFiles = []*os.File{readyW}
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	done := make(chan error, 1)
+	s.spawn <- spawnReq{cmd: p.cmd, done: done}
+	if err := <-done; err != nil {
+		readyR.Close()
+		return nil, err
+	}
+	return readyR, nil
 }
 
-// setState is the only writer of a process's state; it emits the change.
-// Callers hold s.mu.
-func (s *Supervisor) setState(p *proc, st State, mutate func(*proc)) {
+// dataDirFreeLocked refuses a data directory that a process which has not
+// exited uses, or that is being deleted ("" is free). Callers hold s.mu.
+func (s *Supervisor) dataDirFreeLocked(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	for d := range s.deleting {
+		if overlaps(d, dir) {
+			return fmt.Errorf("data directory %s is being deleted", d)
+		}
+	}
+	for _, p := range s.procs {
+		if d := dataDirOf(p.Spec); d != "" && overlaps(d, dir) && !p.hasExited() {
+			return fmt.Errorf("data directory %s is used by process %s (%s)", d, p.Name, p.State)
+		}
+	}
+	return nil
+}
+
+func (p *proc) hasExited() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// DeleteData removes a replica's data directory (see ReplicaSpec.DataDir
+// for where one may be). It refuses, with ErrInUse, while a process that
+// has not exited uses the directory. A missing directory is not an error.
+func (s *Supervisor) DeleteData(dir string) error {
+	if _, err := confine(s.opts.DataDirs, dir); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if err := s.dataDirFreeLocked(dir); err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %w; delete the process first", ErrInUse, err)
+	}
+	s.deleting[dir] = struct{}{} // creates for it wait until we are done
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.deleting, dir)
+		s.mu.Unlock()
+	}()
+	// If we crash midway, part of the directory is left; the caller
+	// deletes again and RemoveAll finishes the job.
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("delete replica data %s: %w", dir, err)
+	}
+	s.log.Info("deleted replica data", "dir", dir)
+	return nil
+}
+
+// awaitReady reads the process's ready report and moves it to running
+// with the addresses it reports; a process that gives none within the
+// start timeout is killed (wait then records the error).
+func (s *Supervisor) awaitReady(p *proc, r *os.File) {
+	defer s.wg.Done()
+	defer r.Close()
+	type result struct {
+		rep ready.Report
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		rep, err := ready.Read(r)
+		got <- result{rep, err}
+	}()
+	t := time.NewTimer(s.opts.StartTimeout)
+	defer t.Stop()
+	var reason string
+	select {
+	case res := <-got:
+		switch {
+		case res.err == nil:
+			s.mu.Lock()
+			if p.State == StateStarting {
+				s.setState(p, StateRunning, func(p *proc) {
+					p.DataAddress, p.ControlAddress, p.SizeBytes = res.rep.Data, res.rep.Control, res.rep.Size
+					p.Endpoint = Endpoint{Path: res.rep.Endpoint, Kind: res.rep.EndpointKind, Socket: res.rep.Socket, Fallback: res.rep.Fallback}
+				})
+			}
+			s.mu.Unlock()
+			return
+		case errors.Is(res.err, ready.ErrNoReport):
+			return // it exited before it was ready: wait records why
+		default:
+			reason = "its ready report was unreadable: " + res.err.Error()
+		}
+	case <-p.exited:
+		return
+	case <-t.C:
+		reason = fmt.Sprintf("it did not report ready within %s", s.opts.StartTimeout)
+	}
+	s.log.Info("killing a process that did not start", "name", p.Name, "reason", reason)
+	s.mu.Lock()
+	if p.State == StateStarting {
+		p.Error = reason
+	}
+	s.mu.Unlock()
+	syscall.Kill(-p.PID, syscall.SIGKILL)
+}
+
+// setState is the only writer of a process's state; it refuses an
+// illegal change (see transitions) and emits every legal one. Callers hold
+// s.mu.
+func (s *Supervisor) setState(p *proc, st State, mutate func(*proc)) error {
+	if !canTransition(p.State, st) {
+		err := errTransition(p.Name, p.State, st)
+		s.log.Error(err, "state change refused")
+		return err
+	}
 	p.State = st
 	if mutate != nil {
 		mutate(p)
 	}
 	s.emit(p, false)
+	return nil
 }
 
 func (s *Supervisor) emit(p *proc, deleted bool) {
@@ -298,50 +494,6 @@ func (p *proc) snapshot() Process {
 	return out
 }
 
-// probe moves a starting process to running once every port answers.
-func (s *Supervisor) probe(p *proc) {
-	defer s.wg.Done()
-	deadline := time.Now().Add(s.opts.StartTimeout)
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		if s.portsAnswer(p.Ports) {
-			s.mu.Lock()
-			if p.State == StateStarting {
-				s.setState(p, StateRunning, nil)
-			}
-			s.mu.Unlock()
-			return
-		}
-		select {
-		case <-p.exited:
-			return
-		case <-t.C:
-		}
-		if time.Now().After(deadline) {
-			s.log.Info("process did not open its ports in time; killing it", "name", p.Name, "ports", p.Ports)
-			s.mu.Lock()
-			if p.State == StateStarting {
-				p.Error = fmt.Sprintf("its ports %v did not answer within %s", p.Ports, s.opts.StartTimeout)
-			}
-			s.mu.Unlock()
-			syscall.Kill(-p.PID, syscall.SIGKILL)
-			return
-		}
-	}
-}
-
-func (s *Supervisor) portsAnswer(ports []int) bool {
-	for _, port := range ports {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort(s.opts.ProbeHost, strconv.Itoa(port)), time.Second)
-		if err != nil {
-			return false
-		}
-		c.Close()
-	}
-	return true
-}
-
 // wait records a process's exit: stopped if it was asked to stop, error
 // (with exit code and log tail) otherwise.
 func (s *Supervisor) wait(p *proc) {
@@ -349,7 +501,7 @@ func (s *Supervisor) wait(p *proc) {
 	err := p.cmd.Wait()
 	code := p.cmd.ProcessState.ExitCode()
 	p.log.Close()
-	removePIDFile(s.opts.StateDir, p.Name)
+	removePIDFile(s.opts.StateDir, fileName(p.Name))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ports.release(p.Ports)
@@ -373,7 +525,10 @@ func (s *Supervisor) wait(p *proc) {
 }
 
 // Delete stops a process (SIGTERM, SIGKILL after the grace period) and
-// forgets it; it returns once it is gone. A missing name is not an error.
+// forgets it; it returns once it is gone. If ctx ends first it returns an
+// error wrapping ErrStillStopping and ctx's error, and the stop goes on:
+// a caller's deadline never cuts an engine's final flush short. A missing
+// name is not an error.
 func (s *Supervisor) Delete(ctx context.Context, name string) error {
 	s.mu.Lock()
 	p, ok := s.procs[name]
@@ -381,39 +536,51 @@ func (s *Supervisor) Delete(ctx context.Context, name string) error {
 	if !ok {
 		return nil
 	}
-	<-p.started // never signal a process group before the child exists
+	select {
+	case <-p.started: // never signal a process group before the child exists
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %s is still starting: %w", ErrStillStopping, name, ctx.Err())
+	}
 	s.mu.Lock()
 	p.deleted = true
-	select {
-	case <-p.exited: // already exited (stopped or error): just forget it
-		delete(s.procs, name)
-		s.emit(p, true)
+	if p.hasExited() { // already exited (stopped or error): just forget it
+		if _, ok := s.procs[name]; ok {
+			delete(s.procs, name)
+			s.emit(p, true)
+		}
 		s.mu.Unlock()
 		return nil
-	default:
 	}
 	if p.State != StateStopping {
 		s.setState(p, StateStopping, nil)
 	}
 	s.mu.Unlock()
-	return s.stop(ctx, p)
-}
-
-// stop signals the process group and waits for the exit.
-func (s *Supervisor) stop(ctx context.Context, p *proc) error {
-	syscall.Kill(-p.PID, syscall.SIGTERM)
-	t := time.NewTimer(s.opts.StopGrace)
-	defer t.Stop()
+	s.startStop(p)
 	select {
 	case <-p.exited:
 		return nil
-	case <-t.C:
 	case <-ctx.Done():
+		return fmt.Errorf("%w: %s has not exited yet (SIGKILL %s after SIGTERM if it does not); delete it again to wait: %w",
+			ErrStillStopping, name, s.grace(p.Kind), ctx.Err())
 	}
-	s.log.Info("process did not stop in time; killing it", "name", p.Name)
-	syscall.Kill(-p.PID, syscall.SIGKILL)
-	<-p.exited
-	return nil
+}
+
+// startStop stops a process in the background, once however many callers
+// ask: SIGTERM to its group, SIGKILL after the grace period.
+func (s *Supervisor) startStop(p *proc) {
+	p.stopOnce.Do(func() {
+		syscall.Kill(-p.PID, syscall.SIGTERM)
+		go func() {
+			t := time.NewTimer(s.grace(p.Kind))
+			defer t.Stop()
+			select {
+			case <-p.exited:
+			case <-t.C:
+				s.log.Info("process did not stop in time; killing it", "name", p.Name, "grace", s.grace(p.Kind))
+				syscall.Kill(-p.PID, syscall.SIGKILL)
+			}
+		}()
+	})
 }
 
 // Get returns one process.
@@ -491,26 +658,21 @@ func (s *Supervisor) Close() error {
 	}
 	s.mu.Unlock()
 	for _, group := range [][]*proc{engines, replicas} {
-		var wg sync.WaitGroup
 		for _, p := range group {
 			<-p.started
 			s.mu.Lock()
-			running := false
-			select {
-			case <-p.exited:
-			default:
-				running = true
-				if p.State != StateStopping {
-					s.setState(p, StateStopping, nil)
-				}
+			running := !p.hasExited()
+			if running && p.State != StateStopping {
+				s.setState(p, StateStopping, nil)
 			}
 			s.mu.Unlock()
 			if running {
-				wg.Add(1)
-				go func() { defer wg.Done(); s.stop(context.Background(), p) }()
+				s.startStop(p)
 			}
 		}
-		wg.Wait()
+		for _, p := range group {
+			<-p.exited
+		}
 	}
 	s.wg.Wait()
 	s.mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 	"github.com/cairn-io/cairn/dataplane/instancemanager"
+	"github.com/cairn-io/cairn/dataplane/instancemanager/imserver"
 )
 
 // serverTLS builds a TLS config that requires client certificates signed
@@ -69,18 +71,23 @@ func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Wr
 	listenAddr := fs.String("listen", "", "host:port for the gRPC API (required)")
 	node := fs.String("node", "", "this node's name (required)")
 	var dataDirs stringList
-	fs.Var(&dataDirs, "data-dir", "a data directory replicas may use; repeat for each (reported by NodeInfo)")
+	fs.Var(&dataDirs, "data-dir", "a data directory replicas may use; repeat for each (reported by NodeInfo; every replica's directory must be inside one)")
 	portRange := fs.String("port-range", "10000-10999", "ports handed to engine and replica processes, A-B")
 	logDir := fs.String("log-dir", "", "directory for process logs (required)")
 	stateDir := fs.String("state-dir", "", "directory recording children, to kill leftovers after a restart (default: --log-dir)")
+	runDir := fs.String("run-dir", "", "directory for the children's unix sockets and FUSE mounts (default: STATE_DIR/run)")
+	processHost := fs.String("process-host", "", "address the children listen on and report, as other nodes reach this one (default: the host of --listen)")
+	var childEnv stringList
+	fs.Var(&childEnv, "child-env", "KEY=VALUE in the children's environment, which is otherwise only PATH; repeat for each")
 	binary := fs.String("binary", "", "cairn-data binary the children run (default: this one)")
-	grace := fs.Duration("stop-grace", 10*time.Second, "time a process has to exit after SIGTERM before SIGKILL")
+	startTimeout := fs.Duration("start-timeout", 60*time.Second, "a process that has not reported ready by then is killed and put in error")
+	grace := fs.Duration("stop-grace", 60*time.Second, "time a process has to exit after SIGTERM before SIGKILL (an engine always gets at least 45s: its final flush)")
 	certFile := fs.String("tls-cert", "", "server certificate (PEM); with --tls-key and --tls-client-ca enables mutual TLS")
 	keyFile := fs.String("tls-key", "", "server private key (PEM)")
 	caFile := fs.String("tls-client-ca", "", "CA (PEM) that signs the client certificates to accept")
 	insecure := fs.Bool("insecure", false, "serve without TLS on a non-loopback address (anyone who reaches the port can run processes: tests only)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: cairn-data instance-manager --listen HOST:PORT --node NAME --data-dir DIR... --port-range A-B --log-dir DIR [--tls-cert F --tls-key F --tls-client-ca F]")
+		fmt.Fprintln(stderr, "usage: cairn-data instance-manager --listen HOST:PORT --node NAME --data-dir DIR... --port-range A-B --log-dir DIR [--process-host HOST] [--tls-cert F --tls-key F --tls-client-ca F]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -118,14 +125,37 @@ func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Wr
 		return fail("refusing to serve without TLS on %s: anyone who can reach it could run processes on this node. "+
 			"Give --tls-cert, --tls-key and --tls-client-ca (see docs/security.md), listen on loopback, or pass --insecure for a test setup", *listenAddr)
 	}
-	for _, d := range dataDirs {
+	for i, d := range dataDirs {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
 			return fail("--data-dir %s: not a directory", d)
 		}
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			return fail("--data-dir %s: %v", d, err)
+		}
+		dataDirs[i] = abs
+	}
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	for _, kv := range childEnv {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return fail("--child-env %q: use KEY=VALUE", kv)
+		}
+		env = append(env, kv)
+	}
+	host := *processHost
+	if host == "" {
+		h, _, err := net.SplitHostPort(*listenAddr)
+		if err != nil {
+			return fail("--listen %s: %v", *listenAddr, err)
+		}
+		host = h
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return fail("--process-host: give the address other nodes reach this node on (--listen %s does not name one)", *listenAddr)
 	}
 	log := newLogger(stderr, "instance-manager")
 	sup, err := instancemanager.New(instancemanager.Options{Binary: *binary, PortMin: lo, PortMax: hi, LogDir: *logDir,
-		StateDir: *stateDir, StopGrace: *grace, Logger: log})
+		StateDir: *stateDir, RunDir: *runDir, Host: host, DataDirs: dataDirs, Env: env, StartTimeout: *startTimeout, StopGrace: *grace, Logger: log})
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -135,7 +165,7 @@ func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Wr
 		return fail("%v", err)
 	}
 	gs := grpc.NewServer(opts...)
-	imv1.RegisterInstanceManagerServiceServer(gs, &instancemanager.Server{S: sup, NodeName: *node, Version: dataplane.Version, DataDirs: dataDirs})
+	imv1.RegisterInstanceManagerServiceServer(gs, &imserver.Server{S: sup, NodeName: *node, Version: dataplane.Version, DataDirs: dataDirs})
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- gs.Serve(l) }()
 	fmt.Fprintf(stdout, "ready control=%s node=%s\n", l.Addr(), *node)

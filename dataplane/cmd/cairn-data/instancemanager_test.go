@@ -27,6 +27,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
 )
 
@@ -42,7 +43,7 @@ func startIM(t *testing.T, portRange string, extra ...string) *imHandle {
 	dir := t.TempDir()
 	h := &imHandle{dir: dir, logDir: filepath.Join(dir, "logs")}
 	args := append([]string{"instance-manager", "--listen", "127.0.0.1:0", "--node", "node-a", "--data-dir", dir,
-		"--port-range", portRange, "--log-dir", h.logDir, "--stop-grace", "5s"}, extra...)
+		"--port-range", portRange, "--log-dir", h.logDir, "--stop-grace", "5s", "--child-env", "CAIRN_DATA_EXEC=1"}, extra...)
 	h.p = start(t, args...)
 	cc, err := grpc.NewClient(h.p.control, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -74,8 +75,10 @@ func freePortRange(t *testing.T, n int) string {
 	return ""
 }
 
-func replicaArgs(dir string) []string {
-	return []string{"--dir", dir, "--size", "16Mi", "--listen", "127.0.0.1:${PORT0}", "--control-listen", "127.0.0.1:${PORT1}"}
+// replicaReq asks for a 16 MiB replica in dir, served over TCP.
+func replicaReq(name, dir string) *imv1.ProcessCreateRequest {
+	return &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Replica{
+		Replica: &imv1.ReplicaSpec{DataDir: dir, SizeBytes: 16 << 20}}}
 }
 
 func alive(pid int32) bool { return syscall.Kill(int(pid), 0) == nil }
@@ -149,26 +152,37 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 	im := startIM(t, freePortRange(t, 8))
 	w := watch(t, im.c)
 
-	p, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "vol-r-a", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
-		Args: replicaArgs(filepath.Join(im.dir, "ra")), PortCount: 2})
+	req := replicaReq("vol-r-a", filepath.Join(im.dir, "ra"))
+	p, err := im.c.ProcessCreate(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(p.Ports) != 2 || p.Ports[1] != p.Ports[0]+1 || !strings.Contains(strings.Join(p.Args, " "), fmt.Sprintf("127.0.0.1:%d", p.Ports[0])) {
-		t.Fatalf("ports %v not substituted into %v", p.Ports, p.Args)
+	if len(p.Ports) != 2 || p.Kind != imv1.ProcessKind_PROCESS_KIND_REPLICA || p.GetReplica().GetDataDir() != filepath.Join(im.dir, "ra") {
+		t.Fatalf("created: %v", p)
 	}
 	running := waitState(t, im.c, "vol-r-a", imv1.ProcessState_PROCESS_STATE_RUNNING)
-	// The replica really serves on the allocated port.
-	if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", running.Ports[0])); err != nil {
+	// The addresses are the ones the replica reported, and it serves there.
+	if running.DataAddress != fmt.Sprintf("127.0.0.1:%d", running.Ports[0]) || running.ControlAddress != fmt.Sprintf("127.0.0.1:%d", running.Ports[1]) ||
+		running.SizeBytes != 16<<20 {
+		t.Fatalf("running replica reports data %q control %q size %d (ports %v)", running.DataAddress, running.ControlAddress, running.SizeBytes, running.Ports)
+	}
+	if err := dialData(t, running.DataAddress, 0).Ping(ctx); err != nil {
 		t.Fatal(err)
-	} else {
-		c.Close()
+	}
+	if _, err := dialControl(t, running.ControlAddress).Info(ctx, &replicav1.InfoRequest{}); err != nil {
+		t.Fatalf("control address %s: %v", running.ControlAddress, err)
 	}
 	// Idempotent create: ALREADY_EXISTS with the existing process attached.
-	_, err = im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "vol-r-a", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA, PortCount: 2})
+	_, err = im.c.ProcessCreate(ctx, req)
 	st := grpcstatus.Convert(err)
 	if st.Code() != codes.AlreadyExists || len(st.Details()) != 1 || st.Details()[0].(*imv1.Process).Pid != running.Pid {
 		t.Fatalf("second create: %v %v", err, st.Details())
+	}
+	// The same name with another spec is a conflict, not "already exists".
+	other := replicaReq("vol-r-a", filepath.Join(im.dir, "ra"))
+	other.GetReplica().SizeBytes = 32 << 20
+	if _, err := im.c.ProcessCreate(ctx, other); grpcstatus.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "another spec") {
+		t.Fatalf("create with another spec: %v", err)
 	}
 	list, _ := im.c.ProcessList(ctx, &imv1.ProcessListRequest{})
 	if len(list.Processes) != 1 {
@@ -258,13 +272,20 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 func TestInstanceManagerUnixReplica(t *testing.T) {
 	ctx := context.Background()
 	im := startIM(t, freePortRange(t, 4))
-	sock := filepath.Join(im.dir, "r.data")
-	_, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "vol-r-unix", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
-		Args: []string{"--dir", filepath.Join(im.dir, "ru"), "--size", "16Mi", "--listen", "unix:" + sock, "--control-listen", "127.0.0.1:${PORT0}"}, PortCount: 1})
+	req := replicaReq("vol-r-unix", filepath.Join(im.dir, "ru"))
+	req.GetReplica().UnixSocket = true
+	p, err := im.c.ProcessCreate(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, im.c, "vol-r-unix", imv1.ProcessState_PROCESS_STATE_RUNNING)
+	if len(p.Ports) != 1 {
+		t.Fatalf("a replica with data on a unix socket got ports %v, want one (control)", p.Ports)
+	}
+	p = waitState(t, im.c, "vol-r-unix", imv1.ProcessState_PROCESS_STATE_RUNNING)
+	sock, ok := strings.CutPrefix(p.DataAddress, "unix:")
+	if !ok || p.ControlAddress != fmt.Sprintf("127.0.0.1:%d", p.Ports[0]) {
+		t.Fatalf("reported data %q control %q", p.DataAddress, p.ControlAddress)
+	}
 	c, err := dataconn.Dial(ctx, "unix", sock, dataconn.ClientOptions{Conns: 1})
 	if err != nil {
 		t.Fatalf("running replica's unix data socket: %v", err)
@@ -287,32 +308,53 @@ func TestInstanceManagerCrashAndPorts(t *testing.T) {
 	im := startIM(t, freePortRange(t, 4))
 	// A child that fails at once: reported as error with its exit code and
 	// the last lines of its log.
-	_, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "bad", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
-		Args: []string{"--dir", filepath.Join(im.dir, "bad"), "--size", "ten", "--listen", "127.0.0.1:${PORT0}"}, PortCount: 1})
+	// (A replica whose directory holds a file, not a replica, cannot open.)
+	if err := os.WriteFile(filepath.Join(im.dir, "bad"), []byte("not a replica"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := im.c.ProcessCreate(ctx, replicaReq("bad", filepath.Join(im.dir, "bad")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := waitState(t, im.c, "bad", imv1.ProcessState_PROCESS_STATE_ERROR)
-	if p.ExitCode != 1 || !strings.Contains(strings.Join(p.LogTail, "\n"), `--size: "ten" is not a size`) || p.Error == "" {
+	if p.ExitCode != 1 || !strings.Contains(strings.Join(p.LogTail, "\n"), filepath.Join(im.dir, "bad")) || p.Error == "" {
 		t.Fatalf("crashed child: exit %d, error %q, tail %q", p.ExitCode, p.Error, p.LogTail)
 	}
 	// Its port went back to the pool: 4 ports = two replicas of 2.
 	for _, n := range []string{"a", "b"} {
-		if _, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "r-" + n, Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
-			Args: replicaArgs(filepath.Join(im.dir, n)), PortCount: 2}); err != nil {
+		if _, err := im.c.ProcessCreate(ctx, replicaReq("r-"+n, filepath.Join(im.dir, n))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, err = im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "r-c", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
-		Args: replicaArgs(filepath.Join(im.dir, "c")), PortCount: 2})
+	_, err = im.c.ProcessCreate(ctx, replicaReq("r-c", filepath.Join(im.dir, "c")))
 	if grpcstatus.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("a third replica in a 4-port range: %v", err)
 	}
 	// Bad requests.
+	engine := func(mutate func(*imv1.EngineSpec)) *imv1.ProcessCreateRequest {
+		e := &imv1.EngineSpec{VolumeName: "v", Replicas: []*imv1.ReplicaAddress{{Data: "127.0.0.1:1", Control: "127.0.0.1:2"}}}
+		mutate(e)
+		return &imv1.ProcessCreateRequest{Name: "e", Spec: &imv1.ProcessCreateRequest_Engine{Engine: e}}
+	}
 	for _, req := range []*imv1.ProcessCreateRequest{
-		{Name: "Bad_Name", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA},
-		{Name: "x", Kind: imv1.ProcessKind_PROCESS_KIND_UNSPECIFIED},
-		{Name: "y", Kind: imv1.ProcessKind_PROCESS_KIND_ENGINE, PortCount: 99},
+		replicaReq("Bad_Name", filepath.Join(im.dir, "x")),
+		{Name: "x"},
+		replicaReq("x", "/tmp/elsewhere"),
+		replicaReq("x", im.dir),
+		replicaReq("x", im.dir+"/a/../../etc"),
+		replicaReq("x", "relative/dir"),
+		engine(func(e *imv1.EngineSpec) { e.VolumeName = "Has_Underscore" }),
+		engine(func(e *imv1.EngineSpec) { e.Replicas = nil }),
+		engine(func(e *imv1.EngineSpec) {
+			for range 17 {
+				e.Replicas = append(e.Replicas, e.Replicas[0])
+			}
+		}),
+		engine(func(e *imv1.EngineSpec) { e.Replicas[0].Control = "" }),
+		engine(func(e *imv1.EngineSpec) { e.Replicas[0].Data = "a,b" }),
+		engine(func(e *imv1.EngineSpec) { e.Wanted = 2 }),
+		engine(func(e *imv1.EngineSpec) { e.Frontend = 7 }),
+		engine(func(e *imv1.EngineSpec) { e.SizeBytes = 1000 }),
 	} {
 		if _, err := im.c.ProcessCreate(ctx, req); grpcstatus.Code(err) != codes.InvalidArgument {
 			t.Fatalf("%v: %v", req, err)
@@ -330,8 +372,7 @@ func TestInstanceManagerConcurrentCreates(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "same", Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
-				Args: replicaArgs(filepath.Join(im.dir, "same")), PortCount: 2})
+			_, err := im.c.ProcessCreate(ctx, replicaReq("same", filepath.Join(im.dir, "same")))
 			mu.Lock()
 			defer mu.Unlock()
 			switch grpcstatus.Code(err) {
@@ -363,19 +404,17 @@ func TestInstanceManagerStopsChildren(t *testing.T) {
 			im := startIM(t, freePortRange(t, 16))
 			w := watch(t, im.c)
 			var pids []int32
-			var addrs []string
+			var addrs []*imv1.ReplicaAddress
 			for _, n := range []string{"a", "b"} {
-				if _, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "r-" + n, Kind: imv1.ProcessKind_PROCESS_KIND_REPLICA,
-					Args: replicaArgs(filepath.Join(im.dir, n)), PortCount: 2}); err != nil {
+				if _, err := im.c.ProcessCreate(ctx, replicaReq("r-"+n, filepath.Join(im.dir, n))); err != nil {
 					t.Fatal(err)
 				}
 				p := waitState(t, im.c, "r-"+n, imv1.ProcessState_PROCESS_STATE_RUNNING)
 				pids = append(pids, p.Pid)
-				addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", p.Ports[0]))
+				addrs = append(addrs, &imv1.ReplicaAddress{Data: p.DataAddress, Control: p.ControlAddress})
 			}
-			_, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "e", Kind: imv1.ProcessKind_PROCESS_KIND_ENGINE,
-				Args: []string{"--name", "v", "--replica", addrs[0], "--replica", addrs[1], "--frontend", "nbd",
-					"--nbd-socket", filepath.Join(im.dir, "v.sock"), "--listen", "127.0.0.1:${PORT0}"}, PortCount: 1})
+			_, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "e", Spec: &imv1.ProcessCreateRequest_Engine{Engine: &imv1.EngineSpec{
+				VolumeName: "v", Replicas: addrs, Frontend: imv1.Frontend_FRONTEND_NBD, NbdKernel: imv1.NBDKernel_NBD_KERNEL_OFF}}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/internal/ready"
 	"github.com/cairn-io/cairn/dataplane/replica"
 	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
 )
@@ -82,6 +83,7 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	controlAddr := fs.String("control-listen", "", "host:port to serve the gRPC control API on (default: none)")
 	direct := fs.Bool("direct-io", false, "read and write the data files with O_DIRECT, bypassing this node's page cache")
 	workers := fs.Int("workers", 0, "concurrent I/O requests against the disk (default 4 x CPUs)")
+	readyFD := fs.Int("ready-fd", -1, "once serving, write the ready report (JSON: addresses, size) to this descriptor and close it (the instance manager's contract)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: cairn-data replica --dir DIR --size SIZE --listen HOST:PORT|unix:PATH [--control-listen HOST:PORT] [--direct-io]")
 		fs.PrintDefaults()
@@ -137,6 +139,13 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: *workers, Logger: log})
 	fmt.Fprintf(stdout, "ready data=%s control=%s size=%d\n", addrString(dl), controlShown, r.Size())
+	rep := ready.Report{Data: addrString(dl), Size: r.Size()}
+	if cl != nil {
+		rep.Control = addrString(cl)
+	}
+	if err := ready.Write(*readyFD, rep); err != nil {
+		log.Error(err, "could not report ready")
+	}
 	select {
 	case <-ctx.Done():
 	case <-run.Done:

@@ -131,6 +131,171 @@ func (ProcessState) EnumDescriptor() ([]byte, []int) {
 	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{1}
 }
 
+// Frontend is how an engine exposes its volume.
+type Frontend int32
+
+const (
+	// FRONTEND_UNSPECIFIED takes the default, FRONTEND_FUSE.
+	Frontend_FRONTEND_UNSPECIFIED Frontend = 0
+	// A loop device over the volume's file in a FUSE mount: works on any
+	// node with FUSE and loop devices.
+	Frontend_FRONTEND_FUSE Frontend = 1
+	// An NBD server on a unix socket, attached to /dev/nbdN where the node
+	// has the nbd driver (see nbd_kernel).
+	Frontend_FRONTEND_NBD Frontend = 2
+)
+
+// Enum value maps for Frontend.
+var (
+	Frontend_name = map[int32]string{
+		0: "FRONTEND_UNSPECIFIED",
+		1: "FRONTEND_FUSE",
+		2: "FRONTEND_NBD",
+	}
+	Frontend_value = map[string]int32{
+		"FRONTEND_UNSPECIFIED": 0,
+		"FRONTEND_FUSE":        1,
+		"FRONTEND_NBD":         2,
+	}
+)
+
+func (x Frontend) Enum() *Frontend {
+	p := new(Frontend)
+	*p = x
+	return p
+}
+
+func (x Frontend) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Frontend) Descriptor() protoreflect.EnumDescriptor {
+	return file_instancemanager_v1_instancemanager_proto_enumTypes[2].Descriptor()
+}
+
+func (Frontend) Type() protoreflect.EnumType {
+	return &file_instancemanager_v1_instancemanager_proto_enumTypes[2]
+}
+
+func (x Frontend) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Frontend.Descriptor instead.
+func (Frontend) EnumDescriptor() ([]byte, []int) {
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{2}
+}
+
+// NBDKernel says whether an nbd frontend attaches a /dev/nbdN.
+type NBDKernel int32
+
+const (
+	// NBD_KERNEL_AUTO (the default): if the node has the nbd driver; else
+	// only the socket, and the endpoint's fallback says why.
+	NBDKernel_NBD_KERNEL_AUTO NBDKernel = 0
+	// NBD_KERNEL_ON: the engine fails to start without a /dev/nbdN.
+	NBDKernel_NBD_KERNEL_ON NBDKernel = 1
+	// NBD_KERNEL_OFF: the socket only.
+	NBDKernel_NBD_KERNEL_OFF NBDKernel = 2
+)
+
+// Enum value maps for NBDKernel.
+var (
+	NBDKernel_name = map[int32]string{
+		0: "NBD_KERNEL_AUTO",
+		1: "NBD_KERNEL_ON",
+		2: "NBD_KERNEL_OFF",
+	}
+	NBDKernel_value = map[string]int32{
+		"NBD_KERNEL_AUTO": 0,
+		"NBD_KERNEL_ON":   1,
+		"NBD_KERNEL_OFF":  2,
+	}
+)
+
+func (x NBDKernel) Enum() *NBDKernel {
+	p := new(NBDKernel)
+	*p = x
+	return p
+}
+
+func (x NBDKernel) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NBDKernel) Descriptor() protoreflect.EnumDescriptor {
+	return file_instancemanager_v1_instancemanager_proto_enumTypes[3].Descriptor()
+}
+
+func (NBDKernel) Type() protoreflect.EnumType {
+	return &file_instancemanager_v1_instancemanager_proto_enumTypes[3]
+}
+
+func (x NBDKernel) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NBDKernel.Descriptor instead.
+func (NBDKernel) EnumDescriptor() ([]byte, []int) {
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{3}
+}
+
+// EndpointKind says what an engine's endpoint is.
+type EndpointKind int32
+
+const (
+	EndpointKind_ENDPOINT_KIND_UNSPECIFIED EndpointKind = 0
+	// A kernel block device through the nbd driver (/dev/nbdN).
+	EndpointKind_ENDPOINT_KIND_BLOCK_DEVICE EndpointKind = 1
+	// A loop device over the FUSE frontend's file (/dev/loopN).
+	EndpointKind_ENDPOINT_KIND_LOOP_DEVICE EndpointKind = 2
+	// The NBD socket only: no block device on the node.
+	EndpointKind_ENDPOINT_KIND_NBD_SOCKET EndpointKind = 3
+)
+
+// Enum value maps for EndpointKind.
+var (
+	EndpointKind_name = map[int32]string{
+		0: "ENDPOINT_KIND_UNSPECIFIED",
+		1: "ENDPOINT_KIND_BLOCK_DEVICE",
+		2: "ENDPOINT_KIND_LOOP_DEVICE",
+		3: "ENDPOINT_KIND_NBD_SOCKET",
+	}
+	EndpointKind_value = map[string]int32{
+		"ENDPOINT_KIND_UNSPECIFIED":  0,
+		"ENDPOINT_KIND_BLOCK_DEVICE": 1,
+		"ENDPOINT_KIND_LOOP_DEVICE":  2,
+		"ENDPOINT_KIND_NBD_SOCKET":   3,
+	}
+)
+
+func (x EndpointKind) Enum() *EndpointKind {
+	p := new(EndpointKind)
+	*p = x
+	return p
+}
+
+func (x EndpointKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EndpointKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_instancemanager_v1_instancemanager_proto_enumTypes[4].Descriptor()
+}
+
+func (EndpointKind) Type() protoreflect.EnumType {
+	return &file_instancemanager_v1_instancemanager_proto_enumTypes[4]
+}
+
+func (x EndpointKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EndpointKind.Descriptor instead.
+func (EndpointKind) EnumDescriptor() ([]byte, []int) {
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{4}
+}
+
 type ProcessEvent_Type int32
 
 const (
@@ -170,11 +335,11 @@ func (x ProcessEvent_Type) String() string {
 }
 
 func (ProcessEvent_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_instancemanager_v1_instancemanager_proto_enumTypes[2].Descriptor()
+	return file_instancemanager_v1_instancemanager_proto_enumTypes[5].Descriptor()
 }
 
 func (ProcessEvent_Type) Type() protoreflect.EnumType {
-	return &file_instancemanager_v1_instancemanager_proto_enumTypes[2]
+	return &file_instancemanager_v1_instancemanager_proto_enumTypes[5]
 }
 
 func (x ProcessEvent_Type) Number() protoreflect.EnumNumber {
@@ -183,7 +348,312 @@ func (x ProcessEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ProcessEvent_Type.Descriptor instead.
 func (ProcessEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{8, 0}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{12, 0}
+}
+
+// ReplicaAddress is where an engine reaches one replica.
+type ReplicaAddress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// data is the dataconn address: HOST:PORT, or unix:PATH for a replica
+	// on the engine's node.
+	Data string `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// control is the replica's gRPC address HOST:PORT.
+	Control       string `protobuf:"bytes,2,opt,name=control,proto3" json:"control,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaAddress) Reset() {
+	*x = ReplicaAddress{}
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaAddress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaAddress) ProtoMessage() {}
+
+func (x *ReplicaAddress) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaAddress.ProtoReflect.Descriptor instead.
+func (*ReplicaAddress) Descriptor() ([]byte, []int) {
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ReplicaAddress) GetData() string {
+	if x != nil {
+		return x.Data
+	}
+	return ""
+}
+
+func (x *ReplicaAddress) GetControl() string {
+	if x != nil {
+		return x.Control
+	}
+	return ""
+}
+
+// EngineSpec is an engine to run on this node.
+type EngineSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// volume_name names the volume (the NBD export, the FUSE file, the
+	// kernel device's backend): a DNS label, at most 63 characters.
+	VolumeName string `protobuf:"bytes,1,opt,name=volume_name,json=volumeName,proto3" json:"volume_name,omitempty"`
+	// size_bytes is the volume size; 0 takes the replicas' size.
+	SizeBytes int64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// replicas are the replicas to open (1 to 16).
+	Replicas []*ReplicaAddress `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// wanted is how many replicas make the volume healthy; 0 means
+	// len(replicas).
+	Wanted    int32     `protobuf:"varint,4,opt,name=wanted,proto3" json:"wanted,omitempty"`
+	Frontend  Frontend  `protobuf:"varint,5,opt,name=frontend,proto3,enum=cairn.instancemanager.v1.Frontend" json:"frontend,omitempty"`
+	NbdKernel NBDKernel `protobuf:"varint,6,opt,name=nbd_kernel,json=nbdKernel,proto3,enum=cairn.instancemanager.v1.NBDKernel" json:"nbd_kernel,omitempty"`
+	// replica_timeout_ms fails a replica that does not answer a request in
+	// this time; 0 takes the engine's default (8 s).
+	ReplicaTimeoutMs int64 `protobuf:"varint,7,opt,name=replica_timeout_ms,json=replicaTimeoutMs,proto3" json:"replica_timeout_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *EngineSpec) Reset() {
+	*x = EngineSpec{}
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineSpec) ProtoMessage() {}
+
+func (x *EngineSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineSpec.ProtoReflect.Descriptor instead.
+func (*EngineSpec) Descriptor() ([]byte, []int) {
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EngineSpec) GetVolumeName() string {
+	if x != nil {
+		return x.VolumeName
+	}
+	return ""
+}
+
+func (x *EngineSpec) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *EngineSpec) GetReplicas() []*ReplicaAddress {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *EngineSpec) GetWanted() int32 {
+	if x != nil {
+		return x.Wanted
+	}
+	return 0
+}
+
+func (x *EngineSpec) GetFrontend() Frontend {
+	if x != nil {
+		return x.Frontend
+	}
+	return Frontend_FRONTEND_UNSPECIFIED
+}
+
+func (x *EngineSpec) GetNbdKernel() NBDKernel {
+	if x != nil {
+		return x.NbdKernel
+	}
+	return NBDKernel_NBD_KERNEL_AUTO
+}
+
+func (x *EngineSpec) GetReplicaTimeoutMs() int64 {
+	if x != nil {
+		return x.ReplicaTimeoutMs
+	}
+	return 0
+}
+
+// ReplicaSpec is a replica to run on this node.
+type ReplicaSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// data_dir is the replica's directory: an absolute path strictly inside
+	// one of the node's data directories (NodeInfo), created if missing.
+	DataDir string `protobuf:"bytes,1,opt,name=data_dir,json=dataDir,proto3" json:"data_dir,omitempty"`
+	// size_bytes is the volume size (a multiple of 4096).
+	SizeBytes int64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// direct_io reads and writes the data files with O_DIRECT.
+	DirectIo bool `protobuf:"varint,3,opt,name=direct_io,json=directIo,proto3" json:"direct_io,omitempty"`
+	// unix_socket serves data on a unix socket the instance manager picks,
+	// for an engine on the same node, instead of a TCP port.
+	UnixSocket    bool `protobuf:"varint,4,opt,name=unix_socket,json=unixSocket,proto3" json:"unix_socket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaSpec) Reset() {
+	*x = ReplicaSpec{}
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaSpec) ProtoMessage() {}
+
+func (x *ReplicaSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaSpec.ProtoReflect.Descriptor instead.
+func (*ReplicaSpec) Descriptor() ([]byte, []int) {
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReplicaSpec) GetDataDir() string {
+	if x != nil {
+		return x.DataDir
+	}
+	return ""
+}
+
+func (x *ReplicaSpec) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *ReplicaSpec) GetDirectIo() bool {
+	if x != nil {
+		return x.DirectIo
+	}
+	return false
+}
+
+func (x *ReplicaSpec) GetUnixSocket() bool {
+	if x != nil {
+		return x.UnixSocket
+	}
+	return false
+}
+
+// Endpoint is where a running engine serves its volume on the node.
+type Endpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is the block device, or the NBD socket for ENDPOINT_KIND_NBD_SOCKET.
+	Path string       `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Kind EndpointKind `protobuf:"varint,2,opt,name=kind,proto3,enum=cairn.instancemanager.v1.EndpointKind" json:"kind,omitempty"`
+	// socket is the nbd frontend's socket (also when path is /dev/nbdN).
+	Socket string `protobuf:"bytes,3,opt,name=socket,proto3" json:"socket,omitempty"`
+	// fallback says why an engine that could have had a kernel block device
+	// serves only its socket; empty otherwise.
+	Fallback      string `protobuf:"bytes,4,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Endpoint) Reset() {
+	*x = Endpoint{}
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Endpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Endpoint) ProtoMessage() {}
+
+func (x *Endpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
+func (*Endpoint) Descriptor() ([]byte, []int) {
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Endpoint) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *Endpoint) GetKind() EndpointKind {
+	if x != nil {
+		return x.Kind
+	}
+	return EndpointKind_ENDPOINT_KIND_UNSPECIFIED
+}
+
+func (x *Endpoint) GetSocket() string {
+	if x != nil {
+		return x.Socket
+	}
+	return ""
+}
+
+func (x *Endpoint) GetFallback() string {
+	if x != nil {
+		return x.Fallback
+	}
+	return ""
 }
 
 type Process struct {
@@ -191,23 +661,38 @@ type Process struct {
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Kind  ProcessKind            `protobuf:"varint,2,opt,name=kind,proto3,enum=cairn.instancemanager.v1.ProcessKind" json:"kind,omitempty"`
 	State ProcessState           `protobuf:"varint,3,opt,name=state,proto3,enum=cairn.instancemanager.v1.ProcessState" json:"state,omitempty"`
-	// Ports allocated to the process, substituted for ${PORT0}.. in args.
-	Ports []int32  `protobuf:"varint,4,rep,packed,name=ports,proto3" json:"ports,omitempty"`
-	Args  []string `protobuf:"bytes,5,rep,name=args,proto3" json:"args,omitempty"`
-	Pid   int32    `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`
+	// Ports allocated to the process.
+	Ports []int32 `protobuf:"varint,4,rep,packed,name=ports,proto3" json:"ports,omitempty"`
+	// The command line the spec became (for people; not a contract).
+	Args []string `protobuf:"bytes,5,rep,name=args,proto3" json:"args,omitempty"`
+	Pid  int32    `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`
 	// Exit status once it exited (-1 when killed by a signal).
 	ExitCode int32 `protobuf:"varint,7,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
 	// Why it is in state ERROR.
 	Error string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
 	// The last lines of its log, for a process in state ERROR.
-	LogTail       []string `protobuf:"bytes,9,rep,name=log_tail,json=logTail,proto3" json:"log_tail,omitempty"`
+	LogTail []string `protobuf:"bytes,9,rep,name=log_tail,json=logTail,proto3" json:"log_tail,omitempty"`
+	// The spec it was created from.
+	//
+	// Types that are valid to be assigned to Spec:
+	//
+	//	*Process_Engine
+	//	*Process_Replica
+	Spec isProcess_Spec `protobuf_oneof:"spec"`
+	// What the process reported once running: a replica's data and control
+	// addresses, an engine's control address, and the volume size.
+	DataAddress    string `protobuf:"bytes,12,opt,name=data_address,json=dataAddress,proto3" json:"data_address,omitempty"`
+	ControlAddress string `protobuf:"bytes,13,opt,name=control_address,json=controlAddress,proto3" json:"control_address,omitempty"`
+	SizeBytes      int64  `protobuf:"varint,14,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// endpoint: a running engine's block device (or socket) and its kind.
+	Endpoint      *Endpoint `protobuf:"bytes,15,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Process) Reset() {
 	*x = Process{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[0]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -219,7 +704,7 @@ func (x *Process) String() string {
 func (*Process) ProtoMessage() {}
 
 func (x *Process) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[0]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -232,7 +717,7 @@ func (x *Process) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Process.ProtoReflect.Descriptor instead.
 func (*Process) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{0}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Process) GetName() string {
@@ -298,21 +783,93 @@ func (x *Process) GetLogTail() []string {
 	return nil
 }
 
+func (x *Process) GetSpec() isProcess_Spec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *Process) GetEngine() *EngineSpec {
+	if x != nil {
+		if x, ok := x.Spec.(*Process_Engine); ok {
+			return x.Engine
+		}
+	}
+	return nil
+}
+
+func (x *Process) GetReplica() *ReplicaSpec {
+	if x != nil {
+		if x, ok := x.Spec.(*Process_Replica); ok {
+			return x.Replica
+		}
+	}
+	return nil
+}
+
+func (x *Process) GetDataAddress() string {
+	if x != nil {
+		return x.DataAddress
+	}
+	return ""
+}
+
+func (x *Process) GetControlAddress() string {
+	if x != nil {
+		return x.ControlAddress
+	}
+	return ""
+}
+
+func (x *Process) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *Process) GetEndpoint() *Endpoint {
+	if x != nil {
+		return x.Endpoint
+	}
+	return nil
+}
+
+type isProcess_Spec interface {
+	isProcess_Spec()
+}
+
+type Process_Engine struct {
+	Engine *EngineSpec `protobuf:"bytes,10,opt,name=engine,proto3,oneof"`
+}
+
+type Process_Replica struct {
+	Replica *ReplicaSpec `protobuf:"bytes,11,opt,name=replica,proto3,oneof"`
+}
+
+func (*Process_Engine) isProcess_Spec() {}
+
+func (*Process_Replica) isProcess_Spec() {}
+
 type ProcessCreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Kind  ProcessKind            `protobuf:"varint,2,opt,name=kind,proto3,enum=cairn.instancemanager.v1.ProcessKind" json:"kind,omitempty"`
-	// Arguments after the subcommand; ${PORT0}, ${PORT1}, ... are replaced by
-	// the allocated ports.
-	Args          []string `protobuf:"bytes,3,rep,name=args,proto3" json:"args,omitempty"`
-	PortCount     int32    `protobuf:"varint,4,opt,name=port_count,json=portCount,proto3" json:"port_count,omitempty"`
+	// name identifies the process on this node: lowercase letters, digits,
+	// '-' and '.', optionally prefixed by a namespace and '/', as the
+	// Kubernetes object it serves is named (e.g. "cairn-system/pvc-1-r-0").
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Types that are valid to be assigned to Spec:
+	//
+	//	*ProcessCreateRequest_Engine
+	//	*ProcessCreateRequest_Replica
+	Spec          isProcessCreateRequest_Spec `protobuf_oneof:"spec"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProcessCreateRequest) Reset() {
 	*x = ProcessCreateRequest{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[1]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -324,7 +881,7 @@ func (x *ProcessCreateRequest) String() string {
 func (*ProcessCreateRequest) ProtoMessage() {}
 
 func (x *ProcessCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[1]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -337,7 +894,7 @@ func (x *ProcessCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessCreateRequest.ProtoReflect.Descriptor instead.
 func (*ProcessCreateRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{1}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ProcessCreateRequest) GetName() string {
@@ -347,26 +904,46 @@ func (x *ProcessCreateRequest) GetName() string {
 	return ""
 }
 
-func (x *ProcessCreateRequest) GetKind() ProcessKind {
+func (x *ProcessCreateRequest) GetSpec() isProcessCreateRequest_Spec {
 	if x != nil {
-		return x.Kind
-	}
-	return ProcessKind_PROCESS_KIND_UNSPECIFIED
-}
-
-func (x *ProcessCreateRequest) GetArgs() []string {
-	if x != nil {
-		return x.Args
+		return x.Spec
 	}
 	return nil
 }
 
-func (x *ProcessCreateRequest) GetPortCount() int32 {
+func (x *ProcessCreateRequest) GetEngine() *EngineSpec {
 	if x != nil {
-		return x.PortCount
+		if x, ok := x.Spec.(*ProcessCreateRequest_Engine); ok {
+			return x.Engine
+		}
 	}
-	return 0
+	return nil
 }
+
+func (x *ProcessCreateRequest) GetReplica() *ReplicaSpec {
+	if x != nil {
+		if x, ok := x.Spec.(*ProcessCreateRequest_Replica); ok {
+			return x.Replica
+		}
+	}
+	return nil
+}
+
+type isProcessCreateRequest_Spec interface {
+	isProcessCreateRequest_Spec()
+}
+
+type ProcessCreateRequest_Engine struct {
+	Engine *EngineSpec `protobuf:"bytes,2,opt,name=engine,proto3,oneof"`
+}
+
+type ProcessCreateRequest_Replica struct {
+	Replica *ReplicaSpec `protobuf:"bytes,3,opt,name=replica,proto3,oneof"`
+}
+
+func (*ProcessCreateRequest_Engine) isProcessCreateRequest_Spec() {}
+
+func (*ProcessCreateRequest_Replica) isProcessCreateRequest_Spec() {}
 
 type ProcessDeleteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -377,7 +954,7 @@ type ProcessDeleteRequest struct {
 
 func (x *ProcessDeleteRequest) Reset() {
 	*x = ProcessDeleteRequest{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[2]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -389,7 +966,7 @@ func (x *ProcessDeleteRequest) String() string {
 func (*ProcessDeleteRequest) ProtoMessage() {}
 
 func (x *ProcessDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[2]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -402,7 +979,7 @@ func (x *ProcessDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessDeleteRequest.ProtoReflect.Descriptor instead.
 func (*ProcessDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{2}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ProcessDeleteRequest) GetName() string {
@@ -420,7 +997,7 @@ type ProcessDeleteResponse struct {
 
 func (x *ProcessDeleteResponse) Reset() {
 	*x = ProcessDeleteResponse{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[3]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -432,7 +1009,7 @@ func (x *ProcessDeleteResponse) String() string {
 func (*ProcessDeleteResponse) ProtoMessage() {}
 
 func (x *ProcessDeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[3]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -445,7 +1022,7 @@ func (x *ProcessDeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessDeleteResponse.ProtoReflect.Descriptor instead.
 func (*ProcessDeleteResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{3}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{7}
 }
 
 type ProcessGetRequest struct {
@@ -457,7 +1034,7 @@ type ProcessGetRequest struct {
 
 func (x *ProcessGetRequest) Reset() {
 	*x = ProcessGetRequest{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[4]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +1046,7 @@ func (x *ProcessGetRequest) String() string {
 func (*ProcessGetRequest) ProtoMessage() {}
 
 func (x *ProcessGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[4]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +1059,7 @@ func (x *ProcessGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessGetRequest.ProtoReflect.Descriptor instead.
 func (*ProcessGetRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{4}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ProcessGetRequest) GetName() string {
@@ -500,7 +1077,7 @@ type ProcessListRequest struct {
 
 func (x *ProcessListRequest) Reset() {
 	*x = ProcessListRequest{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[5]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +1089,7 @@ func (x *ProcessListRequest) String() string {
 func (*ProcessListRequest) ProtoMessage() {}
 
 func (x *ProcessListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[5]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +1102,7 @@ func (x *ProcessListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessListRequest.ProtoReflect.Descriptor instead.
 func (*ProcessListRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{5}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{9}
 }
 
 type ProcessListResponse struct {
@@ -537,7 +1114,7 @@ type ProcessListResponse struct {
 
 func (x *ProcessListResponse) Reset() {
 	*x = ProcessListResponse{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[6]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +1126,7 @@ func (x *ProcessListResponse) String() string {
 func (*ProcessListResponse) ProtoMessage() {}
 
 func (x *ProcessListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[6]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +1139,7 @@ func (x *ProcessListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessListResponse.ProtoReflect.Descriptor instead.
 func (*ProcessListResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{6}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ProcessListResponse) GetProcesses() []*Process {
@@ -580,7 +1157,7 @@ type ProcessWatchRequest struct {
 
 func (x *ProcessWatchRequest) Reset() {
 	*x = ProcessWatchRequest{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[7]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +1169,7 @@ func (x *ProcessWatchRequest) String() string {
 func (*ProcessWatchRequest) ProtoMessage() {}
 
 func (x *ProcessWatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[7]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +1182,7 @@ func (x *ProcessWatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessWatchRequest.ProtoReflect.Descriptor instead.
 func (*ProcessWatchRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{7}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{11}
 }
 
 type ProcessEvent struct {
@@ -620,7 +1197,7 @@ type ProcessEvent struct {
 
 func (x *ProcessEvent) Reset() {
 	*x = ProcessEvent{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[8]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +1209,7 @@ func (x *ProcessEvent) String() string {
 func (*ProcessEvent) ProtoMessage() {}
 
 func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[8]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +1222,7 @@ func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessEvent.ProtoReflect.Descriptor instead.
 func (*ProcessEvent) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{8}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ProcessEvent) GetType() ProcessEvent_Type {
@@ -686,7 +1263,7 @@ type ProcessLogRequest struct {
 
 func (x *ProcessLogRequest) Reset() {
 	*x = ProcessLogRequest{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[9]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +1275,7 @@ func (x *ProcessLogRequest) String() string {
 func (*ProcessLogRequest) ProtoMessage() {}
 
 func (x *ProcessLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[9]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +1288,7 @@ func (x *ProcessLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessLogRequest.ProtoReflect.Descriptor instead.
 func (*ProcessLogRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{9}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ProcessLogRequest) GetName() string {
@@ -737,7 +1314,7 @@ type LogLine struct {
 
 func (x *LogLine) Reset() {
 	*x = LogLine{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[10]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +1326,7 @@ func (x *LogLine) String() string {
 func (*LogLine) ProtoMessage() {}
 
 func (x *LogLine) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[10]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +1339,7 @@ func (x *LogLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogLine.ProtoReflect.Descriptor instead.
 func (*LogLine) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{10}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LogLine) GetLine() string {
@@ -780,7 +1357,7 @@ type NodeInfoRequest struct {
 
 func (x *NodeInfoRequest) Reset() {
 	*x = NodeInfoRequest{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[11]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +1369,7 @@ func (x *NodeInfoRequest) String() string {
 func (*NodeInfoRequest) ProtoMessage() {}
 
 func (x *NodeInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[11]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +1382,7 @@ func (x *NodeInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfoRequest.ProtoReflect.Descriptor instead.
 func (*NodeInfoRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{11}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{15}
 }
 
 type DataDir struct {
@@ -820,7 +1397,7 @@ type DataDir struct {
 
 func (x *DataDir) Reset() {
 	*x = DataDir{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[12]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -832,7 +1409,7 @@ func (x *DataDir) String() string {
 func (*DataDir) ProtoMessage() {}
 
 func (x *DataDir) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[12]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -845,7 +1422,7 @@ func (x *DataDir) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataDir.ProtoReflect.Descriptor instead.
 func (*DataDir) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{12}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DataDir) GetPath() string {
@@ -887,7 +1464,7 @@ type NodeInfoResponse struct {
 
 func (x *NodeInfoResponse) Reset() {
 	*x = NodeInfoResponse{}
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[13]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -899,7 +1476,7 @@ func (x *NodeInfoResponse) String() string {
 func (*NodeInfoResponse) ProtoMessage() {}
 
 func (x *NodeInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[13]
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -912,7 +1489,7 @@ func (x *NodeInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfoResponse.ProtoReflect.Descriptor instead.
 func (*NodeInfoResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{13}
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NodeInfoResponse) GetNodeName() string {
@@ -936,11 +1513,119 @@ func (x *NodeInfoResponse) GetDataDirs() []*DataDir {
 	return nil
 }
 
+type ReplicaDataDeleteRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// data_dir is the directory a replica was created with.
+	DataDir       string `protobuf:"bytes,1,opt,name=data_dir,json=dataDir,proto3" json:"data_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaDataDeleteRequest) Reset() {
+	*x = ReplicaDataDeleteRequest{}
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaDataDeleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaDataDeleteRequest) ProtoMessage() {}
+
+func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaDataDeleteRequest.ProtoReflect.Descriptor instead.
+func (*ReplicaDataDeleteRequest) Descriptor() ([]byte, []int) {
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReplicaDataDeleteRequest) GetDataDir() string {
+	if x != nil {
+		return x.DataDir
+	}
+	return ""
+}
+
+type ReplicaDataDeleteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaDataDeleteResponse) Reset() {
+	*x = ReplicaDataDeleteResponse{}
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaDataDeleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaDataDeleteResponse) ProtoMessage() {}
+
+func (x *ReplicaDataDeleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_v1_instancemanager_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaDataDeleteResponse.ProtoReflect.Descriptor instead.
+func (*ReplicaDataDeleteResponse) Descriptor() ([]byte, []int) {
+	return file_instancemanager_v1_instancemanager_proto_rawDescGZIP(), []int{19}
+}
+
 var File_instancemanager_v1_instancemanager_proto protoreflect.FileDescriptor
 
 const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\n" +
-	"(instancemanager/v1/instancemanager.proto\x12\x18cairn.instancemanager.v1\"\xa0\x02\n" +
+	"(instancemanager/v1/instancemanager.proto\x12\x18cairn.instancemanager.v1\">\n" +
+	"\x0eReplicaAddress\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\tR\x04data\x12\x18\n" +
+	"\acontrol\x18\x02 \x01(\tR\acontrol\"\xdc\x02\n" +
+	"\n" +
+	"EngineSpec\x12\x1f\n" +
+	"\vvolume_name\x18\x01 \x01(\tR\n" +
+	"volumeName\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\x12D\n" +
+	"\breplicas\x18\x03 \x03(\v2(.cairn.instancemanager.v1.ReplicaAddressR\breplicas\x12\x16\n" +
+	"\x06wanted\x18\x04 \x01(\x05R\x06wanted\x12>\n" +
+	"\bfrontend\x18\x05 \x01(\x0e2\".cairn.instancemanager.v1.FrontendR\bfrontend\x12B\n" +
+	"\n" +
+	"nbd_kernel\x18\x06 \x01(\x0e2#.cairn.instancemanager.v1.NBDKernelR\tnbdKernel\x12,\n" +
+	"\x12replica_timeout_ms\x18\a \x01(\x03R\x10replicaTimeoutMs\"\x85\x01\n" +
+	"\vReplicaSpec\x12\x19\n" +
+	"\bdata_dir\x18\x01 \x01(\tR\adataDir\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\x12\x1b\n" +
+	"\tdirect_io\x18\x03 \x01(\bR\bdirectIo\x12\x1f\n" +
+	"\vunix_socket\x18\x04 \x01(\bR\n" +
+	"unixSocket\"\x8e\x01\n" +
+	"\bEndpoint\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12:\n" +
+	"\x04kind\x18\x02 \x01(\x0e2&.cairn.instancemanager.v1.EndpointKindR\x04kind\x12\x16\n" +
+	"\x06socket\x18\x03 \x01(\tR\x06socket\x12\x1a\n" +
+	"\bfallback\x18\x04 \x01(\tR\bfallback\"\xd6\x04\n" +
 	"\aProcess\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\x04kind\x18\x02 \x01(\x0e2%.cairn.instancemanager.v1.ProcessKindR\x04kind\x12<\n" +
@@ -950,13 +1635,21 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\x03pid\x18\x06 \x01(\x05R\x03pid\x12\x1b\n" +
 	"\texit_code\x18\a \x01(\x05R\bexitCode\x12\x14\n" +
 	"\x05error\x18\b \x01(\tR\x05error\x12\x19\n" +
-	"\blog_tail\x18\t \x03(\tR\alogTail\"\x98\x01\n" +
-	"\x14ProcessCreateRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
-	"\x04kind\x18\x02 \x01(\x0e2%.cairn.instancemanager.v1.ProcessKindR\x04kind\x12\x12\n" +
-	"\x04args\x18\x03 \x03(\tR\x04args\x12\x1d\n" +
+	"\blog_tail\x18\t \x03(\tR\alogTail\x12>\n" +
+	"\x06engine\x18\n" +
+	" \x01(\v2$.cairn.instancemanager.v1.EngineSpecH\x00R\x06engine\x12A\n" +
+	"\areplica\x18\v \x01(\v2%.cairn.instancemanager.v1.ReplicaSpecH\x00R\areplica\x12!\n" +
+	"\fdata_address\x18\f \x01(\tR\vdataAddress\x12'\n" +
+	"\x0fcontrol_address\x18\r \x01(\tR\x0econtrolAddress\x12\x1d\n" +
 	"\n" +
-	"port_count\x18\x04 \x01(\x05R\tportCount\"*\n" +
+	"size_bytes\x18\x0e \x01(\x03R\tsizeBytes\x12>\n" +
+	"\bendpoint\x18\x0f \x01(\v2\".cairn.instancemanager.v1.EndpointR\bendpointB\x06\n" +
+	"\x04spec\"\xb5\x01\n" +
+	"\x14ProcessCreateRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12>\n" +
+	"\x06engine\x18\x02 \x01(\v2$.cairn.instancemanager.v1.EngineSpecH\x00R\x06engine\x12A\n" +
+	"\areplica\x18\x03 \x01(\v2%.cairn.instancemanager.v1.ReplicaSpecH\x00R\areplicaB\x06\n" +
+	"\x04spec\"*\n" +
 	"\x14ProcessDeleteRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x17\n" +
 	"\x15ProcessDeleteResponse\"'\n" +
@@ -993,7 +1686,10 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\x10NodeInfoResponse\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12>\n" +
-	"\tdata_dirs\x18\x03 \x03(\v2!.cairn.instancemanager.v1.DataDirR\bdataDirs*^\n" +
+	"\tdata_dirs\x18\x03 \x03(\v2!.cairn.instancemanager.v1.DataDirR\bdataDirs\"5\n" +
+	"\x18ReplicaDataDeleteRequest\x12\x19\n" +
+	"\bdata_dir\x18\x01 \x01(\tR\adataDir\"\x1b\n" +
+	"\x19ReplicaDataDeleteResponse*^\n" +
 	"\vProcessKind\x12\x1c\n" +
 	"\x18PROCESS_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13PROCESS_KIND_ENGINE\x10\x01\x12\x18\n" +
@@ -1004,7 +1700,20 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\x15PROCESS_STATE_RUNNING\x10\x02\x12\x1a\n" +
 	"\x16PROCESS_STATE_STOPPING\x10\x03\x12\x19\n" +
 	"\x15PROCESS_STATE_STOPPED\x10\x04\x12\x17\n" +
-	"\x13PROCESS_STATE_ERROR\x10\x052\xe4\x05\n" +
+	"\x13PROCESS_STATE_ERROR\x10\x05*I\n" +
+	"\bFrontend\x12\x18\n" +
+	"\x14FRONTEND_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rFRONTEND_FUSE\x10\x01\x12\x10\n" +
+	"\fFRONTEND_NBD\x10\x02*G\n" +
+	"\tNBDKernel\x12\x13\n" +
+	"\x0fNBD_KERNEL_AUTO\x10\x00\x12\x11\n" +
+	"\rNBD_KERNEL_ON\x10\x01\x12\x12\n" +
+	"\x0eNBD_KERNEL_OFF\x10\x02*\x8a\x01\n" +
+	"\fEndpointKind\x12\x1d\n" +
+	"\x19ENDPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aENDPOINT_KIND_BLOCK_DEVICE\x10\x01\x12\x1d\n" +
+	"\x19ENDPOINT_KIND_LOOP_DEVICE\x10\x02\x12\x1c\n" +
+	"\x18ENDPOINT_KIND_NBD_SOCKET\x10\x032\xe2\x06\n" +
 	"\x16InstanceManagerService\x12b\n" +
 	"\rProcessCreate\x12..cairn.instancemanager.v1.ProcessCreateRequest\x1a!.cairn.instancemanager.v1.Process\x12p\n" +
 	"\rProcessDelete\x12..cairn.instancemanager.v1.ProcessDeleteRequest\x1a/.cairn.instancemanager.v1.ProcessDeleteResponse\x12\\\n" +
@@ -1014,7 +1723,8 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\fProcessWatch\x12-.cairn.instancemanager.v1.ProcessWatchRequest\x1a&.cairn.instancemanager.v1.ProcessEvent0\x01\x12^\n" +
 	"\n" +
 	"ProcessLog\x12+.cairn.instancemanager.v1.ProcessLogRequest\x1a!.cairn.instancemanager.v1.LogLine0\x01\x12a\n" +
-	"\bNodeInfo\x12).cairn.instancemanager.v1.NodeInfoRequest\x1a*.cairn.instancemanager.v1.NodeInfoResponseBNZLgithub.com/cairn-io/cairn/dataplane/api/instancemanager/v1;instancemanagerv1b\x06proto3"
+	"\bNodeInfo\x12).cairn.instancemanager.v1.NodeInfoRequest\x1a*.cairn.instancemanager.v1.NodeInfoResponse\x12|\n" +
+	"\x11ReplicaDataDelete\x122.cairn.instancemanager.v1.ReplicaDataDeleteRequest\x1a3.cairn.instancemanager.v1.ReplicaDataDeleteResponseBNZLgithub.com/cairn-io/cairn/dataplane/api/instancemanager/v1;instancemanagerv1b\x06proto3"
 
 var (
 	file_instancemanager_v1_instancemanager_proto_rawDescOnce sync.Once
@@ -1028,55 +1738,74 @@ func file_instancemanager_v1_instancemanager_proto_rawDescGZIP() []byte {
 	return file_instancemanager_v1_instancemanager_proto_rawDescData
 }
 
-var file_instancemanager_v1_instancemanager_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_instancemanager_v1_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_instancemanager_v1_instancemanager_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_instancemanager_v1_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_instancemanager_v1_instancemanager_proto_goTypes = []any{
-	(ProcessKind)(0),              // 0: cairn.instancemanager.v1.ProcessKind
-	(ProcessState)(0),             // 1: cairn.instancemanager.v1.ProcessState
-	(ProcessEvent_Type)(0),        // 2: cairn.instancemanager.v1.ProcessEvent.Type
-	(*Process)(nil),               // 3: cairn.instancemanager.v1.Process
-	(*ProcessCreateRequest)(nil),  // 4: cairn.instancemanager.v1.ProcessCreateRequest
-	(*ProcessDeleteRequest)(nil),  // 5: cairn.instancemanager.v1.ProcessDeleteRequest
-	(*ProcessDeleteResponse)(nil), // 6: cairn.instancemanager.v1.ProcessDeleteResponse
-	(*ProcessGetRequest)(nil),     // 7: cairn.instancemanager.v1.ProcessGetRequest
-	(*ProcessListRequest)(nil),    // 8: cairn.instancemanager.v1.ProcessListRequest
-	(*ProcessListResponse)(nil),   // 9: cairn.instancemanager.v1.ProcessListResponse
-	(*ProcessWatchRequest)(nil),   // 10: cairn.instancemanager.v1.ProcessWatchRequest
-	(*ProcessEvent)(nil),          // 11: cairn.instancemanager.v1.ProcessEvent
-	(*ProcessLogRequest)(nil),     // 12: cairn.instancemanager.v1.ProcessLogRequest
-	(*LogLine)(nil),               // 13: cairn.instancemanager.v1.LogLine
-	(*NodeInfoRequest)(nil),       // 14: cairn.instancemanager.v1.NodeInfoRequest
-	(*DataDir)(nil),               // 15: cairn.instancemanager.v1.DataDir
-	(*NodeInfoResponse)(nil),      // 16: cairn.instancemanager.v1.NodeInfoResponse
+	(ProcessKind)(0),                  // 0: cairn.instancemanager.v1.ProcessKind
+	(ProcessState)(0),                 // 1: cairn.instancemanager.v1.ProcessState
+	(Frontend)(0),                     // 2: cairn.instancemanager.v1.Frontend
+	(NBDKernel)(0),                    // 3: cairn.instancemanager.v1.NBDKernel
+	(EndpointKind)(0),                 // 4: cairn.instancemanager.v1.EndpointKind
+	(ProcessEvent_Type)(0),            // 5: cairn.instancemanager.v1.ProcessEvent.Type
+	(*ReplicaAddress)(nil),            // 6: cairn.instancemanager.v1.ReplicaAddress
+	(*EngineSpec)(nil),                // 7: cairn.instancemanager.v1.EngineSpec
+	(*ReplicaSpec)(nil),               // 8: cairn.instancemanager.v1.ReplicaSpec
+	(*Endpoint)(nil),                  // 9: cairn.instancemanager.v1.Endpoint
+	(*Process)(nil),                   // 10: cairn.instancemanager.v1.Process
+	(*ProcessCreateRequest)(nil),      // 11: cairn.instancemanager.v1.ProcessCreateRequest
+	(*ProcessDeleteRequest)(nil),      // 12: cairn.instancemanager.v1.ProcessDeleteRequest
+	(*ProcessDeleteResponse)(nil),     // 13: cairn.instancemanager.v1.ProcessDeleteResponse
+	(*ProcessGetRequest)(nil),         // 14: cairn.instancemanager.v1.ProcessGetRequest
+	(*ProcessListRequest)(nil),        // 15: cairn.instancemanager.v1.ProcessListRequest
+	(*ProcessListResponse)(nil),       // 16: cairn.instancemanager.v1.ProcessListResponse
+	(*ProcessWatchRequest)(nil),       // 17: cairn.instancemanager.v1.ProcessWatchRequest
+	(*ProcessEvent)(nil),              // 18: cairn.instancemanager.v1.ProcessEvent
+	(*ProcessLogRequest)(nil),         // 19: cairn.instancemanager.v1.ProcessLogRequest
+	(*LogLine)(nil),                   // 20: cairn.instancemanager.v1.LogLine
+	(*NodeInfoRequest)(nil),           // 21: cairn.instancemanager.v1.NodeInfoRequest
+	(*DataDir)(nil),                   // 22: cairn.instancemanager.v1.DataDir
+	(*NodeInfoResponse)(nil),          // 23: cairn.instancemanager.v1.NodeInfoResponse
+	(*ReplicaDataDeleteRequest)(nil),  // 24: cairn.instancemanager.v1.ReplicaDataDeleteRequest
+	(*ReplicaDataDeleteResponse)(nil), // 25: cairn.instancemanager.v1.ReplicaDataDeleteResponse
 }
 var file_instancemanager_v1_instancemanager_proto_depIdxs = []int32{
-	0,  // 0: cairn.instancemanager.v1.Process.kind:type_name -> cairn.instancemanager.v1.ProcessKind
-	1,  // 1: cairn.instancemanager.v1.Process.state:type_name -> cairn.instancemanager.v1.ProcessState
-	0,  // 2: cairn.instancemanager.v1.ProcessCreateRequest.kind:type_name -> cairn.instancemanager.v1.ProcessKind
-	3,  // 3: cairn.instancemanager.v1.ProcessListResponse.processes:type_name -> cairn.instancemanager.v1.Process
-	2,  // 4: cairn.instancemanager.v1.ProcessEvent.type:type_name -> cairn.instancemanager.v1.ProcessEvent.Type
-	3,  // 5: cairn.instancemanager.v1.ProcessEvent.processes:type_name -> cairn.instancemanager.v1.Process
-	3,  // 6: cairn.instancemanager.v1.ProcessEvent.process:type_name -> cairn.instancemanager.v1.Process
-	15, // 7: cairn.instancemanager.v1.NodeInfoResponse.data_dirs:type_name -> cairn.instancemanager.v1.DataDir
-	4,  // 8: cairn.instancemanager.v1.InstanceManagerService.ProcessCreate:input_type -> cairn.instancemanager.v1.ProcessCreateRequest
-	5,  // 9: cairn.instancemanager.v1.InstanceManagerService.ProcessDelete:input_type -> cairn.instancemanager.v1.ProcessDeleteRequest
-	7,  // 10: cairn.instancemanager.v1.InstanceManagerService.ProcessGet:input_type -> cairn.instancemanager.v1.ProcessGetRequest
-	8,  // 11: cairn.instancemanager.v1.InstanceManagerService.ProcessList:input_type -> cairn.instancemanager.v1.ProcessListRequest
-	10, // 12: cairn.instancemanager.v1.InstanceManagerService.ProcessWatch:input_type -> cairn.instancemanager.v1.ProcessWatchRequest
-	12, // 13: cairn.instancemanager.v1.InstanceManagerService.ProcessLog:input_type -> cairn.instancemanager.v1.ProcessLogRequest
-	14, // 14: cairn.instancemanager.v1.InstanceManagerService.NodeInfo:input_type -> cairn.instancemanager.v1.NodeInfoRequest
-	3,  // 15: cairn.instancemanager.v1.InstanceManagerService.ProcessCreate:output_type -> cairn.instancemanager.v1.Process
-	6,  // 16: cairn.instancemanager.v1.InstanceManagerService.ProcessDelete:output_type -> cairn.instancemanager.v1.ProcessDeleteResponse
-	3,  // 17: cairn.instancemanager.v1.InstanceManagerService.ProcessGet:output_type -> cairn.instancemanager.v1.Process
-	9,  // 18: cairn.instancemanager.v1.InstanceManagerService.ProcessList:output_type -> cairn.instancemanager.v1.ProcessListResponse
-	11, // 19: cairn.instancemanager.v1.InstanceManagerService.ProcessWatch:output_type -> cairn.instancemanager.v1.ProcessEvent
-	13, // 20: cairn.instancemanager.v1.InstanceManagerService.ProcessLog:output_type -> cairn.instancemanager.v1.LogLine
-	16, // 21: cairn.instancemanager.v1.InstanceManagerService.NodeInfo:output_type -> cairn.instancemanager.v1.NodeInfoResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	6,  // 0: cairn.instancemanager.v1.EngineSpec.replicas:type_name -> cairn.instancemanager.v1.ReplicaAddress
+	2,  // 1: cairn.instancemanager.v1.EngineSpec.frontend:type_name -> cairn.instancemanager.v1.Frontend
+	3,  // 2: cairn.instancemanager.v1.EngineSpec.nbd_kernel:type_name -> cairn.instancemanager.v1.NBDKernel
+	4,  // 3: cairn.instancemanager.v1.Endpoint.kind:type_name -> cairn.instancemanager.v1.EndpointKind
+	0,  // 4: cairn.instancemanager.v1.Process.kind:type_name -> cairn.instancemanager.v1.ProcessKind
+	1,  // 5: cairn.instancemanager.v1.Process.state:type_name -> cairn.instancemanager.v1.ProcessState
+	7,  // 6: cairn.instancemanager.v1.Process.engine:type_name -> cairn.instancemanager.v1.EngineSpec
+	8,  // 7: cairn.instancemanager.v1.Process.replica:type_name -> cairn.instancemanager.v1.ReplicaSpec
+	9,  // 8: cairn.instancemanager.v1.Process.endpoint:type_name -> cairn.instancemanager.v1.Endpoint
+	7,  // 9: cairn.instancemanager.v1.ProcessCreateRequest.engine:type_name -> cairn.instancemanager.v1.EngineSpec
+	8,  // 10: cairn.instancemanager.v1.ProcessCreateRequest.replica:type_name -> cairn.instancemanager.v1.ReplicaSpec
+	10, // 11: cairn.instancemanager.v1.ProcessListResponse.processes:type_name -> cairn.instancemanager.v1.Process
+	5,  // 12: cairn.instancemanager.v1.ProcessEvent.type:type_name -> cairn.instancemanager.v1.ProcessEvent.Type
+	10, // 13: cairn.instancemanager.v1.ProcessEvent.processes:type_name -> cairn.instancemanager.v1.Process
+	10, // 14: cairn.instancemanager.v1.ProcessEvent.process:type_name -> cairn.instancemanager.v1.Process
+	22, // 15: cairn.instancemanager.v1.NodeInfoResponse.data_dirs:type_name -> cairn.instancemanager.v1.DataDir
+	11, // 16: cairn.instancemanager.v1.InstanceManagerService.ProcessCreate:input_type -> cairn.instancemanager.v1.ProcessCreateRequest
+	12, // 17: cairn.instancemanager.v1.InstanceManagerService.ProcessDelete:input_type -> cairn.instancemanager.v1.ProcessDeleteRequest
+	14, // 18: cairn.instancemanager.v1.InstanceManagerService.ProcessGet:input_type -> cairn.instancemanager.v1.ProcessGetRequest
+	15, // 19: cairn.instancemanager.v1.InstanceManagerService.ProcessList:input_type -> cairn.instancemanager.v1.ProcessListRequest
+	17, // 20: cairn.instancemanager.v1.InstanceManagerService.ProcessWatch:input_type -> cairn.instancemanager.v1.ProcessWatchRequest
+	19, // 21: cairn.instancemanager.v1.InstanceManagerService.ProcessLog:input_type -> cairn.instancemanager.v1.ProcessLogRequest
+	21, // 22: cairn.instancemanager.v1.InstanceManagerService.NodeInfo:input_type -> cairn.instancemanager.v1.NodeInfoRequest
+	24, // 23: cairn.instancemanager.v1.InstanceManagerService.ReplicaDataDelete:input_type -> cairn.instancemanager.v1.ReplicaDataDeleteRequest
+	10, // 24: cairn.instancemanager.v1.InstanceManagerService.ProcessCreate:output_type -> cairn.instancemanager.v1.Process
+	13, // 25: cairn.instancemanager.v1.InstanceManagerService.ProcessDelete:output_type -> cairn.instancemanager.v1.ProcessDeleteResponse
+	10, // 26: cairn.instancemanager.v1.InstanceManagerService.ProcessGet:output_type -> cairn.instancemanager.v1.Process
+	16, // 27: cairn.instancemanager.v1.InstanceManagerService.ProcessList:output_type -> cairn.instancemanager.v1.ProcessListResponse
+	18, // 28: cairn.instancemanager.v1.InstanceManagerService.ProcessWatch:output_type -> cairn.instancemanager.v1.ProcessEvent
+	20, // 29: cairn.instancemanager.v1.InstanceManagerService.ProcessLog:output_type -> cairn.instancemanager.v1.LogLine
+	23, // 30: cairn.instancemanager.v1.InstanceManagerService.NodeInfo:output_type -> cairn.instancemanager.v1.NodeInfoResponse
+	25, // 31: cairn.instancemanager.v1.InstanceManagerService.ReplicaDataDelete:output_type -> cairn.instancemanager.v1.ReplicaDataDeleteResponse
+	24, // [24:32] is the sub-list for method output_type
+	16, // [16:24] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_instancemanager_v1_instancemanager_proto_init() }
@@ -1084,13 +1813,21 @@ func file_instancemanager_v1_instancemanager_proto_init() {
 	if File_instancemanager_v1_instancemanager_proto != nil {
 		return
 	}
+	file_instancemanager_v1_instancemanager_proto_msgTypes[4].OneofWrappers = []any{
+		(*Process_Engine)(nil),
+		(*Process_Replica)(nil),
+	}
+	file_instancemanager_v1_instancemanager_proto_msgTypes[5].OneofWrappers = []any{
+		(*ProcessCreateRequest_Engine)(nil),
+		(*ProcessCreateRequest_Replica)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_instancemanager_v1_instancemanager_proto_rawDesc), len(file_instancemanager_v1_instancemanager_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   14,
+			NumEnums:      6,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,26 +22,35 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	InstanceManagerService_ProcessCreate_FullMethodName = "/cairn.instancemanager.v1.InstanceManagerService/ProcessCreate"
-	InstanceManagerService_ProcessDelete_FullMethodName = "/cairn.instancemanager.v1.InstanceManagerService/ProcessDelete"
-	InstanceManagerService_ProcessGet_FullMethodName    = "/cairn.instancemanager.v1.InstanceManagerService/ProcessGet"
-	InstanceManagerService_ProcessList_FullMethodName   = "/cairn.instancemanager.v1.InstanceManagerService/ProcessList"
-	InstanceManagerService_ProcessWatch_FullMethodName  = "/cairn.instancemanager.v1.InstanceManagerService/ProcessWatch"
-	InstanceManagerService_ProcessLog_FullMethodName    = "/cairn.instancemanager.v1.InstanceManagerService/ProcessLog"
-	InstanceManagerService_NodeInfo_FullMethodName      = "/cairn.instancemanager.v1.InstanceManagerService/NodeInfo"
+	InstanceManagerService_ProcessCreate_FullMethodName     = "/cairn.instancemanager.v1.InstanceManagerService/ProcessCreate"
+	InstanceManagerService_ProcessDelete_FullMethodName     = "/cairn.instancemanager.v1.InstanceManagerService/ProcessDelete"
+	InstanceManagerService_ProcessGet_FullMethodName        = "/cairn.instancemanager.v1.InstanceManagerService/ProcessGet"
+	InstanceManagerService_ProcessList_FullMethodName       = "/cairn.instancemanager.v1.InstanceManagerService/ProcessList"
+	InstanceManagerService_ProcessWatch_FullMethodName      = "/cairn.instancemanager.v1.InstanceManagerService/ProcessWatch"
+	InstanceManagerService_ProcessLog_FullMethodName        = "/cairn.instancemanager.v1.InstanceManagerService/ProcessLog"
+	InstanceManagerService_NodeInfo_FullMethodName          = "/cairn.instancemanager.v1.InstanceManagerService/NodeInfo"
+	InstanceManagerService_ReplicaDataDelete_FullMethodName = "/cairn.instancemanager.v1.InstanceManagerService/ReplicaDataDelete"
 )
 
 // InstanceManagerServiceClient is the client API for InstanceManagerService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type InstanceManagerServiceClient interface {
-	// ProcessCreate starts a process. If one with that name exists, it
-	// returns ALREADY_EXISTS with the existing Process as the status detail,
-	// so a caller retrying a create gets what it created (idempotent).
-	// RESOURCE_EXHAUSTED when the port range has no room.
+	// ProcessCreate starts an engine or a replica from a typed spec. The
+	// instance manager allocates its ports, socket paths and mount
+	// directories itself. If a process with that name exists with the same
+	// spec, it returns ALREADY_EXISTS with the existing Process as the status
+	// detail, so a caller retrying a create gets what it created
+	// (idempotent); with a different spec, FAILED_PRECONDITION (delete it
+	// first). RESOURCE_EXHAUSTED when the port range has no room;
+	// INVALID_ARGUMENT for a bad name or spec, including a replica data
+	// directory outside the node's data directories.
 	ProcessCreate(ctx context.Context, in *ProcessCreateRequest, opts ...grpc.CallOption) (*Process, error)
 	// ProcessDelete stops a process (SIGTERM, then SIGKILL after the grace
-	// period) and forgets it. Deleting a missing process is not an error.
+	// period) and forgets it. It returns once the process is gone; if the
+	// call's deadline ends first it returns DEADLINE_EXCEEDED and the stop
+	// goes on (the deadline never shortens the grace). Deleting a missing
+	// process is not an error.
 	ProcessDelete(ctx context.Context, in *ProcessDeleteRequest, opts ...grpc.CallOption) (*ProcessDeleteResponse, error)
 	ProcessGet(ctx context.Context, in *ProcessGetRequest, opts ...grpc.CallOption) (*Process, error)
 	ProcessList(ctx context.Context, in *ProcessListRequest, opts ...grpc.CallOption) (*ProcessListResponse, error)
@@ -53,6 +62,12 @@ type InstanceManagerServiceClient interface {
 	ProcessLog(ctx context.Context, in *ProcessLogRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LogLine], error)
 	// NodeInfo reports the node, version and the configured data directories.
 	NodeInfo(ctx context.Context, in *NodeInfoRequest, opts ...grpc.CallOption) (*NodeInfoResponse, error)
+	// ReplicaDataDelete removes a replica's data directory. The directory
+	// must lie strictly inside one of the node's data directories (no "..",
+	// no symbolic link on the way), else INVALID_ARGUMENT; while a process
+	// of this instance manager uses it, FAILED_PRECONDITION naming the
+	// process. A directory that does not exist is not an error.
+	ReplicaDataDelete(ctx context.Context, in *ReplicaDataDeleteRequest, opts ...grpc.CallOption) (*ReplicaDataDeleteResponse, error)
 }
 
 type instanceManagerServiceClient struct {
@@ -151,17 +166,35 @@ func (c *instanceManagerServiceClient) NodeInfo(ctx context.Context, in *NodeInf
 	return out, nil
 }
 
+func (c *instanceManagerServiceClient) ReplicaDataDelete(ctx context.Context, in *ReplicaDataDeleteRequest, opts ...grpc.CallOption) (*ReplicaDataDeleteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplicaDataDeleteResponse)
+	err := c.cc.Invoke(ctx, InstanceManagerService_ReplicaDataDelete_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // InstanceManagerServiceServer is the server API for InstanceManagerService service.
 // All implementations must embed UnimplementedInstanceManagerServiceServer
 // for forward compatibility.
 type InstanceManagerServiceServer interface {
-	// ProcessCreate starts a process. If one with that name exists, it
-	// returns ALREADY_EXISTS with the existing Process as the status detail,
-	// so a caller retrying a create gets what it created (idempotent).
-	// RESOURCE_EXHAUSTED when the port range has no room.
+	// ProcessCreate starts an engine or a replica from a typed spec. The
+	// instance manager allocates its ports, socket paths and mount
+	// directories itself. If a process with that name exists with the same
+	// spec, it returns ALREADY_EXISTS with the existing Process as the status
+	// detail, so a caller retrying a create gets what it created
+	// (idempotent); with a different spec, FAILED_PRECONDITION (delete it
+	// first). RESOURCE_EXHAUSTED when the port range has no room;
+	// INVALID_ARGUMENT for a bad name or spec, including a replica data
+	// directory outside the node's data directories.
 	ProcessCreate(context.Context, *ProcessCreateRequest) (*Process, error)
 	// ProcessDelete stops a process (SIGTERM, then SIGKILL after the grace
-	// period) and forgets it. Deleting a missing process is not an error.
+	// period) and forgets it. It returns once the process is gone; if the
+	// call's deadline ends first it returns DEADLINE_EXCEEDED and the stop
+	// goes on (the deadline never shortens the grace). Deleting a missing
+	// process is not an error.
 	ProcessDelete(context.Context, *ProcessDeleteRequest) (*ProcessDeleteResponse, error)
 	ProcessGet(context.Context, *ProcessGetRequest) (*Process, error)
 	ProcessList(context.Context, *ProcessListRequest) (*ProcessListResponse, error)
@@ -173,6 +206,12 @@ type InstanceManagerServiceServer interface {
 	ProcessLog(*ProcessLogRequest, grpc.ServerStreamingServer[LogLine]) error
 	// NodeInfo reports the node, version and the configured data directories.
 	NodeInfo(context.Context, *NodeInfoRequest) (*NodeInfoResponse, error)
+	// ReplicaDataDelete removes a replica's data directory. The directory
+	// must lie strictly inside one of the node's data directories (no "..",
+	// no symbolic link on the way), else INVALID_ARGUMENT; while a process
+	// of this instance manager uses it, FAILED_PRECONDITION naming the
+	// process. A directory that does not exist is not an error.
+	ReplicaDataDelete(context.Context, *ReplicaDataDeleteRequest) (*ReplicaDataDeleteResponse, error)
 	mustEmbedUnimplementedInstanceManagerServiceServer()
 }
 
@@ -203,6 +242,9 @@ func (UnimplementedInstanceManagerServiceServer) ProcessLog(*ProcessLogRequest, 
 }
 func (UnimplementedInstanceManagerServiceServer) NodeInfo(context.Context, *NodeInfoRequest) (*NodeInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method NodeInfo not implemented")
+}
+func (UnimplementedInstanceManagerServiceServer) ReplicaDataDelete(context.Context, *ReplicaDataDeleteRequest) (*ReplicaDataDeleteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplicaDataDelete not implemented")
 }
 func (UnimplementedInstanceManagerServiceServer) mustEmbedUnimplementedInstanceManagerServiceServer() {
 }
@@ -338,6 +380,24 @@ func _InstanceManagerService_NodeInfo_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InstanceManagerService_ReplicaDataDelete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicaDataDeleteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InstanceManagerServiceServer).ReplicaDataDelete(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InstanceManagerService_ReplicaDataDelete_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InstanceManagerServiceServer).ReplicaDataDelete(ctx, req.(*ReplicaDataDeleteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // InstanceManagerService_ServiceDesc is the grpc.ServiceDesc for InstanceManagerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -364,6 +424,10 @@ var InstanceManagerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "NodeInfo",
 			Handler:    _InstanceManagerService_NodeInfo_Handler,
+		},
+		{
+			MethodName: "ReplicaDataDelete",
+			Handler:    _InstanceManagerService_ReplicaDataDelete_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
