@@ -28,7 +28,7 @@ func human(n int64) string {
 const ctlUsage = `usage: cairn-data ctl --engine HOST:PORT <command> [args]
 
 commands:
-  info                       size, frontend, endpoint, robustness, epoch
+  info                       size, frontend, endpoint and its kind, robustness, epoch
   replicas                   replicas and their modes (RW, WO, ERR)
   add ADDRESS [--wait]       add a replica and rebuild it (--wait: show progress until done)
   remove ADDRESS             drop a replica
@@ -81,7 +81,14 @@ func ctlDo(ctx context.Context, c enginev1.EngineServiceClient, rest []string, o
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "volume %s: %s, %s frontend at %s, %s, epoch %d\n", in.Name, human(in.Size), in.Frontend, in.Endpoint, in.Robustness, in.Epoch)
+		endpoint := in.Endpoint
+		if in.EndpointKind != "" {
+			endpoint += " (" + in.EndpointKind + ")"
+		}
+		fmt.Fprintf(out, "volume %s: %s, %s frontend at %s, %s, epoch %d\n", in.Name, human(in.Size), in.Frontend, endpoint, in.Robustness, in.Epoch)
+		if in.Fallback != "" {
+			fmt.Fprintf(out, "no kernel block device: %s\n", in.Fallback)
+		}
 	case "replicas":
 		rs, err := c.ReplicaList(ctx, &enginev1.ReplicaListRequest{})
 		if err != nil {

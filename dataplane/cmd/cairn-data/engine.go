@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
@@ -21,6 +22,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/engine/engineserver"
 	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
 	"github.com/cairn-io/cairn/dataplane/frontend/nbd"
+	"github.com/cairn-io/cairn/dataplane/internal/ready"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
@@ -32,8 +34,12 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 // frontend is a started frontend: where it serves and how to stop it.
 type frontend struct {
-	endpoint string // the block device, or the NBD socket without one
-	socket   string // the NBD socket (nbd frontend)
+	endpoint string             // the block device, or the NBD socket without one
+	kind     ready.EndpointKind // what endpoint is
+	socket   string             // the NBD socket (nbd frontend)
+	// fallback says why an nbd frontend asked for a kernel device
+	// (--nbd-kernel auto) serves only its socket; "" otherwise.
+	fallback string
 	inUse    func() string
 	stop     func()
 }
@@ -105,7 +111,7 @@ func startNBD(e *engine.Engine, c *nbdClaim, reattachWait time.Duration, buffers
 			log("nbd listener failed: " + err.Error())
 		}
 	}()
-	f := &frontend{endpoint: c.sock, socket: c.sock, stop: func() { s.Close(); c.release() }}
+	f := &frontend{endpoint: c.sock, kind: ready.EndpointNBDSocket, socket: c.sock, stop: func() { s.Close(); c.release() }}
 	f.inUse = func() string {
 		if n := s.Clients(); n > 0 {
 			return fmt.Sprintf("%d NBD client connection(s)", n)
@@ -126,10 +132,11 @@ func startNBD(e *engine.Engine, c *nbdClaim, reattachWait time.Duration, buffers
 			f.stop()
 			return nil, fmt.Errorf("--nbd-kernel %s: %w", c.kernel, err)
 		}
-		log("no /dev/nbdN, serving the NBD socket " + c.sock + " only: " + err.Error())
+		f.fallback = err.Error()
+		log("no /dev/nbdN, serving the NBD socket " + c.sock + " only: " + f.fallback)
 		return f, nil
 	}
-	f.endpoint = kd.Path()
+	f.endpoint, f.kind = kd.Path(), ready.EndpointBlockDevice
 	f.inUse = func() string { return "attached as " + kd.Path() }
 	stopSocket := f.stop
 	f.stop = func() {
@@ -189,6 +196,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	listenAddr := fs.String("listen", "", "host:port for the gRPC control API (default: none)")
 	sharedFlag := fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for NBD writes to reach them without a socket copy; 0 turns it off")
 	timeout := fs.Duration("replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
+	readyFD := fs.Int("ready-fd", -1, "once serving, write a JSON report (endpoint and its kind, control address, size) to this inherited descriptor and close it (-1: none)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: cairn-data engine --name NAME --replica HOST:PORT ... --frontend nbd|fuse [--nbd-socket PATH [--nbd-kernel auto|on|off] | --fuse-dir DIR] [--listen HOST:PORT]")
 		fs.PrintDefaults()
@@ -219,6 +227,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if *reattachWait < 0 {
 		return fail("--nbd-reattach-wait %v: give a duration of 0 or more", *reattachWait)
+	}
+	if err := checkReadyFD(*readyFD); err != nil {
+		return fail("%v", err)
 	}
 	shared, err := parseSize(*sharedFlag)
 	if err != nil || shared < 0 || shared > 1<<31 {
@@ -285,23 +296,32 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail("%v", err)
 	}
 	defer f.stop()
-	controlShown := "none"
+	controlShown, control := "none", ""
 	if *listenAddr != "" {
 		l, err := listen("--listen", *listenAddr)
 		if err != nil {
 			return fail("%v", err)
 		}
 		gs := grpc.NewServer()
-		enginev1.RegisterEngineServiceServer(gs, &engineserver.Server{E: e, Name: *name, Frontend: *fe, Endpoint: f.endpoint, InUse: f.inUse})
+		enginev1.RegisterEngineServiceServer(gs, &engineserver.Server{E: e, Name: *name, Frontend: *fe, Endpoint: f.endpoint,
+			EndpointKind: f.kind, Socket: f.socket, Fallback: f.fallback, InUse: f.inUse})
 		go gs.Serve(l)
 		defer gs.Stop()
-		controlShown = addrString(l)
+		control = addrString(l)
+		controlShown = control
 	}
 	socketShown := ""
 	if f.socket != "" {
 		socketShown = " socket=" + f.socket
 	}
 	fmt.Fprintf(stdout, "ready endpoint=%s%s control=%s size=%d\n", f.endpoint, socketShown, controlShown, e.Size())
+	// The instance manager waits for this report; if it cannot get it
+	// (it closed its end: it gave up on this process), serving on would
+	// leave a volume nobody knows is up, so the engine stops.
+	if err := ready.Write(*readyFD, ready.Report{Control: control, Size: e.Size(), Endpoint: f.endpoint,
+		EndpointKind: f.kind, Socket: f.socket, Fallback: f.fallback}); err != nil {
+		return fail("%v", err)
+	}
 	<-ctx.Done()
 	log.Info("stopping: detaching the frontend, flushing")
 	f.stop()
@@ -335,4 +355,21 @@ func releaseIdle(ctx context.Context, a *shm.Arena, every time.Duration, log log
 			log.V(1).Info("released idle shared memory", "bytes", n)
 		}
 	}
+}
+
+// checkReadyFD refuses a --ready-fd that is not an open descriptor above
+// stdin, stdout and stderr. Checked before the engine opens anything:
+// otherwise the number could be taken by a socket the engine opens, and
+// the report would go there.
+func checkReadyFD(fd int) error {
+	if fd < 0 {
+		return nil
+	}
+	if fd <= 2 {
+		return fmt.Errorf("--ready-fd %d: give a descriptor of 3 or more (0, 1 and 2 are stdin, stdout and stderr)", fd)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+		return fmt.Errorf("--ready-fd %d: not an open descriptor: %w", fd, err)
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/cairn-io/cairn/dataplane/engine"
 	"github.com/cairn-io/cairn/dataplane/frontend/fuse"
+	"github.com/cairn-io/cairn/dataplane/internal/ready"
 )
 
 func startFUSE(e *engine.Engine, name, dir string, log logr.Logger) (*frontend, error) {
@@ -12,7 +13,7 @@ func startFUSE(e *engine.Engine, name, dir string, log logr.Logger) (*frontend, 
 	if err != nil {
 		return nil, err
 	}
-	return &frontend{endpoint: f.Endpoint(), inUse: func() string { return "attached as " + f.Endpoint() }, stop: func() {
+	return &frontend{endpoint: f.Endpoint(), kind: ready.EndpointLoopDevice, inUse: func() string { return "attached as " + f.Endpoint() }, stop: func() {
 		if err := f.Stop(); err != nil {
 			log.Error(err, "detaching the fuse frontend")
 		}

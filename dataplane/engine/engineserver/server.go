@@ -10,6 +10,7 @@ import (
 
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
 	"github.com/cairn-io/cairn/dataplane/engine"
+	"github.com/cairn-io/cairn/dataplane/internal/ready"
 )
 
 // Server implements EngineService for one engine.
@@ -18,7 +19,14 @@ type Server struct {
 	E        *engine.Engine
 	Name     string
 	Frontend string
-	Endpoint string
+	// Endpoint is where the frontend serves the volume, EndpointKind what
+	// it is; Socket is the nbd frontend's socket.
+	Endpoint     string
+	EndpointKind ready.EndpointKind
+	Socket       string
+	// Fallback says why an engine asked for a kernel block device serves
+	// only its NBD socket ("" when it got what it asked for).
+	Fallback string
 	// InUse says why the volume is in use by its frontend ("" when idle):
 	// a revert then is refused, since whoever has it open would keep
 	// reading its cached view of the old data.
@@ -49,6 +57,7 @@ func grpcErr(err error) error {
 
 func (s *Server) VolumeInfo(context.Context, *enginev1.VolumeInfoRequest) (*enginev1.VolumeInfoResponse, error) {
 	return &enginev1.VolumeInfoResponse{Name: s.Name, Size: s.E.Size(), Frontend: s.Frontend, Endpoint: s.Endpoint,
+		EndpointKind: string(s.EndpointKind), Socket: s.Socket, Fallback: s.Fallback,
 		Robustness: s.E.Robustness(), Epoch: s.E.Epoch()}, nil
 }
 

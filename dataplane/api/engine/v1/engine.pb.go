@@ -67,8 +67,18 @@ type VolumeInfoResponse struct {
 	Frontend string                 `protobuf:"bytes,3,opt,name=frontend,proto3" json:"frontend,omitempty"`
 	Endpoint string                 `protobuf:"bytes,4,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	// healthy, degraded or faulted.
-	Robustness    string `protobuf:"bytes,5,opt,name=robustness,proto3" json:"robustness,omitempty"`
-	Epoch         uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Robustness string `protobuf:"bytes,5,opt,name=robustness,proto3" json:"robustness,omitempty"`
+	Epoch      uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// What endpoint is: block-device (/dev/nbdN through the kernel's nbd
+	// driver), loop-device (/dev/loopN over the fuse frontend's file) or
+	// nbd-socket (no block device; userspace NBD clients only).
+	EndpointKind string `protobuf:"bytes,7,opt,name=endpoint_kind,json=endpointKind,proto3" json:"endpoint_kind,omitempty"`
+	// The nbd frontend's unix socket (also when endpoint is the kernel
+	// device attached to it); empty for the fuse frontend.
+	Socket string `protobuf:"bytes,8,opt,name=socket,proto3" json:"socket,omitempty"`
+	// Why an engine asked for a kernel block device (--nbd-kernel auto)
+	// serves only its NBD socket; empty when it got what it asked for.
+	Fallback      string `protobuf:"bytes,9,opt,name=fallback,proto3" json:"fallback,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -143,6 +153,27 @@ func (x *VolumeInfoResponse) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *VolumeInfoResponse) GetEndpointKind() string {
+	if x != nil {
+		return x.EndpointKind
+	}
+	return ""
+}
+
+func (x *VolumeInfoResponse) GetSocket() string {
+	if x != nil {
+		return x.Socket
+	}
+	return ""
+}
+
+func (x *VolumeInfoResponse) GetFallback() string {
+	if x != nil {
+		return x.Fallback
+	}
+	return ""
 }
 
 type Replica struct {
@@ -1506,7 +1537,7 @@ var File_engine_v1_engine_proto protoreflect.FileDescriptor
 const file_engine_v1_engine_proto_rawDesc = "" +
 	"\n" +
 	"\x16engine/v1/engine.proto\x12\x0fcairn.engine.v1\"\x13\n" +
-	"\x11VolumeInfoRequest\"\xaa\x01\n" +
+	"\x11VolumeInfoRequest\"\x83\x02\n" +
 	"\x12VolumeInfoResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x1a\n" +
@@ -1515,7 +1546,10 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\n" +
 	"robustness\x18\x05 \x01(\tR\n" +
 	"robustness\x12\x14\n" +
-	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\"u\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12#\n" +
+	"\rendpoint_kind\x18\a \x01(\tR\fendpointKind\x12\x16\n" +
+	"\x06socket\x18\b \x01(\tR\x06socket\x12\x1a\n" +
+	"\bfallback\x18\t \x01(\tR\bfallback\"u\n" +
 	"\aReplica\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\tR\x04mode\x12&\n" +

@@ -40,7 +40,8 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type EngineServiceClient interface {
-	// VolumeInfo reports size, frontend, endpoint, robustness and epoch.
+	// VolumeInfo reports size, frontend, endpoint (and what it is),
+	// robustness and epoch.
 	VolumeInfo(ctx context.Context, in *VolumeInfoRequest, opts ...grpc.CallOption) (*VolumeInfoResponse, error)
 	// ReplicaList lists the replicas with their modes (RW, WO, ERR).
 	ReplicaList(ctx context.Context, in *ReplicaListRequest, opts ...grpc.CallOption) (*ReplicaListResponse, error)
@@ -196,7 +197,8 @@ func (c *engineServiceClient) Metrics(ctx context.Context, in *MetricsRequest, o
 // All implementations must embed UnimplementedEngineServiceServer
 // for forward compatibility.
 type EngineServiceServer interface {
-	// VolumeInfo reports size, frontend, endpoint, robustness and epoch.
+	// VolumeInfo reports size, frontend, endpoint (and what it is),
+	// robustness and epoch.
 	VolumeInfo(context.Context, *VolumeInfoRequest) (*VolumeInfoResponse, error)
 	// ReplicaList lists the replicas with their modes (RW, WO, ERR).
 	ReplicaList(context.Context, *ReplicaListRequest) (*ReplicaListResponse, error)
