@@ -58,13 +58,24 @@ type cand struct {
 }
 
 type member struct {
-	addr  string
-	id    string // the replica's ID (from Info)
-	r     Replica
-	mode  Mode // written only by Engine.setMode, under Engine.mu
-	since time.Time
-	err   error
-	stats stats
+	addr      string
+	id        string  // the replica's ID (from Info)
+	r         Replica // nil if it could not be dialed
+	closeOnce sync.Once
+	mode      Mode // written only by Engine.setMode, under Engine.mu
+	since     time.Time
+	err       error
+	stats     stats
+}
+
+// close closes the connection to the replica, once however often it is
+// called (a failure and the engine's Close both close it).
+func (m *member) close() {
+	m.closeOnce.Do(func() {
+		if m.r != nil {
+			m.r.Close()
+		}
+	})
 }
 
 // Engine serves one volume from a set of replicas.
@@ -112,7 +123,9 @@ type Engine struct {
 // Open connects to the replicas, keeps those whose size and epoch agree,
 // bumps the epoch on them, and makes their contents agree where a previous
 // engine may have left writes half done (the union of their write-intent
-// bitmaps). At least one replica must be usable.
+// bitmaps). At least one replica must be usable. Every replica's mode is
+// set through setMode; a replica that is not usable is ERR, with its
+// reason, and its connection closed.
 func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Dial == nil || len(opts.Replicas) == 0 {
 		return nil, fmt.Errorf("%w: need at least one replica and a dialer", ErrInvalid)
@@ -122,62 +135,19 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e := &Engine{opts: opts, log: opts.Logger.WithValues("volume", opts.Name), wanted: opts.Wanted,
 		rebuilds: map[string]*rebuild{}, failed: map[string]string{}, doneSnaps: map[string]bool{}}
-	var good []cand
-	var maxEpoch uint64
-	for _, addr := range opts.Replicas {
-		m := &member{addr: addr, mode: ModeRW, since: time.Now()}
-		r, err := opts.Dial(ctx, addr)
-		if err == nil {
-			m.r = r
-			var info ReplicaInfo
-			if info, err = r.Info(ctx); err == nil {
-				good = append(good, cand{m, info})
-				maxEpoch = max(maxEpoch, info.Epoch)
-			}
-		}
-		if err != nil {
-			m.mode, m.err = ModeERR, fmt.Errorf("open: %w", err)
-			e.log.Info("replica unusable at open", "replica", addr, "reason", err.Error())
-		}
-		e.members = append(e.members, m)
-	}
+	cands := e.connect(ctx)
 	size := opts.Size
-	if size == 0 && len(good) > 0 {
-		size = good[0].info.Size
+	if size == 0 && len(cands) > 0 {
+		size = cands[0].info.Size
 	}
-	var usable []cand
-	for _, c := range good {
-		var why string
-		c.m.id = c.info.ID
-		switch {
-		case c.info.Rebuilding:
-			why = "a rebuild of it started and did not finish: its data is incomplete"
-		case c.info.Size != size:
-			why = fmt.Sprintf("its size is %d bytes, the volume's %d", c.info.Size, size)
-		case c.info.Epoch < maxEpoch:
-			why = fmt.Sprintf("its epoch %d is older than %d: it missed changes and needs a rebuild", c.info.Epoch, maxEpoch)
-		}
-		if why != "" {
-			c.m.mode, c.m.err = ModeERR, errors.New(why)
-			c.m.r.Close()
-			e.log.Info("replica left out at open", "replica", c.m.addr, "reason", why)
-			continue
-		}
-		usable = append(usable, c)
-	}
+	usable, maxEpoch := e.sortOut(cands, size)
 	if len(usable) == 0 {
 		e.closeAll()
 		return nil, fmt.Errorf("%w: none of %d replicas is usable: %w", ErrNoReplica, len(opts.Replicas), e.memberErrors())
 	}
 	e.size.Store(size)
 	e.epoch = maxEpoch + 1
-	for _, c := range usable {
-		if err := c.m.r.SetEpoch(ctx, e.epoch, true, false); err != nil {
-			c.m.mode, c.m.err = ModeERR, fmt.Errorf("set epoch: %w", err)
-			continue
-		}
-		c.m.r.SetRequestEpoch(e.epoch)
-	}
+	e.fenceAtOpen(ctx, usable)
 	if err := e.reconcile(ctx, usable[0].m, usable); err != nil {
 		e.closeAll()
 		return nil, err
@@ -186,8 +156,8 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		e.closeAll()
 		return nil, fmt.Errorf("%w: every replica failed while opening: %w", ErrNoReplica, e.memberErrors())
 	}
-	// A replica failed while reconciling already has the new epoch: bump
-	// again so it cannot be trusted by a later engine.
+	// A replica failed while fencing or reconciling may have the new
+	// epoch already: bump again so it cannot be trusted by a later engine.
 	if err := e.publishEpoch(ctx, e.needBump.Load()); err != nil {
 		e.closeAll()
 		return nil, err
@@ -199,6 +169,71 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.log.Info("engine opened", "size", size, "epoch", e.epoch, "rw", e.rwCount(), "wanted", e.wanted)
 	return e, nil
+}
+
+// connect makes a member of every replica of the options, dials it and
+// asks for its info. One that cannot be dialed or does not answer is ERR;
+// the others are returned with what they reported, in the order given.
+func (e *Engine) connect(ctx context.Context) []cand {
+	var got []cand
+	for _, addr := range e.opts.Replicas {
+		m := &member{addr: addr, since: time.Now()}
+		e.members = append(e.members, m)
+		r, err := e.opts.Dial(ctx, addr)
+		var info ReplicaInfo
+		if err == nil {
+			m.r = r
+			info, err = r.Info(ctx)
+		}
+		if err != nil {
+			e.become(m, ModeERR, fmt.Errorf("open: %w", err))
+			continue
+		}
+		got = append(got, cand{m, info})
+	}
+	return got
+}
+
+// sortOut makes RW the candidates a volume of size can be served from and
+// ERR the others, with the reason: a replica whose rebuild did not finish,
+// one of another size, one whose epoch is older than the newest (it
+// missed changes). It returns the usable ones and the newest epoch seen.
+func (e *Engine) sortOut(cands []cand, size int64) (usable []cand, maxEpoch uint64) {
+	for _, c := range cands {
+		maxEpoch = max(maxEpoch, c.info.Epoch)
+	}
+	for _, c := range cands {
+		c.m.id = c.info.ID
+		var why string
+		switch {
+		case c.info.Rebuilding:
+			why = "a rebuild of it started and did not finish: its data is incomplete"
+		case c.info.Size != size:
+			why = fmt.Sprintf("its size is %d bytes, the volume's %d", c.info.Size, size)
+		case c.info.Epoch < maxEpoch:
+			why = fmt.Sprintf("its epoch %d is older than %d: it missed changes and needs a rebuild", c.info.Epoch, maxEpoch)
+		}
+		if why != "" {
+			e.become(c.m, ModeERR, errors.New(why))
+			continue
+		}
+		e.become(c.m, ModeRW, nil)
+		usable = append(usable, c)
+	}
+	return usable, maxEpoch
+}
+
+// fenceAtOpen gives the usable replicas the engine's epoch, with the set
+// marked degraded so that they keep the write-intent bits reconcile reads
+// until it is done; one that refuses is failed.
+func (e *Engine) fenceAtOpen(ctx context.Context, usable []cand) {
+	for _, c := range usable {
+		if err := c.m.r.SetEpoch(ctx, e.epoch, true, false); err != nil {
+			e.become(c.m, ModeERR, fmt.Errorf("set epoch: %w", err))
+			continue
+		}
+		c.m.r.SetRequestEpoch(e.epoch)
+	}
 }
 
 // reconcile copies, from src to the other usable replicas, every region
@@ -239,34 +274,48 @@ func (e *Engine) reconcile(ctx context.Context, src *member, usable []cand) erro
 				continue
 			}
 			if err := c.m.r.WriteAt(ctx, buf[:n], off, false); err != nil {
-				e.setMode(c.m, ModeERR, fmt.Errorf("reconcile: %w", err))
+				e.become(c.m, ModeERR, fmt.Errorf("reconcile: %w", err))
 			}
 		}
 	}
 	for _, c := range usable {
 		if c.m.mode == ModeRW {
 			if err := c.m.r.Flush(ctx); err != nil {
-				e.setMode(c.m, ModeERR, fmt.Errorf("reconcile: flush: %w", err))
+				e.become(c.m, ModeERR, fmt.Errorf("reconcile: flush: %w", err))
 			}
 		}
 	}
 	return nil
 }
 
-// setMode is the only writer of member modes. Callers hold e.mu, except
-// during Open before the engine is shared.
+// setMode is the only writer of member modes. Callers hold e.mu (become
+// takes it). A replica failed from RW or WO may hold the current epoch:
+// no write is acknowledged until the survivors' epoch moves past it (see
+// needBump), and it is recorded in failed for a dirty-only resync. One
+// that never served (new: unusable at open, or failed while joining) needs
+// neither. Either way its connection is closed.
 func (e *Engine) setMode(m *member, to Mode, cause error) error {
-	if err := transition(m.mode, to); err != nil {
+	from := m.mode
+	if err := transition(from, to); err != nil {
 		return err
 	}
-	e.log.Info("replica mode", "replica", m.addr, "from", m.mode.String(), "to", to.String(), "cause", fmt.Sprint(cause))
+	e.log.Info("replica mode", "replica", m.addr, "from", from.String(), "to", to.String(), "cause", fmt.Sprint(cause))
 	m.mode, m.since, m.err = to, time.Now(), cause
 	if to == ModeERR {
-		e.needBump.Store(true)  // until the survivors' epoch moves past it
-		e.failed[m.addr] = m.id // a replica failed mid-rebuild is refused dirty-only resync by its persisted rebuilding flag
-		go m.r.Close()          // stop its traffic; pending requests fail at once
+		if from != modeNew {
+			e.needBump.Store(true)  // until the survivors' epoch moves past it
+			e.failed[m.addr] = m.id // a replica failed mid-rebuild is refused dirty-only resync by its persisted rebuilding flag
+		}
+		go m.close() // stop its traffic; pending requests fail at once
 	}
 	return nil
+}
+
+// become takes e.mu and calls setMode.
+func (e *Engine) become(m *member, to Mode, cause error) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.setMode(m, to, cause)
 }
 
 // watch fails a replica whose connection dies on its own.
@@ -466,8 +515,6 @@ func (e *Engine) Close() error {
 
 func (e *Engine) closeAll() {
 	for _, m := range e.members {
-		if m.r != nil {
-			m.r.Close()
-		}
+		m.close()
 	}
 }

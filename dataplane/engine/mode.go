@@ -6,8 +6,11 @@ import "fmt"
 type Mode uint8
 
 const (
+	// modeNew: a member being set up (at open, or being added). It takes
+	// no I/O and is not listed; its first transition gives it its role.
+	modeNew Mode = iota
 	// ModeWO: the replica takes writes but serves no reads (being rebuilt).
-	ModeWO Mode = iota + 1
+	ModeWO
 	// ModeRW: the replica holds every acknowledged write; reads may use it.
 	ModeRW
 	// ModeERR: the replica failed. It is never read again and never becomes
@@ -17,6 +20,8 @@ const (
 
 func (m Mode) String() string {
 	switch m {
+	case modeNew:
+		return "new"
 	case ModeWO:
 		return "WO"
 	case ModeRW:
@@ -31,11 +36,15 @@ func (m Mode) String() string {
 // does not allow.
 var ErrIllegalTransition = fmt.Errorf("illegal replica mode transition")
 
-// transition checks a mode change. The legal ones: WO→RW (rebuild done),
-// WO→ERR and RW→ERR (failure). ERR is final; RW never goes back to WO.
+// transition checks a mode change. The legal ones: new→RW (usable at
+// open), new→WO (added, to be rebuilt), new→ERR (unusable at open, or
+// failed while joining), WO→RW (rebuild done), WO→ERR and RW→ERR
+// (failure). ERR is final; RW never goes back to WO; nothing goes back to
+// new.
 func transition(from, to Mode) error {
 	switch {
-	case from == ModeWO && to == ModeRW, from == ModeWO && to == ModeERR, from == ModeRW && to == ModeERR:
+	case from == modeNew && to != modeNew,
+		from == ModeWO && to == ModeRW, from == ModeWO && to == ModeERR, from == ModeRW && to == ModeERR:
 		return nil
 	}
 	return fmt.Errorf("%w: %s → %s", ErrIllegalTransition, from, to)

@@ -7,9 +7,11 @@ import (
 
 // TestModeTransitions walks every pair of modes.
 func TestModeTransitions(t *testing.T) {
-	legal := map[[2]Mode]bool{{ModeWO, ModeRW}: true, {ModeWO, ModeERR}: true, {ModeRW, ModeERR}: true}
-	for _, from := range []Mode{ModeWO, ModeRW, ModeERR} {
-		for _, to := range []Mode{ModeWO, ModeRW, ModeERR} {
+	legal := map[[2]Mode]bool{{modeNew, ModeRW}: true, {modeNew, ModeWO}: true, {modeNew, ModeERR}: true,
+		{ModeWO, ModeRW}: true, {ModeWO, ModeERR}: true, {ModeRW, ModeERR}: true}
+	all := []Mode{modeNew, ModeWO, ModeRW, ModeERR}
+	for _, from := range all {
+		for _, to := range all {
 			err := transition(from, to)
 			if legal[[2]Mode{from, to}] != (err == nil) {
 				t.Errorf("%s → %s: %v", from, to, err)
@@ -19,7 +21,7 @@ func TestModeTransitions(t *testing.T) {
 			}
 		}
 	}
-	if ModeRW.String() != "RW" || ModeWO.String() != "WO" || ModeERR.String() != "ERR" || Mode(9).String() != "Mode(9)" {
+	if ModeRW.String() != "RW" || ModeWO.String() != "WO" || ModeERR.String() != "ERR" || modeNew.String() != "new" || Mode(9).String() != "Mode(9)" {
 		t.Error("String")
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -51,4 +53,82 @@ func TestOpenErrorKeepsCauses(t *testing.T) {
 			t.Fatalf("open: %v: the message does not name the replica", err)
 		}
 	})
+}
+
+// counted wraps a real replica client: it counts its Close calls and,
+// with failInfo, fails its Info calls.
+type counted struct {
+	engine.Replica
+	failInfo bool
+	closes   atomic.Int32
+}
+
+func (c *counted) Info(ctx context.Context) (engine.ReplicaInfo, error) {
+	if c.failInfo {
+		return engine.ReplicaInfo{}, errors.New("injected info failure")
+	}
+	return c.Replica.Info(ctx)
+}
+
+func (c *counted) Close() error {
+	c.closes.Add(1)
+	return c.Replica.Close()
+}
+
+// TestOpenClosesUnusableReplicas: a replica that fails at open (here its
+// Info fails) or is left out (another size) is ERR with its reason, and
+// its connection is closed then, not left open for the engine's life;
+// Close closes every connection exactly once.
+func TestOpenClosesUnusableReplicas(t *testing.T) {
+	good := startReplica(t, filepath.Join(t.TempDir(), "good"), 1<<20, "")
+	noInfo := startReplica(t, filepath.Join(t.TempDir(), "noinfo"), 1<<20, "")
+	small := startReplica(t, filepath.Join(t.TempDir(), "small"), 512<<10, "")
+	var mu sync.Mutex
+	clients := map[string]*counted{}
+	dial := dialer()
+	e, err := engine.Open(context.Background(), engine.Options{Name: "test", Size: 1 << 20,
+		Replicas: []string{good.addr, noInfo.addr, small.addr},
+		Dial: func(ctx context.Context, addr string) (engine.Replica, error) {
+			r, err := dial(ctx, addr)
+			if err != nil {
+				return nil, err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			c := &counted{Replica: r, failInfo: addr == noInfo.addr}
+			clients[addr] = c
+			return c, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			e.Close()
+		}
+	})
+	st := map[string]engine.ReplicaStatus{}
+	for _, r := range e.Replicas() {
+		st[r.Address] = r
+	}
+	if st[good.addr].Mode != engine.ModeRW || st[noInfo.addr].Mode != engine.ModeERR || st[small.addr].Mode != engine.ModeERR {
+		t.Fatalf("modes after open: %+v", st)
+	}
+	if !strings.Contains(st[noInfo.addr].Error, "injected info failure") || !strings.Contains(st[small.addr].Error, "size") {
+		t.Fatalf("reasons after open: %+v", st)
+	}
+	for _, a := range []string{noInfo.addr, small.addr} {
+		waitFor(t, "the connection to "+a+", unusable at open, closed", func() bool { return clients[a].closes.Load() == 1 })
+	}
+	if n := clients[good.addr].closes.Load(); n != 0 {
+		t.Fatalf("the usable replica's connection was closed %d times at open", n)
+	}
+	e.Close()
+	closed = true
+	for a, c := range clients {
+		if n := c.closes.Load(); n != 1 {
+			t.Errorf("%s: connection closed %d times after Close, want 1", a, n)
+		}
+	}
 }

@@ -193,7 +193,8 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	}
 	var nm *member
 	if err == nil {
-		nm = &member{addr: addr, id: tinfo.ID, r: r, mode: ModeWO, since: time.Now()}
+		nm = &member{addr: addr, id: tinfo.ID, r: r, since: time.Now()}
+		e.setMode(nm, ModeWO, nil)
 		// The new member replaces any failed entry at the same address.
 		kept := e.members[:0]
 		for _, m := range e.members {
