@@ -133,10 +133,10 @@ func (e *Engine) Snapshot(ctx context.Context, name string) error {
 	defer e.chain.Unlock()
 	created := time.Now() // the same on every replica: with the name, it identifies the snapshot
 	return e.forEachWritable(ctx, "snapshot "+name, func(m *member) error {
-		if err := m.r.Flush(ctx); err != nil {
+		if err := m.data.Flush(ctx); err != nil {
 			return err
 		}
-		return m.r.Snapshot(ctx, SnapshotInfo{Name: name, UserCreated: true, Created: created})
+		return m.ctl.Snapshot(ctx, SnapshotInfo{Name: name, UserCreated: true, Created: created})
 	}, nil)
 }
 
@@ -146,7 +146,7 @@ func (e *Engine) Snapshots(ctx context.Context) ([]SnapshotInfo, error) {
 	if len(rs) == 0 {
 		return nil, fmt.Errorf("%w: no RW replica", ErrNoReplica)
 	}
-	info, err := rs[0].r.Info(ctx)
+	info, err := rs[0].ctl.Info(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +183,7 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = m.r.DeleteSnapshot(ctx, name)
+			errs[i] = m.ctl.DeleteSnapshot(ctx, name)
 		}()
 	}
 	wg.Wait()
@@ -229,7 +229,7 @@ func (e *Engine) Revert(ctx context.Context, name string) error {
 		if m.mode == ModeWO {
 			return errors.New("a replica being rebuilt cannot be reverted")
 		}
-		return m.r.Revert(ctx, name)
+		return m.ctl.Revert(ctx, name)
 	}, nil)
 }
 
@@ -241,7 +241,7 @@ func (e *Engine) Expand(ctx context.Context, size int64) error {
 	if cur := e.Size(); size < cur || size%4096 != 0 {
 		return fmt.Errorf("%w: cannot expand from %d to %d bytes (must grow, in multiples of 4096)", ErrInvalid, cur, size)
 	}
-	err := e.forEachWritable(ctx, "expand", func(m *member) error { return m.r.Expand(ctx, size) }, nil)
+	err := e.forEachWritable(ctx, "expand", func(m *member) error { return m.ctl.Expand(ctx, size) }, nil)
 	if err == nil {
 		e.size.Store(size)
 	}

@@ -58,9 +58,14 @@ type cand struct {
 }
 
 type member struct {
-	addr      string
-	id        string  // the replica's ID (from Info)
-	r         Replica // nil if it could not be dialed
+	addr string
+	id   string // the replica's ID (from Info)
+	// The replica's connection by role (all nil if it could not be
+	// dialed): data for the I/O path, ctl for control and rebuild calls,
+	// conn to close it.
+	data      DataPath
+	ctl       controller
+	conn      interface{ Close() error }
 	closeOnce sync.Once
 	mode      Mode // written only by Engine.setMode, under Engine.mu
 	since     time.Time
@@ -68,12 +73,22 @@ type member struct {
 	stats     stats
 }
 
+// controller is what the engine calls on a member outside the I/O path.
+type controller interface {
+	Control
+	RebuildSource
+	RebuildTarget
+}
+
+// attach gives m its connection r.
+func (m *member) attach(r Replica) { m.data, m.ctl, m.conn = r, r, r }
+
 // close closes the connection to the replica, once however often it is
 // called (a failure and the engine's Close both close it).
 func (m *member) close() {
 	m.closeOnce.Do(func() {
-		if m.r != nil {
-			m.r.Close()
+		if m.conn != nil {
+			m.conn.Close()
 		}
 	})
 }
@@ -182,7 +197,7 @@ func (e *Engine) connect(ctx context.Context) []cand {
 		r, err := e.opts.Dial(ctx, addr)
 		var info ReplicaInfo
 		if err == nil {
-			m.r = r
+			m.attach(r)
 			info, err = r.Info(ctx)
 		}
 		if err != nil {
@@ -228,11 +243,11 @@ func (e *Engine) sortOut(cands []cand, size int64) (usable []cand, maxEpoch uint
 // until it is done; one that refuses is failed.
 func (e *Engine) fenceAtOpen(ctx context.Context, usable []cand) {
 	for _, c := range usable {
-		if err := c.m.r.SetEpoch(ctx, e.epoch, true, false); err != nil {
+		if err := c.m.ctl.SetEpoch(ctx, e.epoch, true, false); err != nil {
 			e.become(c.m, ModeERR, fmt.Errorf("set epoch: %w", err))
 			continue
 		}
-		c.m.r.SetRequestEpoch(e.epoch)
+		c.m.data.SetRequestEpoch(e.epoch)
 	}
 }
 
@@ -266,21 +281,21 @@ func (e *Engine) reconcile(ctx context.Context, src *member, usable []cand) erro
 		if n <= 0 || src.mode != ModeRW {
 			continue
 		}
-		if err := src.r.ReadAt(ctx, buf[:n], off); err != nil {
+		if err := src.data.ReadAt(ctx, buf[:n], off); err != nil {
 			return fmt.Errorf("reconcile: read from %s: %w", src.addr, err)
 		}
 		for _, c := range usable {
 			if c.m == src || c.m.mode != ModeRW {
 				continue
 			}
-			if err := c.m.r.WriteAt(ctx, buf[:n], off, false); err != nil {
+			if err := c.m.data.WriteAt(ctx, buf[:n], off, false); err != nil {
 				e.become(c.m, ModeERR, fmt.Errorf("reconcile: %w", err))
 			}
 		}
 	}
 	for _, c := range usable {
 		if c.m.mode == ModeRW {
-			if err := c.m.r.Flush(ctx); err != nil {
+			if err := c.m.data.Flush(ctx); err != nil {
 				e.become(c.m, ModeERR, fmt.Errorf("reconcile: flush: %w", err))
 			}
 		}
@@ -320,7 +335,7 @@ func (e *Engine) become(m *member, to Mode, cause error) error {
 
 // watch fails a replica whose connection dies on its own.
 func (e *Engine) watch(m *member) {
-	<-m.r.Failed()
+	<-m.data.Failed()
 	if e.markFailed(m, errors.New("connection to the replica failed")) {
 		e.afterFailure(context.Background())
 	}
@@ -375,12 +390,12 @@ func (e *Engine) publishEpochLocked(ctx context.Context, bump bool) error {
 			if m.mode == ModeERR {
 				continue
 			}
-			if err := m.r.SetEpoch(ctx, e.epoch, degraded, m.mode == ModeWO); err != nil {
+			if err := m.ctl.SetEpoch(ctx, e.epoch, degraded, m.mode == ModeWO); err != nil {
 				e.setMode(m, ModeERR, fmt.Errorf("set epoch %d: %w", e.epoch, err))
 				changed = true
 				continue
 			}
-			m.r.SetRequestEpoch(e.epoch)
+			m.data.SetRequestEpoch(e.epoch)
 		}
 		if !changed {
 			if !degraded {

@@ -51,7 +51,7 @@ func (e *Engine) readAt(ctx context.Context, p []byte, off int64) error {
 	for i := range rs {
 		m := rs[(start+i)%len(rs)]
 		t := time.Now()
-		rerr := m.r.ReadAt(ctx, p, off)
+		rerr := m.data.ReadAt(ctx, p, off)
 		m.stats.record(opRead, len(p), time.Since(t), rerr)
 		if rerr == nil {
 			err = nil
@@ -315,7 +315,7 @@ func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool) 
 		prepare = func() error {
 			var last error = fmt.Errorf("%w: no RW replica to merge a partial block from", ErrNoReplica)
 			for _, m := range e.readable() {
-				if last = m.r.ReadAt(ctx, buf, start); last == nil {
+				if last = m.data.ReadAt(ctx, buf, start); last == nil {
 					copy(buf[at-start:], data)
 					return nil
 				}
@@ -325,7 +325,7 @@ func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool) 
 		p, off = buf, start // the whole blocks go to the replicas
 	}
 	return e.mutateWith(ctx, opWrite, off, int64(len(p)), prepare,
-		func(m *member) error { return m.r.WriteAt(ctx, p, off, fua) }, startWrite(ctx, p, off, fua))
+		func(m *member) error { return m.data.WriteAt(ctx, p, off, fua) }, startWrite(ctx, p, off, fua))
 }
 
 // startWrite starts a write on replicas that can send it and wait for the
@@ -333,7 +333,7 @@ func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool) 
 // runs in goroutines.
 func startWrite(ctx context.Context, p []byte, off int64, fua bool) func(*member) func() error {
 	return func(m *member) func() error {
-		ws, ok := m.r.(WriteStarter)
+		ws, ok := m.data.(WriteStarter)
 		if !ok {
 			return nil
 		}
@@ -366,7 +366,7 @@ func (e *Engine) Unmap(ctx context.Context, off, length int64) error {
 	for length > 0 {
 		n := min(length, maxUnmap)
 		o := off
-		if err := e.mutate(ctx, opUnmap, o, n, func(m *member) error { return m.r.Unmap(ctx, o, n) }); err != nil {
+		if err := e.mutate(ctx, opUnmap, o, n, func(m *member) error { return m.data.Unmap(ctx, o, n) }); err != nil {
 			return err
 		}
 		off, length = off+n, length-n
@@ -377,5 +377,5 @@ func (e *Engine) Unmap(ctx context.Context, off, length int64) error {
 // Flush makes every completed write durable on every writable replica.
 func (e *Engine) Flush(ctx context.Context) error {
 	ctx = detach(ctx)
-	return e.mutate(ctx, opFlush, 0, 0, func(m *member) error { return m.r.Flush(ctx) })
+	return e.mutate(ctx, opFlush, 0, 0, func(m *member) error { return m.data.Flush(ctx) })
 }

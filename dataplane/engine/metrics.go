@@ -92,7 +92,7 @@ func (e *Engine) Metrics() Metrics {
 			Read: s.byOp[opRead].snapshot(), Write: s.byOp[opWrite].snapshot(),
 			Flush: s.byOp[opFlush].snapshot(), Unmap: s.byOp[opUnmap].snapshot(),
 		}
-		if sc, ok := r.r.(SharedWriteCounter); ok {
+		if sc, ok := r.data.(SharedWriteCounter); ok {
 			rm.SharedWrites = sc.SharedWrites()
 		}
 		m.Replicas[r.addr] = rm

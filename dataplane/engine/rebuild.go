@@ -175,9 +175,9 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 		if m.mode == ModeERR {
 			continue
 		}
-		merr := m.r.Flush(ctx)
+		merr := m.data.Flush(ctx)
 		if merr == nil {
-			merr = m.r.Snapshot(ctx, rbSnap)
+			merr = m.ctl.Snapshot(ctx, rbSnap)
 		}
 		if merr != nil {
 			e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", merr))
@@ -193,7 +193,8 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	}
 	var nm *member
 	if err == nil {
-		nm = &member{addr: addr, id: tinfo.ID, r: r, since: time.Now()}
+		nm = &member{addr: addr, id: tinfo.ID, since: time.Now()}
+		nm.attach(r)
 		e.setMode(nm, ModeWO, nil)
 		// The new member replaces any failed entry at the same address.
 		kept := e.members[:0]
@@ -272,7 +273,7 @@ func (e *Engine) dropDeletedWhileAway(ctx context.Context, r Replica, addr strin
 	if len(rs) == 0 {
 		return have
 	}
-	info, err := rs[0].r.Info(ctx)
+	info, err := rs[0].ctl.Info(ctx)
 	if err != nil {
 		return have
 	}
@@ -322,7 +323,7 @@ func (e *Engine) rebuildSourceLocked(ctx context.Context, prefer *member, want [
 		if m.mode != ModeRW {
 			continue
 		}
-		info, err := m.r.Info(ctx)
+		info, err := m.ctl.Info(ctx)
 		if err != nil {
 			e.setMode(m, ModeERR, fmt.Errorf("rebuild: info: %w", err))
 			continue
@@ -498,10 +499,10 @@ func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *membe
 			return err
 		}
 	}
-	if err := dst.r.SyncLayers(ctx); err != nil {
+	if err := dst.ctl.SyncLayers(ctx); err != nil {
 		return fmt.Errorf("sync %s: %w", dst.addr, err)
 	}
-	sum := func(r Replica) func(context.Context, string, int64, int64) (uint32, error) {
+	sum := func(r Checksummer) func(context.Context, string, int64, int64) (uint32, error) {
 		if rb.st.DirtyOnly {
 			return r.Checksum
 		}
@@ -517,9 +518,9 @@ func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *membe
 			done := make(chan struct{})
 			go func() { // both sides at once: they are different processes
 				defer close(done)
-				a, aerr = sum(src.r)(ctx, l, off, n)
+				a, aerr = sum(src.ctl)(ctx, l, off, n)
 			}()
-			b, err := sum(dst.r)(ctx, l, off, n)
+			b, err := sum(dst.ctl)(ctx, l, off, n)
 			<-done
 			if aerr != nil {
 				return fmt.Errorf("verify: checksum on %s: %w", src.addr, aerr)
@@ -554,9 +555,9 @@ func (e *Engine) copyLayer(ctx context.Context, rb *rebuild, src, dst *member, l
 	go func() {
 		defer close(chunks)
 		readErr <- func() error {
-			read := src.r.ReadLayer
+			read := src.ctl.ReadLayer
 			if rb.st.DirtyOnly {
-				read = src.r.ReadSnapshot
+				read = src.ctl.ReadSnapshot
 			}
 			return eachChunk(regions, func(off, n int64) error {
 				ext, err := read(ctx, l, off, n)
@@ -590,7 +591,7 @@ func (e *Engine) copyLayer(ctx context.Context, rb *rebuild, src, dst *member, l
 			ext = []Extent{{Offset: c.off, Data: buf}}
 		}
 		for _, x := range ext {
-			if err := dst.r.WriteLayer(ctx, l, x.Data, x.Offset); err != nil {
+			if err := dst.ctl.WriteLayer(ctx, l, x.Data, x.Offset); err != nil {
 				return fmt.Errorf("write snapshot %s to %s: %w", l, dst.addr, err)
 			}
 			rb.copied.Add(int64(len(x.Data)))

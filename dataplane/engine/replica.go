@@ -6,9 +6,21 @@ import (
 )
 
 // Replica is the engine's view of one replica: data I/O (dataconn in
-// production) and control (gRPC). The engine never imports a transport;
-// engine/replicaclient implements this over the network.
+// production) and control (gRPC), by role below. The engine never imports
+// a transport; engine/replicaclient implements this over the network.
 type Replica interface {
+	DataPath
+	Control
+	RebuildSource
+	RebuildTarget
+	// Close ends the connection; calls in flight fail.
+	Close() error
+}
+
+// DataPath is what the I/O path calls: reads, writes, flushes and unmaps
+// (also a rebuild's writes of new data, which reach a WO replica this
+// way), carrying the epoch they were sent in.
+type DataPath interface {
 	ReadAt(ctx context.Context, p []byte, off int64) error
 	WriteAt(ctx context.Context, p []byte, off int64, fua bool) error
 	Flush(ctx context.Context) error
@@ -18,7 +30,11 @@ type Replica interface {
 	// Failed is closed when the data connection fails on its own (broken
 	// connection, missed liveness ping).
 	Failed() <-chan struct{}
+}
 
+// Control is what opening the volume, changing the set and changing the
+// snapshot chain call on every member.
+type Control interface {
 	Info(ctx context.Context) (ReplicaInfo, error)
 	// SetEpoch persists the replica's epoch, whether the set is degraded,
 	// and whether this replica is being rebuilt (incomplete).
@@ -29,25 +45,37 @@ type Replica interface {
 	DeleteSnapshot(ctx context.Context, name string) error
 	Revert(ctx context.Context, name string) error
 	Expand(ctx context.Context, size int64) error
+}
+
+// RebuildSource is what a rebuild reads from the RW replica it copies.
+type RebuildSource interface {
 	// ReadSnapshot returns the data extents of [off, off+length) of the
 	// view at snapshot name (holes left out).
 	ReadSnapshot(ctx context.Context, name string, off, length int64) ([]Extent, error)
 	// ReadLayer returns the data extents snapshot name's own layer holds in
 	// [off, off+length).
 	ReadLayer(ctx context.Context, name string, off, length int64) ([]Extent, error)
+	Checksummer
+}
+
+// RebuildTarget is what a rebuild calls on the replica it rebuilds.
+type RebuildTarget interface {
 	// ReplaceChain empties a replica marked rebuilding into empty snapshots
 	// named and dated as snaps (oldest first) under an empty head.
 	ReplaceChain(ctx context.Context, snaps []SnapshotInfo) error
 	// WriteLayer writes into snapshot name's own layer, below the head.
 	WriteLayer(ctx context.Context, name string, p []byte, off int64) error
 	SyncLayers(ctx context.Context) error
+	Checksummer
+}
+
+// Checksummer is how a rebuild verifies its copy, on both sides.
+type Checksummer interface {
 	// Checksum is the CRC-32C of [off, off+length) of the view at name.
 	Checksum(ctx context.Context, name string, off, length int64) (uint32, error)
 	// LayerChecksum is a CRC-32C of what snapshot name's own layer holds in
 	// [off, off+length): its data and where that data lies.
 	LayerChecksum(ctx context.Context, name string, off, length int64) (uint32, error)
-
-	Close() error
 }
 
 // Extent is a run of data at an offset.
