@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -38,6 +39,7 @@ commands:
   snapshot list
   expand SIZE                grow the volume
   metrics                    operation counts and latency
+  watch                      the status now and each time it changes, one line each (until interrupted)
 `
 
 func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -191,6 +193,21 @@ func ctlDo(ctx context.Context, c enginev1.EngineServiceClient, rest []string, o
 			fmt.Fprintf(out, "replica %s: read ops=%d write ops=%d (shared memory %d) errors=%d\n", r.Address, r.Read.GetOps(), r.Write.GetOps(),
 				r.SharedWrites, r.Read.GetErrors()+r.Write.GetErrors()+r.Flush.GetErrors()+r.Unmap.GetErrors())
 		}
+	case "watch":
+		w, err := c.Watch(ctx, &enginev1.WatchRequest{})
+		if err != nil {
+			return err
+		}
+		for {
+			st, err := w.Recv()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil // interrupted
+				}
+				return err
+			}
+			fmt.Fprintln(out, statusLine(st))
+		}
 	default:
 		return fmt.Errorf("unknown command %q\n\n%s", rest[0], ctlUsage)
 	}
@@ -221,17 +238,44 @@ func rebuildLine(r *enginev1.Rebuild) string {
 	return s
 }
 
-// waitRebuild prints progress until the rebuild of addr ends.
+// statusLine is one Watch message on one line.
+func statusLine(st *enginev1.VolumeStatus) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d: %s, %s, epoch %d; replicas", st.Seq, human(st.Size), st.Robustness, st.Epoch)
+	for _, r := range st.Replicas {
+		fmt.Fprintf(&b, " %s %s", r.Mode, r.Address)
+	}
+	for _, r := range st.Rebuilds {
+		if r.State == "in-progress" {
+			fmt.Fprintf(&b, "; rebuild %s", rebuildLine(r))
+		}
+	}
+	b.WriteString("; snapshots")
+	if len(st.Snapshots) == 0 {
+		b.WriteString(" none")
+	}
+	for _, x := range st.Snapshots {
+		b.WriteString(" " + x.Name)
+	}
+	return b.String()
+}
+
+// waitRebuild prints progress until the rebuild of addr ends, from the
+// engine's status stream.
 func waitRebuild(ctx context.Context, c enginev1.EngineServiceClient, addr string, out io.Writer) error {
-	t := time.NewTicker(250 * time.Millisecond)
-	defer t.Stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := c.Watch(ctx, &enginev1.WatchRequest{})
+	if err != nil {
+		return err
+	}
 	last := ""
 	for {
-		rs, err := c.RebuildStatus(ctx, &enginev1.RebuildStatusRequest{})
+		st, err := w.Recv()
 		if err != nil {
 			return err
 		}
-		for _, r := range rs.Rebuilds {
+		for _, r := range st.Rebuilds {
 			if r.Replica != addr {
 				continue
 			}
@@ -245,11 +289,6 @@ func waitRebuild(ctx context.Context, c enginev1.EngineServiceClient, addr strin
 			case "failed", "cancelled":
 				return fmt.Errorf("rebuild of %s %s: %s", addr, r.State, r.Error)
 			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
 		}
 	}
 }

@@ -2,8 +2,11 @@
 package engineserver
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -31,6 +34,8 @@ type Server struct {
 	// a revert then is refused, since whoever has it open would keep
 	// reading its cached view of the old data.
 	InUse func() string
+
+	watch watchers // the Watch streams and what they were sent
 }
 
 func grpcErr(err error) error {
@@ -62,27 +67,39 @@ func (s *Server) VolumeInfo(context.Context, *enginev1.VolumeInfoRequest) (*engi
 }
 
 func (s *Server) ReplicaList(context.Context, *enginev1.ReplicaListRequest) (*enginev1.ReplicaListResponse, error) {
-	out := &enginev1.ReplicaListResponse{}
+	return &enginev1.ReplicaListResponse{Replicas: s.replicas()}, nil
+}
+
+func (s *Server) replicas() []*enginev1.Replica {
+	var out []*enginev1.Replica
 	for _, r := range s.E.Replicas() {
-		out.Replicas = append(out.Replicas, &enginev1.Replica{Address: r.Address, Mode: r.Mode.String(),
+		out = append(out, &enginev1.Replica{Address: r.Address, Mode: r.Mode.String(),
 			SinceUnixNano: r.Since.UnixNano(), Error: r.Error})
 	}
-	return out, nil
+	return out
 }
 
 func (s *Server) ReplicaAdd(ctx context.Context, req *enginev1.ReplicaAddRequest) (*enginev1.ReplicaAddResponse, error) {
 	if req.GetAddress() == "" {
 		return nil, status.Error(codes.InvalidArgument, "address is required")
 	}
+	defer s.changed()
 	return &enginev1.ReplicaAddResponse{}, grpcErr(s.E.AddReplica(ctx, req.GetAddress()))
 }
 
 func (s *Server) ReplicaRemove(ctx context.Context, req *enginev1.ReplicaRemoveRequest) (*enginev1.ReplicaRemoveResponse, error) {
+	defer s.changed()
 	return &enginev1.ReplicaRemoveResponse{}, grpcErr(s.E.RemoveReplica(ctx, req.GetAddress()))
 }
 
 func (s *Server) RebuildStatus(context.Context, *enginev1.RebuildStatusRequest) (*enginev1.RebuildStatusResponse, error) {
-	out := &enginev1.RebuildStatusResponse{}
+	return &enginev1.RebuildStatusResponse{Rebuilds: s.rebuilds()}, nil
+}
+
+// rebuilds lists the engine's rebuilds ordered by replica address, then
+// start (the engine keeps them in a map).
+func (s *Server) rebuilds() []*enginev1.Rebuild {
+	var out []*enginev1.Rebuild
 	for _, r := range s.E.Rebuilds() {
 		rb := &enginev1.Rebuild{Replica: r.Replica, Source: r.Source, Snapshot: r.Snapshot, State: string(r.State),
 			DirtyOnly: r.DirtyOnly, BytesDone: r.BytesDone, BytesTotal: r.BytesTotal, BytesCopied: r.BytesCopied,
@@ -90,12 +107,16 @@ func (s *Server) RebuildStatus(context.Context, *enginev1.RebuildStatusRequest) 
 		if !r.Finished.IsZero() {
 			rb.FinishedUnixNano = r.Finished.UnixNano()
 		}
-		out.Rebuilds = append(out.Rebuilds, rb)
+		out = append(out, rb)
 	}
-	return out, nil
+	slices.SortFunc(out, func(a, b *enginev1.Rebuild) int {
+		return cmp.Or(strings.Compare(a.Replica, b.Replica), cmp.Compare(a.StartedUnixNano, b.StartedUnixNano))
+	})
+	return out
 }
 
 func (s *Server) RebuildCancel(_ context.Context, req *enginev1.RebuildCancelRequest) (*enginev1.RebuildCancelResponse, error) {
+	defer s.changed()
 	return &enginev1.RebuildCancelResponse{}, grpcErr(s.E.CancelRebuild(req.GetReplica()))
 }
 
@@ -103,23 +124,33 @@ func (s *Server) SnapshotCreate(ctx context.Context, req *enginev1.SnapshotCreat
 	if req.GetName() == "" {
 		return nil, status.Error(codes.InvalidArgument, "name is required")
 	}
+	defer s.changed()
 	return &enginev1.SnapshotCreateResponse{}, grpcErr(s.E.Snapshot(ctx, req.GetName()))
 }
 
 func (s *Server) SnapshotList(ctx context.Context, _ *enginev1.SnapshotListRequest) (*enginev1.SnapshotListResponse, error) {
-	snaps, err := s.E.Snapshots(ctx)
+	snaps, err := s.snapshots(ctx)
 	if err != nil {
 		return nil, grpcErr(err)
 	}
-	out := &enginev1.SnapshotListResponse{}
+	return &enginev1.SnapshotListResponse{Snapshots: snaps}, nil
+}
+
+func (s *Server) snapshots(ctx context.Context) ([]*enginev1.Snapshot, error) {
+	snaps, err := s.E.Snapshots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*enginev1.Snapshot
 	for _, x := range snaps {
-		out.Snapshots = append(out.Snapshots, &enginev1.Snapshot{Name: x.Name, Parent: x.Parent,
+		out = append(out, &enginev1.Snapshot{Name: x.Name, Parent: x.Parent,
 			CreatedUnixNano: x.Created.UnixNano(), UserCreated: x.UserCreated, DataBytes: x.DataBytes})
 	}
 	return out, nil
 }
 
 func (s *Server) SnapshotDelete(ctx context.Context, req *enginev1.SnapshotDeleteRequest) (*enginev1.SnapshotDeleteResponse, error) {
+	defer s.changed()
 	return &enginev1.SnapshotDeleteResponse{}, grpcErr(s.E.DeleteSnapshot(ctx, req.GetName()))
 }
 
@@ -132,10 +163,12 @@ func (s *Server) SnapshotRevert(ctx context.Context, req *enginev1.SnapshotRever
 				req.GetName(), s.Name, why)
 		}
 	}
+	defer s.changed()
 	return &enginev1.SnapshotRevertResponse{}, grpcErr(s.E.Revert(ctx, req.GetName()))
 }
 
 func (s *Server) Expand(ctx context.Context, req *enginev1.ExpandRequest) (*enginev1.ExpandResponse, error) {
+	defer s.changed()
 	return &enginev1.ExpandResponse{}, grpcErr(s.E.Expand(ctx, req.GetSize()))
 }
 

@@ -1532,6 +1532,192 @@ func (x *MetricsResponse) GetLatencyBoundsNs() []int64 {
 	return nil
 }
 
+type WatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_engine_v1_engine_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_v1_engine_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{29}
+}
+
+// VolumeStatus is everything a reconciler needs about a running volume.
+type VolumeStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Grows with every change the engine process saw, the same for every
+	// watcher of that process (it starts again from 1 when the engine is
+	// restarted).
+	Seq      uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Name     string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Size     int64  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	Frontend string `protobuf:"bytes,4,opt,name=frontend,proto3" json:"frontend,omitempty"`
+	// As in VolumeInfoResponse.
+	Endpoint     string `protobuf:"bytes,5,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	EndpointKind string `protobuf:"bytes,6,opt,name=endpoint_kind,json=endpointKind,proto3" json:"endpoint_kind,omitempty"`
+	Socket       string `protobuf:"bytes,7,opt,name=socket,proto3" json:"socket,omitempty"`
+	Fallback     string `protobuf:"bytes,8,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	// healthy, degraded or faulted.
+	Robustness string `protobuf:"bytes,9,opt,name=robustness,proto3" json:"robustness,omitempty"`
+	Epoch      uint64 `protobuf:"varint,10,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// In the engine's order.
+	Replicas []*Replica `protobuf:"bytes,11,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// Every rebuild this engine ran or runs, by replica address.
+	Rebuilds []*Rebuild `protobuf:"bytes,12,rep,name=rebuilds,proto3" json:"rebuilds,omitempty"`
+	// Oldest first, as an RW replica reports them; the last list read when
+	// no replica is RW.
+	Snapshots     []*Snapshot `protobuf:"bytes,13,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeStatus) Reset() {
+	*x = VolumeStatus{}
+	mi := &file_engine_v1_engine_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeStatus) ProtoMessage() {}
+
+func (x *VolumeStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_v1_engine_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeStatus.ProtoReflect.Descriptor instead.
+func (*VolumeStatus) Descriptor() ([]byte, []int) {
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *VolumeStatus) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *VolumeStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *VolumeStatus) GetFrontend() string {
+	if x != nil {
+		return x.Frontend
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetEndpointKind() string {
+	if x != nil {
+		return x.EndpointKind
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetSocket() string {
+	if x != nil {
+		return x.Socket
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetFallback() string {
+	if x != nil {
+		return x.Fallback
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetRobustness() string {
+	if x != nil {
+		return x.Robustness
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *VolumeStatus) GetReplicas() []*Replica {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *VolumeStatus) GetRebuilds() []*Rebuild {
+	if x != nil {
+		return x.Rebuilds
+	}
+	return nil
+}
+
+func (x *VolumeStatus) GetSnapshots() []*Snapshot {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
 var File_engine_v1_engine_proto protoreflect.FileDescriptor
 
 const file_engine_v1_engine_proto_rawDesc = "" +
@@ -1628,7 +1814,25 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x05flush\x18\x03 \x01(\v2\x1a.cairn.engine.v1.OpMetricsR\x05flush\x120\n" +
 	"\x05unmap\x18\x04 \x01(\v2\x1a.cairn.engine.v1.OpMetricsR\x05unmap\x12;\n" +
 	"\breplicas\x18\x05 \x03(\v2\x1f.cairn.engine.v1.ReplicaMetricsR\breplicas\x12*\n" +
-	"\x11latency_bounds_ns\x18\x06 \x03(\x03R\x0flatencyBoundsNs2\xd6\b\n" +
+	"\x11latency_bounds_ns\x18\x06 \x03(\x03R\x0flatencyBoundsNs\"\x0e\n" +
+	"\fWatchRequest\"\xb4\x03\n" +
+	"\fVolumeStatus\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x1a\n" +
+	"\bfrontend\x18\x04 \x01(\tR\bfrontend\x12\x1a\n" +
+	"\bendpoint\x18\x05 \x01(\tR\bendpoint\x12#\n" +
+	"\rendpoint_kind\x18\x06 \x01(\tR\fendpointKind\x12\x16\n" +
+	"\x06socket\x18\a \x01(\tR\x06socket\x12\x1a\n" +
+	"\bfallback\x18\b \x01(\tR\bfallback\x12\x1e\n" +
+	"\n" +
+	"robustness\x18\t \x01(\tR\n" +
+	"robustness\x12\x14\n" +
+	"\x05epoch\x18\n" +
+	" \x01(\x04R\x05epoch\x124\n" +
+	"\breplicas\x18\v \x03(\v2\x18.cairn.engine.v1.ReplicaR\breplicas\x124\n" +
+	"\brebuilds\x18\f \x03(\v2\x18.cairn.engine.v1.RebuildR\brebuilds\x127\n" +
+	"\tsnapshots\x18\r \x03(\v2\x19.cairn.engine.v1.SnapshotR\tsnapshots2\x9f\t\n" +
 	"\rEngineService\x12U\n" +
 	"\n" +
 	"VolumeInfo\x12\".cairn.engine.v1.VolumeInfoRequest\x1a#.cairn.engine.v1.VolumeInfoResponse\x12X\n" +
@@ -1643,7 +1847,8 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x0eSnapshotDelete\x12&.cairn.engine.v1.SnapshotDeleteRequest\x1a'.cairn.engine.v1.SnapshotDeleteResponse\x12a\n" +
 	"\x0eSnapshotRevert\x12&.cairn.engine.v1.SnapshotRevertRequest\x1a'.cairn.engine.v1.SnapshotRevertResponse\x12I\n" +
 	"\x06Expand\x12\x1e.cairn.engine.v1.ExpandRequest\x1a\x1f.cairn.engine.v1.ExpandResponse\x12L\n" +
-	"\aMetrics\x12\x1f.cairn.engine.v1.MetricsRequest\x1a .cairn.engine.v1.MetricsResponseB<Z:github.com/cairn-io/cairn/dataplane/api/engine/v1;enginev1b\x06proto3"
+	"\aMetrics\x12\x1f.cairn.engine.v1.MetricsRequest\x1a .cairn.engine.v1.MetricsResponse\x12G\n" +
+	"\x05Watch\x12\x1d.cairn.engine.v1.WatchRequest\x1a\x1d.cairn.engine.v1.VolumeStatus0\x01B<Z:github.com/cairn-io/cairn/dataplane/api/engine/v1;enginev1b\x06proto3"
 
 var (
 	file_engine_v1_engine_proto_rawDescOnce sync.Once
@@ -1657,7 +1862,7 @@ func file_engine_v1_engine_proto_rawDescGZIP() []byte {
 	return file_engine_v1_engine_proto_rawDescData
 }
 
-var file_engine_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_engine_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_engine_v1_engine_proto_goTypes = []any{
 	(*VolumeInfoRequest)(nil),      // 0: cairn.engine.v1.VolumeInfoRequest
 	(*VolumeInfoResponse)(nil),     // 1: cairn.engine.v1.VolumeInfoResponse
@@ -1688,6 +1893,8 @@ var file_engine_v1_engine_proto_goTypes = []any{
 	(*ReplicaMetrics)(nil),         // 26: cairn.engine.v1.ReplicaMetrics
 	(*MetricsRequest)(nil),         // 27: cairn.engine.v1.MetricsRequest
 	(*MetricsResponse)(nil),        // 28: cairn.engine.v1.MetricsResponse
+	(*WatchRequest)(nil),           // 29: cairn.engine.v1.WatchRequest
+	(*VolumeStatus)(nil),           // 30: cairn.engine.v1.VolumeStatus
 }
 var file_engine_v1_engine_proto_depIdxs = []int32{
 	2,  // 0: cairn.engine.v1.ReplicaListResponse.replicas:type_name -> cairn.engine.v1.Replica
@@ -1702,35 +1909,40 @@ var file_engine_v1_engine_proto_depIdxs = []int32{
 	25, // 9: cairn.engine.v1.MetricsResponse.flush:type_name -> cairn.engine.v1.OpMetrics
 	25, // 10: cairn.engine.v1.MetricsResponse.unmap:type_name -> cairn.engine.v1.OpMetrics
 	26, // 11: cairn.engine.v1.MetricsResponse.replicas:type_name -> cairn.engine.v1.ReplicaMetrics
-	0,  // 12: cairn.engine.v1.EngineService.VolumeInfo:input_type -> cairn.engine.v1.VolumeInfoRequest
-	3,  // 13: cairn.engine.v1.EngineService.ReplicaList:input_type -> cairn.engine.v1.ReplicaListRequest
-	5,  // 14: cairn.engine.v1.EngineService.ReplicaAdd:input_type -> cairn.engine.v1.ReplicaAddRequest
-	7,  // 15: cairn.engine.v1.EngineService.ReplicaRemove:input_type -> cairn.engine.v1.ReplicaRemoveRequest
-	10, // 16: cairn.engine.v1.EngineService.RebuildStatus:input_type -> cairn.engine.v1.RebuildStatusRequest
-	12, // 17: cairn.engine.v1.EngineService.RebuildCancel:input_type -> cairn.engine.v1.RebuildCancelRequest
-	15, // 18: cairn.engine.v1.EngineService.SnapshotCreate:input_type -> cairn.engine.v1.SnapshotCreateRequest
-	17, // 19: cairn.engine.v1.EngineService.SnapshotList:input_type -> cairn.engine.v1.SnapshotListRequest
-	19, // 20: cairn.engine.v1.EngineService.SnapshotDelete:input_type -> cairn.engine.v1.SnapshotDeleteRequest
-	21, // 21: cairn.engine.v1.EngineService.SnapshotRevert:input_type -> cairn.engine.v1.SnapshotRevertRequest
-	23, // 22: cairn.engine.v1.EngineService.Expand:input_type -> cairn.engine.v1.ExpandRequest
-	27, // 23: cairn.engine.v1.EngineService.Metrics:input_type -> cairn.engine.v1.MetricsRequest
-	1,  // 24: cairn.engine.v1.EngineService.VolumeInfo:output_type -> cairn.engine.v1.VolumeInfoResponse
-	4,  // 25: cairn.engine.v1.EngineService.ReplicaList:output_type -> cairn.engine.v1.ReplicaListResponse
-	6,  // 26: cairn.engine.v1.EngineService.ReplicaAdd:output_type -> cairn.engine.v1.ReplicaAddResponse
-	8,  // 27: cairn.engine.v1.EngineService.ReplicaRemove:output_type -> cairn.engine.v1.ReplicaRemoveResponse
-	11, // 28: cairn.engine.v1.EngineService.RebuildStatus:output_type -> cairn.engine.v1.RebuildStatusResponse
-	13, // 29: cairn.engine.v1.EngineService.RebuildCancel:output_type -> cairn.engine.v1.RebuildCancelResponse
-	16, // 30: cairn.engine.v1.EngineService.SnapshotCreate:output_type -> cairn.engine.v1.SnapshotCreateResponse
-	18, // 31: cairn.engine.v1.EngineService.SnapshotList:output_type -> cairn.engine.v1.SnapshotListResponse
-	20, // 32: cairn.engine.v1.EngineService.SnapshotDelete:output_type -> cairn.engine.v1.SnapshotDeleteResponse
-	22, // 33: cairn.engine.v1.EngineService.SnapshotRevert:output_type -> cairn.engine.v1.SnapshotRevertResponse
-	24, // 34: cairn.engine.v1.EngineService.Expand:output_type -> cairn.engine.v1.ExpandResponse
-	28, // 35: cairn.engine.v1.EngineService.Metrics:output_type -> cairn.engine.v1.MetricsResponse
-	24, // [24:36] is the sub-list for method output_type
-	12, // [12:24] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	2,  // 12: cairn.engine.v1.VolumeStatus.replicas:type_name -> cairn.engine.v1.Replica
+	9,  // 13: cairn.engine.v1.VolumeStatus.rebuilds:type_name -> cairn.engine.v1.Rebuild
+	14, // 14: cairn.engine.v1.VolumeStatus.snapshots:type_name -> cairn.engine.v1.Snapshot
+	0,  // 15: cairn.engine.v1.EngineService.VolumeInfo:input_type -> cairn.engine.v1.VolumeInfoRequest
+	3,  // 16: cairn.engine.v1.EngineService.ReplicaList:input_type -> cairn.engine.v1.ReplicaListRequest
+	5,  // 17: cairn.engine.v1.EngineService.ReplicaAdd:input_type -> cairn.engine.v1.ReplicaAddRequest
+	7,  // 18: cairn.engine.v1.EngineService.ReplicaRemove:input_type -> cairn.engine.v1.ReplicaRemoveRequest
+	10, // 19: cairn.engine.v1.EngineService.RebuildStatus:input_type -> cairn.engine.v1.RebuildStatusRequest
+	12, // 20: cairn.engine.v1.EngineService.RebuildCancel:input_type -> cairn.engine.v1.RebuildCancelRequest
+	15, // 21: cairn.engine.v1.EngineService.SnapshotCreate:input_type -> cairn.engine.v1.SnapshotCreateRequest
+	17, // 22: cairn.engine.v1.EngineService.SnapshotList:input_type -> cairn.engine.v1.SnapshotListRequest
+	19, // 23: cairn.engine.v1.EngineService.SnapshotDelete:input_type -> cairn.engine.v1.SnapshotDeleteRequest
+	21, // 24: cairn.engine.v1.EngineService.SnapshotRevert:input_type -> cairn.engine.v1.SnapshotRevertRequest
+	23, // 25: cairn.engine.v1.EngineService.Expand:input_type -> cairn.engine.v1.ExpandRequest
+	27, // 26: cairn.engine.v1.EngineService.Metrics:input_type -> cairn.engine.v1.MetricsRequest
+	29, // 27: cairn.engine.v1.EngineService.Watch:input_type -> cairn.engine.v1.WatchRequest
+	1,  // 28: cairn.engine.v1.EngineService.VolumeInfo:output_type -> cairn.engine.v1.VolumeInfoResponse
+	4,  // 29: cairn.engine.v1.EngineService.ReplicaList:output_type -> cairn.engine.v1.ReplicaListResponse
+	6,  // 30: cairn.engine.v1.EngineService.ReplicaAdd:output_type -> cairn.engine.v1.ReplicaAddResponse
+	8,  // 31: cairn.engine.v1.EngineService.ReplicaRemove:output_type -> cairn.engine.v1.ReplicaRemoveResponse
+	11, // 32: cairn.engine.v1.EngineService.RebuildStatus:output_type -> cairn.engine.v1.RebuildStatusResponse
+	13, // 33: cairn.engine.v1.EngineService.RebuildCancel:output_type -> cairn.engine.v1.RebuildCancelResponse
+	16, // 34: cairn.engine.v1.EngineService.SnapshotCreate:output_type -> cairn.engine.v1.SnapshotCreateResponse
+	18, // 35: cairn.engine.v1.EngineService.SnapshotList:output_type -> cairn.engine.v1.SnapshotListResponse
+	20, // 36: cairn.engine.v1.EngineService.SnapshotDelete:output_type -> cairn.engine.v1.SnapshotDeleteResponse
+	22, // 37: cairn.engine.v1.EngineService.SnapshotRevert:output_type -> cairn.engine.v1.SnapshotRevertResponse
+	24, // 38: cairn.engine.v1.EngineService.Expand:output_type -> cairn.engine.v1.ExpandResponse
+	28, // 39: cairn.engine.v1.EngineService.Metrics:output_type -> cairn.engine.v1.MetricsResponse
+	30, // 40: cairn.engine.v1.EngineService.Watch:output_type -> cairn.engine.v1.VolumeStatus
+	28, // [28:41] is the sub-list for method output_type
+	15, // [15:28] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_engine_v1_engine_proto_init() }
@@ -1744,7 +1956,7 @@ func file_engine_v1_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_engine_v1_engine_proto_rawDesc), len(file_engine_v1_engine_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

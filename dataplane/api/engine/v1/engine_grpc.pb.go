@@ -34,6 +34,7 @@ const (
 	EngineService_SnapshotRevert_FullMethodName = "/cairn.engine.v1.EngineService/SnapshotRevert"
 	EngineService_Expand_FullMethodName         = "/cairn.engine.v1.EngineService/Expand"
 	EngineService_Metrics_FullMethodName        = "/cairn.engine.v1.EngineService/Metrics"
+	EngineService_Watch_FullMethodName          = "/cairn.engine.v1.EngineService/Watch"
 )
 
 // EngineServiceClient is the client API for EngineService service.
@@ -63,6 +64,13 @@ type EngineServiceClient interface {
 	Expand(ctx context.Context, in *ExpandRequest, opts ...grpc.CallOption) (*ExpandResponse, error)
 	// Metrics: operation counts, bytes and latency histograms.
 	Metrics(ctx context.Context, in *MetricsRequest, opts ...grpc.CallOption) (*MetricsResponse, error)
+	// Watch sends the volume's status at once, then again each time any of
+	// it changes (a replica's mode, a rebuild's progress, a snapshot created
+	// or deleted, an expansion), and nothing while nothing changes. A
+	// watcher slower than the changes gets the latest status, not every
+	// one in between (its seq then skips). The stream ends when the client
+	// cancels it or the engine stops.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[VolumeStatus], error)
 }
 
 type engineServiceClient struct {
@@ -193,6 +201,25 @@ func (c *engineServiceClient) Metrics(ctx context.Context, in *MetricsRequest, o
 	return out, nil
 }
 
+func (c *engineServiceClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[VolumeStatus], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &EngineService_ServiceDesc.Streams[0], EngineService_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, VolumeStatus]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type EngineService_WatchClient = grpc.ServerStreamingClient[VolumeStatus]
+
 // EngineServiceServer is the server API for EngineService service.
 // All implementations must embed UnimplementedEngineServiceServer
 // for forward compatibility.
@@ -220,6 +247,13 @@ type EngineServiceServer interface {
 	Expand(context.Context, *ExpandRequest) (*ExpandResponse, error)
 	// Metrics: operation counts, bytes and latency histograms.
 	Metrics(context.Context, *MetricsRequest) (*MetricsResponse, error)
+	// Watch sends the volume's status at once, then again each time any of
+	// it changes (a replica's mode, a rebuild's progress, a snapshot created
+	// or deleted, an expansion), and nothing while nothing changes. A
+	// watcher slower than the changes gets the latest status, not every
+	// one in between (its seq then skips). The stream ends when the client
+	// cancels it or the engine stops.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[VolumeStatus]) error
 	mustEmbedUnimplementedEngineServiceServer()
 }
 
@@ -265,6 +299,9 @@ func (UnimplementedEngineServiceServer) Expand(context.Context, *ExpandRequest) 
 }
 func (UnimplementedEngineServiceServer) Metrics(context.Context, *MetricsRequest) (*MetricsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Metrics not implemented")
+}
+func (UnimplementedEngineServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[VolumeStatus]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedEngineServiceServer) mustEmbedUnimplementedEngineServiceServer() {}
 func (UnimplementedEngineServiceServer) testEmbeddedByValue()                       {}
@@ -503,6 +540,17 @@ func _EngineService_Metrics_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _EngineService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(EngineServiceServer).Watch(m, &grpc.GenericServerStream[WatchRequest, VolumeStatus]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type EngineService_WatchServer = grpc.ServerStreamingServer[VolumeStatus]
+
 // EngineService_ServiceDesc is the grpc.ServiceDesc for EngineService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -559,6 +607,12 @@ var EngineService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _EngineService_Metrics_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _EngineService_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "engine/v1/engine.proto",
 }
