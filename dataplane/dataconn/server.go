@@ -71,6 +71,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	closing   bool
+	done      chan struct{} // closed when closing is set
 	listeners map[net.Listener]struct{}
 	conns     map[*serverConn]struct{}
 	connsWG   sync.WaitGroup
@@ -107,6 +108,7 @@ func NewServer(b Backend, opts ServerOptions) *Server {
 		log:       opts.Logger,
 		pool:      shm.NewArena(nil),
 		jobs:      make(chan job, opts.Workers),
+		done:      make(chan struct{}),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*serverConn]struct{}{},
 	}
@@ -118,7 +120,9 @@ func NewServer(b Backend, opts ServerOptions) *Server {
 }
 
 // Serve accepts connections on l and serves each until the server shuts
-// down. It returns ErrServerClosed after Shutdown or Close.
+// down. It returns ErrServerClosed after Shutdown or Close, and the
+// listener's error when accepting fails for good; transient failures
+// (see TransientAcceptError) are retried with a back-off and logged.
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
 	if s.closing {
@@ -132,19 +136,18 @@ func (s *Server) Serve(l net.Listener) error {
 		delete(s.listeners, l)
 		s.mu.Unlock()
 	}()
+	// Transient accept failures (EMFILE and the like) are waited out: a
+	// replica whose Serve returned would stop taking its engine's
+	// connections, and its process would exit.
+	a := NewAcceptor(l, AcceptOptions{Logger: s.log, Done: s.done})
 	for {
-		nc, err := l.Accept()
+		nc, err := a.Accept()
 		if err != nil {
 			s.mu.Lock()
 			closing := s.closing
 			s.mu.Unlock()
 			if closing {
 				return ErrServerClosed
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond) // transient (EMFILE and the like): back off, go on
-				continue
 			}
 			return err
 		}
@@ -204,7 +207,10 @@ func (s *Server) Close() error {
 func (s *Server) beginClose() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.closing = true
+	if !s.closing {
+		s.closing = true
+		close(s.done)
+	}
 	for l := range s.listeners {
 		l.Close()
 	}
@@ -298,10 +304,19 @@ func (sc *serverConn) reply(rh Header, payload []byte, pooled bool) {
 	}
 }
 
-// check validates a request against the volume and the epoch.
+// check validates a request's length and range before anything is
+// allocated or run for it. A read's length is the size of its reply, which
+// the server allocates: it is bounded by MaxPayload like any payload, or
+// one header could make the server allocate up to 4 GiB. A write's length
+// is bounded by the decoder (it equals the payload length) or, with the
+// shared flag, by sharedData. An unmap allocates nothing, so any length
+// within the volume is fine.
 func (s *Server) check(h Header) error {
-	if h.Op == OpPing {
-		return nil
+	switch h.Op {
+	case OpRead, OpWrite:
+		if h.Length > s.opts.MaxPayload {
+			return fmt.Errorf("%w: %s of %d bytes exceeds the %d-byte maximum", CodeInvalid, h.Op, h.Length, s.opts.MaxPayload)
+		}
 	}
 	switch h.Op {
 	case OpRead, OpWrite, OpUnmap:

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/cairn-io/cairn/dataplane/dataconn"
 	"github.com/cairn-io/cairn/dataplane/frontend"
 	"github.com/cairn-io/cairn/dataplane/internal/bufread"
 	"github.com/cairn-io/cairn/dataplane/internal/rawio"
@@ -45,6 +46,7 @@ type Server struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
+	done   chan struct{} // closed when closed is set: ends an accept back-off
 	wg     sync.WaitGroup
 }
 
@@ -56,13 +58,19 @@ func NewServer(dev Device, opts Options) *Server {
 	if opts.Buffers == nil {
 		opts.Buffers = shm.NewArena(nil)
 	}
-	return &Server{dev: dev, opts: opts, log: opts.Logger, conns: map[net.Conn]struct{}{}}
+	return &Server{dev: dev, opts: opts, log: opts.Logger, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
 }
 
-// Serve accepts clients on l until Close.
+// Serve accepts clients on l until Close, then returns nil. Transient
+// accept failures (a process out of descriptors and the like, see
+// dataconn.TransientAcceptError) are retried with a back-off and logged:
+// the volume's clients must be able to reconnect once they pass. It
+// returns the listener's error when accepting fails for good (the
+// listener was closed under it, say).
 func (s *Server) Serve(l net.Listener) error {
+	a := dataconn.NewAcceptor(l, dataconn.AcceptOptions{Logger: s.log, Done: s.done})
 	for {
-		c, err := l.Accept()
+		c, err := a.Accept()
 		if err != nil {
 			s.mu.Lock()
 			closed := s.closed
@@ -128,7 +136,10 @@ func (s *Server) run(c net.Conn, serve func(net.Conn) error) {
 // Close disconnects every client and waits for their requests to end.
 func (s *Server) Close() error {
 	s.mu.Lock()
-	s.closed = true
+	if !s.closed {
+		s.closed = true
+		close(s.done)
+	}
 	for c := range s.conns {
 		c.Close()
 	}

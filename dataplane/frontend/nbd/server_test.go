@@ -5,13 +5,17 @@ import (
 	"context"
 	"encoding/binary"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
@@ -143,26 +147,8 @@ func TestNbdinfo(t *testing.T) {
 // send on their own: out-of-range requests and an unknown command.
 func TestRawProtocolErrors(t *testing.T) {
 	dev := &memDevice{data: make([]byte, 1<<20)}
-	c, err := net.Dial("unix", serve(t, dev))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialExport(t, serve(t, dev), "vol", 1<<20)
 	defer c.Close()
-	hello := make([]byte, 18)
-	readFull(t, c, hello)
-	if binary.BigEndian.Uint64(hello) != magicNBD || binary.BigEndian.Uint64(hello[8:]) != magicOpt {
-		t.Fatalf("hello %x", hello)
-	}
-	c.Write(binary.BigEndian.AppendUint32(nil, clientFixed|clientNoZeroes))
-	opt := binary.BigEndian.AppendUint64(nil, magicOpt)
-	opt = binary.BigEndian.AppendUint32(opt, optExportName)
-	opt = binary.BigEndian.AppendUint32(opt, 3)
-	c.Write(append(opt, "vol"...))
-	info := make([]byte, 10)
-	readFull(t, c, info)
-	if binary.BigEndian.Uint64(info) != 1<<20 {
-		t.Fatalf("size %d", binary.BigEndian.Uint64(info))
-	}
 	req := func(typ uint16, handle, off uint64, length uint32) {
 		b := binary.BigEndian.AppendUint32(nil, magicRequest)
 		b = binary.BigEndian.AppendUint16(b, 0)
@@ -196,6 +182,34 @@ func TestRawProtocolErrors(t *testing.T) {
 	if _, err := c.Read(make([]byte, 1)); err == nil {
 		t.Fatal("connection open after DISC")
 	}
+}
+
+// dialExport connects to the NBD server on sock and negotiates the export
+// name (fixed newstyle, EXPORT_NAME), checking that it has size bytes. The
+// connection is then in the transmission phase.
+func dialExport(t *testing.T, sock, name string, size uint64) net.Conn {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	hello := make([]byte, 18)
+	readFull(t, c, hello)
+	if binary.BigEndian.Uint64(hello) != magicNBD || binary.BigEndian.Uint64(hello[8:]) != magicOpt {
+		t.Fatalf("hello %x", hello)
+	}
+	c.Write(binary.BigEndian.AppendUint32(nil, clientFixed|clientNoZeroes))
+	opt := binary.BigEndian.AppendUint64(nil, magicOpt)
+	opt = binary.BigEndian.AppendUint32(opt, optExportName)
+	opt = binary.BigEndian.AppendUint32(opt, uint32(len(name)))
+	c.Write(append(opt, name...))
+	info := make([]byte, 10)
+	readFull(t, c, info)
+	if got := binary.BigEndian.Uint64(info); got != size {
+		t.Fatalf("export size %d, want %d", got, size)
+	}
+	return c
 }
 
 func readFull(t *testing.T, c net.Conn, b []byte) {
@@ -255,5 +269,102 @@ func TestBuffersFromArena(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d region buffers not returned after the client left", arena.InUse())
 		}
+	}
+}
+
+// emfileListener is a real listener whose first fails Accepts fail with
+// EMFILE, as accept4 does when the process is out of descriptors.
+type emfileListener struct {
+	net.Listener
+	mu    sync.Mutex
+	fails int
+	calls int
+}
+
+func (l *emfileListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	l.calls++
+	if l.fails > 0 {
+		l.fails--
+		l.mu.Unlock()
+		return nil, &net.OpError{Op: "accept", Net: "unix", Addr: l.Addr(), Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	l.mu.Unlock()
+	return l.Listener.Accept()
+}
+
+// TestServeRidesOutTransientAcceptErrors: a process out of descriptors
+// fails accept for a while; Serve waits it out, says so once in the log,
+// and serves the client that was waiting, then the next one.
+func TestServeRidesOutTransientAcceptErrors(t *testing.T) {
+	const fails = 4
+	sock := filepath.Join(t.TempDir(), "nbd.sock")
+	ul, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &emfileListener{Listener: ul, fails: fails}
+	var mu sync.Mutex
+	var logs []string
+	log := funcr.New(func(_, args string) { mu.Lock(); logs = append(logs, args); mu.Unlock() }, funcr.Options{})
+	dev := &memDevice{data: make([]byte, 1<<20)}
+	s := NewServer(dev, Options{ExportName: "vol", Logger: log})
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(l) }()
+	defer func() { l.Close(); s.Close() }()
+
+	// Wait until Serve is past the failures, waiting in a real accept.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		l.mu.Lock()
+		calls := l.calls
+		l.mu.Unlock()
+		if calls > fails {
+			break
+		}
+		select {
+		case err := <-served:
+			t.Fatalf("Serve returned on EMFILE: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Accept called %d times in 10 s", calls)
+		}
+	}
+	for i := range 2 {
+		c := dialExport(t, sock, "vol", 1<<20) // fails (deadline) if nobody accepts
+		b := binary.BigEndian.AppendUint32(nil, magicRequest)
+		b = binary.BigEndian.AppendUint16(b, 0)
+		b = binary.BigEndian.AppendUint16(b, cmdFlush)
+		b = binary.BigEndian.AppendUint64(b, uint64(i))
+		b = binary.BigEndian.AppendUint64(b, 0)
+		b = binary.BigEndian.AppendUint32(b, 0)
+		c.Write(b)
+		r := make([]byte, 16)
+		readFull(t, c, r)
+		if binary.BigEndian.Uint32(r) != magicSimpleRep || binary.BigEndian.Uint32(r[4:]) != 0 {
+			t.Fatalf("flush reply %x", r)
+		}
+		c.Close()
+	}
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned: %v", err)
+	default:
+	}
+	mu.Lock()
+	all := strings.Join(logs, "\n")
+	mu.Unlock()
+	if n := strings.Count(all, "accepting connections fails"); n != 1 || !strings.Contains(all, "too many open files") {
+		t.Fatalf("%d failure reports for %d failed accepts, want one naming the error:\n%s", n, fails, all)
+	}
+	s.Close()
+	l.Close() // the listener's owner closes it (Close leaves it alone)
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("Serve after Close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after Close")
 	}
 }
