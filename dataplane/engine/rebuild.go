@@ -49,12 +49,14 @@ type rebuild struct {
 	// regions are copied into, oldest first (those the replica missed,
 	// then the rebuild snapshot).
 	dirtyLayers []string
-	cancel      context.CancelFunc
-	mu          sync.Mutex
-	st          RebuildStatus
-	done        atomic.Int64
-	copied      atomic.Int64
-	fin         chan struct{}
+	// ctx is the context of the rebuild's calls; cancel ends it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	st     RebuildStatus
+	done   atomic.Int64
+	copied atomic.Int64
+	fin    chan struct{}
 }
 
 func (rb *rebuild) status() RebuildStatus {
@@ -68,230 +70,6 @@ func (rb *rebuild) status() RebuildStatus {
 
 // RebuildChunk is how much a rebuild copies per request.
 const RebuildChunk = 4 << 20
-
-// AddReplica adds the replica at addr in WO mode behind a snapshot taken
-// on every replica at this moment, and rebuilds it in the background:
-// the data older than the snapshot is copied from an RW replica while new
-// writes reach it directly, then verified, then the replica becomes RW.
-// A replica that failed earlier in this engine's life, while the set has
-// stayed degraded since, copies only the regions marked dirty in its own
-// and the source's write-intent bitmaps; any other copies everything,
-// skipping holes. AddReplica returns once the replica is taking writes.
-func (e *Engine) AddReplica(ctx context.Context, addr string) error {
-	e.mu.Lock()
-	for _, m := range e.members {
-		if m.addr == addr && m.mode != ModeERR {
-			e.mu.Unlock()
-			return fmt.Errorf("%w: %s is already a %s member", ErrInvalid, addr, m.mode)
-		}
-	}
-	if rb := e.rebuilds[addr]; rb != nil && rb.status().State == RebuildInProgress {
-		e.mu.Unlock()
-		return fmt.Errorf("%w: %s is already being rebuilt", ErrInvalid, addr)
-	}
-	failedID, wasMember := e.failed[addr]
-	e.mu.Unlock()
-
-	r, err := e.opts.Dial(ctx, addr)
-	if err != nil {
-		return fmt.Errorf("add replica %s: %w", addr, err)
-	}
-	tinfo, err := r.Info(ctx)
-	if err == nil && tinfo.Size < e.Size() {
-		err = r.Expand(ctx, e.Size())
-	}
-	if err == nil && tinfo.Size > e.Size() {
-		err = fmt.Errorf("%w: the replica is %d bytes, larger than the volume (%d)", ErrInvalid, tinfo.Size, e.Size())
-	}
-	if err != nil {
-		r.Close()
-		return fmt.Errorf("add replica %s: %w", addr, err)
-	}
-	// Only the very replica that failed (same ID, data intact, not halfway
-	// through an earlier rebuild) may copy just the dirty regions; a new
-	// replica at the same address gets everything.
-	dirtyOnly := wasMember && failedID != "" && failedID == tinfo.ID && !tinfo.Rebuilding
-
-	// From here on a failure fails replicas: the caller's cancellation must
-	// not cause one.
-	ctx = detach(ctx)
-	if dirtyOnly {
-		tinfo.Snapshots = e.dropDeletedWhileAway(ctx, r, addr, tinfo.Snapshots)
-	}
-
-	// Pause I/O: snapshot everyone at the same point, add the new member.
-	e.chain.Lock()
-	defer e.chain.Unlock() // until the copy has started in the background
-	e.pause()
-	e.mu.Lock()
-	now := time.Now()
-	rbSnap := SnapshotInfo{Name: fmt.Sprintf("rebuild-%d-%d", e.epoch, now.UnixNano()%1e6), Created: now}
-	snap := rbSnap.Name
-	// The source: an RW member. Its snapshots are the history a full
-	// rebuild reproduces on the target, layer by layer.
-	src, before, err := e.rebuildSourceLocked(ctx, nil, nil)
-	chain := before.Snapshots
-	// A returning replica resyncs dirty regions only if its snapshots are
-	// the oldest of the volume's (those deleted while it was away are gone
-	// by now); the ones taken since it left are taken on it too, over its
-	// old head, and get their data in the dirty regions like the rebuild
-	// snapshot.
-	var missed []SnapshotInfo
-	if err == nil && dirtyOnly {
-		if isPrefix(tinfo.Snapshots, chain) {
-			missed = chain[len(tinfo.Snapshots):]
-		} else {
-			e.log.Info("the returning replica's snapshots are not the volume's oldest; rebuilding it in full", "replica", addr)
-			dirtyOnly = false
-		}
-	}
-	// The target first: if it cannot take its new chain (a full disk, say),
-	// the members are left untouched. And fence it before that: a
-	// returning replica may still hold writes of its old membership (one
-	// paused with writes queued, say); one landing after its rebuild
-	// snapshot would sit in the new head, above everything the rebuild
-	// copies (chaos seed 320047). At the epoch about to be published it
-	// refuses them. The fence also marks it rebuilding, which ReplaceChain
-	// requires.
-	if err == nil {
-		err = r.SetEpoch(ctx, e.epoch+1, true, true)
-	}
-	if err == nil && dirtyOnly {
-		// Its old head becomes the oldest snapshot it missed (or the
-		// rebuild snapshot), under empty ones for the rest.
-		for _, s := range append(append([]SnapshotInfo(nil), missed...), rbSnap) {
-			if err = r.Snapshot(ctx, s); err != nil {
-				break
-			}
-		}
-	} else if err == nil {
-		// Emptied into the source's chain plus the rebuild snapshot.
-		err = r.ReplaceChain(ctx, append(append([]SnapshotInfo(nil), chain...), rbSnap))
-	}
-	for _, m := range e.members {
-		if err != nil {
-			break
-		}
-		if m.mode == ModeERR {
-			continue
-		}
-		merr := m.data.Flush(ctx)
-		if merr == nil {
-			merr = m.ctl.Snapshot(ctx, rbSnap)
-		}
-		if merr != nil {
-			e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", merr))
-		}
-	}
-	var srcInfo ReplicaInfo
-	if err == nil {
-		// Read after the snapshot: the dirty bitmap covers every write
-		// below it. If the source failed meanwhile, another RW member with
-		// the same chain serves.
-		want := append(append([]SnapshotInfo(nil), chain...), rbSnap)
-		src, srcInfo, err = e.rebuildSourceLocked(ctx, src, want)
-	}
-	var nm *member
-	if err == nil {
-		nm = &member{addr: addr, id: tinfo.ID, since: time.Now()}
-		nm.attach(r)
-		e.setMode(nm, ModeWO, nil)
-		// The new member replaces any failed entry at the same address.
-		kept := e.members[:0]
-		for _, m := range e.members {
-			if m.addr != addr || m.mode != ModeERR {
-				kept = append(kept, m)
-			}
-		}
-		e.members = append(kept, nm)
-		// Persists "rebuilding" on the new replica with the new epoch.
-		err = e.publishEpochLocked(ctx, true)
-	}
-	rctx, cancel := context.WithCancel(context.Background())
-	rb := &rebuild{cancel: cancel, fin: make(chan struct{}), st: RebuildStatus{
-		Replica: addr, Snapshot: snap, State: RebuildInProgress, DirtyOnly: dirtyOnly, Started: time.Now()}}
-	rb.st.Layers = names(srcInfo.Snapshots)
-	rb.dirtyLayers = append(names(missed), snap)
-	if src != nil {
-		rb.st.Source = src.addr
-	}
-	if err == nil && nm.mode == ModeERR {
-		err = fmt.Errorf("the new replica failed while joining: %w", nm.err)
-	}
-	if err == nil {
-		e.rebuilds[addr] = rb
-	} else if e.needBump.Load() {
-		// A member failed while we prepared: fence it off before resuming.
-		if berr := e.publishEpochLocked(ctx, true); berr != nil {
-			e.log.Error(berr, "bumping the epoch after a failed replica add")
-		}
-	}
-	e.mu.Unlock()
-	e.resume()
-	if err != nil {
-		cancel()
-		if nm == nil {
-			r.Close()
-		}
-		return fmt.Errorf("add replica %s: %w", addr, err)
-	}
-	go e.watch(nm)
-
-	// What to copy: the dirty regions of the view at the rebuild snapshot,
-	// or every layer's data.
-	size := e.Size()
-	var regions []span
-	var total int64
-	if dirtyOnly {
-		regions = dirtySpans(size, srcInfo, tinfo)
-		for _, s := range regions {
-			total += s.n * int64(len(rb.dirtyLayers)) // copied into each
-		}
-	} else {
-		regions = []span{{0, size}}
-		for _, s := range srcInfo.Snapshots {
-			total += s.DataBytes
-		}
-	}
-	rb.mu.Lock()
-	rb.st.BytesTotal = total
-	rb.mu.Unlock()
-	e.log.Info("rebuild started", "replica", addr, "source", src.addr, "snapshot", snap, "dirtyOnly", dirtyOnly, "bytes", total)
-	go e.runRebuild(rctx, rb, src, nm, regions)
-	return nil
-}
-
-// dropDeletedWhileAway deletes on a returning replica (not a member yet,
-// so I/O goes on) the snapshots the volume deleted while it was away:
-// deleting the same snapshots leaves the same data in the ones that
-// remain, so its dirty regions are still all it lacks. A snapshot is
-// known by name and creation time, so one deleted and taken again under
-// the same name is deleted here too (and taken on it again by
-// AddReplica). It returns the replica's chain afterwards.
-func (e *Engine) dropDeletedWhileAway(ctx context.Context, r Replica, addr string, have []SnapshotInfo) []SnapshotInfo {
-	rs := e.readable()
-	if len(rs) == 0 {
-		return have
-	}
-	info, err := rs[0].ctl.Info(ctx)
-	if err != nil {
-		return have
-	}
-	gone := deletedFrom(have, info.Snapshots)
-	for _, name := range gone {
-		if err := r.DeleteSnapshot(ctx, name); err != nil {
-			e.log.Info("could not delete on the returning replica a snapshot the volume deleted while it was away", "replica", addr, "snapshot", name, "error", err.Error())
-			break
-		}
-	}
-	if len(gone) > 0 {
-		e.log.Info("deleted on the returning replica the snapshots the volume deleted while it was away", "replica", addr, "snapshots", gone)
-		if in, err := r.Info(ctx); err == nil {
-			return in.Snapshots
-		}
-	}
-	return have
-}
 
 // deletedFrom returns the snapshots of have that want lacks: want is have
 // less the snapshots deleted since, plus the ones taken since (newer than
@@ -307,35 +85,6 @@ func deletedFrom(have, want []SnapshotInfo) []string {
 		}
 	}
 	return gone
-}
-
-// rebuildSourceLocked returns an RW member to rebuild from and its info,
-// trying prefer first (if not nil), and failing members that cannot
-// answer. With want set, only a member whose snapshots are exactly those
-// serves (after the rebuild snapshot: the target's chain was made from
-// the first source's). Called with I/O paused.
-func (e *Engine) rebuildSourceLocked(ctx context.Context, prefer *member, want []SnapshotInfo) (*member, ReplicaInfo, error) {
-	ms := e.members
-	if prefer != nil {
-		ms = append([]*member{prefer}, ms...)
-	}
-	for _, m := range ms {
-		if m.mode != ModeRW {
-			continue
-		}
-		info, err := m.ctl.Info(ctx)
-		if err != nil {
-			e.setMode(m, ModeERR, fmt.Errorf("rebuild: info: %w", err))
-			continue
-		}
-		if want == nil || sameChain(info.Snapshots, want) {
-			return m, info, nil
-		}
-	}
-	if want == nil {
-		return nil, ReplicaInfo{}, fmt.Errorf("%w: no RW replica to rebuild from", ErrNoReplica)
-	}
-	return nil, ReplicaInfo{}, fmt.Errorf("%w: no RW replica with the snapshots %v left to rebuild from", ErrNoReplica, names(want))
 }
 
 func names(s []SnapshotInfo) []string {

@@ -1,0 +1,342 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// AddReplica adds the replica at addr in WO mode behind a snapshot taken
+// on every replica at this moment, and rebuilds it in the background:
+// the data older than the snapshot is copied from an RW replica while new
+// writes reach it directly, then verified, then the replica becomes RW.
+// A replica that failed earlier in this engine's life, while the set has
+// stayed degraded since, copies only the regions marked dirty in its own
+// and the source's write-intent bitmaps; any other copies everything,
+// skipping holes. AddReplica returns once the replica is taking writes.
+func (e *Engine) AddReplica(ctx context.Context, addr string) error {
+	failedID, wasMember, err := e.checkAddable(addr)
+	if err != nil {
+		return err
+	}
+	a, err := e.dialTarget(ctx, addr)
+	if err != nil {
+		return fmt.Errorf("add replica %s: %w", addr, err)
+	}
+	// Only the very replica that failed (same ID, data intact, not halfway
+	// through an earlier rebuild) may copy just the dirty regions; a new
+	// replica at the same address gets everything.
+	a.dirtyOnly = wasMember && failedID != "" && failedID == a.info.ID && !a.info.Rebuilding
+
+	// From here on a failure fails replicas: the caller's cancellation must
+	// not cause one.
+	ctx = detach(ctx)
+	if a.dirtyOnly {
+		a.info.Snapshots = e.dropDeletedWhileAway(ctx, a.target, a.info.Snapshots)
+	}
+	e.chain.Lock()
+	defer e.chain.Unlock() // until the copy has started in the background
+	rb, err := e.join(ctx, a)
+	if err != nil {
+		a.target.close()
+		return fmt.Errorf("add replica %s: %w", addr, err)
+	}
+	e.startRebuild(a, rb)
+	return nil
+}
+
+// addition is a replica being added: what AddReplica's steps learn about
+// it and decide.
+type addition struct {
+	target *member
+	// info is what the target reported when dialed (its snapshots as
+	// they are after dropDeletedWhileAway).
+	info      ReplicaInfo
+	dirtyOnly bool
+	// snap is the rebuild snapshot, taken on every member and the target.
+	snap SnapshotInfo
+	// chain is the source's snapshots before snap; missed, for a
+	// dirty-only rebuild, the end of chain taken while the target was away.
+	chain, missed []SnapshotInfo
+	// src is the member the rebuild copies from, srcInfo what it reported
+	// after snap was taken.
+	src     *member
+	srcInfo ReplicaInfo
+}
+
+// checkAddable refuses addr if it is a member (not ERR) or being rebuilt,
+// and returns the ID it had if it failed in this engine's life while the
+// set stayed degraded (see Engine.failed).
+func (e *Engine) checkAddable(addr string) (failedID string, wasMember bool, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, m := range e.members {
+		if m.addr == addr && m.mode != ModeERR {
+			return "", false, fmt.Errorf("%w: %s is already a %s member", ErrInvalid, addr, m.mode)
+		}
+	}
+	if rb := e.rebuilds[addr]; rb != nil && rb.status().State == RebuildInProgress {
+		return "", false, fmt.Errorf("%w: %s is already being rebuilt", ErrInvalid, addr)
+	}
+	failedID, wasMember = e.failed[addr]
+	return failedID, wasMember, nil
+}
+
+// dialTarget connects to the replica at addr and makes it the volume's
+// size: a smaller one is expanded, a larger one refused. The member it
+// returns in a.target is new (not in the set yet).
+func (e *Engine) dialTarget(ctx context.Context, addr string) (*addition, error) {
+	r, err := e.opts.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	m := &member{addr: addr, since: time.Now()}
+	m.attach(r)
+	info, err := m.ctl.Info(ctx)
+	if err == nil && info.Size < e.Size() {
+		err = m.ctl.Expand(ctx, e.Size())
+	}
+	if err == nil && info.Size > e.Size() {
+		err = fmt.Errorf("%w: the replica is %d bytes, larger than the volume (%d)", ErrInvalid, info.Size, e.Size())
+	}
+	if err != nil {
+		m.close()
+		return nil, err
+	}
+	m.id = info.ID
+	return &addition{target: m, info: info}, nil
+}
+
+// dropDeletedWhileAway deletes on a returning replica (not a member yet,
+// so I/O goes on) the snapshots the volume deleted while it was away:
+// deleting the same snapshots leaves the same data in the ones that
+// remain, so its dirty regions are still all it lacks. A snapshot is
+// known by name and creation time, so one deleted and taken again under
+// the same name is deleted here too (and taken on it again by
+// AddReplica). It returns the replica's chain afterwards.
+func (e *Engine) dropDeletedWhileAway(ctx context.Context, t *member, have []SnapshotInfo) []SnapshotInfo {
+	rs := e.readable()
+	if len(rs) == 0 {
+		return have
+	}
+	info, err := rs[0].ctl.Info(ctx)
+	if err != nil {
+		return have
+	}
+	gone := deletedFrom(have, info.Snapshots)
+	for _, name := range gone {
+		if err := t.ctl.DeleteSnapshot(ctx, name); err != nil {
+			e.log.Info("could not delete on the returning replica a snapshot the volume deleted while it was away", "replica", t.addr, "snapshot", name, "error", err.Error())
+			break
+		}
+	}
+	if len(gone) > 0 {
+		e.log.Info("deleted on the returning replica the snapshots the volume deleted while it was away", "replica", t.addr, "snapshots", gone)
+		if in, err := t.ctl.Info(ctx); err == nil {
+			return in.Snapshots
+		}
+	}
+	return have
+}
+
+// join makes a.target a WO member behind a rebuild snapshot, with I/O
+// paused so that every member takes the snapshot at the same point and
+// every write after it reaches the target: it picks the source, prepares
+// the target, snapshots the members, admits the target and registers
+// its rebuild. If it fails, the members are left as they were, less any
+// that failed meanwhile (fenced off before I/O resumes).
+func (e *Engine) join(ctx context.Context, a *addition) (rb *rebuild, err error) {
+	e.pause()
+	defer e.resume()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer func() {
+		if err != nil && e.needBump.Load() {
+			// A member failed while we prepared: fence it off before resuming.
+			if berr := e.publishEpochLocked(ctx, true); berr != nil {
+				e.log.Error(berr, "bumping the epoch after a failed replica add")
+			}
+		}
+	}()
+	if err := e.planLocked(ctx, a); err != nil {
+		return nil, err
+	}
+	if err := e.prepareTarget(ctx, a); err != nil {
+		return nil, err
+	}
+	e.snapshotMembersLocked(ctx, a.snap)
+	// Read the source's info after the snapshot: its dirty bitmap covers
+	// every write below it. If the source failed meanwhile, another RW
+	// member with the same chain serves.
+	want := append(append([]SnapshotInfo(nil), a.chain...), a.snap)
+	if a.src, a.srcInfo, err = e.rebuildSourceLocked(ctx, a.src, want); err != nil {
+		return nil, err
+	}
+	if err := e.admitLocked(ctx, a); err != nil {
+		return nil, err
+	}
+	rb = newRebuild(a)
+	e.rebuilds[a.target.addr] = rb
+	return rb, nil
+}
+
+// planLocked names the rebuild snapshot and picks the source: an RW
+// member, whose snapshots are the history a full rebuild reproduces on
+// the target, layer by layer. A returning replica resyncs dirty regions
+// only if its snapshots are the oldest of the volume's (those deleted
+// while it was away are gone by now); the ones taken since it left are
+// taken on it too, over its old head, and get their data in the dirty
+// regions like the rebuild snapshot. Called with I/O paused.
+func (e *Engine) planLocked(ctx context.Context, a *addition) error {
+	now := time.Now()
+	a.snap = SnapshotInfo{Name: fmt.Sprintf("rebuild-%d-%d", e.epoch, now.UnixNano()%1e6), Created: now}
+	src, before, err := e.rebuildSourceLocked(ctx, nil, nil)
+	if err != nil {
+		return err
+	}
+	a.src, a.chain = src, before.Snapshots
+	if a.dirtyOnly {
+		if isPrefix(a.info.Snapshots, a.chain) {
+			a.missed = a.chain[len(a.info.Snapshots):]
+		} else {
+			e.log.Info("the returning replica's snapshots are not the volume's oldest; rebuilding it in full", "replica", a.target.addr)
+			a.dirtyOnly = false
+		}
+	}
+	return nil
+}
+
+// prepareTarget fences the target and gives it its new chain, before any
+// member is touched: if it cannot take its chain (a full disk, say), the
+// members are left as they were. The fence comes first: a returning
+// replica may still hold writes of its old membership (one paused with
+// writes queued, say); one landing after its rebuild snapshot would sit
+// in the new head, above everything the rebuild copies (chaos seed
+// 320047). At the epoch about to be published it refuses them. The fence
+// also marks it rebuilding, which ReplaceChain requires. Called with I/O
+// paused.
+func (e *Engine) prepareTarget(ctx context.Context, a *addition) error {
+	t := a.target
+	if err := t.ctl.SetEpoch(ctx, e.epoch+1, true, true); err != nil {
+		return err
+	}
+	if !a.dirtyOnly {
+		// Emptied into the source's chain plus the rebuild snapshot.
+		return t.ctl.ReplaceChain(ctx, append(append([]SnapshotInfo(nil), a.chain...), a.snap))
+	}
+	// Its old head becomes the oldest snapshot it missed (or the rebuild
+	// snapshot), under empty ones for the rest.
+	for _, s := range append(append([]SnapshotInfo(nil), a.missed...), a.snap) {
+		if err := t.ctl.Snapshot(ctx, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// snapshotMembersLocked flushes every writable member and takes the
+// rebuild snapshot on it; one that fails is failed. Called with I/O
+// paused.
+func (e *Engine) snapshotMembersLocked(ctx context.Context, snap SnapshotInfo) {
+	for _, m := range e.members {
+		if m.mode == ModeERR {
+			continue
+		}
+		err := m.data.Flush(ctx)
+		if err == nil {
+			err = m.ctl.Snapshot(ctx, snap)
+		}
+		if err != nil {
+			e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", err))
+		}
+	}
+}
+
+// rebuildSourceLocked returns an RW member to rebuild from and its info,
+// trying prefer first (if not nil), and failing members that cannot
+// answer. With want set, only a member whose snapshots are exactly those
+// serves (after the rebuild snapshot: the target's chain was made from
+// the first source's). Called with I/O paused.
+func (e *Engine) rebuildSourceLocked(ctx context.Context, prefer *member, want []SnapshotInfo) (*member, ReplicaInfo, error) {
+	ms := e.members
+	if prefer != nil {
+		ms = append([]*member{prefer}, ms...)
+	}
+	for _, m := range ms {
+		if m.mode != ModeRW {
+			continue
+		}
+		info, err := m.ctl.Info(ctx)
+		if err != nil {
+			e.setMode(m, ModeERR, fmt.Errorf("rebuild: info: %w", err))
+			continue
+		}
+		if want == nil || sameChain(info.Snapshots, want) {
+			return m, info, nil
+		}
+	}
+	if want == nil {
+		return nil, ReplicaInfo{}, fmt.Errorf("%w: no RW replica to rebuild from", ErrNoReplica)
+	}
+	return nil, ReplicaInfo{}, fmt.Errorf("%w: no RW replica with the snapshots %v left to rebuild from", ErrNoReplica, names(want))
+}
+
+// admitLocked adds the target to the set as WO, in place of any failed
+// entry at its address, and publishes the new epoch, which persists
+// "rebuilding" on it. If that fails, or fails the target, the target is
+// failed. Called with I/O paused.
+func (e *Engine) admitLocked(ctx context.Context, a *addition) error {
+	t := a.target
+	e.setMode(t, ModeWO, nil)
+	kept := e.members[:0]
+	for _, m := range e.members {
+		if m.addr != t.addr || m.mode != ModeERR {
+			kept = append(kept, m)
+		}
+	}
+	e.members = append(kept, t)
+	err := e.publishEpochLocked(ctx, true)
+	if err == nil && t.mode == ModeERR {
+		err = fmt.Errorf("the new replica failed while joining: %w", t.err)
+	}
+	if err != nil {
+		e.setMode(t, ModeERR, err)
+	}
+	return err
+}
+
+// newRebuild is the record of a's rebuild, in progress.
+func newRebuild(a *addition) *rebuild {
+	ctx, cancel := context.WithCancel(context.Background())
+	rb := &rebuild{ctx: ctx, cancel: cancel, fin: make(chan struct{}), st: RebuildStatus{
+		Replica: a.target.addr, Source: a.src.addr, Snapshot: a.snap.Name, State: RebuildInProgress,
+		DirtyOnly: a.dirtyOnly, Started: time.Now(), Layers: names(a.srcInfo.Snapshots)}}
+	rb.dirtyLayers = append(names(a.missed), a.snap.Name)
+	return rb
+}
+
+// startRebuild starts watching the new member and copying into it in the
+// background: the dirty regions of the view at the rebuild snapshot, or
+// every layer's data.
+func (e *Engine) startRebuild(a *addition, rb *rebuild) {
+	go e.watch(a.target)
+	size := e.Size()
+	var regions []span
+	var total int64
+	if a.dirtyOnly {
+		regions = dirtySpans(size, a.srcInfo, a.info)
+		for _, s := range regions {
+			total += s.n * int64(len(rb.dirtyLayers)) // copied into each
+		}
+	} else {
+		regions = []span{{0, size}}
+		for _, s := range a.srcInfo.Snapshots {
+			total += s.DataBytes
+		}
+	}
+	rb.mu.Lock()
+	rb.st.BytesTotal = total
+	rb.mu.Unlock()
+	e.log.Info("rebuild started", "replica", a.target.addr, "source", a.src.addr, "snapshot", a.snap.Name, "dirtyOnly", a.dirtyOnly, "bytes", total)
+	go e.runRebuild(rb.ctx, rb, a.src, a.target, regions)
+}
