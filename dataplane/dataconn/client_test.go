@@ -121,6 +121,39 @@ func TestRemoteErrorsAreTyped(t *testing.T) {
 	}
 }
 
+// TestNoSpaceReachesTheCallerAsENOSPC: a replica whose disk is full
+// (ENOSPC, or EDQUOT for a quota, as a file write reports them) answers
+// with CodeNoSpace, and the caller's error matches syscall.ENOSPC, which
+// is what the NBD and FUSE frontends test to report a full disk as one
+// rather than as an I/O error.
+func TestNoSpaceReachesTheCallerAsENOSPC(t *testing.T) {
+	ctx := context.Background()
+	for _, errno := range []syscall.Errno{syscall.ENOSPC, syscall.EDQUOT} {
+		m := newMem(1 << 20)
+		m.hook = func(op Op, off int64) error {
+			if op == OpWrite || op == OpFlush {
+				return &os.PathError{Op: "write", Path: "/data/head.img", Err: errno}
+			}
+			return nil
+		}
+		cl, _, _ := tcpPair(t, m, ClientOptions{Conns: 1})
+		for what, err := range map[string]error{
+			"write": cl.WriteAt(ctx, []byte("x"), 0, false),
+			"flush": cl.Flush(ctx),
+		} {
+			if !errors.Is(err, syscall.ENOSPC) || !errors.Is(err, CodeNoSpace) || errors.Is(err, syscall.EIO) {
+				t.Fatalf("%s on a disk failing with %v: got %v, want an error matching syscall.ENOSPC and CodeNoSpace", what, errno, err)
+			}
+		}
+	}
+	// Other codes do not pass for a full disk.
+	for c := CodeIO; c <= maxCode; c++ {
+		if err := error(&RemoteError{Code: c}); errors.Is(err, syscall.ENOSPC) != (c == CodeNoSpace) {
+			t.Errorf("%s: errors.Is(err, ENOSPC) = %v", c, !(c == CodeNoSpace))
+		}
+	}
+}
+
 // TestOutOfOrderCompletion holds the first request in the backend until a
 // later one on the same connection has completed.
 func TestOutOfOrderCompletion(t *testing.T) {

@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"syscall"
 )
 
 // HeaderSize is the size of every frame header in bytes.
@@ -131,7 +132,8 @@ const (
 )
 
 // Code is the typed error code of a reply. It is also an error, so callers
-// test remote failures with errors.Is(err, dataconn.CodeStaleEpoch).
+// test remote failures with errors.Is(err, dataconn.CodeStaleEpoch); a
+// full disk also matches syscall.ENOSPC (see Code.Is).
 type Code uint8
 
 // Error codes. CodeOK (0) means success.
@@ -171,6 +173,14 @@ func (c Code) Error() string {
 
 // String is the same as Error.
 func (c Code) String() string { return c.Error() }
+
+// Is makes a code match the errno a local disk would have given for it,
+// so that callers above the engine (the NBD and FUSE frontends) test a
+// replica's full disk as they would a local one:
+// errors.Is(err, syscall.ENOSPC) holds for CodeNoSpace.
+func (c Code) Is(target error) bool {
+	return c == CodeNoSpace && target == syscall.ENOSPC
+}
 
 // RemoteError is an error reply: the server's code and its message.
 type RemoteError struct {
