@@ -187,3 +187,63 @@ func TestInstanceManagerReadyTimeout(t *testing.T) {
 		t.Fatalf("mute process: error %q, alive %v", p.Error, alive(p.Pid))
 	}
 }
+
+// TestInstanceManagerEngineEndpoint: an engine started from a typed spec
+// with the replicas' reported addresses reports its endpoint and what it
+// is: the NBD socket with the reason it has no /dev/nbdN (this host has no
+// nbd driver), or the FUSE frontend's loop device.
+func TestInstanceManagerEngineEndpoint(t *testing.T) {
+	ctx := context.Background()
+	im := startIM(t, freePortRange(t, 16))
+	var addrs []*imv1.ReplicaAddress
+	for i, unix := range []bool{false, true} {
+		name := fmt.Sprintf("ns/v-r-%d", i)
+		req := replicaReq(name, filepath.Join(im.dir, fmt.Sprintf("r%d", i)))
+		req.GetReplica().UnixSocket = unix
+		if _, err := im.c.ProcessCreate(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		p := waitState(t, im.c, name, imv1.ProcessState_PROCESS_STATE_RUNNING)
+		addrs = append(addrs, &imv1.ReplicaAddress{Data: p.DataAddress, Control: p.ControlAddress})
+	}
+	engine := func(name string, fe imv1.Frontend) *imv1.Process {
+		t.Helper()
+		_, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Engine{Engine: &imv1.EngineSpec{
+			VolumeName: "v", Replicas: addrs, Frontend: fe}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := waitState(t, im.c, name, imv1.ProcessState_PROCESS_STATE_RUNNING)
+		if p.ControlAddress == "" || p.SizeBytes != 16<<20 || p.Endpoint == nil {
+			t.Fatalf("running engine: %v", p)
+		}
+		return p
+	}
+	stop := func(name string) {
+		t.Helper()
+		if _, err := im.c.ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := engine("ns/v-e-nbd", imv1.Frontend_FRONTEND_NBD)
+	ep := p.Endpoint
+	if ep.Kind != imv1.EndpointKind_ENDPOINT_KIND_NBD_SOCKET || ep.Path != ep.Socket || ep.Fallback == "" {
+		t.Fatalf("nbd engine on a host without the nbd driver reports %v", ep)
+	}
+	if _, err := os.Stat(ep.Socket); err != nil {
+		t.Fatalf("reported socket: %v", err)
+	}
+	stop("ns/v-e-nbd")
+	if os.Geteuid() != 0 {
+		t.Skip("the fuse frontend needs root (mount, loop devices)")
+	}
+	p = engine("ns/v-e-fuse", imv1.Frontend_FRONTEND_UNSPECIFIED) // the default: fuse
+	ep = p.Endpoint
+	if ep.Kind != imv1.EndpointKind_ENDPOINT_KIND_LOOP_DEVICE || !strings.HasPrefix(ep.Path, "/dev/loop") || ep.Fallback != "" {
+		t.Fatalf("fuse engine reports %v", ep)
+	}
+	if fi, err := os.Stat(ep.Path); err != nil || fi.Mode()&os.ModeDevice == 0 {
+		t.Fatalf("reported loop device %s: %v", ep.Path, err)
+	}
+	stop("ns/v-e-fuse")
+}
