@@ -1,0 +1,207 @@
+// Package scheduler places a volume's replicas on the disks of the
+// cluster's StorageNodes. It is a pure function of what it is given (the
+// disks with their capacity and use, the replicas already placed), so the
+// Volume reconciler can call it on every reconcile and tests can drive it
+// with tables.
+//
+// Rules, in order of strength:
+//   - a disk takes a replica only if it is ready, scheduling is allowed on
+//     it and on its node, it carries every tag the volume asks for, and the
+//     replica fits: the sizes scheduled on it plus this one stay within
+//     (capacity − reserved) × overProvisioningPercent / 100, and its free
+//     space beyond the reserve can hold at least the replica's first
+//     block (a disk that is full now takes nothing, however provisioned);
+//   - never two replicas of a volume on one disk;
+//   - a node without a replica of the volume before a node with one
+//     (anti-affinity across nodes first, then across disks);
+//   - then the disk with the most schedulable room left, then by name, so
+//     that the same input always gives the same placement.
+//
+// There is no silent partial placement: when not every replica finds a
+// disk, the result says how many are unplaced and which constraint ruled
+// each rejected disk out.
+package scheduler
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// DefaultOverProvisioningPercent lets the sizes scheduled on a disk reach
+// its capacity (less the reserve) and no further.
+const DefaultOverProvisioningPercent = 100
+
+// Disk is one disk a replica may be placed on, as observed.
+type Disk struct {
+	Node string
+	Name string
+	Path string
+	// Ready: the disk is mounted and reports its capacity.
+	Ready bool
+	// NodeAllowScheduling and AllowScheduling: the operator's switches.
+	NodeAllowScheduling bool
+	AllowScheduling     bool
+	Tags                []string
+	// Capacity, Available and Reserved are bytes of the filesystem.
+	Capacity, Available, Reserved int64
+	// Scheduled is the sum of the sizes of the replicas placed on it.
+	Scheduled int64
+}
+
+// Request is what one volume asks for.
+type Request struct {
+	// Size of each replica, in bytes.
+	Size int64
+	// Tags every chosen disk must carry.
+	Tags []string
+	// OverProvisioningPercent; 0 takes DefaultOverProvisioningPercent.
+	OverProvisioningPercent int
+}
+
+// Placed is a replica of the volume already on a disk.
+type Placed struct {
+	Node, Disk string
+}
+
+// Placement is where one new replica goes.
+type Placement struct {
+	Node, Disk, Path string
+}
+
+// Result is the outcome of Schedule.
+type Result struct {
+	// Placements for the replicas that found a disk, in order.
+	Placements []Placement
+	// Unplaced counts the replicas that did not.
+	Unplaced int
+	// Reason says, when Unplaced > 0, why the disks were ruled out.
+	Reason string
+}
+
+// minimumFree is the free space (beyond the reserve) a disk must have to
+// take any replica: one block.
+const minimumFree = 4096
+
+// Schedule places n new replicas of a volume, given the replicas of it
+// already placed.
+func Schedule(req Request, disks []Disk, placed []Placed, n int) Result {
+	op := req.OverProvisioningPercent
+	if op <= 0 {
+		op = DefaultOverProvisioningPercent
+	}
+	usedNodes := map[string]bool{}
+	usedDisks := map[string]bool{}
+	for _, p := range placed {
+		usedNodes[p.Node] = true
+		usedDisks[p.Node+"/"+p.Disk] = true
+	}
+	// Work on a copy: each placement adds to its disk's scheduled size.
+	ds := append([]Disk(nil), disks...)
+	var res Result
+	for range n {
+		var best *Disk
+		bestFresh := false
+		reasons := map[string]int{}
+		for i := range ds {
+			d := &ds[i]
+			if why := reject(req, d, op, usedDisks); why != "" {
+				reasons[why]++
+				continue
+			}
+			fresh := !usedNodes[d.Node]
+			if best == nil || better(d, fresh, best, bestFresh, op) {
+				best, bestFresh = d, fresh
+			}
+		}
+		if best == nil {
+			res.Unplaced = n - len(res.Placements)
+			res.Reason = explain(reasons, len(ds), res.Unplaced, n)
+			return res
+		}
+		best.Scheduled += req.Size
+		usedNodes[best.Node] = true
+		usedDisks[best.Node+"/"+best.Name] = true
+		res.Placements = append(res.Placements, Placement{Node: best.Node, Disk: best.Name, Path: best.Path})
+	}
+	return res
+}
+
+// Rejection reasons, as they appear in Result.Reason.
+const (
+	whyNotReady     = "not ready"
+	whyNodeDisabled = "scheduling disabled on the node"
+	whyDiskDisabled = "scheduling disabled on the disk"
+	whyTags         = "missing a required tag"
+	whyHasReplica   = "already holds a replica of the volume"
+	whyNoSpace      = "not enough space"
+)
+
+func reject(req Request, d *Disk, op int, usedDisks map[string]bool) string {
+	switch {
+	case !d.Ready:
+		return whyNotReady
+	case !d.NodeAllowScheduling:
+		return whyNodeDisabled
+	case !d.AllowScheduling:
+		return whyDiskDisabled
+	case !hasTags(d.Tags, req.Tags):
+		return whyTags
+	case usedDisks[d.Node+"/"+d.Name]:
+		return whyHasReplica
+	case room(d, op) < req.Size || d.Available-d.Reserved < minimumFree:
+		return whyNoSpace
+	}
+	return ""
+}
+
+// room is how much more may be scheduled on a disk.
+func room(d *Disk, op int) int64 {
+	limit := (d.Capacity - d.Reserved) / 100 * int64(op)
+	return limit - d.Scheduled
+}
+
+func better(d *Disk, fresh bool, best *Disk, bestFresh bool, op int) bool {
+	if fresh != bestFresh {
+		return fresh
+	}
+	if r, br := room(d, op), room(best, op); r != br {
+		return r > br
+	}
+	if d.Node != best.Node {
+		return d.Node < best.Node
+	}
+	return d.Name < best.Name
+}
+
+func hasTags(have, want []string) bool {
+	for _, w := range want {
+		found := false
+		for _, h := range have {
+			if h == w {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func explain(reasons map[string]int, disks, unplaced, wanted int) string {
+	if disks == 0 {
+		return fmt.Sprintf("%d of %d replicas unplaced: no StorageNode has a disk", unplaced, wanted)
+	}
+	keys := make([]string, 0, len(reasons))
+	for k := range reasons {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%d %s", reasons[k], k))
+	}
+	return fmt.Sprintf("%d of %d replicas unplaced: of %d disks, %s", unplaced, wanted, disks, strings.Join(parts, ", "))
+}
