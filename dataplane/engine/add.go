@@ -91,7 +91,7 @@ func (e *Engine) dialTarget(ctx context.Context, addr string) (*addition, error)
 		return nil, err
 	}
 	m := &member{addr: addr, since: time.Now()}
-	m.attach(r)
+	m.attach(r, e.opts.ControlTimeout)
 	info, err := m.ctl.Info(ctx)
 	if err == nil && info.Size < e.Size() {
 		err = m.ctl.Expand(ctx, e.Size())
@@ -125,7 +125,7 @@ func (e *Engine) dropDeletedWhileAway(ctx context.Context, t *member, have []Sna
 	}
 	gone := deletedFrom(have, info.Snapshots)
 	for _, name := range gone {
-		if err := t.ctl.DeleteSnapshot(ctx, name); err != nil {
+		if err := t.ctl.DeleteSnapshot(ctx, name, snapshotBytes(have, name)); err != nil {
 			e.log.Info("could not delete on the returning replica a snapshot the volume deleted while it was away", "replica", t.addr, "snapshot", name, "error", err.Error())
 			break
 		}

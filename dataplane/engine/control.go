@@ -160,7 +160,9 @@ var ErrSnapshotNotFound = errors.New("snapshot not found")
 // DeleteSnapshot removes a snapshot on every replica (merging its data
 // into its child) without pausing I/O: a deletion leaves every read the
 // same, and replicas merge while serving. The replicas delete in
-// parallel; one that fails to is failed (it needs a rebuild). Replicas
+// parallel; one that fails to, or has not finished within its deadline
+// (Options.ControlTimeout plus the time to merge the snapshot's data), is
+// failed (it needs a rebuild). Replicas
 // that never had the snapshot are skipped; if none had it, the error
 // wraps ErrSnapshotNotFound. A snapshot an active rebuild reads cannot be
 // deleted.
@@ -183,7 +185,14 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = m.ctl.DeleteSnapshot(ctx, name)
+			// The deadline grows with the data to merge, as this replica
+			// holds it; one that cannot tell is failed like one that
+			// cannot delete.
+			info, err := m.ctl.Info(ctx)
+			if err == nil {
+				err = m.ctl.DeleteSnapshot(ctx, name, snapshotBytes(info.Snapshots, name))
+			}
+			errs[i] = err
 		}()
 	}
 	wg.Wait()

@@ -44,6 +44,14 @@ type Options struct {
 	Dial Dialer
 	// Logger receives events. Default: discard.
 	Logger logr.Logger
+	// ControlTimeout bounds every control and rebuild call the engine
+	// makes to a replica (info, epoch, snapshot, revert, expand, a
+	// rebuild's reads, writes and checksums): a replica that has not
+	// answered by then is failed, or skipped where its answer was only
+	// informative, instead of blocking the engine. A snapshot deletion,
+	// which merges the snapshot's data, gets one second more per 16 MiB of
+	// it. Default: DefaultControlTimeout.
+	ControlTimeout time.Duration
 	// UnsafeAckEarly breaks the engine on purpose, for testing the chaos
 	// harness: a write is acknowledged as soon as the first RW replica has
 	// it, while the others get it later (see mutateEarly). Never set it
@@ -64,7 +72,7 @@ type member struct {
 	// dialed): data for the I/O path, ctl for control and rebuild calls,
 	// conn to close it.
 	data      DataPath
-	ctl       controller
+	ctl       bounded
 	conn      interface{ Close() error }
 	closeOnce sync.Once
 	mode      Mode // written only by Engine.setMode, under Engine.mu
@@ -80,8 +88,10 @@ type controller interface {
 	RebuildTarget
 }
 
-// attach gives m its connection r.
-func (m *member) attach(r Replica) { m.data, m.ctl, m.conn = r, r, r }
+// attach gives m its connection r, its control calls bounded by timeout.
+func (m *member) attach(r Replica, timeout time.Duration) {
+	m.data, m.ctl, m.conn = r, bounded{r, timeout}, r
+}
 
 // close closes the connection to the replica, once however often it is
 // called (a failure and the engine's Close both close it).
@@ -148,6 +158,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Wanted <= 0 {
 		opts.Wanted = len(opts.Replicas)
 	}
+	if opts.ControlTimeout <= 0 {
+		opts.ControlTimeout = DefaultControlTimeout
+	}
 	e := &Engine{opts: opts, log: opts.Logger.WithValues("volume", opts.Name), wanted: opts.Wanted,
 		rebuilds: map[string]*rebuild{}, failed: map[string]string{}, doneSnaps: map[string]bool{}}
 	cands := e.connect(ctx)
@@ -197,8 +210,8 @@ func (e *Engine) connect(ctx context.Context) []cand {
 		r, err := e.opts.Dial(ctx, addr)
 		var info ReplicaInfo
 		if err == nil {
-			m.attach(r)
-			info, err = r.Info(ctx)
+			m.attach(r, e.opts.ControlTimeout)
+			info, err = m.ctl.Info(ctx)
 		}
 		if err != nil {
 			e.become(m, ModeERR, fmt.Errorf("open: %w", err))

@@ -663,22 +663,30 @@ func TestCallerGivingUpDoesNotFailReplicas(t *testing.T) {
 // closed when the test ends.
 func openWrapped(t *testing.T, n int, wrap func(addr string, r engine.Replica) engine.Replica) (*engine.Engine, []string) {
 	t.Helper()
+	return openWrappedWith(t, n, engine.Options{}, wrap)
+}
+
+// openWrappedWith is openWrapped with opts (Name, Replicas and Dial are
+// set here).
+func openWrappedWith(t *testing.T, n int, opts engine.Options, wrap func(addr string, r engine.Replica) engine.Replica) (*engine.Engine, []string) {
+	t.Helper()
 	var addrs []string
 	for i := range n {
 		addrs = append(addrs, startReplica(t, filepath.Join(t.TempDir(), fmt.Sprint("r", i)), 1<<20, "").addr)
 	}
 	var mu sync.Mutex
 	dial := dialer()
-	e, err := engine.Open(context.Background(), engine.Options{Name: "test", Replicas: addrs,
-		Dial: func(ctx context.Context, addr string) (engine.Replica, error) {
-			r, err := dial(ctx, addr)
-			if err != nil {
-				return nil, err
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			return wrap(addr, r), nil
-		}})
+	opts.Name, opts.Replicas = "test", addrs
+	opts.Dial = func(ctx context.Context, addr string) (engine.Replica, error) {
+		r, err := dial(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return wrap(addr, r), nil
+	}
+	e, err := engine.Open(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
