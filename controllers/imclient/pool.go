@@ -1,0 +1,217 @@
+// Package imclient keeps one gRPC connection to each instance manager,
+// shared by every reconciler, and a live copy of the processes each one
+// supervises, fed by its ProcessWatch stream (not by polling). A stream
+// that breaks is redialled with back-off; meanwhile the copy says it is
+// not current, and reconcilers report the processes as unknown instead of
+// trusting stale states.
+package imclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+)
+
+// Options configure a Pool.
+type Options struct {
+	// DialOptions for every connection; default: no transport security
+	// (tests and loopback only; a cluster gives mutual TLS credentials).
+	DialOptions []grpc.DialOption
+	// MinBackoff and MaxBackoff bound the wait between watch attempts.
+	// Defaults 100ms and 10s.
+	MinBackoff, MaxBackoff time.Duration
+	// OnChange is called (without locks held) with the address of an
+	// instance manager whose processes or connection state changed; the
+	// manager turns it into reconcile requests.
+	OnChange func(addr string)
+	Logger   logr.Logger
+}
+
+// Pool holds the connections, by address.
+type Pool struct {
+	opts   Options
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu    sync.Mutex
+	conns map[string]*Conn
+	wg    sync.WaitGroup
+}
+
+// New returns an empty pool; Close ends every connection.
+func New(opts Options) *Pool {
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 100 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 10 * time.Second
+	}
+	if len(opts.DialOptions) == 0 {
+		opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	if opts.OnChange == nil {
+		opts.OnChange = func(string) {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Pool{opts: opts, ctx: ctx, cancel: cancel, conns: map[string]*Conn{}}
+}
+
+// Conn is one instance manager: its client, and its processes as the
+// watch stream last reported them.
+type Conn struct {
+	Addr   string
+	Client imv1.InstanceManagerServiceClient
+	cc     *grpc.ClientConn
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	current bool // the stream is up and its snapshot arrived
+	procs   map[string]*imv1.Process
+	lastErr error
+	seq     uint64
+}
+
+// Get returns the connection to addr, dialling it and starting its watch
+// the first time.
+func (p *Pool) Get(addr string) (*Conn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c, ok := p.conns[addr]; ok {
+		return c, nil
+	}
+	if p.ctx.Err() != nil {
+		return nil, errors.New("imclient: pool closed")
+	}
+	cc, err := grpc.NewClient(addr, p.opts.DialOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("instance manager %s: %w", addr, err)
+	}
+	ctx, cancel := context.WithCancel(p.ctx)
+	c := &Conn{Addr: addr, Client: imv1.NewInstanceManagerServiceClient(cc), cc: cc, cancel: cancel, procs: map[string]*imv1.Process{}}
+	p.conns[addr] = c
+	p.wg.Add(1)
+	go func() { defer p.wg.Done(); p.watch(ctx, c) }()
+	return c, nil
+}
+
+// Forget closes the connection to addr (its instance manager is gone).
+func (p *Pool) Forget(addr string) {
+	p.mu.Lock()
+	c, ok := p.conns[addr]
+	delete(p.conns, addr)
+	p.mu.Unlock()
+	if ok {
+		c.cancel()
+		c.cc.Close()
+	}
+}
+
+// Close ends every connection and waits for the watches to stop.
+func (p *Pool) Close() {
+	p.cancel()
+	p.mu.Lock()
+	for addr, c := range p.conns {
+		c.cc.Close()
+		delete(p.conns, addr)
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// Processes returns a copy of the processes by name, and whether the copy
+// is current. When it is not (the stream is down, or not up yet), err says
+// why and the states must be taken as unknown.
+func (c *Conn) Processes() (procs map[string]*imv1.Process, current bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]*imv1.Process, len(c.procs))
+	for k, v := range c.procs {
+		out[k] = v
+	}
+	return out, c.current, c.lastErr
+}
+
+// Process returns one process: ok=false when the copy is current and has
+// no such process; current=false when the copy cannot be trusted.
+func (c *Conn) Process(name string) (p *imv1.Process, ok, current bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok = c.procs[name]
+	return p, ok, c.current
+}
+
+// watch keeps the copy current until ctx ends: watch, apply events, and on
+// any break mark the copy stale, wait, and watch again.
+func (p *Pool) watch(ctx context.Context, c *Conn) {
+	log := p.opts.Logger.WithValues("instanceManager", c.Addr)
+	backoff := p.opts.MinBackoff
+	for ctx.Err() == nil {
+		gotSnapshot, err := p.watchOnce(ctx, c)
+		if ctx.Err() != nil {
+			return
+		}
+		c.mu.Lock()
+		wasCurrent := c.current
+		c.current, c.lastErr = false, err
+		c.mu.Unlock()
+		if wasCurrent {
+			log.Info("lost the process watch; processes are unknown until it is back", "reason", err.Error())
+			p.opts.OnChange(c.Addr)
+		}
+		if gotSnapshot {
+			backoff = p.opts.MinBackoff // it worked for a while: retry soon
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, p.opts.MaxBackoff)
+	}
+}
+
+// watchOnce runs one watch stream until it breaks.
+func (p *Pool) watchOnce(ctx context.Context, c *Conn) (gotSnapshot bool, err error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.Client.ProcessWatch(wctx, &imv1.ProcessWatchRequest{}, grpc.WaitForReady(false))
+	if err != nil {
+		return false, err
+	}
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			return gotSnapshot, err
+		}
+		c.mu.Lock()
+		switch ev.GetType() {
+		case imv1.ProcessEvent_TYPE_SNAPSHOT:
+			c.procs = make(map[string]*imv1.Process, len(ev.GetProcesses()))
+			for _, pr := range ev.GetProcesses() {
+				c.procs[pr.GetName()] = pr
+			}
+			c.current, c.lastErr, gotSnapshot = true, nil, true
+		case imv1.ProcessEvent_TYPE_UPDATE, imv1.ProcessEvent_TYPE_DELETE:
+			if !gotSnapshot || ev.GetSeq() != c.seq+1 {
+				c.mu.Unlock()
+				return gotSnapshot, fmt.Errorf("watch event seq %d after %d: missed events", ev.GetSeq(), c.seq)
+			}
+			if ev.GetType() == imv1.ProcessEvent_TYPE_DELETE {
+				delete(c.procs, ev.GetProcess().GetName())
+			} else {
+				c.procs[ev.GetProcess().GetName()] = ev.GetProcess()
+			}
+		}
+		c.seq = ev.GetSeq()
+		c.mu.Unlock()
+		p.opts.OnChange(c.Addr)
+	}
+}
