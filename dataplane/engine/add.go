@@ -70,6 +70,13 @@ type addition struct {
 func (e *Engine) checkAddable(addr string) (failedID string, wasMember bool, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.checkAddableLocked(addr)
+}
+
+func (e *Engine) checkAddableLocked(addr string) (failedID string, wasMember bool, err error) {
+	if e.closed {
+		return "", false, ErrClosed
+	}
 	for _, m := range e.members {
 		if m.addr == addr && m.mode != ModeERR {
 			return "", false, fmt.Errorf("%w: %s is already a %s member", ErrInvalid, addr, m.mode)
@@ -144,53 +151,70 @@ func (e *Engine) dropDeletedWhileAway(ctx context.Context, t *member, have []Sna
 // every write after it reaches the target: it picks the source, prepares
 // the target, snapshots the members, admits the target and registers
 // its rebuild. If it fails, the members are left as they were, less any
-// that failed meanwhile (fenced off before I/O resumes).
+// that failed meanwhile (fenced off before I/O resumes). The caller holds
+// e.chain: no other member is added meanwhile. e.mu is taken only around
+// reading and changing the set, never across a call to a replica.
 func (e *Engine) join(ctx context.Context, a *addition) (rb *rebuild, err error) {
 	e.pause()
 	defer e.resume()
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	defer func() {
 		if err != nil && e.needBump.Load() {
 			// A member failed while we prepared: fence it off before resuming.
-			if berr := e.publishEpochLocked(ctx, true); berr != nil {
+			if berr := e.publishEpoch(ctx, true); berr != nil {
 				e.log.Error(berr, "bumping the epoch after a failed replica add")
 			}
 		}
 	}()
-	if err := e.planLocked(ctx, a); err != nil {
+	if err := e.recheck(a); err != nil {
+		return nil, err
+	}
+	if err := e.plan(ctx, a); err != nil {
 		return nil, err
 	}
 	if err := e.prepareTarget(ctx, a); err != nil {
 		return nil, err
 	}
-	e.snapshotMembersLocked(ctx, a.snap)
+	e.snapshotMembers(ctx, a.snap)
 	// Read the source's info after the snapshot: its dirty bitmap covers
 	// every write below it. If the source failed meanwhile, another RW
 	// member with the same chain serves.
 	want := append(append([]SnapshotInfo(nil), a.chain...), a.snap)
-	if a.src, a.srcInfo, err = e.rebuildSourceLocked(ctx, a.src, want); err != nil {
+	if a.src, a.srcInfo, err = e.rebuildSource(ctx, a.src, want); err != nil {
 		return nil, err
 	}
-	if err := e.admitLocked(ctx, a); err != nil {
-		return nil, err
-	}
-	rb = newRebuild(a)
-	e.rebuilds[a.target.addr] = rb
-	return rb, nil
+	return e.admit(ctx, a)
 }
 
-// planLocked names the rebuild snapshot and picks the source: an RW
-// member, whose snapshots are the history a full rebuild reproduces on
-// the target, layer by layer. A returning replica resyncs dirty regions
-// only if its snapshots are the oldest of the volume's (those deleted
-// while it was away are gone by now); the ones taken since it left are
-// taken on it too, over its old head, and get their data in the dirty
-// regions like the rebuild snapshot. Called with I/O paused.
-func (e *Engine) planLocked(ctx context.Context, a *addition) error {
+// recheck repeats checkAddable now that no other add can run (e.chain is
+// held): another add of the same address may have joined since, and the
+// set may have become healthy since, clearing the failed record that
+// allowed a dirty-only rebuild (the survivors' bits for the target's
+// missed writes may be gone: it is rebuilt in full).
+func (e *Engine) recheck(a *addition) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	failedID, wasMember, err := e.checkAddableLocked(a.target.addr)
+	if err != nil {
+		return err
+	}
+	if a.dirtyOnly && !(wasMember && failedID == a.info.ID) {
+		e.log.Info("the set was healthy again since the replica failed; rebuilding it in full", "replica", a.target.addr)
+		a.dirtyOnly = false
+	}
+	return nil
+}
+
+// plan names the rebuild snapshot and picks the source: an RW member,
+// whose snapshots are the history a full rebuild reproduces on the
+// target, layer by layer. A returning replica resyncs dirty regions only
+// if its snapshots are the oldest of the volume's (those deleted while it
+// was away are gone by now); the ones taken since it left are taken on it
+// too, over its old head, and get their data in the dirty regions like the
+// rebuild snapshot. Called with I/O paused.
+func (e *Engine) plan(ctx context.Context, a *addition) error {
 	now := time.Now()
-	a.snap = SnapshotInfo{Name: fmt.Sprintf("rebuild-%d-%d", e.epoch, now.UnixNano()%1e6), Created: now}
-	src, before, err := e.rebuildSourceLocked(ctx, nil, nil)
+	a.snap = SnapshotInfo{Name: fmt.Sprintf("rebuild-%d-%d", e.Epoch(), now.UnixNano()%1e6), Created: now}
+	src, before, err := e.rebuildSource(ctx, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -217,7 +241,7 @@ func (e *Engine) planLocked(ctx context.Context, a *addition) error {
 // paused.
 func (e *Engine) prepareTarget(ctx context.Context, a *addition) error {
 	t := a.target
-	if err := t.ctl.SetEpoch(ctx, e.epoch+1, true, true); err != nil {
+	if err := t.ctl.SetEpoch(ctx, e.Epoch()+1, true, true); err != nil {
 		return err
 	}
 	if !a.dirtyOnly {
@@ -234,41 +258,43 @@ func (e *Engine) prepareTarget(ctx context.Context, a *addition) error {
 	return nil
 }
 
-// snapshotMembersLocked flushes every writable member and takes the
-// rebuild snapshot on it; one that fails is failed. Called with I/O
+// snapshotMembers flushes every writable member and takes the rebuild
+// snapshot on it, all at once; one that fails is failed. Called with I/O
 // paused.
-func (e *Engine) snapshotMembersLocked(ctx context.Context, snap SnapshotInfo) {
-	for _, m := range e.members {
-		if m.mode == ModeERR {
-			continue
+func (e *Engine) snapshotMembers(ctx context.Context, snap SnapshotInfo) {
+	ms, _ := e.writable()
+	errs := each(ms, func(_ int, m *member) error {
+		if err := m.data.Flush(ctx); err != nil {
+			return err
 		}
-		err := m.data.Flush(ctx)
-		if err == nil {
-			err = m.ctl.Snapshot(ctx, snap)
-		}
-		if err != nil {
-			e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", err))
+		return m.ctl.Snapshot(ctx, snap)
+	})
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, m := range ms {
+		if errs[i] != nil {
+			e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", errs[i]))
 		}
 	}
 }
 
-// rebuildSourceLocked returns an RW member to rebuild from and its info,
-// trying prefer first (if not nil), and failing members that cannot
-// answer. With want set, only a member whose snapshots are exactly those
-// serves (after the rebuild snapshot: the target's chain was made from
-// the first source's). Called with I/O paused.
-func (e *Engine) rebuildSourceLocked(ctx context.Context, prefer *member, want []SnapshotInfo) (*member, ReplicaInfo, error) {
-	ms := e.members
+// rebuildSource returns an RW member to rebuild from and its info, trying
+// prefer first (if not nil), and failing members that cannot answer. With
+// want set, only a member whose snapshots are exactly those serves (after
+// the rebuild snapshot: the target's chain was made from the first
+// source's). Called with I/O paused.
+func (e *Engine) rebuildSource(ctx context.Context, prefer *member, want []SnapshotInfo) (*member, ReplicaInfo, error) {
+	ms := e.readable()
 	if prefer != nil {
 		ms = append([]*member{prefer}, ms...)
 	}
 	for _, m := range ms {
-		if m.mode != ModeRW {
+		if e.modeOf(m) != ModeRW {
 			continue
 		}
 		info, err := m.ctl.Info(ctx)
 		if err != nil {
-			e.setMode(m, ModeERR, fmt.Errorf("rebuild: info: %w", err))
+			e.become(m, ModeERR, fmt.Errorf("rebuild: info: %w", err))
 			continue
 		}
 		if want == nil || sameChain(info.Snapshots, want) {
@@ -281,12 +307,18 @@ func (e *Engine) rebuildSourceLocked(ctx context.Context, prefer *member, want [
 	return nil, ReplicaInfo{}, fmt.Errorf("%w: no RW replica with the snapshots %v left to rebuild from", ErrNoReplica, names(want))
 }
 
-// admitLocked adds the target to the set as WO, in place of any failed
-// entry at its address, and publishes the new epoch, which persists
-// "rebuilding" on it. If that fails, or fails the target, the target is
+// admit adds the target to the set as WO, in place of any failed entry at
+// its address, and publishes the new epoch, which persists "rebuilding"
+// on it; then it registers the rebuild. If the publication fails, or
+// fails the target, or the engine was closed meanwhile, the target is
 // failed. Called with I/O paused.
-func (e *Engine) admitLocked(ctx context.Context, a *addition) error {
+func (e *Engine) admit(ctx context.Context, a *addition) (*rebuild, error) {
 	t := a.target
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, ErrClosed
+	}
 	e.setMode(t, ModeWO, nil)
 	kept := e.members[:0]
 	for _, m := range e.members {
@@ -295,14 +327,24 @@ func (e *Engine) admitLocked(ctx context.Context, a *addition) error {
 		}
 	}
 	e.members = append(kept, t)
-	err := e.publishEpochLocked(ctx, true)
-	if err == nil && t.mode == ModeERR {
+	e.mu.Unlock()
+	err := e.publishEpoch(ctx, true)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case err != nil:
+	case t.mode == ModeERR:
 		err = fmt.Errorf("the new replica failed while joining: %w", t.err)
+	case e.closed:
+		err = ErrClosed
 	}
 	if err != nil {
 		e.setMode(t, ModeERR, err)
+		return nil, err
 	}
-	return err
+	rb := newRebuild(a)
+	e.rebuilds[t.addr] = rb
+	return rb, nil
 }
 
 // newRebuild is the record of a's rebuild, in progress.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 )
 
@@ -86,39 +85,43 @@ func (e *Engine) RemoveReplica(ctx context.Context, addr string) error {
 	return nil
 }
 
-// forEachWritable runs fn on every RW and WO member with I/O paused and
-// fails those for which it errs (unless tolerate says the error is fine).
-// It returns ErrNoReplica if no RW replica succeeded.
-func (e *Engine) forEachWritable(ctx context.Context, what string, fn func(*member) error, tolerate func(error) bool) error {
+// forEachWritable runs fn on every RW and WO member (given the mode it
+// had), all at once, with I/O paused, and fails those for which it errs.
+// It returns ErrNoReplica if no RW replica succeeded and is still RW.
+func (e *Engine) forEachWritable(ctx context.Context, what string, fn func(m *member, mode Mode) error) error {
 	// fn's callers pass a detached ctx too: a failure here fails the replica.
 	ctx = detach(ctx)
 	e.pause()
 	defer e.resume()
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	ok := 0
+	closed := e.closed
+	ms, modes := e.selectLocked(ModeRW, ModeWO)
+	e.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	errs := each(ms, func(i int, m *member) error { return fn(m, modes[i]) })
 	failed := false
 	var last error
-	for _, m := range e.members {
-		if m.mode == ModeERR {
-			continue
-		}
-		err := fn(m)
-		if err != nil && (tolerate == nil || !tolerate(err)) {
-			e.setMode(m, ModeERR, fmt.Errorf("%s: %w", what, err))
-			failed, last = true, err
-			continue
-		}
-		if m.mode == ModeRW {
-			ok++
+	e.mu.Lock()
+	for i, m := range ms {
+		if errs[i] != nil {
+			failed = e.setMode(m, ModeERR, fmt.Errorf("%s: %w", what, errs[i])) == nil || failed
+			last = errs[i]
 		}
 	}
-	if failed {
-		if err := e.publishEpochLocked(ctx, true); err != nil {
+	e.mu.Unlock()
+	// Fence off the replicas failed here, and any failed meanwhile, before
+	// I/O resumes.
+	if failed || e.needBump.Load() {
+		if err := e.publishEpoch(ctx, true); err != nil {
 			return err
 		}
 	}
-	if ok == 0 {
+	if e.stillRW(ms, modes, errs) == 0 {
+		if last == nil {
+			return fmt.Errorf("%w: no RW replica", ErrNoReplica)
+		}
 		return fmt.Errorf("%w: %s failed on every replica: %w", ErrNoReplica, what, last)
 	}
 	return nil
@@ -132,12 +135,12 @@ func (e *Engine) Snapshot(ctx context.Context, name string) error {
 	e.chain.Lock()
 	defer e.chain.Unlock()
 	created := time.Now() // the same on every replica: with the name, it identifies the snapshot
-	return e.forEachWritable(ctx, "snapshot "+name, func(m *member) error {
+	return e.forEachWritable(ctx, "snapshot "+name, func(m *member, _ Mode) error {
 		if err := m.data.Flush(ctx); err != nil {
 			return err
 		}
 		return m.ctl.Snapshot(ctx, SnapshotInfo{Name: name, UserCreated: true, Created: created})
-	}, nil)
+	})
 }
 
 // Snapshots lists the snapshots as the first RW replica reports them.
@@ -179,23 +182,16 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
 	}
 	e.mu.Unlock()
 	ms, _ := e.writable()
-	errs := make([]error, len(ms))
-	var wg sync.WaitGroup
-	for i, m := range ms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// The deadline grows with the data to merge, as this replica
-			// holds it; one that cannot tell is failed like one that
-			// cannot delete.
-			info, err := m.ctl.Info(ctx)
-			if err == nil {
-				err = m.ctl.DeleteSnapshot(ctx, name, snapshotBytes(info.Snapshots, name))
-			}
-			errs[i] = err
-		}()
-	}
-	wg.Wait()
+	errs := each(ms, func(_ int, m *member) error {
+		// The deadline grows with the data to merge, as this replica
+		// holds it; one that cannot tell is failed like one that cannot
+		// delete.
+		info, err := m.ctl.Info(ctx)
+		if err != nil {
+			return err
+		}
+		return m.ctl.DeleteSnapshot(ctx, name, snapshotBytes(info.Snapshots, name))
+	})
 	ok, had, failed := 0, 0, false
 	var last error
 	for i, m := range ms {
@@ -234,12 +230,12 @@ func (e *Engine) Revert(ctx context.Context, name string) error {
 	ctx = detach(ctx)
 	e.chain.Lock()
 	defer e.chain.Unlock()
-	return e.forEachWritable(ctx, "revert to "+name, func(m *member) error {
-		if m.mode == ModeWO {
+	return e.forEachWritable(ctx, "revert to "+name, func(m *member, mode Mode) error {
+		if mode == ModeWO {
 			return errors.New("a replica being rebuilt cannot be reverted")
 		}
 		return m.ctl.Revert(ctx, name)
-	}, nil)
+	})
 }
 
 // Expand grows the volume on every replica.
@@ -250,7 +246,7 @@ func (e *Engine) Expand(ctx context.Context, size int64) error {
 	if cur := e.Size(); size < cur || size%4096 != 0 {
 		return fmt.Errorf("%w: cannot expand from %d to %d bytes (must grow, in multiples of 4096)", ErrInvalid, cur, size)
 	}
-	err := e.forEachWritable(ctx, "expand", func(m *member) error { return m.ctl.Expand(ctx, size) }, nil)
+	err := e.forEachWritable(ctx, "expand", func(m *member, _ Mode) error { return m.ctl.Expand(ctx, size) })
 	if err == nil {
 		e.size.Store(size)
 	}

@@ -110,6 +110,9 @@ type Engine struct {
 
 	// io is held shared by every data operation and exclusively to pause
 	// I/O (snapshots, epoch changes, mode changes that need a quiet set).
+	// Held exclusively it also serialises the epoch's publication and the
+	// changes to the set that go with one (a replica added or made RW):
+	// replicas never see epochs out of order.
 	io     sync.RWMutex
 	ranges rangeLock
 
@@ -119,7 +122,12 @@ type Engine struct {
 	// arriving meanwhile waits for it here rather than with I/O paused.
 	chain sync.Mutex
 
-	mu       sync.Mutex // members, modes, epoch, rebuilds, failed
+	// mu guards the fields below (members, modes, epoch, rebuilds,
+	// failed). It is never held across a call to a replica: operations
+	// copy what they need under it, call the replicas without it, and take
+	// it again to apply the results, so a slow replica stalls neither
+	// status nor the failing of another replica.
+	mu       sync.Mutex
 	members  []*member
 	epoch    uint64
 	wanted   int
@@ -255,12 +263,21 @@ func (e *Engine) sortOut(cands []cand, size int64) (usable []cand, maxEpoch uint
 // marked degraded so that they keep the write-intent bits reconcile reads
 // until it is done; one that refuses is failed.
 func (e *Engine) fenceAtOpen(ctx context.Context, usable []cand) {
-	for _, c := range usable {
-		if err := c.m.ctl.SetEpoch(ctx, e.epoch, true, false); err != nil {
-			e.become(c.m, ModeERR, fmt.Errorf("set epoch: %w", err))
-			continue
+	ms := make([]*member, len(usable))
+	for i, c := range usable {
+		ms[i] = c.m
+	}
+	errs := each(ms, func(_ int, m *member) error {
+		if err := m.ctl.SetEpoch(ctx, e.epoch, true, false); err != nil {
+			return err
 		}
-		c.m.data.SetRequestEpoch(e.epoch)
+		m.data.SetRequestEpoch(e.epoch)
+		return nil
+	})
+	for i, m := range ms {
+		if errs[i] != nil {
+			e.become(m, ModeERR, fmt.Errorf("set epoch: %w", errs[i]))
+		}
 	}
 }
 
@@ -368,59 +385,80 @@ func (e *Engine) markFailed(m *member, cause error) bool {
 // marking the set degraded so their write-intent bits are kept. The failed
 // replica keeps its old epoch: if it comes back it is recognised as stale.
 func (e *Engine) afterFailure(ctx context.Context) {
-	e.io.Lock()
-	defer e.io.Unlock()
+	e.pause()
+	defer e.resume()
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed || !e.needBump.Swap(false) {
-		return // someone else bumped it already
+	skip := e.closed || !e.needBump.Swap(false) // someone else bumped it already
+	e.mu.Unlock()
+	if skip {
+		return
 	}
-	if err := e.publishEpochLocked(ctx, true); err != nil {
+	if err := e.publishEpoch(ctx, true); err != nil {
 		e.log.Error(err, "after a replica failure")
 	}
 }
 
-// publishEpoch takes the locks and calls publishEpochLocked.
+// publishEpoch (optionally bumps and) sets the epoch and the degraded flag
+// on every writable replica, all at once; one that refuses is failed, and
+// the others are told again if that changed whether the set is degraded.
+// Returns ErrNoReplica if no RW replica remains. Callers hold e.io
+// exclusively (I/O paused), or are Open before the engine is shared: that
+// serialises epoch changes. e.mu is taken only around reading and
+// applying, not across the calls.
 func (e *Engine) publishEpoch(ctx context.Context, bump bool) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.publishEpochLocked(ctx, bump)
-}
-
-// publishEpochLocked (optionally bumps and) sets the epoch and the degraded
-// flag on every writable replica; one that refuses is failed. I/O must be
-// paused when bumping. Returns ErrNoReplica if no RW replica remains.
-func (e *Engine) publishEpochLocked(ctx context.Context, bump bool) error {
 	ctx = detach(ctx) // a refusal fails the replica: never let a caller's cancellation cause one
+	e.mu.Lock()
 	if bump {
 		e.epoch++
 		e.needBump.Store(false)
 	}
+	epoch := e.epoch
+	e.mu.Unlock()
 	for {
+		e.mu.Lock()
 		degraded := e.degradedLocked()
-		changed := false
-		for _, m := range e.members {
-			if m.mode == ModeERR {
-				continue
+		ms, modes := e.selectLocked(ModeRW, ModeWO)
+		e.mu.Unlock()
+		errs := each(ms, func(i int, m *member) error {
+			if err := m.ctl.SetEpoch(ctx, epoch, degraded, modes[i] == ModeWO); err != nil {
+				return err
 			}
-			if err := m.ctl.SetEpoch(ctx, e.epoch, degraded, m.mode == ModeWO); err != nil {
-				e.setMode(m, ModeERR, fmt.Errorf("set epoch %d: %w", e.epoch, err))
-				changed = true
-				continue
+			m.data.SetRequestEpoch(epoch)
+			return nil
+		})
+		e.mu.Lock()
+		for i, m := range ms {
+			if errs[i] != nil {
+				e.setMode(m, ModeERR, fmt.Errorf("set epoch %d: %w", epoch, errs[i]))
 			}
-			m.data.SetRequestEpoch(e.epoch)
 		}
-		if !changed {
-			if !degraded {
-				clear(e.failed) // bits may be cleared from now on
-			}
-			break
+		// A failure, here or elsewhere meanwhile, may have made the set
+		// degraded: the survivors must know, to keep their bits.
+		told := e.degradedLocked() == degraded
+		if told && !degraded {
+			clear(e.failed) // bits may be cleared from now on
+		}
+		var err error
+		if e.rwCountLocked() == 0 {
+			err = fmt.Errorf("%w: %w", ErrNoReplica, e.memberErrorsLocked())
+		}
+		e.mu.Unlock()
+		if told {
+			return err
 		}
 	}
-	if e.rwCountLocked() == 0 {
-		return fmt.Errorf("%w: %w", ErrNoReplica, e.memberErrorsLocked())
+}
+
+// each runs fn on every member at once and returns their errors, by
+// index: a slow replica delays the others' calls by nothing.
+func each(ms []*member, fn func(i int, m *member) error) []error {
+	errs := make([]error, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Go(func() { errs[i] = fn(i, m) })
 	}
-	return nil
+	wg.Wait()
+	return errs
 }
 
 func (e *Engine) degradedLocked() bool {
@@ -499,6 +537,10 @@ func (e *Engine) readable() []*member {
 func (e *Engine) select_(a, b Mode) ([]*member, []Mode) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.selectLocked(a, b)
+}
+
+func (e *Engine) selectLocked(a, b Mode) ([]*member, []Mode) {
 	out := make([]*member, 0, len(e.members))
 	modes := make([]Mode, 0, len(e.members))
 	for _, m := range e.members {

@@ -670,9 +670,22 @@ func openWrapped(t *testing.T, n int, wrap func(addr string, r engine.Replica) e
 // set here).
 func openWrappedWith(t *testing.T, n int, opts engine.Options, wrap func(addr string, r engine.Replica) engine.Replica) (*engine.Engine, []string) {
 	t.Helper()
+	e, reps := startWrapped(t, n, opts, wrap)
 	var addrs []string
+	for _, tr := range reps {
+		addrs = append(addrs, tr.addr)
+	}
+	return e, addrs
+}
+
+// startWrapped is openWrappedWith returning the replicas.
+func startWrapped(t *testing.T, n int, opts engine.Options, wrap func(addr string, r engine.Replica) engine.Replica) (*engine.Engine, []*testReplica) {
+	t.Helper()
+	var addrs []string
+	var reps []*testReplica
 	for i := range n {
-		addrs = append(addrs, startReplica(t, filepath.Join(t.TempDir(), fmt.Sprint("r", i)), 1<<20, "").addr)
+		reps = append(reps, startReplica(t, filepath.Join(t.TempDir(), fmt.Sprint("r", i)), 1<<20, ""))
+		addrs = append(addrs, reps[i].addr)
 	}
 	var mu sync.Mutex
 	dial := dialer()
@@ -691,7 +704,7 @@ func openWrappedWith(t *testing.T, n int, opts engine.Options, wrap func(addr st
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	return e, addrs
+	return e, reps
 }
 
 // switchable wraps a real replica client: failWrite makes its writes fail,

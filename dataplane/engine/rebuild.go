@@ -160,15 +160,7 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 	defer close(rb.fin)
 	err := e.copyAndVerify(ctx, rb, src, dst, regions)
 	if err == nil {
-		e.pause()
-		e.mu.Lock()
-		if dst.mode != ModeWO {
-			err = fmt.Errorf("the replica left write-only mode during the rebuild: %w", dst.err)
-		} else if err = e.setMode(dst, ModeRW, nil); err == nil {
-			err = e.publishEpochLocked(detach(ctx), true)
-		}
-		e.mu.Unlock()
-		e.resume()
+		err = e.promote(ctx, dst)
 	}
 	rb.mu.Lock()
 	rb.st.Finished = time.Now()
@@ -203,6 +195,27 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 	e.doneSnaps[rb.st.Snapshot] = true
 	e.mu.Unlock()
 	e.removeDoneSnapshots()
+}
+
+// promote makes dst RW once its copy is verified, with I/O paused so no
+// write finds it half promoted, and publishes the new epoch. A rebuild
+// cancelled meanwhile (CancelRebuild, Close) is not promoted.
+func (e *Engine) promote(ctx context.Context, dst *member) error {
+	e.pause()
+	defer e.resume()
+	e.mu.Lock()
+	err := ctx.Err()
+	if err == nil && dst.mode != ModeWO {
+		err = fmt.Errorf("the replica left write-only mode during the rebuild: %w", dst.err)
+	}
+	if err == nil {
+		err = e.setMode(dst, ModeRW, nil)
+	}
+	e.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return e.publishEpoch(detach(ctx), true)
 }
 
 // removeDoneSnapshots deletes the snapshots of completed rebuilds. One
