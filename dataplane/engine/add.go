@@ -342,14 +342,16 @@ func (e *Engine) admit(ctx context.Context, a *addition) (*rebuild, error) {
 		e.setMode(t, ModeERR, err)
 		return nil, err
 	}
-	rb := newRebuild(a)
+	rb := newRebuild(e.stop, a)
 	e.rebuilds[t.addr] = rb
+	e.bg.Add(1) // done when the rebuild ends (startRebuild)
 	return rb, nil
 }
 
-// newRebuild is the record of a's rebuild, in progress.
-func newRebuild(a *addition) *rebuild {
-	ctx, cancel := context.WithCancel(context.Background())
+// newRebuild is the record of a's rebuild, in progress; its context ends
+// with parent's.
+func newRebuild(parent context.Context, a *addition) *rebuild {
+	ctx, cancel := context.WithCancel(parent)
 	rb := &rebuild{ctx: ctx, cancel: cancel, fin: make(chan struct{}), st: RebuildStatus{
 		Replica: a.target.addr, Source: a.src.addr, Snapshot: a.snap.Name, State: RebuildInProgress,
 		DirtyOnly: a.dirtyOnly, Started: time.Now(), Layers: names(a.srcInfo.Snapshots)}}
@@ -380,5 +382,8 @@ func (e *Engine) startRebuild(a *addition, rb *rebuild) {
 	rb.st.BytesTotal = total
 	rb.mu.Unlock()
 	e.log.Info("rebuild started", "replica", a.target.addr, "source", a.src.addr, "snapshot", a.snap.Name, "dirtyOnly", a.dirtyOnly, "bytes", total)
-	go e.runRebuild(rb.ctx, rb, a.src, a.target, regions)
+	go func() {
+		defer e.bg.Done()
+		e.runRebuild(rb.ctx, rb, a.src, a.target, regions)
+	}()
 }

@@ -170,10 +170,19 @@ var ErrSnapshotNotFound = errors.New("snapshot not found")
 // wraps ErrSnapshotNotFound. A snapshot an active rebuild reads cannot be
 // deleted.
 func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
-	ctx = detach(ctx)
+	return e.deleteSnapshot(detach(ctx), name)
+}
+
+// deleteSnapshot is DeleteSnapshot with ctx as given: the engine's own
+// deletions pass its stop context, which Close cancels.
+func (e *Engine) deleteSnapshot(ctx context.Context, name string) error {
 	e.chain.Lock()
 	defer e.chain.Unlock()
 	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return ErrClosed
+	}
 	for _, rb := range e.rebuilds {
 		if st := rb.status(); st.State == RebuildInProgress && slices.Contains(st.Layers, name) {
 			e.mu.Unlock()

@@ -142,6 +142,14 @@ type Engine struct {
 	// (another rebuild was reading them): see removeDoneSnapshots.
 	doneSnaps map[string]bool
 
+	// stop is the context of the engine's background work (rebuilds and
+	// their clean-up), cancelled by Close; bg counts the goroutines doing
+	// it, which Close waits for. bg.Add is called under mu with closed
+	// false.
+	stop       context.Context
+	cancelStop context.CancelFunc
+	bg         sync.WaitGroup
+
 	size atomic.Int64
 	rr   atomic.Uint64
 	io_  ioStats
@@ -171,6 +179,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e := &Engine{opts: opts, log: opts.Logger.WithValues("volume", opts.Name), wanted: opts.Wanted,
 		rebuilds: map[string]*rebuild{}, failed: map[string]string{}, doneSnaps: map[string]bool{}}
+	e.stop, e.cancelStop = context.WithCancel(context.Background())
 	cands := e.connect(ctx)
 	size := opts.Size
 	if size == 0 && len(cands) > 0 {
@@ -566,8 +575,11 @@ func (e *Engine) Epoch() uint64 {
 func (e *Engine) pause()  { e.io.Lock() }
 func (e *Engine) resume() { e.io.Unlock() }
 
-// Close stops rebuilds and closes every replica connection. Callers stop
-// the frontend first.
+// Close stops rebuilds, waits for them and for a control operation in
+// progress with I/O paused (an epoch bump, a snapshot), and closes every
+// replica connection: once it returns, the engine makes no more calls to
+// the replicas. Control operations called later fail with ErrClosed.
+// Callers stop the frontend first.
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	if e.closed {
@@ -575,16 +587,22 @@ func (e *Engine) Close() error {
 		return nil
 	}
 	e.closed = true
-	for _, rb := range e.rebuilds {
-		rb.cancel()
-	}
+	e.cancelStop() // the rebuilds' contexts derive from it
 	e.mu.Unlock()
+	e.bg.Wait()
+	e.pause()
+	defer e.resume()
 	e.closeAll()
 	return nil
 }
 
+// closeAll closes every member's connection (also on a failed Open).
 func (e *Engine) closeAll() {
-	for _, m := range e.members {
+	e.mu.Lock()
+	ms := append([]*member(nil), e.members...)
+	e.mu.Unlock()
+	for _, m := range ms {
 		m.close()
 	}
+	e.cancelStop()
 }

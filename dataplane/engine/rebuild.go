@@ -190,11 +190,16 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 	// The rebuild snapshot has served its purpose, or the rebuild failed
 	// or was cancelled and the members keep it for nothing: merge it away
 	// on every replica, or each rebuild would leave a layer behind for
-	// good.
+	// good. Not once the engine is closed: the next engine rebuilds the
+	// replica anew (its rebuild never finished), and the members keep the
+	// snapshot, as after a crash.
 	e.mu.Lock()
 	e.doneSnaps[rb.st.Snapshot] = true
+	closed := e.closed
 	e.mu.Unlock()
-	e.removeDoneSnapshots()
+	if !closed {
+		e.removeDoneSnapshots()
+	}
 }
 
 // promote makes dst RW once its copy is verified, with I/O paused so no
@@ -221,7 +226,8 @@ func (e *Engine) promote(ctx context.Context, dst *member) error {
 // removeDoneSnapshots deletes the snapshots of completed rebuilds. One
 // that another rebuild in progress still reads (it started meanwhile and
 // copies it as a layer) is kept until that rebuild ends and calls this
-// again.
+// again. Close cancels the deletions (they run in a rebuild's goroutine,
+// which Close waits for).
 func (e *Engine) removeDoneSnapshots() {
 	e.mu.Lock()
 	var todo []string
@@ -230,8 +236,10 @@ func (e *Engine) removeDoneSnapshots() {
 	}
 	e.mu.Unlock()
 	for _, name := range todo {
-		err := e.DeleteSnapshot(context.Background(), name)
+		err := e.deleteSnapshot(e.stop, name)
 		switch {
+		case e.stop.Err() != nil:
+			return
 		case errors.Is(err, ErrInvalid):
 			continue // in use by a rebuild: it removes it when it ends
 		case err != nil && !errors.Is(err, ErrSnapshotNotFound):
