@@ -30,6 +30,8 @@ type metadata struct {
 	ID    string `json:"id"`
 	Size  int64  `json:"size"`
 	Epoch uint64 `json:"epoch"`
+	// EpochOwner identifies the engine that set Epoch (empty: none given).
+	EpochOwner string `json:"epochOwner,omitempty"`
 	// Rebuilding is true while the replica is being rebuilt: its data is
 	// incomplete and no engine may open it as a healthy member.
 	Rebuilding bool   `json:"rebuilding,omitempty"`

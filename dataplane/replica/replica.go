@@ -271,37 +271,95 @@ func (r *Replica) Size() int64 { return r.size.Load() }
 // Epoch returns the current epoch.
 func (r *Replica) Epoch() uint64 { return r.epoch.Load() }
 
-// CheckEpoch returns an error wrapping ErrStaleEpoch unless e is the
-// replica's epoch.
+// StaleEpochError is the error for a request, or a Fence, refused for
+// its epoch. It wraps ErrStaleEpoch.
+type StaleEpochError struct {
+	// Request is the epoch the request carried; Current the replica's.
+	Request, Current uint64
+	// OtherOwner: a Fence of the current epoch by another owner.
+	OtherOwner bool
+}
+
+func (e *StaleEpochError) Error() string {
+	switch {
+	case e.OtherOwner:
+		return fmt.Sprintf("%v: epoch %d is the replica's already, set by another engine", ErrStaleEpoch, e.Request)
+	case e.Request == 0:
+		return fmt.Sprintf("%v: request epoch 0 (the request carries none), replica epoch %d", ErrStaleEpoch, e.Current)
+	case e.Request < e.Current:
+		return fmt.Sprintf("%v: request epoch %d, replica epoch %d (a newer engine has taken the replica over)", ErrStaleEpoch, e.Request, e.Current)
+	}
+	return fmt.Sprintf("%v: request epoch %d, replica epoch %d (the replica has not been given it)", ErrStaleEpoch, e.Request, e.Current)
+}
+
+func (e *StaleEpochError) Unwrap() error { return ErrStaleEpoch }
+
+// CheckEpoch returns a *StaleEpochError unless e is the replica's epoch.
 func (r *Replica) CheckEpoch(e uint64) error {
 	if cur := r.epoch.Load(); e != cur {
-		return fmt.Errorf("%w: request epoch %d, replica epoch %d", ErrStaleEpoch, e, cur)
+		return &StaleEpochError{Request: e, Current: cur}
 	}
 	return nil
 }
 
-// SetEpoch persists a new epoch and says whether the replica set is
-// degraded (missing a member), which keeps write-intent bits from being
-// cleared, and whether this replica is being rebuilt (its data incomplete,
-// persisted so that no later engine trusts it). The engine calls it on
+// FenceOptions are what Fence persists.
+type FenceOptions struct {
+	// Epoch becomes the replica's epoch. It never goes back.
+	Epoch uint64
+	// Owner identifies the engine setting it (empty: not checked, for
+	// tools and tests). The current epoch is accepted again only from the
+	// owner that set it.
+	Owner string
+	// Degraded: the replica set is missing a member, so write-intent bits
+	// are kept (not cleared) for it to resync from.
+	Degraded bool
+	// Rebuilding: this replica's data is incomplete until its rebuild
+	// ends; persisted, so that no later engine trusts it.
+	Rebuilding bool
+}
+
+// Fence makes o.Epoch the replica's epoch, persisted with its owner and
+// the rebuilding flag: from then on data requests and changes to the
+// chain (At) carrying another epoch are refused. The engine calls it on
 // open and on every change of the set, with I/O paused, and before any
 // flush that follows a member's failure.
-func (r *Replica) SetEpoch(e uint64, degraded, rebuilding bool) error {
+//
+// An epoch lower than the current one is refused with a *StaleEpochError:
+// it comes from an engine that a newer one has fenced out. So is the
+// current epoch from another owner: two engines can reach the same number
+// (a fenced-out engine bumping its own epoch after a newer engine took
+// over), and only one of them may hold it. The same epoch from the same
+// owner (or with no owner given) is accepted again, with new flags.
+func (r *Replica) Fence(o FenceOptions) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return ErrClosed
 	}
 	m := r.meta
-	m.Epoch = e
-	m.Rebuilding = rebuilding
+	switch {
+	case o.Epoch < m.Epoch:
+		return &StaleEpochError{Request: o.Epoch, Current: m.Epoch}
+	case o.Epoch == m.Epoch && o.Owner != "" && m.EpochOwner != "" && o.Owner != m.EpochOwner:
+		return &StaleEpochError{Request: o.Epoch, Current: m.Epoch, OtherOwner: true}
+	case o.Epoch > m.Epoch || o.Owner != "":
+		m.EpochOwner = o.Owner
+	}
+	m.Epoch = o.Epoch
+	m.Rebuilding = o.Rebuilding
 	if err := writeMeta(r.dir, m); err != nil {
 		return fmt.Errorf("set epoch: %w", err)
 	}
 	r.meta = m
-	r.epoch.Store(e)
-	r.dirty.setDegraded(degraded)
+	r.epoch.Store(o.Epoch)
+	r.dirty.setDegraded(o.Degraded)
 	return nil
+}
+
+// SetEpoch is Fence with no owner, for callers written before
+// FenceOptions (the engine's tests).
+func (r *Replica) SetEpoch(e uint64, degraded, rebuilding bool) error {
+	return r.Fence(FenceOptions{Epoch: e, Degraded: degraded, Rebuilding: rebuilding})
 }
 
 func (r *Replica) checkRange(off, n int64) error {

@@ -119,7 +119,7 @@ func TestReplicaMatchesModel(t *testing.T) {
 				case op < 73:
 					name := fmt.Sprintf("s%d", next)
 					next++
-					if err := r.Snapshot(name, true); err != nil {
+					if err := r.Snapshot(SnapshotOptions{Name: name, UserCreated: true}); err != nil {
 						t.Fatal(err)
 					}
 					m.snaps = append(m.snaps, name)
@@ -202,13 +202,13 @@ func TestOpenErrors(t *testing.T) {
 	if _, err := r.ReadAt(make([]byte, 2), 1<<20-1); !errors.Is(err, ErrOutOfRange) {
 		t.Fatalf("read past the end: %v", err)
 	}
-	if err := r.Snapshot("../x", true); !errors.Is(err, ErrInvalidName) {
+	if err := r.Snapshot(SnapshotOptions{Name: "../x", UserCreated: true}); !errors.Is(err, ErrInvalidName) {
 		t.Fatalf("bad name: %v", err)
 	}
-	if err := r.Snapshot("a", true); err != nil {
+	if err := r.Snapshot(SnapshotOptions{Name: "a", UserCreated: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Snapshot("a", true); !errors.Is(err, ErrSnapshotExists) {
+	if err := r.Snapshot(SnapshotOptions{Name: "a", UserCreated: true}); !errors.Is(err, ErrSnapshotExists) {
 		t.Fatalf("duplicate: %v", err)
 	}
 	if err := r.DeleteSnapshot("zz"); !errors.Is(err, ErrSnapshotNotFound) {
@@ -245,7 +245,7 @@ func TestUnmapSemantics(t *testing.T) {
 		t.Fatalf("unmap without snapshots freed %d bytes, want 2 MiB", before-after)
 	}
 	// Now with older data in a snapshot below.
-	r.Snapshot("base", true)
+	r.Snapshot(SnapshotOptions{Name: "base", UserCreated: true})
 	r.WriteAt(bytes.Repeat([]byte{2}, 4096), 3<<20)
 	if err := r.Unmap(3<<20-100, 1<<20); err != nil { // unaligned, over snapshot data
 		t.Fatal(err)
@@ -290,7 +290,7 @@ func TestEpochPersists(t *testing.T) {
 	if err := r.CheckEpoch(0); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.SetEpoch(7, false, false); err != nil {
+	if err := r.Fence(FenceOptions{Epoch: 7}); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.CheckEpoch(6); !errors.Is(err, ErrStaleEpoch) {
@@ -346,7 +346,7 @@ func TestWriteIntentBitmap(t *testing.T) {
 		t.Fatalf("dirty after reopen: %s", d)
 	}
 	// A complete set: the first flush rotates the window, the second clears.
-	r.SetEpoch(1, false, false)
+	r.Fence(FenceOptions{Epoch: 1})
 	r.Flush()
 	r.Flush()
 	if d := dirty(); len(d) != 0 {
@@ -358,7 +358,7 @@ func TestWriteIntentBitmap(t *testing.T) {
 		t.Fatalf("recently written region: %s", d)
 	}
 	// A revert marks everything.
-	r.Snapshot("s", true)
+	r.Snapshot(SnapshotOptions{Name: "s", UserCreated: true})
 	r.Revert("s")
 	if n := len(dirty()); n != 16 {
 		t.Fatalf("after revert %d dirty regions, want all 16", n)
@@ -378,9 +378,9 @@ func TestSnapshotDeleteKeepsData(t *testing.T) {
 	r := open(t, dir, 1<<20)
 	defer r.Close()
 	r.WriteAt(bytes.Repeat([]byte{1}, 8192), 0)
-	r.Snapshot("a", true)
+	r.Snapshot(SnapshotOptions{Name: "a", UserCreated: true})
 	r.WriteAt(bytes.Repeat([]byte{2}, 4096), 4096)
-	r.Snapshot("b", false)
+	r.Snapshot(SnapshotOptions{Name: "b"})
 	r.WriteAt(bytes.Repeat([]byte{3}, 4096), 8192)
 	want := append(append(bytes.Repeat([]byte{1}, 4096), bytes.Repeat([]byte{2}, 4096)...), bytes.Repeat([]byte{3}, 4096)...)
 	for _, name := range []string{"a", "b"} {
@@ -405,10 +405,10 @@ func TestRebuildPrimitives(t *testing.T) {
 	src := open(t, t.TempDir(), 4<<20)
 	defer src.Close()
 	src.WriteAt(bytes.Repeat([]byte{1}, 8192), 0)
-	src.Snapshot("old", true)
+	src.Snapshot(SnapshotOptions{Name: "old", UserCreated: true})
 	src.WriteAt(bytes.Repeat([]byte{2}, 4096), 4096)
 	src.WriteAt(bytes.Repeat([]byte{3}, 4096), 2<<20)
-	src.Snapshot("rb", false)
+	src.Snapshot(SnapshotOptions{Name: "rb"})
 	src.WriteAt(bytes.Repeat([]byte{9}, 4096), 0) // after the rebuild point
 
 	ext, err := src.ReadSnapshot("rb", 0, 4<<20)
@@ -420,7 +420,7 @@ func TestRebuildPrimitives(t *testing.T) {
 	}
 	dst := open(t, t.TempDir(), 4<<20)
 	defer dst.Close()
-	dst.Snapshot("rb", false)
+	dst.Snapshot(SnapshotOptions{Name: "rb"})
 	dst.WriteAt(bytes.Repeat([]byte{7}, 4096), 3<<20) // a new write lands in the head meanwhile
 	for _, e := range ext {
 		if err := dst.WriteLayer("rb", e.Data, e.Offset); err != nil {
@@ -455,25 +455,25 @@ func TestReplaceChainThenCopyLayers(t *testing.T) {
 	src := open(t, t.TempDir(), size)
 	defer src.Close()
 	src.WriteAt(bytes.Repeat([]byte{1}, 8192), 0)
-	src.Snapshot("daily-1", true)
+	src.Snapshot(SnapshotOptions{Name: "daily-1", UserCreated: true})
 	src.WriteAt(bytes.Repeat([]byte{2}, 4096), 4096)
 	src.Unmap(0, 4096) // a hole in the newer layer over data in the older one: zeros written there
-	src.Snapshot("daily-2", true)
+	src.Snapshot(SnapshotOptions{Name: "daily-2", UserCreated: true})
 	src.WriteAt(bytes.Repeat([]byte{3}, 4096), 2<<20)
-	src.Snapshot("rb", false)
+	src.Snapshot(SnapshotOptions{Name: "rb"})
 	src.WriteAt(bytes.Repeat([]byte{9}, 4096), 0) // after the rebuild point
 	sin, _ := src.Info()
 
 	dir := t.TempDir()
 	dst := open(t, dir, size)
-	dst.WriteAt(bytes.Repeat([]byte{7}, size), 0) // stale data everywhere
-	dst.Snapshot("daily-1", true)                 // a stale snapshot of the same name
+	dst.WriteAt(bytes.Repeat([]byte{7}, size), 0)                     // stale data everywhere
+	dst.Snapshot(SnapshotOptions{Name: "daily-1", UserCreated: true}) // a stale snapshot of the same name
 	dst.WriteAt(bytes.Repeat([]byte{8}, 4096), 3<<20)
 
 	if err := dst.ReplaceChain(sin.Snapshots); !errors.Is(err, ErrNotRebuilding) {
 		t.Fatalf("replacing the chain of a replica not marked rebuilding: %v", err)
 	}
-	if err := dst.SetEpoch(5, true, true); err != nil {
+	if err := dst.Fence(FenceOptions{Epoch: 5, Degraded: true, Rebuilding: true}); err != nil {
 		t.Fatal(err)
 	}
 	bad := append(append([]SnapshotInfo(nil), sin.Snapshots...), sin.Snapshots[0])
@@ -550,11 +550,11 @@ func TestLayerChecksumSeesHoles(t *testing.T) {
 	defer b.Close()
 	for _, r := range []*Replica{a, b} {
 		r.WriteAt(bytes.Repeat([]byte{1}, 4096), 0)
-		r.Snapshot("s", false)
+		r.Snapshot(SnapshotOptions{Name: "s"})
 	}
 	b.WriteAt(make([]byte, 4096), 8192) // zeros written in b's head only
-	a.Snapshot("t", false)
-	b.Snapshot("t", false)
+	a.Snapshot(SnapshotOptions{Name: "t"})
+	b.Snapshot(SnapshotOptions{Name: "t"})
 	x, _ := a.LayerChecksum("t", 0, 1<<20)
 	y, _ := b.LayerChecksum("t", 0, 1<<20)
 	if x == y {
@@ -598,11 +598,11 @@ func TestDeleteSnapshotWhileWriting(t *testing.T) {
 				}
 			}
 			put(bytes.Repeat([]byte{1}, 1<<20), 0)
-			r.Snapshot("old", false)
+			r.Snapshot(SnapshotOptions{Name: "old"})
 			base := readAll(t, r, size)
 			fill := pattern(2, int(tc.before))
 			put(fill, 0)
-			r.Snapshot("s", true)
+			r.Snapshot(SnapshotOptions{Name: "s", UserCreated: true})
 			fill3 := pattern(3, int(tc.after))
 			put(fill3, 0)
 			copy(want, fill)

@@ -108,7 +108,19 @@ func (r *Replica) commit(m metadata) error {
 	return nil
 }
 
-// Snapshot makes the current head an immutable snapshot called name and
+// SnapshotOptions describe a snapshot to take.
+type SnapshotOptions struct {
+	Name string
+	// UserCreated: a user asked for it (not the engine, for a rebuild).
+	UserCreated bool
+	// Created is the creation time to record (zero: now). The engine
+	// gives every replica the same, so that a snapshot is known by its
+	// name and time: one deleted and taken again under the same name is
+	// another snapshot.
+	Created time.Time
+}
+
+// Snapshot makes the current head an immutable snapshot called o.Name and
 // puts a new empty head on top. The engine pauses I/O around it so that
 // every replica snapshots the same data.
 //
@@ -116,22 +128,17 @@ func (r *Replica) commit(m metadata) error {
 // metadata naming it is committed next (atomically). A crash before the
 // commit leaves the old metadata and an unnamed file, removed on open; a
 // crash after leaves the snapshot taken.
-func (r *Replica) Snapshot(name string, userCreated bool) error {
-	return r.SnapshotAt(name, userCreated, time.Time{})
-}
+func (r *Replica) Snapshot(o SnapshotOptions) error { return r.snapshot(nil, o) }
 
-// SnapshotAt is Snapshot recording created as the creation time (zero:
-// now). The engine gives every replica the same time, so that a snapshot
-// is known by its name and time: one deleted and taken again under the
-// same name is another snapshot.
-func (r *Replica) SnapshotAt(name string, userCreated bool, created time.Time) error {
+func (r *Replica) snapshot(epoch *uint64, o SnapshotOptions) error {
+	name, created := o.Name, o.Created
 	if created.IsZero() {
 		created = time.Now()
 	}
 	if err := checkName(name); err != nil {
 		return err
 	}
-	unlock, err := r.lockChain()
+	unlock, err := r.lockChain(epoch)
 	if err != nil {
 		return err
 	}
@@ -150,7 +157,7 @@ func (r *Replica) SnapshotAt(name string, userCreated bool, created time.Time) e
 	}
 	newHead := nl.file
 	m.Snapshots = append(append([]snapshotMeta(nil), m.Snapshots...),
-		snapshotMeta{Name: name, File: old.file, Created: created.UTC(), UserCreated: userCreated})
+		snapshotMeta{Name: name, File: old.file, Created: created.UTC(), UserCreated: o.UserCreated})
 	m.Head = newHead
 	if err := r.commit(m); err != nil {
 		nl.f.Close()
@@ -184,8 +191,10 @@ func (r *Replica) SnapshotAt(name string, userCreated bool, created time.Time) e
 // (the snapshot is marked deleting and no longer served); a crash mid-copy
 // is finished by the next open. Either way the metadata without the
 // snapshot is committed before any file is removed.
-func (r *Replica) DeleteSnapshot(name string) error {
-	unlock, err := r.lockChain()
+func (r *Replica) DeleteSnapshot(name string) error { return r.deleteSnapshotNamed(nil, name) }
+
+func (r *Replica) deleteSnapshotNamed(epoch *uint64, name string) error {
+	unlock, err := r.lockChain(epoch)
 	if err != nil {
 		return err
 	}
@@ -211,8 +220,11 @@ func checkName(name string) error {
 }
 
 // lockChain takes the locks for a change to the chain (chainMu, then mu
-// exclusively), failing if the replica is closed; the caller calls unlock.
-func (r *Replica) lockChain() (unlock func(), err error) {
+// exclusively), failing if the replica is closed or, when epoch is given,
+// the epoch is not current; the caller calls unlock. Fence takes mu
+// exclusively too, so a change that passed the check runs before any
+// change of epoch, or is refused after it.
+func (r *Replica) lockChain(epoch *uint64) (unlock func(), err error) {
 	r.chainMu.Lock()
 	r.mu.Lock()
 	unlock = func() {
@@ -223,7 +235,52 @@ func (r *Replica) lockChain() (unlock func(), err error) {
 		unlock()
 		return nil, ErrClosed
 	}
+	if epoch != nil {
+		if err := r.CheckEpoch(*epoch); err != nil {
+			unlock()
+			return nil, err
+		}
+	}
 	return unlock, nil
+}
+
+// Fenced is the replica's changes to its chain and size as a caller of
+// one epoch makes them: each is refused with a *StaleEpochError unless
+// that epoch is the replica's current one, checked atomically with the
+// change (see lockChain), as data requests are (ReadAtEpoch). A stale
+// engine, one a newer engine has fenced out, can then no longer change
+// the replica. The control API takes every change through here.
+type Fenced struct {
+	r     *Replica
+	epoch uint64
+}
+
+// At returns the replica's changes as a caller of epoch makes them.
+func (r *Replica) At(epoch uint64) Fenced { return Fenced{r: r, epoch: epoch} }
+
+// Snapshot is Replica.Snapshot, fenced.
+func (f Fenced) Snapshot(o SnapshotOptions) error { return f.r.snapshot(&f.epoch, o) }
+
+// DeleteSnapshot is Replica.DeleteSnapshot, fenced when it starts: once
+// admitted, a deletion runs to the end even if the epoch changes
+// meanwhile. It changes no read, and the engine that asked for it can
+// bump the epoch while it merges (another replica failing); in the case
+// that rewrites the snapshot's layer, the intent is committed under the
+// same hold as the check.
+func (f Fenced) DeleteSnapshot(name string) error { return f.r.deleteSnapshotNamed(&f.epoch, name) }
+
+// Revert is Replica.Revert, fenced.
+func (f Fenced) Revert(name string) error { return f.r.revert(&f.epoch, name) }
+
+// Expand is Replica.Expand, fenced.
+func (f Fenced) Expand(size int64) error { return f.r.expand(&f.epoch, size) }
+
+// ReplaceChain is Replica.ReplaceChain, fenced.
+func (f Fenced) ReplaceChain(snaps []SnapshotInfo) error { return f.r.replaceChain(&f.epoch, snaps) }
+
+// WriteLayer is Replica.WriteLayer, fenced.
+func (f Fenced) WriteLayer(name string, p []byte, off int64) error {
+	return f.r.writeLayer(&f.epoch, name, p, off)
 }
 
 // mergeState coordinates a snapshot deletion's copy with writes: every
@@ -438,8 +495,10 @@ func copyBlocks(from, to *layer, b, n int64, buf []byte) error {
 // Crash story: the new head is created, then the metadata committed, then
 // the discarded files removed; a crash leaves either the old chain or the
 // reverted one, plus files that open deletes.
-func (r *Replica) Revert(name string) error {
-	unlock, err := r.lockChain()
+func (r *Replica) Revert(name string) error { return r.revert(nil, name) }
+
+func (r *Replica) revert(epoch *uint64, name string) error {
+	unlock, err := r.lockChain(epoch)
 	if err != nil {
 		return err
 	}
@@ -481,8 +540,10 @@ func (r *Replica) Revert(name string) error {
 //
 // Crash story: the head is extended and synced before the metadata is
 // committed; a crash in between leaves a longer head that open trims back.
-func (r *Replica) Expand(size int64) error {
-	unlock, err := r.lockChain()
+func (r *Replica) Expand(size int64) error { return r.expand(nil, size) }
+
+func (r *Replica) expand(epoch *uint64, size int64) error {
+	unlock, err := r.lockChain(epoch)
 	if err != nil {
 		return err
 	}
@@ -623,19 +684,23 @@ func (r *Replica) resolveIn(b, limit int64, top int, own bool) (int, int64) {
 // writes. The replica must not serve reads meanwhile (the engine keeps it
 // write-only), since snapshots are otherwise immutable.
 func (r *Replica) WriteLayer(name string, p []byte, off int64) error {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	top, err := r.snapshotSpan(name, off, int64(len(p)), "layer writes")
-	if err != nil {
-		return err
-	}
-	defer r.fence(off, int64(len(p)))()
-	l := r.layers[top-1]
-	if _, err := l.f.WriteAt(p, off); err != nil {
-		return fmt.Errorf("write %s: %w", l.file, err)
-	}
-	l.idx.set(off/BlockSize, int64(len(p))/BlockSize)
-	return nil
+	return r.writeLayer(nil, name, p, off)
+}
+
+func (r *Replica) writeLayer(epoch *uint64, name string, p []byte, off int64) error {
+	return r.locked(epoch, func() error {
+		top, err := r.snapshotSpan(name, off, int64(len(p)), "layer writes")
+		if err != nil {
+			return err
+		}
+		defer r.fence(off, int64(len(p)))()
+		l := r.layers[top-1]
+		if _, err := l.f.WriteAt(p, off); err != nil {
+			return fmt.Errorf("write %s: %w", l.file, err)
+		}
+		l.idx.set(off/BlockSize, int64(len(p))/BlockSize)
+		return nil
+	})
 }
 
 // SyncLayers makes every layer's data durable (after a rebuild's copy).
@@ -731,7 +796,9 @@ func (r *Replica) LayerChecksum(name string, off, length int64) (uint32, error) 
 // Crash story: the new layer files are created and synced, then the
 // metadata naming them committed, then the old files removed; a crash
 // leaves the old chain or the new one, plus files that open deletes.
-func (r *Replica) ReplaceChain(snaps []SnapshotInfo) error {
+func (r *Replica) ReplaceChain(snaps []SnapshotInfo) error { return r.replaceChain(nil, snaps) }
+
+func (r *Replica) replaceChain(epoch *uint64, snaps []SnapshotInfo) error {
 	seen := make(map[string]bool, len(snaps))
 	for _, s := range snaps {
 		if err := checkName(s.Name); err != nil {
@@ -742,7 +809,7 @@ func (r *Replica) ReplaceChain(snaps []SnapshotInfo) error {
 		}
 		seen[s.Name] = true
 	}
-	unlock, err := r.lockChain()
+	unlock, err := r.lockChain(epoch)
 	if err != nil {
 		return err
 	}

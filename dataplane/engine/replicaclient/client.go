@@ -1,13 +1,25 @@
 // Package replicaclient connects the engine to a replica process: data
 // over dataconn, control over gRPC. It implements engine.Replica.
+//
+// Every change a client makes to the replica's chain or size carries the
+// epoch the client last set through SetEpoch (before that, the replica's
+// epoch when the client connected), and the replica refuses it unless that
+// epoch is still its own: an engine that a newer one fenced out cannot
+// change the replica any more. The engine passes no epoch to these calls;
+// the client keeps it.
 package replicaclient
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -31,6 +43,43 @@ type Options struct {
 	// snapshot create), so a hung replica cannot stall the volume for
 	// long. Default: Data.RequestTimeout, or 10s.
 	QuickTimeout time.Duration
+	// Owner identifies the engine to the replicas when it sets their epoch:
+	// a replica accepts its current epoch again only from the owner that
+	// set it, so two engines that reach the same epoch number cannot both
+	// hold it. Default: one made up per Dialer (per Dial when dialing
+	// directly) from the host name, the process ID and random bytes.
+	Owner string
+}
+
+// Errors. Callers test them with errors.Is.
+var (
+	// ErrStaleEpoch: the replica refused a call for its epoch (the error
+	// is a *StaleEpochError). A newer engine has taken the replica over.
+	ErrStaleEpoch = errors.New("stale epoch")
+)
+
+// StaleEpochError is a call the replica refused for its epoch. It is
+// ErrStaleEpoch for errors.Is, and keeps the gRPC status
+// (FAILED_PRECONDITION) for status.Code.
+type StaleEpochError struct {
+	// Request is the epoch the call carried; Replica the replica's.
+	Request, Replica uint64
+	// OtherOwner: a SetEpoch of the replica's current epoch, which
+	// another engine set.
+	OtherOwner bool
+	status     *status.Status
+}
+
+func (e *StaleEpochError) Error() string              { return e.status.Message() }
+func (e *StaleEpochError) Is(target error) bool       { return target == ErrStaleEpoch }
+func (e *StaleEpochError) GRPCStatus() *status.Status { return e.status }
+
+// newOwner makes up an owner for Options.Owner.
+func newOwner() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
 }
 
 // SplitAddress parses a replica address: "HOST:PORT" means data on PORT and
@@ -51,12 +100,18 @@ func SplitAddress(addr string) (data, control string, err error) {
 	return addr, net.JoinHostPort(host, strconv.Itoa(p+1)), nil
 }
 
-// Dialer returns an engine.Dialer with these options.
+// Dialer returns an engine.Dialer with these options. Every client it
+// dials has the same owner (Options.Owner): one engine.
 func Dialer(opts Options) engine.Dialer {
+	if opts.Owner == "" {
+		opts.Owner = newOwner()
+	}
 	return func(ctx context.Context, addr string) (engine.Replica, error) { return Dial(ctx, addr, opts) }
 }
 
-// Dial connects to the replica at addr.
+// Dial connects to the replica at addr: its data address, then its
+// control API, whose Info gives the epoch the client's changes carry
+// until it sets one.
 func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	if opts.ControlTimeout <= 0 {
 		opts.ControlTimeout = 30 * time.Second
@@ -66,6 +121,9 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	}
 	if opts.QuickTimeout <= 0 {
 		opts.QuickTimeout = 10 * time.Second
+	}
+	if opts.Owner == "" {
+		opts.Owner = newOwner()
 	}
 	dataAddr, ctlAddr, err := SplitAddress(addr)
 	if err != nil {
@@ -82,7 +140,24 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 		cc.Close()
 		return nil, err
 	}
-	return &Client{data: d, cc: cc, ctl: replicav1.NewReplicaServiceClient(cc), timeout: opts.ControlTimeout, quick: opts.QuickTimeout}, nil
+	c := &Client{data: d, cc: cc, ctl: replicav1.NewReplicaServiceClient(cc), timeout: opts.ControlTimeout, quick: opts.QuickTimeout, owner: opts.Owner}
+	if err := c.probe(ctx, addr, ctlAddr); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// probe reads the replica's epoch from its control API.
+func (c *Client) probe(ctx context.Context, addr, ctlAddr string) error {
+	qctx, cancel := c.qctx(ctx)
+	defer cancel()
+	in, err := c.ctl.Info(qctx, &replicav1.InfoRequest{})
+	if err != nil {
+		return fmt.Errorf("replica %s: control API on %s: %w", addr, ctlAddr, err)
+	}
+	c.epoch = in.Epoch
+	return nil
 }
 
 // Client is a connected replica.
@@ -92,6 +167,14 @@ type Client struct {
 	ctl     replicav1.ReplicaServiceClient
 	timeout time.Duration
 	quick   time.Duration
+	owner   string
+
+	mu sync.Mutex
+	// epoch is what the client's changes carry: the epoch it last set, or
+	// the replica's when it connected.
+	epoch uint64
+	// setting is closed when the SetEpoch in flight returns; nil if none.
+	setting chan struct{}
 }
 
 var (
@@ -122,12 +205,73 @@ func (c *Client) qctx(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, c.quick)
 }
 
-// mapErr turns gRPC codes the engine cares about into its sentinels.
+// mapErr turns gRPC codes the engine cares about into its sentinels, and
+// a refusal for the epoch into a *StaleEpochError.
 func mapErr(err error) error {
-	if status.Code(err) == codes.NotFound {
-		return fmt.Errorf("%w: %s", engine.ErrSnapshotNotFound, status.Convert(err).Message())
+	if err == nil {
+		return nil
+	}
+	st := status.Convert(err)
+	if st.Code() == codes.NotFound {
+		return fmt.Errorf("%w: %s", engine.ErrSnapshotNotFound, st.Message())
+	}
+	if st.Code() == codes.FailedPrecondition {
+		for _, d := range st.Details() {
+			if se, ok := d.(*replicav1.StaleEpoch); ok {
+				return &StaleEpochError{Request: se.RequestEpoch, Replica: se.ReplicaEpoch, OtherOwner: se.OtherOwner, status: st}
+			}
+		}
 	}
 	return err
+}
+
+// fenced makes a change to the replica carrying the client's epoch. A
+// change refused for its epoch while this client's own SetEpoch moved the
+// replica to a newer one is sent again with that epoch: the engine bumps
+// its epoch while a rebuild copies or a deletion merges, and a refused
+// change did nothing. Any other refusal is returned (ErrStaleEpoch).
+func (c *Client) fenced(ctx context.Context, call func(epoch uint64) error) error {
+	c.mu.Lock()
+	epoch := c.epoch
+	c.mu.Unlock()
+	for {
+		err := mapErr(call(epoch))
+		if !errors.Is(err, ErrStaleEpoch) {
+			return err
+		}
+		next, werr := c.settledEpoch(ctx)
+		if werr != nil || next == epoch {
+			return err
+		}
+		epoch = next
+	}
+}
+
+// settledEpoch waits for a SetEpoch in flight, if any, and returns the
+// client's epoch.
+func (c *Client) settledEpoch(ctx context.Context) (uint64, error) {
+	if err := c.lockSettled(ctx); err != nil {
+		return 0, err
+	}
+	defer c.mu.Unlock()
+	return c.epoch, nil
+}
+
+// lockSettled locks c.mu once no SetEpoch is in flight; on error (ctx
+// ended first) it is not held.
+func (c *Client) lockSettled(ctx context.Context) error {
+	c.mu.Lock()
+	for c.setting != nil {
+		ch := c.setting
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		c.mu.Lock()
+	}
+	return nil
 }
 
 func (c *Client) Info(ctx context.Context) (engine.ReplicaInfo, error) {
@@ -148,41 +292,65 @@ func (c *Client) Info(ctx context.Context) (engine.ReplicaInfo, error) {
 	return out, nil
 }
 
+// SetEpoch sets the replica's epoch as this client's owner; once it
+// succeeds, the client's changes carry that epoch. A replica at a newer
+// epoch, or at this one set by another owner, refuses (ErrStaleEpoch).
 func (c *Client) SetEpoch(ctx context.Context, epoch uint64, degraded, rebuilding bool) error {
-	ctx, cancel := c.qctx(ctx)
+	if err := c.lockSettled(ctx); err != nil { // one at a time
+		return err
+	}
+	done := make(chan struct{})
+	c.setting = done
+	c.mu.Unlock()
+	qctx, cancel := c.qctx(ctx)
 	defer cancel()
-	_, err := c.ctl.SetEpoch(ctx, &replicav1.SetEpochRequest{Epoch: epoch, Degraded: degraded, Rebuilding: rebuilding})
-	return err
+	_, err := c.ctl.SetEpoch(qctx, &replicav1.SetEpochRequest{Epoch: epoch, Owner: c.owner, Degraded: degraded, Rebuilding: rebuilding})
+	c.mu.Lock()
+	if err == nil {
+		c.epoch = epoch
+	}
+	c.setting = nil
+	c.mu.Unlock()
+	close(done)
+	return mapErr(err)
 }
 
 func (c *Client) Snapshot(ctx context.Context, s engine.SnapshotInfo) error {
 	ctx, cancel := c.qctx(ctx)
 	defer cancel()
-	req := &replicav1.SnapshotCreateRequest{Name: s.Name, UserCreated: s.UserCreated}
-	if !s.Created.IsZero() {
-		req.CreatedUnixNano = s.Created.UnixNano()
-	}
-	_, err := c.ctl.SnapshotCreate(ctx, req)
-	return err
+	return c.fenced(ctx, func(epoch uint64) error {
+		req := &replicav1.SnapshotCreateRequest{Name: s.Name, UserCreated: s.UserCreated, Epoch: epoch}
+		if !s.Created.IsZero() {
+			req.CreatedUnixNano = s.Created.UnixNano()
+		}
+		_, err := c.ctl.SnapshotCreate(ctx, req)
+		return err
+	})
 }
 
 func (c *Client) DeleteSnapshot(ctx context.Context, name string) error {
-	_, err := c.ctl.SnapshotDelete(ctx, &replicav1.SnapshotDeleteRequest{Name: name})
-	return mapErr(err)
+	return c.fenced(ctx, func(epoch uint64) error {
+		_, err := c.ctl.SnapshotDelete(ctx, &replicav1.SnapshotDeleteRequest{Name: name, Epoch: epoch})
+		return err
+	})
 }
 
 func (c *Client) Revert(ctx context.Context, name string) error {
 	ctx, cancel := c.cctx(ctx)
 	defer cancel()
-	_, err := c.ctl.SnapshotRevert(ctx, &replicav1.SnapshotRevertRequest{Name: name})
-	return mapErr(err)
+	return c.fenced(ctx, func(epoch uint64) error {
+		_, err := c.ctl.SnapshotRevert(ctx, &replicav1.SnapshotRevertRequest{Name: name, Epoch: epoch})
+		return err
+	})
 }
 
 func (c *Client) Expand(ctx context.Context, size int64) error {
 	ctx, cancel := c.cctx(ctx)
 	defer cancel()
-	_, err := c.ctl.Expand(ctx, &replicav1.ExpandRequest{Size: size})
-	return err
+	return c.fenced(ctx, func(epoch uint64) error {
+		_, err := c.ctl.Expand(ctx, &replicav1.ExpandRequest{Size: size, Epoch: epoch})
+		return err
+	})
 }
 
 func (c *Client) ReadSnapshot(ctx context.Context, name string, off, n int64) ([]engine.Extent, error) {
@@ -210,8 +378,10 @@ func (c *Client) readExtents(ctx context.Context, req *replicav1.SnapshotReadReq
 func (c *Client) WriteLayer(ctx context.Context, name string, p []byte, off int64) error {
 	ctx, cancel := c.cctx(ctx)
 	defer cancel()
-	_, err := c.ctl.LayerWrite(ctx, &replicav1.LayerWriteRequest{Snapshot: name, Offset: off, Data: p})
-	return mapErr(err)
+	return c.fenced(ctx, func(epoch uint64) error {
+		_, err := c.ctl.LayerWrite(ctx, &replicav1.LayerWriteRequest{Snapshot: name, Offset: off, Data: p, Epoch: epoch})
+		return err
+	})
 }
 
 func (c *Client) SyncLayers(ctx context.Context) error {
@@ -228,8 +398,11 @@ func (c *Client) ReplaceChain(ctx context.Context, snaps []engine.SnapshotInfo) 
 	for _, s := range snaps {
 		req.Snapshots = append(req.Snapshots, &replicav1.Snapshot{Name: s.Name, CreatedUnixNano: s.Created.UnixNano(), UserCreated: s.UserCreated})
 	}
-	_, err := c.ctl.ReplaceChain(ctx, req)
-	return mapErr(err)
+	return c.fenced(ctx, func(epoch uint64) error {
+		req.Epoch = epoch
+		_, err := c.ctl.ReplaceChain(ctx, req)
+		return err
+	})
 }
 
 func (c *Client) Checksum(ctx context.Context, name string, off, n int64) (uint32, error) {

@@ -85,7 +85,7 @@ func BenchmarkRandom4K(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := dataconn.NewServer(Backend{R: r}, dataconn.ServerOptions{})
+	srv := dataconn.NewServer(Backend{Replica: r}, dataconn.ServerOptions{})
 	go srv.Serve(l)
 	defer srv.Close()
 	ctx := context.Background()

@@ -2,14 +2,17 @@ package replicaserver
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/replica"
@@ -18,19 +21,7 @@ import (
 // TestRebuildRPCCodes: the rebuild calls refuse bad requests with the
 // gRPC code that says why, and a refused ReplaceChain leaves the data.
 func TestRebuildRPCCodes(t *testing.T) {
-	r, err := replica.Open(filepath.Join(t.TempDir(), "r"), replica.Options{Size: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, ctl := listen(t), listen(t)
-	run := Start(r, Options{Data: data, Control: ctl})
-	defer run.Kill()
-	conn, err := grpc.NewClient(ctl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := replicav1.NewReplicaServiceClient(conn)
+	r, c := serve(t)
 	ctx := context.Background()
 	if _, err := r.WriteAt(make([]byte, 4096), 0); err != nil {
 		t.Fatal(err)
@@ -71,16 +62,119 @@ func TestRebuildRPCCodes(t *testing.T) {
 	if _, err := c.SetEpoch(ctx, &replicav1.SetEpochRequest{Epoch: 2, Rebuilding: true}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.ReplaceChain(ctx, &replicav1.ReplaceChainRequest{Snapshots: append(chain, &replicav1.Snapshot{Name: "a"})})
+	_, err := c.ReplaceChain(ctx, &replicav1.ReplaceChainRequest{Snapshots: append(chain, &replicav1.Snapshot{Name: "a"}), Epoch: 2})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("ReplaceChain naming a snapshot twice: %v", err)
 	}
-	if _, err := c.ReplaceChain(ctx, &replicav1.ReplaceChainRequest{Snapshots: chain}); err != nil {
+	if _, err := c.ReplaceChain(ctx, &replicav1.ReplaceChainRequest{Snapshots: chain, Epoch: 2}); err != nil {
 		t.Fatal(err)
 	}
 	list, err := c.SnapshotList(ctx, &replicav1.SnapshotListRequest{})
 	if err != nil || len(list.Snapshots) != 2 || list.Snapshots[1].Name != "b" || list.Snapshots[1].Parent != "a" {
 		t.Fatalf("after ReplaceChain: %v %v", list, err)
+	}
+}
+
+// serve starts a new replica with its control API and returns it and a
+// client of that API.
+func serve(t *testing.T) (*replica.Replica, replicav1.ReplicaServiceClient) {
+	t.Helper()
+	r, err := replica.Open(filepath.Join(t.TempDir(), "r"), replica.Options{Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, ctl := listen(t), listen(t)
+	run := Start(r, Options{Data: data, Control: ctl})
+	t.Cleanup(run.Kill)
+	conn, err := grpc.NewClient(ctl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return r, replicav1.NewReplicaServiceClient(conn)
+}
+
+// TestStaleEpochRefusedWithDetail: a change carrying an epoch that is not
+// the replica's, and a SetEpoch going back or taking the replica's epoch
+// from its owner, are FAILED_PRECONDITION with a StaleEpoch detail naming
+// both epochs, and change nothing; at the current epoch a change goes
+// through.
+func TestStaleEpochRefusedWithDetail(t *testing.T) {
+	r, c := serve(t)
+	ctx := context.Background()
+	if _, err := c.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetEpoch(ctx, &replicav1.SetEpochRequest{Epoch: 3, Owner: "new-engine"}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := r.Info()
+	for _, tc := range []struct {
+		what string
+		call func() error
+		want *replicav1.StaleEpoch
+	}{
+		{"snapshot create", func() error {
+			_, err := c.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: "s2", Epoch: 2})
+			return err
+		}, &replicav1.StaleEpoch{RequestEpoch: 2, ReplicaEpoch: 3}},
+		{"snapshot delete", func() error {
+			_, err := c.SnapshotDelete(ctx, &replicav1.SnapshotDeleteRequest{Name: "s1", Epoch: 2})
+			return err
+		}, &replicav1.StaleEpoch{RequestEpoch: 2, ReplicaEpoch: 3}},
+		{"snapshot revert", func() error {
+			_, err := c.SnapshotRevert(ctx, &replicav1.SnapshotRevertRequest{Name: "s1"})
+			return err
+		}, &replicav1.StaleEpoch{RequestEpoch: 0, ReplicaEpoch: 3}},
+		{"expand", func() error {
+			_, err := c.Expand(ctx, &replicav1.ExpandRequest{Size: 2 << 20, Epoch: 4})
+			return err
+		}, &replicav1.StaleEpoch{RequestEpoch: 4, ReplicaEpoch: 3}},
+		{"layer write", func() error {
+			_, err := c.LayerWrite(ctx, &replicav1.LayerWriteRequest{Snapshot: "s1", Data: make([]byte, 4096), Epoch: 2})
+			return err
+		}, &replicav1.StaleEpoch{RequestEpoch: 2, ReplicaEpoch: 3}},
+		{"replace chain", func() error {
+			_, err := c.ReplaceChain(ctx, &replicav1.ReplaceChainRequest{Snapshots: []*replicav1.Snapshot{{Name: "x"}}, Epoch: 2})
+			return err
+		}, &replicav1.StaleEpoch{RequestEpoch: 2, ReplicaEpoch: 3}},
+		{"set epoch going back", func() error {
+			_, err := c.SetEpoch(ctx, &replicav1.SetEpochRequest{Epoch: 2, Owner: "old-engine"})
+			return err
+		}, &replicav1.StaleEpoch{RequestEpoch: 2, ReplicaEpoch: 3}},
+		{"set epoch 3 by another owner", func() error {
+			_, err := c.SetEpoch(ctx, &replicav1.SetEpochRequest{Epoch: 3, Owner: "old-engine"})
+			return err
+		}, &replicav1.StaleEpoch{RequestEpoch: 3, ReplicaEpoch: 3, OtherOwner: true}},
+	} {
+		err := tc.call()
+		st := status.Convert(err)
+		var got *replicav1.StaleEpoch
+		for _, d := range st.Details() {
+			got, _ = d.(*replicav1.StaleEpoch)
+		}
+		if st.Code() != codes.FailedPrecondition || got == nil || !proto.Equal(got, tc.want) {
+			t.Errorf("%s: %v (detail %v), want FailedPrecondition with %v", tc.what, err, got, tc.want)
+			continue
+		}
+		wants := []string{fmt.Sprintf("request epoch %d", tc.want.RequestEpoch), fmt.Sprintf("replica epoch %d", tc.want.ReplicaEpoch)}
+		if tc.want.OtherOwner {
+			wants = []string{fmt.Sprintf("epoch %d", tc.want.RequestEpoch), "another engine"}
+		}
+		for _, want := range wants {
+			if !strings.Contains(st.Message(), want) {
+				t.Errorf("%s: message %q does not say %q", tc.what, st.Message(), want)
+			}
+		}
+	}
+	if after, _ := r.Info(); fmt.Sprint(after.Snapshots) != fmt.Sprint(before.Snapshots) || after.Size != before.Size || after.Epoch != 3 {
+		t.Fatalf("refused calls changed the replica:\nbefore %+v\nafter  %+v", before, after)
+	}
+	if _, err := c.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: "s2", Epoch: 3}); err != nil {
+		t.Fatalf("snapshot at the current epoch: %v", err)
+	}
+	if _, err := c.SetEpoch(ctx, &replicav1.SetEpochRequest{Epoch: 3, Owner: "new-engine", Degraded: true}); err != nil {
+		t.Fatalf("the owner sets its epoch again: %v", err)
 	}
 }
 

@@ -24,7 +24,7 @@ func TestEpochChangeIsAtomicWithWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	srv := dataconn.NewServer(Backend{R: r}, dataconn.ServerOptions{Workers: 8})
+	srv := dataconn.NewServer(Backend{Replica: r}, dataconn.ServerOptions{Workers: 8})
 	defer srv.Close()
 	var conns []net.Conn
 	for range 4 {
@@ -35,8 +35,9 @@ func TestEpochChangeIsAtomicWithWrites(t *testing.T) {
 	cl := dataconn.NewClient(conns, dataconn.ClientOptions{PingInterval: -1})
 	defer cl.Close()
 	ctx := context.Background()
-	for epoch := uint64(1); epoch < 300; epoch++ {
-		if err := r.SetEpoch(epoch, false, false); err != nil {
+	for round := uint64(1); round < 300; round++ {
+		epoch := 2*round - 1 // this round's engine; 2*round is the next one's
+		if err := r.Fence(replica.FenceOptions{Epoch: epoch}); err != nil {
 			t.Fatal(err)
 		}
 		cl.SetEpoch(epoch)
@@ -59,7 +60,7 @@ func TestEpochChangeIsAtomicWithWrites(t *testing.T) {
 		for seq.Load() < 4 {
 			// let the writers get going
 		}
-		if err := r.SetEpoch(epoch+1000, false, false); err != nil { // the new engine takes over
+		if err := r.Fence(replica.FenceOptions{Epoch: epoch + 1}); err != nil { // the new engine takes over
 			t.Fatal(err)
 		}
 		after := make([]byte, 4096)
@@ -69,7 +70,7 @@ func TestEpochChangeIsAtomicWithWrites(t *testing.T) {
 		final := make([]byte, 4096)
 		r.ReadAt(final, 0)
 		if !bytes.Equal(after, final) {
-			t.Fatalf("round %d: a write with the old epoch landed after SetEpoch returned", epoch)
+			t.Fatalf("round %d: a write with the old epoch landed after Fence returned", round)
 		}
 	}
 }

@@ -32,6 +32,10 @@ type Options struct {
 
 // Running is a replica being served.
 type Running struct {
+	// Replica is the replica served.
+	Replica *replica.Replica
+	// R is Replica under its former name, for callers written before it
+	// (the engine's tests).
 	R    *replica.Replica
 	data *dataconn.Server
 	gs   *grpc.Server
@@ -47,8 +51,8 @@ func Start(r *replica.Replica, opts Options) *Running {
 	done := make(chan struct{})
 	var once sync.Once
 	stop := func() { once.Do(func() { close(done) }) }
-	run := &Running{R: r, log: opts.Logger, Done: done,
-		data: dataconn.NewServer(Backend{R: r}, dataconn.ServerOptions{Workers: opts.Workers, Logger: opts.Logger.WithName("dataconn")})}
+	run := &Running{Replica: r, R: r, log: opts.Logger, Done: done,
+		data: dataconn.NewServer(Backend{Replica: r}, dataconn.ServerOptions{Workers: opts.Workers, Logger: opts.Logger.WithName("dataconn")})}
 	go func() {
 		if err := run.data.Serve(opts.Data); err != nil && !errors.Is(err, dataconn.ErrServerClosed) {
 			opts.Logger.Error(err, "data listener failed")
@@ -57,7 +61,7 @@ func Start(r *replica.Replica, opts Options) *Running {
 	}()
 	if opts.Control != nil {
 		run.gs = grpc.NewServer(grpc.MaxRecvMsgSize(MaxControlMessage), grpc.MaxSendMsgSize(MaxControlMessage))
-		replicav1.RegisterReplicaServiceServer(run.gs, &Control{R: r, DataAddress: opts.Data.Addr().String(), OnClose: stop})
+		replicav1.RegisterReplicaServiceServer(run.gs, &Control{Replica: r, DataAddress: opts.Data.Addr().String(), OnClose: stop})
 		go func() {
 			if err := run.gs.Serve(opts.Control); err != nil {
 				opts.Logger.Error(err, "control listener failed")
@@ -75,10 +79,10 @@ func (run *Running) Shutdown(ctx context.Context) {
 		if err := run.data.Shutdown(ctx); err != nil {
 			run.log.Error(err, "data connections did not drain in time; closed them")
 		}
-		if err := run.R.Flush(); err != nil && !errors.Is(err, replica.ErrClosed) {
+		if err := run.Replica.Flush(); err != nil && !errors.Is(err, replica.ErrClosed) {
 			run.log.Error(err, "final flush failed")
 		}
-		if err := run.R.Close(); err != nil {
+		if err := run.Replica.Close(); err != nil {
 			run.log.Error(err, "close failed")
 		}
 		if run.gs != nil {
@@ -102,6 +106,6 @@ func (run *Running) Kill() {
 			run.gs.Stop()
 		}
 		run.data.Close()
-		run.R.Close()
+		run.Replica.Close()
 	})
 }

@@ -21,7 +21,7 @@ import (
 // replica's errors to wire codes (stale epoch, out of range; ENOSPC is
 // mapped by dataconn itself). Requests are checked against the epoch
 // atomically with the operation.
-type Backend struct{ R *replica.Replica }
+type Backend struct{ Replica *replica.Replica }
 
 var _ dataconn.EpochBackend = Backend{}
 
@@ -40,39 +40,41 @@ func wire(err error) error {
 }
 
 func (b Backend) ReadAt(p []byte, off int64) (int, error) {
-	n, err := b.R.ReadAt(p, off)
+	n, err := b.Replica.ReadAt(p, off)
 	return n, wire(err)
 }
 
 func (b Backend) WriteAt(p []byte, off int64) (int, error) {
-	n, err := b.R.WriteAt(p, off)
+	n, err := b.Replica.WriteAt(p, off)
 	return n, wire(err)
 }
 
-func (b Backend) Flush() error                  { return wire(b.R.Flush()) }
-func (b Backend) Unmap(off, length int64) error { return wire(b.R.Unmap(off, length)) }
-func (b Backend) Size() int64                   { return b.R.Size() }
+func (b Backend) Flush() error                  { return wire(b.Replica.Flush()) }
+func (b Backend) Unmap(off, length int64) error { return wire(b.Replica.Unmap(off, length)) }
+func (b Backend) Size() int64                   { return b.Replica.Size() }
 
 func (b Backend) ReadAtEpoch(p []byte, off int64, e uint64) (int, error) {
-	n, err := b.R.ReadAtEpoch(p, off, e)
+	n, err := b.Replica.ReadAtEpoch(p, off, e)
 	return n, wire(err)
 }
 
 func (b Backend) WriteAtEpoch(p []byte, off int64, e uint64) (int, error) {
-	n, err := b.R.WriteAtEpoch(p, off, e)
+	n, err := b.Replica.WriteAtEpoch(p, off, e)
 	return n, wire(err)
 }
 
-func (b Backend) FlushEpoch(e uint64) error { return wire(b.R.FlushEpoch(e)) }
+func (b Backend) FlushEpoch(e uint64) error { return wire(b.Replica.FlushEpoch(e)) }
 
 func (b Backend) UnmapEpoch(off, length int64, e uint64) error {
-	return wire(b.R.UnmapEpoch(off, length, e))
+	return wire(b.Replica.UnmapEpoch(off, length, e))
 }
 
-// Control implements the gRPC ReplicaService for one replica.
+// Control implements the gRPC ReplicaService for one replica. The calls
+// that change the chain or size go through Replica.At(request epoch), so a
+// stale engine's are refused.
 type Control struct {
 	replicav1.UnimplementedReplicaServiceServer
-	R *replica.Replica
+	Replica *replica.Replica
 	// DataAddress is reported in Info.
 	DataAddress string
 	// OnClose is called (once, in the background) after Close has closed
@@ -80,10 +82,20 @@ type Control struct {
 	OnClose func()
 }
 
-// grpcErr maps replica errors to gRPC status codes.
+// grpcErr maps replica errors to gRPC status codes. A stale epoch is
+// FAILED_PRECONDITION with a StaleEpoch detail, so a client tells it from
+// the other failed preconditions without reading the message.
 func grpcErr(err error) error {
 	if err == nil {
 		return nil
+	}
+	if se := (*replica.StaleEpochError)(nil); errors.As(err, &se) {
+		st, derr := status.New(codes.FailedPrecondition, err.Error()).WithDetails(
+			&replicav1.StaleEpoch{RequestEpoch: se.Request, ReplicaEpoch: se.Current, OtherOwner: se.OtherOwner})
+		if derr != nil {
+			return status.Error(codes.FailedPrecondition, err.Error())
+		}
+		return st.Err()
 	}
 	var code codes.Code
 	switch {
@@ -108,7 +120,7 @@ func toProto(s replica.SnapshotInfo) *replicav1.Snapshot {
 }
 
 func (c *Control) Info(context.Context, *replicav1.InfoRequest) (*replicav1.InfoResponse, error) {
-	in, err := c.R.Info()
+	in, err := c.Replica.Info()
 	if err != nil {
 		return nil, grpcErr(err)
 	}
@@ -127,11 +139,12 @@ func (c *Control) SnapshotCreate(_ context.Context, req *replicav1.SnapshotCreat
 	if ns := req.GetCreatedUnixNano(); ns != 0 {
 		created = time.Unix(0, ns)
 	}
-	return &replicav1.SnapshotCreateResponse{}, grpcErr(c.R.SnapshotAt(req.GetName(), req.GetUserCreated(), created))
+	o := replica.SnapshotOptions{Name: req.GetName(), UserCreated: req.GetUserCreated(), Created: created}
+	return &replicav1.SnapshotCreateResponse{}, grpcErr(c.Replica.At(req.GetEpoch()).Snapshot(o))
 }
 
 func (c *Control) SnapshotList(context.Context, *replicav1.SnapshotListRequest) (*replicav1.SnapshotListResponse, error) {
-	snaps, err := c.R.Snapshots()
+	snaps, err := c.Replica.Snapshots()
 	if err != nil {
 		return nil, grpcErr(err)
 	}
@@ -143,25 +156,26 @@ func (c *Control) SnapshotList(context.Context, *replicav1.SnapshotListRequest) 
 }
 
 func (c *Control) SnapshotDelete(_ context.Context, req *replicav1.SnapshotDeleteRequest) (*replicav1.SnapshotDeleteResponse, error) {
-	return &replicav1.SnapshotDeleteResponse{}, grpcErr(c.R.DeleteSnapshot(req.GetName()))
+	return &replicav1.SnapshotDeleteResponse{}, grpcErr(c.Replica.At(req.GetEpoch()).DeleteSnapshot(req.GetName()))
 }
 
 func (c *Control) SnapshotRevert(_ context.Context, req *replicav1.SnapshotRevertRequest) (*replicav1.SnapshotRevertResponse, error) {
-	return &replicav1.SnapshotRevertResponse{}, grpcErr(c.R.Revert(req.GetName()))
+	return &replicav1.SnapshotRevertResponse{}, grpcErr(c.Replica.At(req.GetEpoch()).Revert(req.GetName()))
 }
 
 func (c *Control) Expand(_ context.Context, req *replicav1.ExpandRequest) (*replicav1.ExpandResponse, error) {
-	return &replicav1.ExpandResponse{}, grpcErr(c.R.Expand(req.GetSize()))
+	return &replicav1.ExpandResponse{}, grpcErr(c.Replica.At(req.GetEpoch()).Expand(req.GetSize()))
 }
 
 func (c *Control) SetEpoch(_ context.Context, req *replicav1.SetEpochRequest) (*replicav1.SetEpochResponse, error) {
-	return &replicav1.SetEpochResponse{}, grpcErr(c.R.SetEpoch(req.GetEpoch(), req.GetDegraded(), req.GetRebuilding()))
+	o := replica.FenceOptions{Epoch: req.GetEpoch(), Owner: req.GetOwner(), Degraded: req.GetDegraded(), Rebuilding: req.GetRebuilding()}
+	return &replicav1.SetEpochResponse{}, grpcErr(c.Replica.Fence(o))
 }
 
 func (c *Control) Close(context.Context, *replicav1.CloseRequest) (*replicav1.CloseResponse, error) {
-	err := c.R.Flush()
+	err := c.Replica.Flush()
 	if err == nil || errors.Is(err, replica.ErrClosed) {
-		err = c.R.Close()
+		err = c.Replica.Close()
 	}
 	if err != nil {
 		return nil, grpcErr(err)
@@ -180,9 +194,9 @@ func (c *Control) SnapshotRead(_ context.Context, req *replicav1.SnapshotReadReq
 	if req.GetLength() > MaxSnapshotRead {
 		return nil, status.Errorf(codes.InvalidArgument, "snapshot reads are limited to %d bytes per call, got %d", MaxSnapshotRead, req.GetLength())
 	}
-	read := c.R.ReadSnapshot
+	read := c.Replica.ReadSnapshot
 	if req.GetLayerOnly() {
-		read = c.R.ReadLayer
+		read = c.Replica.ReadLayer
 	}
 	ext, err := read(req.GetSnapshot(), req.GetOffset(), req.GetLength())
 	if err != nil {
@@ -200,21 +214,21 @@ func (c *Control) ReplaceChain(_ context.Context, req *replicav1.ReplaceChainReq
 	for _, s := range req.GetSnapshots() {
 		snaps = append(snaps, replica.SnapshotInfo{Name: s.GetName(), Created: time.Unix(0, s.GetCreatedUnixNano()), UserCreated: s.GetUserCreated()})
 	}
-	return &replicav1.ReplaceChainResponse{}, grpcErr(c.R.ReplaceChain(snaps))
+	return &replicav1.ReplaceChainResponse{}, grpcErr(c.Replica.At(req.GetEpoch()).ReplaceChain(snaps))
 }
 
 func (c *Control) LayerWrite(_ context.Context, req *replicav1.LayerWriteRequest) (*replicav1.LayerWriteResponse, error) {
-	return &replicav1.LayerWriteResponse{}, grpcErr(c.R.WriteLayer(req.GetSnapshot(), req.GetData(), req.GetOffset()))
+	return &replicav1.LayerWriteResponse{}, grpcErr(c.Replica.At(req.GetEpoch()).WriteLayer(req.GetSnapshot(), req.GetData(), req.GetOffset()))
 }
 
 func (c *Control) SyncLayers(context.Context, *replicav1.SyncLayersRequest) (*replicav1.SyncLayersResponse, error) {
-	return &replicav1.SyncLayersResponse{}, grpcErr(c.R.SyncLayers())
+	return &replicav1.SyncLayersResponse{}, grpcErr(c.Replica.SyncLayers())
 }
 
 func (c *Control) Checksum(_ context.Context, req *replicav1.ChecksumRequest) (*replicav1.ChecksumResponse, error) {
-	sum := c.R.Checksum
+	sum := c.Replica.Checksum
 	if req.GetLayerOnly() {
-		sum = c.R.LayerChecksum
+		sum = c.Replica.LayerChecksum
 	}
 	crc, err := sum(req.GetSnapshot(), req.GetOffset(), req.GetLength())
 	if err != nil {

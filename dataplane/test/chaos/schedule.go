@@ -3,7 +3,8 @@
 // trims and flushes through the NBD frontend, a nemesis injecting faults
 // on a random schedule drawn from a seed, and checkers that prove the
 // history linearizable per block, the replicas identical after healing,
-// the volume healthy, and the host left as it was.
+// the volume healthy, a fenced-out engine unable to change the replicas,
+// and the host left as it was.
 package chaos
 
 import (
@@ -169,6 +170,13 @@ func Run(ctx context.Context, cfg Config) (res Result) {
 			return res
 		}
 	}
+	// An engine that the schedule's first engine fences out at its open.
+	stale, err := c.newStaleEngine(ctx)
+	if err != nil {
+		res.Problems = append(res.Problems, "setup: "+err.Error())
+		return res
+	}
+	defer stale.close()
 	if err := c.startEngine(c.nodes); err != nil {
 		res.Problems = append(res.Problems, "setup: "+err.Error())
 		return res
@@ -187,6 +195,10 @@ func Run(ctx context.Context, cfg Config) (res Result) {
 
 	if err := c.healAll(context.Background()); err != nil {
 		res.Problems = append(res.Problems, "heal: "+err.Error())
+	} else {
+		// Before the final reads: a change that got through (a revert)
+		// would show there too.
+		res.Problems = append(res.Problems, stale.try(context.Background(), c)...)
 	}
 	c.finalReads(h)
 	res.Ops = h.len()

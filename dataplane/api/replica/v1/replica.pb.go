@@ -192,7 +192,9 @@ func (x *SnapshotReadResponse) GetExtents() []*Extent {
 type ReplaceChainRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Oldest first; name, created_unix_nano and user_created are used.
-	Snapshots     []*Snapshot `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	Snapshots []*Snapshot `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// The caller's epoch (see the service comment).
+	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -234,6 +236,13 @@ func (x *ReplaceChainRequest) GetSnapshots() []*Snapshot {
 	return nil
 }
 
+func (x *ReplaceChainRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 type ReplaceChainResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -271,10 +280,12 @@ func (*ReplaceChainResponse) Descriptor() ([]byte, []int) {
 }
 
 type LayerWriteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Snapshot      string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
-	Offset        int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
-	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Offset   int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data     []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// The caller's epoch (see the service comment).
+	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -328,6 +339,13 @@ func (x *LayerWriteRequest) GetData() []byte {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *LayerWriteRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type LayerWriteResponse struct {
@@ -862,8 +880,10 @@ type SnapshotCreateRequest struct {
 	// The creation time to record (0: now). The engine gives every replica
 	// the same, so a snapshot is known by its name and time.
 	CreatedUnixNano int64 `protobuf:"varint,3,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The caller's epoch (see the service comment).
+	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotCreateRequest) Reset() {
@@ -913,6 +933,13 @@ func (x *SnapshotCreateRequest) GetUserCreated() bool {
 func (x *SnapshotCreateRequest) GetCreatedUnixNano() int64 {
 	if x != nil {
 		return x.CreatedUnixNano
+	}
+	return 0
+}
+
+func (x *SnapshotCreateRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
 	}
 	return 0
 }
@@ -1034,8 +1061,10 @@ func (x *SnapshotListResponse) GetSnapshots() []*Snapshot {
 }
 
 type SnapshotDeleteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The caller's epoch (see the service comment).
+	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1077,6 +1106,13 @@ func (x *SnapshotDeleteRequest) GetName() string {
 	return ""
 }
 
+func (x *SnapshotDeleteRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 type SnapshotDeleteResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1114,8 +1150,10 @@ func (*SnapshotDeleteResponse) Descriptor() ([]byte, []int) {
 }
 
 type SnapshotRevertRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The caller's epoch (see the service comment).
+	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1157,6 +1195,13 @@ func (x *SnapshotRevertRequest) GetName() string {
 	return ""
 }
 
+func (x *SnapshotRevertRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 type SnapshotRevertResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1194,8 +1239,10 @@ func (*SnapshotRevertResponse) Descriptor() ([]byte, []int) {
 }
 
 type ExpandRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Size          int64                  `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Size  int64                  `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	// The caller's epoch (see the service comment).
+	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1233,6 +1280,13 @@ func (*ExpandRequest) Descriptor() ([]byte, []int) {
 func (x *ExpandRequest) GetSize() int64 {
 	if x != nil {
 		return x.Size
+	}
+	return 0
+}
+
+func (x *ExpandRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
 	}
 	return 0
 }
@@ -1281,7 +1335,13 @@ type SetEpochRequest struct {
 	Degraded bool `protobuf:"varint,2,opt,name=degraded,proto3" json:"degraded,omitempty"`
 	// True while this replica is being rebuilt; persisted, so that no engine
 	// opens it as a healthy member before the rebuild completes.
-	Rebuilding    bool `protobuf:"varint,3,opt,name=rebuilding,proto3" json:"rebuilding,omitempty"`
+	Rebuilding bool `protobuf:"varint,3,opt,name=rebuilding,proto3" json:"rebuilding,omitempty"`
+	// Identifies the engine setting the epoch (random per engine process),
+	// persisted with it. Two engines can arrive at the same epoch number (a
+	// fenced-out one bumping its own after a newer one took over); the
+	// replica accepts its current epoch again only from the owner that set
+	// it, so only one of them holds it. Empty: not checked (tools, tests).
+	Owner         string `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1337,6 +1397,13 @@ func (x *SetEpochRequest) GetRebuilding() bool {
 	return false
 }
 
+func (x *SetEpochRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
 type SetEpochResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1373,6 +1440,71 @@ func (*SetEpochResponse) Descriptor() ([]byte, []int) {
 	return file_replica_v1_replica_proto_rawDescGZIP(), []int{26}
 }
 
+// StaleEpoch is the detail of a FAILED_PRECONDITION status for a request
+// or SetEpoch refused for its epoch.
+type StaleEpoch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The epoch the request carried.
+	RequestEpoch uint64 `protobuf:"varint,1,opt,name=request_epoch,json=requestEpoch,proto3" json:"request_epoch,omitempty"`
+	// The replica's epoch.
+	ReplicaEpoch uint64 `protobuf:"varint,2,opt,name=replica_epoch,json=replicaEpoch,proto3" json:"replica_epoch,omitempty"`
+	// True when the epochs are equal but another owner set the replica's.
+	OtherOwner    bool `protobuf:"varint,3,opt,name=other_owner,json=otherOwner,proto3" json:"other_owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StaleEpoch) Reset() {
+	*x = StaleEpoch{}
+	mi := &file_replica_v1_replica_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StaleEpoch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StaleEpoch) ProtoMessage() {}
+
+func (x *StaleEpoch) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StaleEpoch.ProtoReflect.Descriptor instead.
+func (*StaleEpoch) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *StaleEpoch) GetRequestEpoch() uint64 {
+	if x != nil {
+		return x.RequestEpoch
+	}
+	return 0
+}
+
+func (x *StaleEpoch) GetReplicaEpoch() uint64 {
+	if x != nil {
+		return x.ReplicaEpoch
+	}
+	return 0
+}
+
+func (x *StaleEpoch) GetOtherOwner() bool {
+	if x != nil {
+		return x.OtherOwner
+	}
+	return false
+}
+
 type CloseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1381,7 +1513,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[27]
+	mi := &file_replica_v1_replica_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1525,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[27]
+	mi := &file_replica_v1_replica_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1538,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{27}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{28}
 }
 
 type CloseResponse struct {
@@ -1417,7 +1549,7 @@ type CloseResponse struct {
 
 func (x *CloseResponse) Reset() {
 	*x = CloseResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[28]
+	mi := &file_replica_v1_replica_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1561,7 @@ func (x *CloseResponse) String() string {
 func (*CloseResponse) ProtoMessage() {}
 
 func (x *CloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[28]
+	mi := &file_replica_v1_replica_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1574,7 @@ func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
 func (*CloseResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{28}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{29}
 }
 
 var File_replica_v1_replica_proto protoreflect.FileDescriptor
@@ -1460,14 +1592,16 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\n" +
 	"layer_only\x18\x04 \x01(\bR\tlayerOnly\"J\n" +
 	"\x14SnapshotReadResponse\x122\n" +
-	"\aextents\x18\x01 \x03(\v2\x18.cairn.replica.v1.ExtentR\aextents\"O\n" +
+	"\aextents\x18\x01 \x03(\v2\x18.cairn.replica.v1.ExtentR\aextents\"e\n" +
 	"\x13ReplaceChainRequest\x128\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x1a.cairn.replica.v1.SnapshotR\tsnapshots\"\x16\n" +
-	"\x14ReplaceChainResponse\"[\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1a.cairn.replica.v1.SnapshotR\tsnapshots\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x16\n" +
+	"\x14ReplaceChainResponse\"q\n" +
 	"\x11LayerWriteRequest\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\"\x14\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"\x14\n" +
 	"\x12LayerWriteResponse\"\x13\n" +
 	"\x11SyncLayersRequest\"\x14\n" +
 	"\x12SyncLayersResponse\"|\n" +
@@ -1508,31 +1642,42 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\n" +
 	"rebuilding\x18\n" +
 	" \x01(\bR\n" +
-	"rebuilding\"z\n" +
+	"rebuilding\"\x90\x01\n" +
 	"\x15SnapshotCreateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fuser_created\x18\x02 \x01(\bR\vuserCreated\x12*\n" +
-	"\x11created_unix_nano\x18\x03 \x01(\x03R\x0fcreatedUnixNano\"\x18\n" +
+	"\x11created_unix_nano\x18\x03 \x01(\x03R\x0fcreatedUnixNano\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"\x18\n" +
 	"\x16SnapshotCreateResponse\"\x15\n" +
 	"\x13SnapshotListRequest\"P\n" +
 	"\x14SnapshotListResponse\x128\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x1a.cairn.replica.v1.SnapshotR\tsnapshots\"+\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1a.cairn.replica.v1.SnapshotR\tsnapshots\"A\n" +
 	"\x15SnapshotDeleteRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x18\n" +
-	"\x16SnapshotDeleteResponse\"+\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x18\n" +
+	"\x16SnapshotDeleteResponse\"A\n" +
 	"\x15SnapshotRevertRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x18\n" +
-	"\x16SnapshotRevertResponse\"#\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x18\n" +
+	"\x16SnapshotRevertResponse\"9\n" +
 	"\rExpandRequest\x12\x12\n" +
-	"\x04size\x18\x01 \x01(\x03R\x04size\"\x10\n" +
-	"\x0eExpandResponse\"c\n" +
+	"\x04size\x18\x01 \x01(\x03R\x04size\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x10\n" +
+	"\x0eExpandResponse\"y\n" +
 	"\x0fSetEpochRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\bdegraded\x18\x02 \x01(\bR\bdegraded\x12\x1e\n" +
 	"\n" +
 	"rebuilding\x18\x03 \x01(\bR\n" +
-	"rebuilding\"\x12\n" +
-	"\x10SetEpochResponse\"\x0e\n" +
+	"rebuilding\x12\x14\n" +
+	"\x05owner\x18\x04 \x01(\tR\x05owner\"\x12\n" +
+	"\x10SetEpochResponse\"w\n" +
+	"\n" +
+	"StaleEpoch\x12#\n" +
+	"\rrequest_epoch\x18\x01 \x01(\x04R\frequestEpoch\x12#\n" +
+	"\rreplica_epoch\x18\x02 \x01(\x04R\freplicaEpoch\x12\x1f\n" +
+	"\vother_owner\x18\x03 \x01(\bR\n" +
+	"otherOwner\"\x0e\n" +
 	"\fCloseRequest\"\x0f\n" +
 	"\rCloseResponse2\x92\t\n" +
 	"\x0eReplicaService\x12E\n" +
@@ -1564,7 +1709,7 @@ func file_replica_v1_replica_proto_rawDescGZIP() []byte {
 	return file_replica_v1_replica_proto_rawDescData
 }
 
-var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_replica_v1_replica_proto_goTypes = []any{
 	(*Extent)(nil),                 // 0: cairn.replica.v1.Extent
 	(*SnapshotReadRequest)(nil),    // 1: cairn.replica.v1.SnapshotReadRequest
@@ -1593,8 +1738,9 @@ var file_replica_v1_replica_proto_goTypes = []any{
 	(*ExpandResponse)(nil),         // 24: cairn.replica.v1.ExpandResponse
 	(*SetEpochRequest)(nil),        // 25: cairn.replica.v1.SetEpochRequest
 	(*SetEpochResponse)(nil),       // 26: cairn.replica.v1.SetEpochResponse
-	(*CloseRequest)(nil),           // 27: cairn.replica.v1.CloseRequest
-	(*CloseResponse)(nil),          // 28: cairn.replica.v1.CloseResponse
+	(*StaleEpoch)(nil),             // 27: cairn.replica.v1.StaleEpoch
+	(*CloseRequest)(nil),           // 28: cairn.replica.v1.CloseRequest
+	(*CloseResponse)(nil),          // 29: cairn.replica.v1.CloseResponse
 }
 var file_replica_v1_replica_proto_depIdxs = []int32{
 	0,  // 0: cairn.replica.v1.SnapshotReadResponse.extents:type_name -> cairn.replica.v1.Extent
@@ -1609,7 +1755,7 @@ var file_replica_v1_replica_proto_depIdxs = []int32{
 	21, // 9: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
 	23, // 10: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
 	25, // 11: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
-	27, // 12: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
+	28, // 12: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
 	1,  // 13: cairn.replica.v1.ReplicaService.SnapshotRead:input_type -> cairn.replica.v1.SnapshotReadRequest
 	3,  // 14: cairn.replica.v1.ReplicaService.ReplaceChain:input_type -> cairn.replica.v1.ReplaceChainRequest
 	5,  // 15: cairn.replica.v1.ReplicaService.LayerWrite:input_type -> cairn.replica.v1.LayerWriteRequest
@@ -1622,7 +1768,7 @@ var file_replica_v1_replica_proto_depIdxs = []int32{
 	22, // 22: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
 	24, // 23: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
 	26, // 24: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
-	28, // 25: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
+	29, // 25: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
 	2,  // 26: cairn.replica.v1.ReplicaService.SnapshotRead:output_type -> cairn.replica.v1.SnapshotReadResponse
 	4,  // 27: cairn.replica.v1.ReplicaService.ReplaceChain:output_type -> cairn.replica.v1.ReplaceChainResponse
 	6,  // 28: cairn.replica.v1.ReplicaService.LayerWrite:output_type -> cairn.replica.v1.LayerWriteResponse
@@ -1646,7 +1792,7 @@ func file_replica_v1_replica_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_replica_v1_replica_proto_rawDesc), len(file_replica_v1_replica_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -40,23 +40,40 @@ const (
 // ReplicaServiceClient is the client API for ReplicaService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// ReplicaService controls one replica.
+//
+// Epoch fencing: every call that changes the replica's chain or size
+// (snapshot create, delete and revert, expand, chain replacement, layer
+// writes) carries the caller's epoch, and the replica refuses one whose
+// epoch is not its current one with FAILED_PRECONDITION and a StaleEpoch
+// detail, checked atomically with the change (a SetEpoch waits for it, and
+// it for a SetEpoch), as data requests are. An engine that a newer one has
+// fenced out can then no longer change the replica.
 type ReplicaServiceClient interface {
 	// Info reports size, epoch, the snapshot chain and the dirty regions.
 	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error)
 	// SnapshotCreate makes the head an immutable snapshot with this name.
-	// The engine pauses I/O around it. ALREADY_EXISTS if the name is taken.
+	// The engine pauses I/O around it. ALREADY_EXISTS if the name is taken;
+	// FAILED_PRECONDITION (StaleEpoch) for a stale epoch.
 	SnapshotCreate(ctx context.Context, in *SnapshotCreateRequest, opts ...grpc.CallOption) (*SnapshotCreateResponse, error)
 	// SnapshotList lists the snapshots, oldest first.
 	SnapshotList(ctx context.Context, in *SnapshotListRequest, opts ...grpc.CallOption) (*SnapshotListResponse, error)
 	// SnapshotDelete merges a snapshot into its child. NOT_FOUND if missing.
+	// The epoch is checked when the deletion starts; once started it runs to
+	// the end (it changes no read), even if the epoch changes meanwhile.
 	SnapshotDelete(ctx context.Context, in *SnapshotDeleteRequest, opts ...grpc.CallOption) (*SnapshotDeleteResponse, error)
 	// SnapshotRevert discards the head and newer snapshots. Only while no
 	// engine does I/O on the replica.
 	SnapshotRevert(ctx context.Context, in *SnapshotRevertRequest, opts ...grpc.CallOption) (*SnapshotRevertResponse, error)
 	// Expand grows the volume. INVALID_ARGUMENT for a smaller or unaligned size.
 	Expand(ctx context.Context, in *ExpandRequest, opts ...grpc.CallOption) (*ExpandResponse, error)
-	// SetEpoch persists the replica-set epoch; data requests carrying any
-	// other epoch are refused from then on.
+	// SetEpoch persists the replica-set epoch; data requests and the calls
+	// above carrying any other epoch are refused from then on. The epoch
+	// never goes back: a lower one is refused with FAILED_PRECONDITION
+	// (StaleEpoch), and so is the current one from another owner (see
+	// SetEpochRequest.owner). The same epoch from the same owner is accepted
+	// again (the flags may change).
 	SetEpoch(ctx context.Context, in *SetEpochRequest, opts ...grpc.CallOption) (*SetEpochResponse, error)
 	// Close flushes, stops serving and closes the replica; the process exits.
 	Close(ctx context.Context, in *CloseRequest, opts ...grpc.CallOption) (*CloseResponse, error)
@@ -222,23 +239,40 @@ func (c *replicaServiceClient) Checksum(ctx context.Context, in *ChecksumRequest
 // ReplicaServiceServer is the server API for ReplicaService service.
 // All implementations must embed UnimplementedReplicaServiceServer
 // for forward compatibility.
+//
+// ReplicaService controls one replica.
+//
+// Epoch fencing: every call that changes the replica's chain or size
+// (snapshot create, delete and revert, expand, chain replacement, layer
+// writes) carries the caller's epoch, and the replica refuses one whose
+// epoch is not its current one with FAILED_PRECONDITION and a StaleEpoch
+// detail, checked atomically with the change (a SetEpoch waits for it, and
+// it for a SetEpoch), as data requests are. An engine that a newer one has
+// fenced out can then no longer change the replica.
 type ReplicaServiceServer interface {
 	// Info reports size, epoch, the snapshot chain and the dirty regions.
 	Info(context.Context, *InfoRequest) (*InfoResponse, error)
 	// SnapshotCreate makes the head an immutable snapshot with this name.
-	// The engine pauses I/O around it. ALREADY_EXISTS if the name is taken.
+	// The engine pauses I/O around it. ALREADY_EXISTS if the name is taken;
+	// FAILED_PRECONDITION (StaleEpoch) for a stale epoch.
 	SnapshotCreate(context.Context, *SnapshotCreateRequest) (*SnapshotCreateResponse, error)
 	// SnapshotList lists the snapshots, oldest first.
 	SnapshotList(context.Context, *SnapshotListRequest) (*SnapshotListResponse, error)
 	// SnapshotDelete merges a snapshot into its child. NOT_FOUND if missing.
+	// The epoch is checked when the deletion starts; once started it runs to
+	// the end (it changes no read), even if the epoch changes meanwhile.
 	SnapshotDelete(context.Context, *SnapshotDeleteRequest) (*SnapshotDeleteResponse, error)
 	// SnapshotRevert discards the head and newer snapshots. Only while no
 	// engine does I/O on the replica.
 	SnapshotRevert(context.Context, *SnapshotRevertRequest) (*SnapshotRevertResponse, error)
 	// Expand grows the volume. INVALID_ARGUMENT for a smaller or unaligned size.
 	Expand(context.Context, *ExpandRequest) (*ExpandResponse, error)
-	// SetEpoch persists the replica-set epoch; data requests carrying any
-	// other epoch are refused from then on.
+	// SetEpoch persists the replica-set epoch; data requests and the calls
+	// above carrying any other epoch are refused from then on. The epoch
+	// never goes back: a lower one is refused with FAILED_PRECONDITION
+	// (StaleEpoch), and so is the current one from another owner (see
+	// SetEpochRequest.owner). The same epoch from the same owner is accepted
+	// again (the flags may change).
 	SetEpoch(context.Context, *SetEpochRequest) (*SetEpochResponse, error)
 	// Close flushes, stops serving and closes the replica; the process exits.
 	Close(context.Context, *CloseRequest) (*CloseResponse, error)
