@@ -56,6 +56,10 @@ var (
 	// ErrStaleEpoch: the replica refused a call for its epoch (the error
 	// is a *StaleEpochError). A newer engine has taken the replica over.
 	ErrStaleEpoch = errors.New("stale epoch")
+	// ErrNoControlAPI: the data address answers but nothing serves the
+	// replica's control API at its control address (the error is a
+	// *NoControlAPIError).
+	ErrNoControlAPI = errors.New("no replica control API")
 )
 
 // StaleEpochError is a call the replica refused for its epoch. It is
@@ -111,7 +115,8 @@ func Dialer(opts Options) engine.Dialer {
 
 // Dial connects to the replica at addr: its data address, then its
 // control API, whose Info gives the epoch the client's changes carry
-// until it sets one.
+// until it sets one. A control address where nothing answers fails the
+// dial with ErrNoControlAPI, naming the address and the flag.
 func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	if opts.ControlTimeout <= 0 {
 		opts.ControlTimeout = 30 * time.Second
@@ -148,17 +153,47 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	return c, nil
 }
 
-// probe reads the replica's epoch from its control API.
+// probe reads the replica's epoch from its control API. When nothing
+// answers there although the data address did, the error says why and
+// what to do: a replica started without --control-listen otherwise shows
+// up as a bare gRPC dial error on a port the user never gave (data + 1).
 func (c *Client) probe(ctx context.Context, addr, ctlAddr string) error {
 	qctx, cancel := c.qctx(ctx)
 	defer cancel()
 	in, err := c.ctl.Info(qctx, &replicav1.InfoRequest{})
-	if err != nil {
-		return fmt.Errorf("replica %s: control API on %s: %w", addr, ctlAddr, err)
+	switch {
+	case err == nil:
+		c.epoch = in.Epoch
+		return nil
+	case status.Code(err) == codes.Unavailable:
+		return &NoControlAPIError{Replica: addr, Control: ctlAddr, Derived: !strings.Contains(addr, ","), Err: err}
 	}
-	c.epoch = in.Epoch
-	return nil
+	return fmt.Errorf("replica %s: control API on %s: %w", addr, ctlAddr, err)
 }
+
+// NoControlAPIError: the replica's data address answered, its control
+// address did not. It is ErrNoControlAPI for errors.Is and unwraps to the
+// gRPC error.
+type NoControlAPIError struct {
+	// Replica is the address the engine was given; Control the control
+	// address dialed.
+	Replica, Control string
+	// Derived: Control is the data port + 1 (Replica is HOST:PORT).
+	Derived bool
+	Err     error
+}
+
+func (e *NoControlAPIError) Error() string {
+	if e.Derived {
+		return fmt.Sprintf("replica %s has no control API on %s (the data port + 1, where the engine looks when given HOST:PORT): start the replica with --control-listen %s, or give the engine DATA,CONTROL (%v)",
+			e.Replica, e.Control, e.Control, e.Err)
+	}
+	return fmt.Sprintf("replica %s answers on its data address, but nothing serves its control API on %s: is it started with --control-listen %s? (%v)",
+		e.Replica, e.Control, e.Control, e.Err)
+}
+
+func (e *NoControlAPIError) Is(target error) bool { return target == ErrNoControlAPI }
+func (e *NoControlAPIError) Unwrap() error        { return e.Err }
 
 // Client is a connected replica.
 type Client struct {

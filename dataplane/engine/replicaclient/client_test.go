@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -194,5 +196,65 @@ func TestChangeRefusedDuringOwnSetEpochIsSentAgain(t *testing.T) {
 	}
 	if ext, err := r.ReadLayer("s1", 0, 4096); err != nil || len(ext) != 1 {
 		t.Fatalf("the layer write did not land: %v %v", ext, err)
+	}
+}
+
+// freePortPair returns a listener on a port whose next port is free.
+func freePortPair(t *testing.T) net.Listener {
+	t.Helper()
+	for range 50 {
+		l := listen(t, "127.0.0.1:0")
+		port := l.Addr().(*net.TCPAddr).Port
+		if next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+1)); err == nil {
+			next.Close()
+			return l
+		}
+		l.Close()
+	}
+	t.Fatal("no port with a free next port")
+	return nil
+}
+
+// TestDialWithoutControlAPINamesTheFlag: a replica started without
+// --control-listen (no control listener, as cairn-data replica runs then)
+// fails the dial with an error that names the control address it tried
+// and the fix, for both address forms; DATA,CONTROL still reaches a
+// control API on any port.
+func TestDialWithoutControlAPINamesTheFlag(t *testing.T) {
+	ctx := context.Background()
+	d := replicaclient.Dialer(replicaclient.Options{QuickTimeout: 5 * time.Second})
+
+	data := freePortPair(t)
+	run := replicaserver.Start(openReplica(t), replicaserver.Options{Data: data})
+	t.Cleanup(run.Kill)
+	addr := data.Addr().String()
+	port := data.Addr().(*net.TCPAddr).Port
+	ctlAddr := "127.0.0.1:" + strconv.Itoa(port+1)
+	c, err := d(ctx, addr)
+	if err == nil {
+		c.Close()
+		t.Fatalf("dialing %s, which has no control API, succeeded", addr)
+	}
+	if !errors.Is(err, replicaclient.ErrNoControlAPI) {
+		t.Errorf("dial %s: %v, want ErrNoControlAPI", addr, err)
+	}
+	for _, want := range []string{addr, ctlAddr, "--control-listen", "DATA,CONTROL"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("dial %s: %q does not mention %q", addr, err, want)
+		}
+	}
+
+	other := listen(t, "127.0.0.1:0") // a control address given explicitly, where nothing serves
+	other.Close()
+	explicit := addr + "," + other.Addr().String()
+	if _, err := d(ctx, explicit); !errors.Is(err, replicaclient.ErrNoControlAPI) ||
+		!strings.Contains(err.Error(), "--control-listen "+other.Addr().String()) {
+		t.Errorf("dial %s: %v, want ErrNoControlAPI naming --control-listen %s", explicit, err, other.Addr())
+	}
+
+	good := serve(t, openReplica(t), listen(t, "127.0.0.1:0"))
+	c = dial(t, d, good)
+	if _, err := c.Info(ctx); err != nil {
+		t.Fatalf("DATA,CONTROL: %v", err)
 	}
 }
