@@ -264,7 +264,7 @@ func TestKillRebuildLoseOriginals(t *testing.T) {
 		t.Fatalf("%d I/O errors", v.errs.Load())
 	}
 	if modes(e)[fresh.addr] != "RW" {
-		t.Fatalf("rebuilt replica is %s", modes(e)[fresh.addr])
+		t.Fatalf("rebuilt replica is %s: %+v", modes(e)[fresh.addr], e.Replicas())
 	}
 	// Lose the originals: the rebuilt replica alone must hold everything.
 	reps[0].kill()
