@@ -135,13 +135,13 @@ func TestReplicaCrashSafety(t *testing.T) {
 				var err error
 				if victim != "" && sr.IntN(3) == 0 {
 					m.snapBegin(victim)
-					_, err = ctl.SnapshotDelete(ctx, &replicav1.SnapshotDeleteRequest{Name: victim})
+					_, err = ctl.SnapshotDelete(ctx, &replicav1.SnapshotDeleteRequest{Name: victim, Epoch: m.epoch})
 					m.snapAck(victim, false, err)
 				} else {
 					snapSeq++
 					name := fmt.Sprintf("s%d", snapSeq)
 					m.snapBegin(name)
-					_, err = ctl.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: name})
+					_, err = ctl.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: name, Epoch: m.epoch})
 					m.snapAck(name, true, err)
 				}
 				if err != nil {

@@ -226,7 +226,7 @@ func TestReplicaServesAndControls(t *testing.T) {
 	if err := d.WriteAt(ctx, bytes.Repeat([]byte{7}, 8192), 1<<20, false); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ctl.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: "snap1", UserCreated: true}); err != nil {
+	if _, err := ctl.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: "snap1", UserCreated: true, Epoch: 3}); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.WriteAt(ctx, bytes.Repeat([]byte{8}, 4096), 1<<20, true); err != nil {
@@ -244,16 +244,16 @@ func TestReplicaServesAndControls(t *testing.T) {
 	if err := old.WriteAt(ctx, []byte("x"), 0, false); !errors.Is(err, dataconn.CodeStaleEpoch) {
 		t.Fatalf("stale client: %v", err)
 	}
-	if _, err := ctl.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: "snap1"}); code(err) != "AlreadyExists" {
+	if _, err := ctl.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: "snap1", Epoch: 3}); code(err) != "AlreadyExists" {
 		t.Fatalf("duplicate snapshot: %v", err)
 	}
-	if _, err := ctl.SnapshotDelete(ctx, &replicav1.SnapshotDeleteRequest{Name: "nope"}); code(err) != "NotFound" {
+	if _, err := ctl.SnapshotDelete(ctx, &replicav1.SnapshotDeleteRequest{Name: "nope", Epoch: 3}); code(err) != "NotFound" {
 		t.Fatalf("missing snapshot: %v", err)
 	}
-	if _, err := ctl.Expand(ctx, &replicav1.ExpandRequest{Size: 1 << 20}); code(err) != "InvalidArgument" {
+	if _, err := ctl.Expand(ctx, &replicav1.ExpandRequest{Size: 1 << 20, Epoch: 3}); code(err) != "InvalidArgument" {
 		t.Fatalf("shrink: %v", err)
 	}
-	if _, err := ctl.Expand(ctx, &replicav1.ExpandRequest{Size: 32 << 20}); err != nil {
+	if _, err := ctl.Expand(ctx, &replicav1.ExpandRequest{Size: 32 << 20, Epoch: 3}); err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, 8192)
@@ -263,7 +263,7 @@ func TestReplicaServesAndControls(t *testing.T) {
 	if !bytes.Equal(got[:4096], bytes.Repeat([]byte{8}, 4096)) || !bytes.Equal(got[4096:], bytes.Repeat([]byte{7}, 4096)) {
 		t.Fatal("reads through the chain are wrong")
 	}
-	if _, err := ctl.SnapshotRevert(ctx, &replicav1.SnapshotRevertRequest{Name: "snap1"}); err != nil {
+	if _, err := ctl.SnapshotRevert(ctx, &replicav1.SnapshotRevertRequest{Name: "snap1", Epoch: 3}); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.ReadAt(ctx, got, 1<<20); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{7}, 8192)) {
