@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/cairn-io/cairn/dataplane/internal/batchwrite"
 	"github.com/cairn-io/cairn/dataplane/internal/bufread"
 	"github.com/cairn-io/cairn/dataplane/internal/rawio"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
@@ -118,10 +119,9 @@ type call struct {
 }
 
 type clientConn struct {
-	c     *Client
-	nc    net.Conn
-	sendq chan *call
-	wmu   sync.Mutex // held while writing to nc
+	c  *Client
+	nc net.Conn
+	w  *batchwrite.Writer[*call] // sends requests
 
 	// Replies are read by whoever holds rmu: a goroutine waiting for its
 	// own reply while nobody else reads (readUntil, the queue-depth-1
@@ -248,15 +248,39 @@ func NewClient(streams []net.Conn, opts ClientOptions) *Client {
 	opts.setDefaults()
 	c := &Client{opts: opts, log: opts.Logger, done: make(chan struct{})}
 	for _, nc := range streams {
-		cc := &clientConn{c: c, nc: rawio.Wrap(nc), sendq: make(chan *call, 512), pending: map[uint64]*call{}, wake: make(chan struct{}, 1)}
+		cc := &clientConn{c: c, nc: rawio.Wrap(nc), pending: map[uint64]*call{}, wake: make(chan struct{}, 1)}
 		cc.br = bufread.NewReader(cc.nc, readBufferSize)
+		cc.w = batchwrite.New(cc.nc, batchwrite.Options[*call]{
+			Buffers: func(bufs net.Buffers, cl *call) net.Buffers {
+				bufs = append(bufs, cl.hdr[:])
+				if len(cl.payload) > 0 {
+					bufs = append(bufs, cl.payload)
+				}
+				return bufs
+			},
+			Done: func(cls []*call, err error) {
+				if err == nil {
+					c.frames.Add(uint64(len(cls)))
+					c.batches.Add(1)
+				}
+			},
+			// Fails every pending call, the ones just written or dropped
+			// included: they were registered before they were sent.
+			Failed: func(err error) { c.fail(fmt.Errorf("%w: write: %w", ErrConnectionLost, err)) },
+			// No bound: a caller must never wait for the connection, or
+			// it would not reach Wait, whose deadline is what notices a
+			// server that stopped reading (and fails the client, which
+			// unblocks the write in progress). The queue holds at most
+			// one request per caller.
+			Queue:    -1,
+			MaxBatch: 128,
+		})
 		c.conns = append(c.conns, cc)
 	}
 	// Start only once c.conns is complete: a connection that fails at once
 	// makes fail() walk every connection.
 	for _, cc := range c.conns {
-		c.wg.Add(2)
-		go cc.writeLoop()
+		c.wg.Add(1)
 		go cc.readLoop()
 	}
 	if opts.PingInterval > 0 {
@@ -399,39 +423,14 @@ func (c *Client) startOn(cc *clientConn, cl *call, h Header, timeout time.Durati
 		return p
 	}
 	cc.pending[h.Seq] = cl
-	alone := len(cc.pending) == 1
 	cc.mu.Unlock()
 
-	// Fast path: when this is the only request in flight on the connection
-	// (queue depth 1), send it from this goroutine, sparing the hand-off to
-	// the writer. Otherwise queue it: the writer batches everything queued
-	// into one vectored write, so a burst costs one syscall.
-	sent := false
-	if alone && len(cc.sendq) == 0 && cc.wmu.TryLock() {
-		if len(cc.sendq) == 0 {
-			bufs := net.Buffers{cl.hdr[:]}
-			if len(cl.payload) > 0 {
-				bufs = append(bufs, cl.payload)
-			}
-			if _, err := rawio.WriteBuffers(cc.nc, &bufs); err != nil {
-				cc.wmu.Unlock()
-				c.fail(fmt.Errorf("%w: write: %w", ErrConnectionLost, err))
-				<-cl.done
-				p.err = cl.err
-				return p
-			}
-			c.frames.Add(1)
-			c.batches.Add(1)
-			sent = true
-		}
-		cc.wmu.Unlock()
-	}
-	if !sent {
-		select {
-		case cc.sendq <- cl:
-		case <-c.done: // fail() has completed cl, or will: it was registered
-		}
-	}
+	// Sent from this goroutine when nobody else is writing (queue depth 1:
+	// no hand-off), else queued for the goroutine writing, which sends
+	// everything queued in one vectored write, so a burst costs one
+	// syscall. A send that fails fails the client, which completes cl (it
+	// was registered).
+	cc.w.Send(cl)
 	p.cc, p.deadline = cc, time.Now().Add(timeout)
 	return p
 }
@@ -610,49 +609,6 @@ func (cc *clientConn) claim(seq uint64) *call {
 	cl := cc.pending[seq]
 	delete(cc.pending, seq)
 	return cl
-}
-
-// writeLoop sends queued requests, batching all that are ready into one
-// vectored write (no syscall per message).
-func (cc *clientConn) writeLoop() {
-	defer cc.c.wg.Done()
-	batch := make([]*call, 0, 128)
-	var bufs net.Buffers
-	for {
-		select {
-		case cl := <-cc.sendq:
-			batch = append(batch[:0], cl)
-		case <-cc.c.done:
-			return
-		}
-	drain:
-		for len(batch) < cap(batch) {
-			select {
-			case cl := <-cc.sendq:
-				batch = append(batch, cl)
-			default:
-				break drain
-			}
-		}
-		bufs = bufs[:0]
-		for _, cl := range batch {
-			bufs = append(bufs, cl.hdr[:])
-			if len(cl.payload) > 0 {
-				bufs = append(bufs, cl.payload)
-			}
-		}
-		v := bufs
-		cc.wmu.Lock()
-		_, err := rawio.WriteBuffers(cc.nc, &v)
-		cc.wmu.Unlock()
-		if err != nil {
-			cc.c.fail(fmt.Errorf("%w: write: %w", ErrConnectionLost, err))
-			return
-		}
-		cc.c.frames.Add(uint64(len(batch)))
-		cc.c.batches.Add(1)
-		clear(batch)
-	}
 }
 
 // readLoop reads replies when woken (ensureReader, readUntil) until no

@@ -255,17 +255,32 @@ func TestConcurrentTCP(t *testing.T) {
 	}
 }
 
+// gatedConn is a connection whose writes wait until open is closed.
+type gatedConn struct {
+	net.Conn // an interface: none of the concrete conn's methods (writev) bypass Write
+	open     chan struct{}
+}
+
+func (g *gatedConn) Write(p []byte) (int, error) {
+	<-g.open
+	return g.Conn.Write(p)
+}
+
 // TestWritesAreBatched checks that frames queued together go out in one
-// vectored write rather than one syscall each. The test holds the
-// connection's write lock until every request is registered, so the
-// requests must queue (without it, on a busy machine the writer can keep
-// up with the goroutines one frame at a time).
+// vectored write rather than one syscall each. The connection's first
+// write waits until every request is registered, so the others must
+// queue (without that, on a busy machine the writer can keep up with the
+// goroutines one frame at a time).
 func TestWritesAreBatched(t *testing.T) {
 	ctx := context.Background()
 	m := newMem(1 << 20)
-	cl, _, _ := tcpPair(t, m, ClientOptions{Conns: 1, PingInterval: -1})
+	srv := NewServer(m, ServerOptions{})
+	a, b := socketPair(t)
+	srv.ServeConn(b)
+	gate := &gatedConn{Conn: a, open: make(chan struct{})}
+	cl := NewClient([]net.Conn{gate}, ClientOptions{PingInterval: -1})
+	t.Cleanup(func() { cl.Close(); srv.Close() })
 	cc := cl.conns[0]
-	cc.wmu.Lock()
 	var wg sync.WaitGroup
 	const n = 200
 	for i := range n {
@@ -281,12 +296,12 @@ func TestWritesAreBatched(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			cc.wmu.Unlock()
+			close(gate.open)
 			t.Fatalf("only %d of %d requests registered", k, n)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	cc.wmu.Unlock()
+	close(gate.open)
 	wg.Wait()
 	// The writer counts a batch after its write returns, which can be
 	// after the replies came back.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/cairn-io/cairn/dataplane/internal/batchwrite"
 	"github.com/cairn-io/cairn/dataplane/internal/bufread"
 	"github.com/cairn-io/cairn/dataplane/internal/rawio"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
@@ -158,7 +159,28 @@ func (s *Server) Serve(l net.Listener) error {
 // ServeConn serves one established stream in the background until it fails,
 // the peer closes it, or the server shuts down.
 func (s *Server) ServeConn(nc net.Conn) {
-	sc := &serverConn{s: s, nc: nc, raw: rawio.Wrap(nc), replies: make(chan reply, 256), log: s.log.WithValues("peer", nc.RemoteAddr().String())}
+	sc := &serverConn{s: s, nc: nc, raw: rawio.Wrap(nc), log: s.log.WithValues("peer", nc.RemoteAddr().String())}
+	sc.w = batchwrite.New(sc.raw, batchwrite.Options[reply]{
+		Buffers: func(bufs net.Buffers, r reply) net.Buffers {
+			bufs = append(bufs, r.hdr[:])
+			if len(r.payload) > 0 {
+				bufs = append(bufs, r.payload)
+			}
+			return bufs
+		},
+		Done: func(rs []reply, _ error) {
+			for i := range rs {
+				if rs[i].pooled {
+					s.pool.Put(rs[i].payload)
+				}
+			}
+		},
+		// The reader sees the close and stops; later replies are dropped
+		// (and their buffers released), so workers never block.
+		Failed:   func(error) { nc.Close() },
+		Queue:    256,
+		MaxBatch: 64,
+	})
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -293,15 +315,14 @@ func (sc *serverConn) replyError(rh Header, err error) {
 	sc.reply(rh, msg, false)
 }
 
-// reply queues a reply, or sends it at once when nothing is queued.
+// reply sends a reply at once, or queues it for the goroutine writing to
+// the connection (see batchwrite).
 func (sc *serverConn) reply(rh Header, payload []byte, pooled bool) {
 	r := reply{payload: payload, pooled: pooled}
 	rh.PayloadLen = uint32(len(payload))
 	rh.PayloadCRC = Checksum(payload)
 	PutHeader(r.hdr[:], &rh)
-	if !sc.sendDirect(r) {
-		sc.replies <- r
-	}
+	sc.w.Send(r)
 }
 
 // check validates a request's length and range before anything is
@@ -372,18 +393,14 @@ type serverConn struct {
 	nc       net.Conn
 	raw      net.Conn // nc with raw-syscall reads and writes (rawio)
 	log      logr.Logger
-	replies  chan reply
+	w        *batchwrite.Writer[reply]
 	inflight sync.WaitGroup
-	wmu      sync.Mutex   // held while writing to nc
-	wfailed  bool         // a write failed: the connection is going away (under wmu)
 	active   atomic.Int32 // requests handed to workers and not yet answered
 	shared   *shm.Mapping // the client's shared memory, once attached
 }
 
 func (sc *serverConn) run() {
 	defer sc.s.connsWG.Done()
-	writerDone := make(chan struct{})
-	go func() { sc.writeLoop(); close(writerDone) }()
 	err := sc.readLoop()
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
 		var ne net.Error
@@ -391,9 +408,11 @@ func (sc *serverConn) run() {
 			sc.log.Info("closing connection", "reason", err.Error())
 		}
 	}
-	sc.inflight.Wait() // every request read gets its reply queued
-	close(sc.replies)
-	<-writerDone
+	// Every request read is answered, and its reply written: each was
+	// sent before its request counted as done, and a reply queued behind
+	// another sender's write is written by that sender before its Send
+	// returns.
+	sc.inflight.Wait()
 	sc.nc.Close()
 	if sc.shared != nil {
 		sc.shared.Close() // no request is left to read from it
@@ -451,7 +470,7 @@ func (sc *serverConn) readLoop() error {
 			j.pooled = false
 			sc.s.pool.Put(buf)
 		}
-		if br.Idle() && sc.active.Load() == 0 && len(sc.replies) == 0 && (h.Op == OpRead || h.Op == OpWrite) {
+		if br.Idle() && sc.active.Load() == 0 && sc.w.Idle() && (h.Op == OpRead || h.Op == OpWrite) {
 			// Nothing else has arrived: run it here and reply directly,
 			// sparing two hand-offs (the common case at queue depth 1).
 			sc.s.handle(j)
@@ -543,75 +562,5 @@ func readFirstHeader(uc *net.UnixConn, hb []byte) ([]int, error) {
 func closeFDs(fds []int) {
 	for _, fd := range fds {
 		syscall.Close(fd)
-	}
-}
-
-// send writes replies now if no other writer holds the connection and
-// nothing is queued before them; it reports whether it did.
-func (sc *serverConn) sendDirect(r reply) bool {
-	if len(sc.replies) != 0 || !sc.wmu.TryLock() {
-		return false
-	}
-	defer sc.wmu.Unlock()
-	if len(sc.replies) != 0 {
-		return false
-	}
-	if !sc.wfailed {
-		bufs := net.Buffers{r.hdr[:]}
-		if len(r.payload) > 0 {
-			bufs = append(bufs, r.payload)
-		}
-		if _, err := rawio.WriteBuffers(sc.raw, &bufs); err != nil {
-			sc.wfailed = true
-			sc.nc.Close()
-		}
-	}
-	if r.pooled {
-		sc.s.pool.Put(r.payload)
-	}
-	return true
-}
-
-// writeLoop writes queued replies, batching every reply that is ready into
-// one vectored write.
-func (sc *serverConn) writeLoop() {
-	batch := make([]reply, 0, 64)
-	var bufs net.Buffers
-	for r := range sc.replies {
-		batch = append(batch[:0], r)
-	drain:
-		for len(batch) < cap(batch) {
-			select {
-			case r, ok := <-sc.replies:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, r)
-			default:
-				break drain
-			}
-		}
-		sc.wmu.Lock()
-		if !sc.wfailed {
-			bufs = bufs[:0]
-			for i := range batch {
-				bufs = append(bufs, batch[i].hdr[:])
-				if len(batch[i].payload) > 0 {
-					bufs = append(bufs, batch[i].payload)
-				}
-			}
-			v := bufs // WriteTo consumes its receiver; keep bufs' backing array
-			if _, err := rawio.WriteBuffers(sc.raw, &v); err != nil {
-				sc.wfailed = true // keep draining so workers never block; the reader sees the close
-				sc.nc.Close()
-			}
-		}
-		sc.wmu.Unlock()
-		for i := range batch {
-			if batch[i].pooled {
-				sc.s.pool.Put(batch[i].payload)
-			}
-			batch[i] = reply{}
-		}
 	}
 }

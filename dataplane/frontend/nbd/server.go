@@ -15,6 +15,7 @@ import (
 
 	"github.com/cairn-io/cairn/dataplane/dataconn"
 	"github.com/cairn-io/cairn/dataplane/frontend"
+	"github.com/cairn-io/cairn/dataplane/internal/batchwrite"
 	"github.com/cairn-io/cairn/dataplane/internal/bufread"
 	"github.com/cairn-io/cairn/dataplane/internal/rawio"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
@@ -294,12 +295,12 @@ func (s *Server) optReply(c net.Conn, opt, typ uint32, data []byte) error {
 // concurrently; replies go out as they complete, matched by handle.
 func (s *Server) transmit(c net.Conn) error {
 	c = rawio.Wrap(c)
-	rw := &replyWriter{c: c, arena: s.opts.Buffers}
+	rw := s.replyWriter(c)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sem := make(chan struct{}, s.opts.MaxInFlight)
 	var inflight sync.WaitGroup
-	defer inflight.Wait()
+	defer inflight.Wait() // every request read is answered and its reply written
 	var hdr [28]byte
 	br := bufread.NewReader(c, 256<<10) // many requests per read syscall
 	var active atomic.Int32             // requests running in goroutines
@@ -334,7 +335,7 @@ func (s *Server) transmit(c net.Conn) error {
 		serve := func() {
 			data, errno := s.do(ctx, typ, flags, int64(off), int64(length), payload)
 			s.opts.Buffers.Put(payload)
-			rw.send(handle, errno, data) // a failed write closes c: the reader sees it and ends the loop
+			rw.Send(simpleReply(handle, errno, data, s.opts.Buffers)) // a failed write closes c: the reader sees it and ends the loop
 		}
 		if br.Idle() && active.Load() == 0 && (typ == cmdRead || typ == cmdWrite) {
 			serve() // queue depth 1: no hand-off to another goroutine
@@ -350,29 +351,15 @@ func (s *Server) transmit(c net.Conn) error {
 	}
 }
 
-// replyWriter sends simple replies on one connection. Replies finishing
-// together leave in one vectored write: the first sender to find nobody
-// writing becomes the writer and sends everything queued meanwhile; the
-// others only queue theirs. A lone reply (queue depth 1) goes straight out.
-type replyWriter struct {
-	c       net.Conn
-	mu      sync.Mutex
-	queue   []pendingReply
-	spare   []pendingReply
-	writing bool
-	failed  bool
-	bufs    net.Buffers // the writer's, reused
-	arena   *shm.Arena  // where replies' data goes back
-}
-
+// pendingReply is a simple reply on its way out.
 type pendingReply struct {
 	hdr  [16]byte
-	data []byte // pooled; returned to the pool once written
+	data []byte // from the buffer arena; goes back once written
 }
 
-// send queues a reply with its data (which it takes over) and, if no one
-// else is writing, writes every queued reply.
-func (w *replyWriter) send(handle uint64, errno uint32, data []byte) {
+// simpleReply builds the reply to handle. Read data goes with a success;
+// with an error it goes back to arena at once.
+func simpleReply(handle uint64, errno uint32, data []byte, arena *shm.Arena) pendingReply {
 	var r pendingReply
 	binary.BigEndian.PutUint32(r.hdr[0:], magicSimpleRep)
 	binary.BigEndian.PutUint32(r.hdr[4:], errno)
@@ -380,46 +367,36 @@ func (w *replyWriter) send(handle uint64, errno uint32, data []byte) {
 	if errno == 0 {
 		r.data = data
 	} else {
-		w.arena.Put(data)
+		arena.Put(data)
 	}
-	w.mu.Lock()
-	w.queue = append(w.queue, r)
-	if w.writing {
-		w.mu.Unlock()
-		return
-	}
-	w.writing = true
-	for len(w.queue) > 0 {
-		batch := w.queue
-		w.queue = w.spare[:0]
-		failed := w.failed
-		w.mu.Unlock()
-		bufs := w.bufs[:0]
-		for i := range batch {
-			bufs = append(bufs, batch[i].hdr[:])
-			if len(batch[i].data) > 0 {
-				bufs = append(bufs, batch[i].data)
+	return r
+}
+
+// replyWriter sends the replies of one connection: a lone reply (queue
+// depth 1) straight from the goroutine that has it, replies finishing
+// together in one vectored write. A write that fails closes c; the
+// request reader sees that and stops.
+func (s *Server) replyWriter(c net.Conn) *batchwrite.Writer[pendingReply] {
+	return batchwrite.New(c, batchwrite.Options[pendingReply]{
+		Buffers: func(bufs net.Buffers, r pendingReply) net.Buffers {
+			bufs = append(bufs, r.hdr[:])
+			if len(r.data) > 0 {
+				bufs = append(bufs, r.data)
 			}
-		}
-		w.bufs = bufs
-		var err error
-		if !failed {
-			_, err = rawio.WriteBuffers(w.c, &bufs) // consumes its copy of the slice header
-		}
-		clear(w.bufs)
-		for i := range batch {
-			w.arena.Put(batch[i].data)
-			batch[i] = pendingReply{}
-		}
-		w.mu.Lock()
-		if err != nil && !w.failed {
-			w.failed = true
-			w.c.Close()
-		}
-		w.spare = batch[:0]
-	}
-	w.writing = false
-	w.mu.Unlock()
+			return bufs
+		},
+		Done: func(rs []pendingReply, _ error) {
+			for i := range rs {
+				s.opts.Buffers.Put(rs[i].data)
+			}
+		},
+		Failed: func(error) { c.Close() },
+		// Never full: a request is answered by the reader goroutine itself
+		// or by one of at most MaxInFlight others.
+		Queue: s.opts.MaxInFlight + 1,
+		// Replies of all that finish together leave in one write.
+		MaxBatch: s.opts.MaxInFlight + 1,
+	})
 }
 
 // do runs one command and returns read data and an NBD error number.
