@@ -128,8 +128,9 @@ bench-replica: ## 4 KiB random I/O through dataconn to one replica vs the raw fi
 	cd dataplane && $(GO) test -run '^$$' -bench . -benchtime 1x ./replica/...
 
 .PHONY: fuzz
-fuzz: ## Fuzz the dataconn decoder for $(FUZZTIME) (new crashers land in dataplane/dataconn/testdata/fuzz).
+fuzz: ## Fuzz the dataconn decoder and a live dataconn server, $(FUZZTIME) each (new crashers land in dataplane/dataconn/testdata/fuzz).
 	cd dataplane && $(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./dataconn
+	cd dataplane && $(GO) test -run '^$$' -fuzz '^FuzzServer$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 200x ./dataconn
 
 ##@ Build
 
