@@ -89,9 +89,13 @@ func (e *Engine) checkAddableLocked(addr string) (failedID string, wasMember boo
 	return failedID, wasMember, nil
 }
 
-// dialTarget connects to the replica at addr and makes it the volume's
-// size: a smaller one is expanded, a larger one refused. The member it
-// returns in a.target is new (not in the set yet).
+// dialTarget connects to the replica at addr, fences it (fenceTarget)
+// and makes it the volume's size: a smaller one is expanded, a larger one
+// refused. Nothing changes the replica before the fence: one that a newer
+// engine owns refuses it and is left as it was. The member it returns in
+// a.target is new (not in the set yet); a.info is what the replica
+// reported before the fence, so its own rebuilding flag, not the one the
+// fence sets, decides whether it may resync dirty regions only.
 func (e *Engine) dialTarget(ctx context.Context, addr string) (*addition, error) {
 	r, err := e.opts.Dial(ctx, addr)
 	if err != nil {
@@ -100,11 +104,14 @@ func (e *Engine) dialTarget(ctx context.Context, addr string) (*addition, error)
 	m := &member{addr: addr, since: time.Now()}
 	m.attach(r, e.opts.ControlTimeout)
 	info, err := m.ctl.Info(ctx)
-	if err == nil && info.Size < e.Size() {
-		err = m.ctl.Expand(ctx, e.Size())
-	}
 	if err == nil && info.Size > e.Size() {
 		err = fmt.Errorf("%w: the replica is %d bytes, larger than the volume (%d)", ErrInvalid, info.Size, e.Size())
+	}
+	if err == nil {
+		err = e.fenceTarget(ctx, m)
+	}
+	if err == nil && info.Size < e.Size() {
+		err = m.ctl.Expand(ctx, e.Size())
 	}
 	if err != nil {
 		m.close()
@@ -112,6 +119,27 @@ func (e *Engine) dialTarget(ctx context.Context, addr string) (*addition, error)
 	}
 	m.id = info.ID
 	return &addition{target: m, info: info}, nil
+}
+
+// fenceTarget gives a replica being added the epoch about to be published
+// (the current one + 1), marked rebuilding, before anything changes it
+// (dialTarget, prepareTarget). The replica's control calls carry the epoch
+// its client last set, or before that the replica's own: without this
+// fence, a stale engine (one a newer engine has fenced out) adding a
+// replica the newer engine owns would still expand it or delete its
+// snapshots. An epoch never goes back and the current one is taken only
+// from the engine that set it, so such a replica refuses (ErrStaleEpoch
+// from the client) and is not touched. Rebuilding is persisted with the
+// epoch: a replica that missed writes now carries an epoch newer than the
+// members', and a later engine must not trust it (if this add fails
+// after the fence, the next add of it rebuilds it in full for the same
+// reason). The data path is left alone: the target takes no I/O until it
+// joins, when publishEpoch sets it.
+func (e *Engine) fenceTarget(ctx context.Context, t *member) error {
+	if err := t.ctl.SetEpoch(ctx, e.Epoch()+1, true, true); err != nil {
+		return fmt.Errorf("fence: %w", err)
+	}
+	return nil
 }
 
 // dropDeletedWhileAway deletes on a returning replica (not a member yet,
@@ -230,18 +258,20 @@ func (e *Engine) plan(ctx context.Context, a *addition) error {
 	return nil
 }
 
-// prepareTarget fences the target and gives it its new chain, before any
-// member is touched: if it cannot take its chain (a full disk, say), the
-// members are left as they were. The fence comes first: a returning
-// replica may still hold writes of its old membership (one paused with
-// writes queued, say); one landing after its rebuild snapshot would sit
-// in the new head, above everything the rebuild copies (chaos seed
-// 320047). At the epoch about to be published it refuses them. The fence
-// also marks it rebuilding, which ReplaceChain requires. Called with I/O
-// paused.
+// prepareTarget fences the target again and gives it its new chain,
+// before any member is touched: if it cannot take its chain (a full disk,
+// say), the members are left as they were. The target was fenced when
+// dialed; the epoch about to be published may have moved since (a failure
+// meanwhile), so it is fenced at the one about to be published now, with
+// I/O paused: a returning replica may still hold writes of its old
+// membership (one paused with writes queued, say); one landing after its
+// rebuild snapshot would sit in the new head, above everything the
+// rebuild copies (chaos seed 320047). At the epoch about to be published
+// it refuses them. The fence also marks it rebuilding, which ReplaceChain
+// requires. Called with I/O paused.
 func (e *Engine) prepareTarget(ctx context.Context, a *addition) error {
 	t := a.target
-	if err := t.ctl.SetEpoch(ctx, e.Epoch()+1, true, true); err != nil {
+	if err := e.fenceTarget(ctx, t); err != nil {
 		return err
 	}
 	if !a.dirtyOnly {
