@@ -340,7 +340,7 @@ func TestReturningReplicaCopiesOnlyDirtyRegions(t *testing.T) {
 }
 
 func dirtyCount(t *testing.T, tr *testReplica) int64 {
-	in, err := tr.run.R.Info()
+	in, err := tr.run.Replica.Info()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,7 +492,7 @@ func TestUnfinishedRebuildLeftOutAtOpen(t *testing.T) {
 	e.Close()
 	// What an engine leaves on a replica it was rebuilding when it died:
 	// the current epoch, marked rebuilding.
-	if err := reps[1].run.R.SetEpoch(epoch, true, true); err != nil {
+	if err := reps[1].run.Replica.Fence(replica.FenceOptions{Epoch: epoch, Degraded: true, Rebuilding: true}); err != nil {
 		t.Fatal(err)
 	}
 	e2, err := engine.Open(ctx, engine.Options{Replicas: []string{reps[0].addr, reps[1].addr}, Dial: dialer()})
@@ -923,7 +923,7 @@ func TestRebuildKeepsSnapshotHistory(t *testing.T) {
 	if wantBytes := int64(size + size/2 + 8192 + 1<<20); st.BytesCopied != wantBytes || st.BytesDone != st.BytesTotal || st.BytesTotal != wantBytes {
 		t.Fatalf("copied %d, done %d of %d; want %d", st.BytesCopied, st.BytesDone, st.BytesTotal, wantBytes)
 	}
-	in, err := fresh.run.R.Info()
+	in, err := fresh.run.Replica.Info()
 	if err != nil || len(in.Snapshots) != 2 {
 		t.Fatalf("the new replica's chain (the rebuild snapshot should be merged away): %+v %v", in.Snapshots, err)
 	}
@@ -1049,7 +1049,7 @@ func TestSnapshotsInUseByARebuildKept(t *testing.T) {
 	if err := e.DeleteSnapshot(ctx, "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if in, _ := extra.run.R.Info(); len(in.Snapshots) != 0 {
+	if in, _ := extra.run.Replica.Info(); len(in.Snapshots) != 0 {
 		t.Fatalf("snapshots left on the rebuilt replica: %+v", in.Snapshots)
 	}
 }
@@ -1277,7 +1277,7 @@ func TestOverlappingRebuildsLeaveNoSnapshot(t *testing.T) {
 		return err == nil && len(snaps) == 0
 	})
 	for _, tr := range []*testReplica{a, b} {
-		if in, _ := tr.run.R.Info(); len(in.Snapshots) != 0 {
+		if in, _ := tr.run.Replica.Info(); len(in.Snapshots) != 0 {
 			t.Fatalf("snapshots left on %s: %+v", tr.addr, in.Snapshots)
 		}
 	}

@@ -23,8 +23,8 @@ func TestFenceNeverGoesBack(t *testing.T) {
 	if err := r.Fence(FenceOptions{Epoch: 4, Owner: "engine-a"}); !errors.As(err, &se) || se.Request != 4 || se.Current != 5 || !errors.Is(err, ErrStaleEpoch) {
 		t.Fatalf("epoch 5 to 4: %v", err)
 	}
-	if err := r.SetEpoch(3, false, false); !errors.Is(err, ErrStaleEpoch) {
-		t.Fatalf("epoch 5 to 3 through SetEpoch: %v", err)
+	if err := r.Fence(FenceOptions{Epoch: 3}); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("epoch 5 to 3 with no owner: %v", err)
 	}
 	if err := r.Fence(FenceOptions{Epoch: 5, Owner: "engine-b"}); !errors.As(err, &se) || !se.OtherOwner {
 		t.Fatalf("epoch 5 from another owner: %v", err)

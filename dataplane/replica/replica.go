@@ -356,12 +356,6 @@ func (r *Replica) Fence(o FenceOptions) error {
 	return nil
 }
 
-// SetEpoch is Fence with no owner, for callers written before
-// FenceOptions (the engine's tests).
-func (r *Replica) SetEpoch(e uint64, degraded, rebuilding bool) error {
-	return r.Fence(FenceOptions{Epoch: e, Degraded: degraded, Rebuilding: rebuilding})
-}
-
 func (r *Replica) checkRange(off, n int64) error {
 	if size := r.size.Load(); off < 0 || n < 0 || off > size || n > size-off {
 		return fmt.Errorf("%w: %d bytes at offset %d, volume size %d", ErrOutOfRange, n, off, size)
@@ -424,7 +418,7 @@ func count(p []byte, err error) (int, error) {
 }
 
 // locked runs fn holding the I/O lock, once the replica is known open and
-// (when epoch is given) the epoch current. SetEpoch takes the lock
+// (when epoch is given) the epoch current. Fence takes the lock
 // exclusively, so a request that passed the check cannot land after the
 // epoch changed.
 func (r *Replica) locked(epoch *uint64, fn func() error) error {

@@ -789,7 +789,7 @@ func (r *Replica) LayerChecksum(name string, off, length int64) (uint32, error) 
 // A full rebuild starts its target this way and then fills each
 // snapshot's layer from a healthy replica's (ReadLayer, WriteLayer), so the
 // rebuilt replica keeps the volume's snapshot history. Since it empties the
-// replica, it refuses unless the replica is marked rebuilding (SetEpoch),
+// replica, it refuses unless the replica is marked rebuilding (Fence),
 // which keeps any engine from opening it as a healthy member until the
 // rebuild completes.
 //

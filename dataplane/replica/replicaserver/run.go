@@ -34,12 +34,9 @@ type Options struct {
 type Running struct {
 	// Replica is the replica served.
 	Replica *replica.Replica
-	// R is Replica under its former name, for callers written before it
-	// (the engine's tests).
-	R    *replica.Replica
-	data *dataconn.Server
-	gs   *grpc.Server
-	log  logr.Logger
+	data    *dataconn.Server
+	gs      *grpc.Server
+	log     logr.Logger
 	// Done is closed when the control API's Close was called or a
 	// listener failed: the owner should call Shutdown.
 	Done     <-chan struct{}
@@ -51,7 +48,7 @@ func Start(r *replica.Replica, opts Options) *Running {
 	done := make(chan struct{})
 	var once sync.Once
 	stop := func() { once.Do(func() { close(done) }) }
-	run := &Running{Replica: r, R: r, log: opts.Logger, Done: done,
+	run := &Running{Replica: r, log: opts.Logger, Done: done,
 		data: dataconn.NewServer(Backend{Replica: r}, dataconn.ServerOptions{Workers: opts.Workers, Logger: opts.Logger.WithName("dataconn")})}
 	go func() {
 		if err := run.data.Serve(opts.Data); err != nil && !errors.Is(err, dataconn.ErrServerClosed) {
