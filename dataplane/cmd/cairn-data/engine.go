@@ -41,7 +41,10 @@ type frontend struct {
 	// (--nbd-kernel auto) serves only its socket; "" otherwise.
 	fallback string
 	inUse    func() string
-	stop     func()
+	// resize has the block device show the volume's new size after an
+	// expansion; nil without a device.
+	resize func(ctx context.Context, size int64) error
+	stop   func()
 }
 
 // nbdClaim is what the nbd frontend takes before the engine opens the
@@ -138,6 +141,7 @@ func startNBD(e *engine.Engine, c *nbdClaim, reattachWait time.Duration, buffers
 	}
 	f.endpoint, f.kind = kd.Path(), ready.EndpointBlockDevice
 	f.inUse = func() string { return "attached as " + kd.Path() }
+	f.resize = func(_ context.Context, size int64) error { return kd.Resize(size) }
 	stopSocket := f.stop
 	f.stop = func() {
 		if err := kd.Disconnect(); err != nil {
@@ -304,7 +308,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		gs := grpc.NewServer()
 		enginev1.RegisterEngineServiceServer(gs, &engineserver.Server{E: e, Name: *name, Frontend: *fe, Endpoint: f.endpoint,
-			EndpointKind: f.kind, Socket: f.socket, Fallback: f.fallback, InUse: f.inUse})
+			EndpointKind: f.kind, Socket: f.socket, Fallback: f.fallback, InUse: f.inUse, Resize: f.resize})
 		go gs.Serve(l)
 		defer gs.Stop()
 		control = addrString(l)

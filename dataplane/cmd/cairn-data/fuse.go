@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+
 	"github.com/go-logr/logr"
 
 	"github.com/cairn-io/cairn/dataplane/engine"
@@ -13,9 +15,12 @@ func startFUSE(e *engine.Engine, name, dir string, log logr.Logger) (*frontend, 
 	if err != nil {
 		return nil, err
 	}
-	return &frontend{endpoint: f.Endpoint(), kind: ready.EndpointLoopDevice, inUse: func() string { return "attached as " + f.Endpoint() }, stop: func() {
-		if err := f.Stop(); err != nil {
-			log.Error(err, "detaching the fuse frontend")
-		}
-	}}, nil
+	return &frontend{endpoint: f.Endpoint(), kind: ready.EndpointLoopDevice,
+		inUse:  func() string { return "attached as " + f.Endpoint() },
+		resize: func(_ context.Context, size int64) error { return f.Resize(size) },
+		stop: func() {
+			if err := f.Stop(); err != nil {
+				log.Error(err, "detaching the fuse frontend")
+			}
+		}}, nil
 }

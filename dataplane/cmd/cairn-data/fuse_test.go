@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func needRoot(t *testing.T) {
@@ -45,15 +49,24 @@ func loopAttached(dev string) bool {
 // the given frontend arguments; args start the same engine again.
 func startFilesystemVolume(t *testing.T, dir string, frontend ...string) (eng *proc, reps []*proc, args []string) {
 	t.Helper()
+	reps, args = filesystemEngineArgs(t, dir, "256Mi", frontend...)
+	return start(t, args...), reps, args
+}
+
+// filesystemEngineArgs starts three replicas of size in dir and returns
+// them with the command line of an engine for them with the given
+// frontend arguments and the control API.
+func filesystemEngineArgs(t *testing.T, dir, size string, frontend ...string) (reps []*proc, args []string) {
+	t.Helper()
 	args = append([]string{"engine", "--name", "vol"}, frontend...)
 	args = append(args, "--replica-timeout", "3s", "--listen", "127.0.0.1:0")
 	for i := range 3 {
-		p := start(t, "replica", "--dir", filepath.Join(dir, fmt.Sprint("r", i)), "--size", "256Mi",
+		p := start(t, "replica", "--dir", filepath.Join(dir, fmt.Sprint("r", i)), "--size", size,
 			"--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
 		reps = append(reps, p)
 		args = append(args, "--replica", p.data+","+p.control)
 	}
-	return start(t, args...), reps, args
+	return reps, args
 }
 
 // writeFiles writes files f<from>..f<to-1> of 160 KB each into mnt and
@@ -141,5 +154,146 @@ func TestFUSEFrontendFilesystem(t *testing.T) {
 	}
 	if loopAttached(dev) {
 		t.Fatalf("%s is still attached", dev)
+	}
+}
+
+// deviceBytes is the size of a block device as the kernel shows it.
+func deviceBytes(t *testing.T, dev string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(strings.TrimSpace(sh(t, "blockdev", "--getsize64", dev)), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// filesystemBytes is the size of the filesystem mounted at mnt.
+func filesystemBytes(t *testing.T, mnt string) int64 {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Blocks) * st.Bsize
+}
+
+// bigFile is n MiB, each 4 KiB block stamped with its number.
+func bigFile(n int) []byte {
+	b := make([]byte, n<<20)
+	for off := 0; off < len(b); off += 4096 {
+		copy(b[off:off+4096], fmt.Sprintf("block %08d", off/4096))
+	}
+	return b
+}
+
+// expandUnderFilesystem takes an engine whose volume is 8 MiB with its
+// block device dev: it puts ext4 on dev, mounts it and writes files;
+// expands the volume to 24 MiB through the engine's control API and
+// requires dev to show 24 MiB when that returns; grows the filesystem
+// with resize2fs, mounted (online) or, where the process may not (see
+// canResizeOnline), unmounted; writes a 10 MiB file, more than the whole
+// old device held; unmounts, requires e2fsck to find the filesystem
+// clean, mounts it again and reads every file back. (Small: it also runs
+// in User-Mode Linux, where every system call and page fault is slow.)
+func expandUnderFilesystem(t *testing.T, dir, dev string, eng *proc) {
+	t.Helper()
+	needTool(t, "resize2fs")
+	mnt := filepath.Join(dir, "mnt")
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	if got := deviceBytes(t, dev); got != 8<<20 {
+		t.Fatalf("%s has %d bytes, want 8 MiB", dev, got)
+	}
+	sh(t, "mkfs.ext4", "-q", "-F", dev)
+	os.MkdirAll(mnt, 0o755)
+	sh(t, "mount", dev, mnt)
+	if err := writeFiles(mnt, 0, 5); err != nil {
+		t.Fatal(err)
+	}
+	before := filesystemBytes(t, mnt)
+
+	v := &volume{engine: eng}
+	v.ctl(t, "expand", "24Mi")
+	if got := deviceBytes(t, dev); got != 24<<20 {
+		t.Fatalf("after the engine's Expand to 24 MiB, %s has %d bytes\n%s", dev, got, eng.stderr.String())
+	}
+	if info := v.ctl(t, "info"); !strings.Contains(info, "24.0 MiB") {
+		t.Fatalf("info after the expansion: %s", info)
+	}
+	if why := canResizeOnline(t); why != "" {
+		t.Logf("growing the filesystem unmounted: %s", why)
+		sh(t, "umount", mnt)
+		sh(t, "e2fsck", "-fy", dev) // resize2fs wants a check newer than the last mount; any repair fails the test (exit 1)
+		t.Log(sh(t, "resize2fs", dev))
+		sh(t, "mount", dev, mnt)
+	} else {
+		t.Log(sh(t, "resize2fs", dev))
+	}
+	if after := filesystemBytes(t, mnt); after < before*18/10 {
+		t.Fatalf("the mounted filesystem has %d bytes after resize2fs, %d before: it did not grow to the new device", after, before)
+	}
+	big := bigFile(10)
+	if err := os.WriteFile(filepath.Join(mnt, "big"), big, 0o644); err != nil {
+		t.Fatalf("writing 10 MiB into the grown filesystem: %v", err)
+	}
+	if err := writeFiles(mnt, 5, 10); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, "umount", mnt)
+	t.Log(sh(t, "e2fsck", "-fn", dev))
+	sh(t, "mount", dev, mnt)
+	checkFiles(t, mnt, 0, 10)
+	if got, err := os.ReadFile(filepath.Join(mnt, "big")); err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("the 10 MiB file read back differs (%d bytes, %v)", len(got), err)
+	}
+	sh(t, "umount", mnt)
+}
+
+// canResizeOnline says why resize2fs cannot grow a mounted ext4 here (""
+// when it can): the kernel wants CAP_SYS_RESOURCE for that, which
+// containers often drop. TestNBDKernelExpand, run inside User-Mode Linux
+// (whose init has every capability), always grows it online.
+func canResizeOnline(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if caps&(1<<unix.CAP_SYS_RESOURCE) == 0 {
+				return "this process lacks CAP_SYS_RESOURCE, which the kernel requires to grow a mounted ext4"
+			}
+			return ""
+		}
+	}
+	t.Fatal("no CapEff in /proc/self/status")
+	return ""
+}
+
+// TestFUSEFrontendExpand: the engine's Expand reaches the FUSE frontend's
+// loop device (the file in the mount grows, then the loop device), and
+// ext4 on it grows to the new size with its data intact
+// (expandUnderFilesystem).
+func TestFUSEFrontendExpand(t *testing.T) {
+	needRoot(t)
+	needTool(t, "mkfs.ext4")
+	dir := t.TempDir()
+	fuseDir := filepath.Join(dir, "fuse")
+	_, args := filesystemEngineArgs(t, dir, "8Mi", "--frontend", "fuse", "--fuse-dir", fuseDir)
+	// If the test fails, the engine is killed: leave no dead FUSE mount
+	// (this runs after the kill).
+	t.Cleanup(func() { exec.Command("umount", "-l", fuseDir).Run() })
+	eng := start(t, args...)
+	expandUnderFilesystem(t, dir, eng.endpoint, eng)
+	if fi, err := os.Stat(filepath.Join(fuseDir, "vol")); err != nil || fi.Size() != 24<<20 {
+		t.Fatalf("the volume file in the FUSE mount: %v, %v", fi, err)
+	}
+	eng.cmd.Process.Signal(syscall.SIGTERM)
+	if code := eng.waitExit(t); code != 0 {
+		t.Fatalf("engine exit %d\n%s", code, eng.stderr.String())
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cairn-io/cairn/dataplane/internal/ready"
 	"github.com/cairn-io/cairn/dataplane/internal/uml"
 )
 
@@ -144,13 +145,41 @@ func TestNBDKernelEngineRestart(t *testing.T) {
 	}
 }
 
-// TestNBDKernelFilesystemInUML runs TestNBDKernelFilesystem and
-// TestNBDKernelEngineRestart inside
-// User-Mode Linux with the nbd module loaded: the real kernel driver under
-// a real filesystem, on hosts whose kernel has no nbd driver (CI's).
+// TestNBDKernelExpand: an engine with --nbd-kernel auto on a host with
+// the nbd driver reports /dev/nbdN as a block-device endpoint on its
+// --ready-fd, with no fallback; the engine's Expand reaches /dev/nbdN and
+// ext4 on it grows online (expandUnderFilesystem; inside UML the test has
+// the capability that takes). It needs the nbd driver:
+// TestNBDKernelFilesystemInUML runs it inside User-Mode Linux.
+func TestNBDKernelExpand(t *testing.T) {
+	needRoot(t)
+	needTool(t, "mkfs.ext4")
+	if _, err := os.Stat("/sys/module/nbd"); err != nil {
+		t.Skip("no nbd driver in this kernel: TestNBDKernelFilesystemInUML runs this test inside User-Mode Linux")
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "vol.sock")
+	_, args := filesystemEngineArgs(t, dir, "8Mi", "--frontend", "nbd", "--nbd-socket", sock, "--nbd-kernel", "auto")
+	args = append(args, "--replica-timeout", "30s") // the last one counts; UML can be that slow
+	eng, r := startReady(t, args...)
+	if r.EndpointKind != ready.EndpointBlockDevice || !strings.HasPrefix(r.Endpoint, "/dev/nbd") || r.Endpoint != eng.endpoint ||
+		r.Socket != sock || r.Fallback != "" || r.Control != eng.control || r.Size != 8<<20 {
+		t.Fatalf("ready report %+v (ready line endpoint=%s control=%s)", r, eng.endpoint, eng.control)
+	}
+	expandUnderFilesystem(t, dir, r.Endpoint, eng)
+	eng.cmd.Process.Signal(syscall.SIGTERM)
+	if code := eng.waitExit(t); code != 0 {
+		t.Fatalf("engine exit %d\n%s", code, eng.stderr.String())
+	}
+}
+
+// TestNBDKernelFilesystemInUML runs TestNBDKernelFilesystem,
+// TestNBDKernelEngineRestart and TestNBDKernelExpand inside User-Mode
+// Linux with the nbd module loaded: the real kernel driver under a real
+// filesystem, on hosts whose kernel has no nbd driver (CI's).
 func TestNBDKernelFilesystemInUML(t *testing.T) {
 	if uml.Inside() {
 		t.Skip("already inside UML")
 	}
-	uml.Run(t, uml.Options{Tests: []string{"TestNBDKernelFilesystem", "TestNBDKernelEngineRestart"}, Modules: []string{"nbd"}})
+	uml.Run(t, uml.Options{Tests: []string{"TestNBDKernelFilesystem", "TestNBDKernelEngineRestart", "TestNBDKernelExpand"}, Modules: []string{"nbd"}})
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -34,8 +35,14 @@ type Server struct {
 	// a revert then is refused, since whoever has it open would keep
 	// reading its cached view of the old data.
 	InUse func() string
+	// Resize has the frontend's block device show the volume's size after
+	// Expand grew it (/dev/nbdN, the loop device); nil when the frontend
+	// has no device (an NBD socket: clients learn the size when they
+	// connect).
+	Resize func(ctx context.Context, size int64) error
 
-	watch watchers // the Watch streams and what they were sent
+	resizing sync.Mutex // one Resize at a time, to the engine's latest size
+	watch    watchers   // the Watch streams and what they were sent // the Watch streams and what they were sent
 }
 
 func grpcErr(err error) error {
@@ -167,9 +174,28 @@ func (s *Server) SnapshotRevert(ctx context.Context, req *enginev1.SnapshotRever
 	return &enginev1.SnapshotRevertResponse{}, grpcErr(s.E.Revert(ctx, req.GetName()))
 }
 
+// Expand grows the volume on the replicas, then the frontend's block
+// device. If the device could not be resized, the volume is bigger than
+// the device shows: the error says so, and an Expand to the same size
+// (which the engine accepts) tries the device again.
 func (s *Server) Expand(ctx context.Context, req *enginev1.ExpandRequest) (*enginev1.ExpandResponse, error) {
 	defer s.changed()
-	return &enginev1.ExpandResponse{}, grpcErr(s.E.Expand(ctx, req.GetSize()))
+	if err := s.E.Expand(ctx, req.GetSize()); err != nil {
+		return nil, grpcErr(err)
+	}
+	if s.Resize == nil {
+		return &enginev1.ExpandResponse{}, nil
+	}
+	// The engine's size, not the request's: with two expansions at once,
+	// the device must end at the larger, whichever resize runs last.
+	s.resizing.Lock()
+	defer s.resizing.Unlock()
+	size := s.E.Size()
+	if err := s.Resize(ctx, size); err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s grew to %d bytes, but %s does not show it: %v; expand to the same size again to retry",
+			s.Name, size, s.Endpoint, err)
+	}
+	return &enginev1.ExpandResponse{}, nil
 }
 
 func opMetrics(m engine.OpMetrics) *enginev1.OpMetrics {

@@ -36,6 +36,7 @@ type Options struct {
 // Frontend is a mounted volume file attached to a loop device.
 type Frontend struct {
 	server   *gofuse.Server
+	node     *fileNode // the volume file's node
 	loop     *loopDevice
 	dir      string
 	file     string
@@ -71,7 +72,7 @@ func Start(dev Device, opts Options) (*Frontend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fuse frontend: mount %s: %w", opts.Dir, err)
 	}
-	f := &Frontend{server: server, dir: opts.Dir, file: filepath.Join(opts.Dir, opts.Name), log: opts.Logger}
+	f := &Frontend{server: server, node: root.file, dir: opts.Dir, file: filepath.Join(opts.Dir, opts.Name), log: opts.Logger}
 	if f.loop, err = attachLoop(f.file); err != nil {
 		server.Unmount()
 		return nil, fmt.Errorf("fuse frontend: %w", err)
@@ -84,6 +85,30 @@ func (f *Frontend) Endpoint() string { return f.loop.path }
 
 // File is the volume file inside the FUSE mount.
 func (f *Frontend) File() string { return f.file }
+
+// Resize makes the file in the mount and the loop device show the
+// volume's new size, after the device behind them grew to size: the
+// kernel caches the file's attributes, so the server invalidates them
+// (FUSE_NOTIFY_INVAL_INODE) and stats the file, which has the kernel ask
+// for its size again; then LOOP_SET_CAPACITY has the loop device take the
+// file's new size and announce it, so a filesystem on it can be grown
+// online. Calling it again with the same size changes nothing.
+func (f *Frontend) Resize(size int64) error {
+	if errno := f.node.NotifyContent(-1, 0); errno != 0 { // offset -1: attributes only, no page cache
+		return fmt.Errorf("fuse frontend: invalidating the cached size of %s: %w", f.file, errno)
+	}
+	fi, err := os.Stat(f.file)
+	if err != nil {
+		return fmt.Errorf("fuse frontend: %w", err)
+	}
+	if fi.Size() != size {
+		return fmt.Errorf("fuse frontend: %s has %d bytes after the volume grew to %d", f.file, fi.Size(), size)
+	}
+	if err := f.loop.setCapacity(size); err != nil {
+		return fmt.Errorf("fuse frontend: %w", err)
+	}
+	return nil
+}
 
 // Stop detaches the loop device and unmounts. If a filesystem on the loop
 // device is still mounted, the kernel keeps the device until it is

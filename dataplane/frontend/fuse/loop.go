@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -59,6 +60,22 @@ func attachLoop(file string) (*loopDevice, error) {
 		return &loopDevice{path: path, f: lf}, nil
 	}
 	return nil, errors.New("no free loop device after 16 attempts")
+}
+
+// setCapacity has the loop device take its file's current size
+// (LOOP_SET_CAPACITY) and checks it shows size.
+func (l *loopDevice) setCapacity(size int64) error {
+	if err := unix.IoctlSetInt(int(l.f.Fd()), unix.LOOP_SET_CAPACITY, 0); err != nil {
+		return fmt.Errorf("LOOP_SET_CAPACITY on %s: %w", l.path, err)
+	}
+	var got uint64
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, l.f.Fd(), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&got))); errno != 0 {
+		return fmt.Errorf("BLKGETSIZE64 on %s: %w", l.path, errno)
+	}
+	if int64(got) != size {
+		return fmt.Errorf("%s has %d bytes after LOOP_SET_CAPACITY, want %d", l.path, got, size)
+	}
+	return nil
 }
 
 // detach clears the loop device. If it is in use (a mounted filesystem),

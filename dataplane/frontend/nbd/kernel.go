@@ -94,13 +94,14 @@ type KernelOptions struct {
 
 // KernelDevice is a /dev/nbdN connected to a Server.
 type KernelDevice struct {
-	Index  int
-	nl     *genl
-	family uint16
-	conns  []net.Conn
-	once   sync.Once
-	err    error
-	done   sync.WaitGroup
+	Index   int
+	backend string // KernelOptions.Backend: the kernel wants it in every reconfigure
+	nl      *genl
+	family  uint16
+	conns   []net.Conn
+	once    sync.Once
+	err     error
+	done    sync.WaitGroup
 }
 
 // Path is the device node, /dev/nbdN.
@@ -119,8 +120,10 @@ func ConnectKernel(s *Server, opts KernelOptions) (*KernelDevice, error) {
 // the I/O the kernel held while waiting (see
 // KernelOptions.DeadConnTimeoutSeconds) and the requests the dead engine
 // never answered go to s, and whatever has the device open or mounted
-// carries on. s must serve the same volume: the kernel keeps the size
-// and flags it had.
+// carries on. s must serve the same volume: the kernel keeps the flags
+// it had, and takes s's size (a volume expanded after the device's
+// engine last set it, e.g. one that died before it could, is not left
+// smaller on the device).
 func ReattachKernel(s *Server, index int, opts KernelOptions) (*KernelDevice, error) {
 	return attach(s, index, opts)
 }
@@ -134,7 +137,7 @@ func attach(s *Server, index int, opts KernelOptions) (*KernelDevice, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &KernelDevice{nl: nl, family: family}
+	d := &KernelDevice{backend: opts.Backend, nl: nl, family: family}
 	var kernelEnds []int
 	connected := false
 	defer func() {
@@ -163,7 +166,7 @@ func attach(s *Server, index int, opts KernelOptions) (*KernelDevice, error) {
 	what := "connecting /dev/nbdN"
 	if index >= 0 {
 		what = fmt.Sprintf("reattaching /dev/nbd%d", index)
-		msg := reconfigureMessage(uint32(index), opts, kernelEnds)
+		msg := reconfigureMessage(uint32(index), uint64(s.dev.Size()), opts, kernelEnds)
 		if _, err := nl.request(family, nbdCmdReconfigure, msg); err != nil {
 			return nil, kernelError(what, err)
 		}
@@ -215,6 +218,22 @@ func FindKernelDevice(name string) (index int, found bool) {
 	return 0, false
 }
 
+// Resize tells the kernel the device's new size (NBD_CMD_RECONFIGURE
+// with the size), after the volume behind it grew: the kernel sets the
+// disk's capacity and announces the change (a uevent), so a filesystem on
+// it can then be grown online. The kernel does nothing when the size is
+// the one it has.
+func (d *KernelDevice) Resize(size int64) error {
+	if size <= 0 || size%4096 != 0 {
+		return fmt.Errorf("resizing %s to %d bytes: give a positive multiple of the 4096-byte block size", d.Path(), size)
+	}
+	msg := reconfigureMessage(uint32(d.Index), uint64(size), KernelOptions{Backend: d.backend}, nil)
+	if _, err := d.nl.request(d.family, nbdCmdReconfigure, msg); err != nil {
+		return kernelError(fmt.Sprintf("resizing %s to %d bytes", d.Path(), size), err)
+	}
+	return nil
+}
+
 // Disconnect detaches /dev/nbdN: the kernel fails new I/O, closes its
 // sockets, and our side of them ends.
 func (d *KernelDevice) Disconnect() error {
@@ -259,20 +278,25 @@ func connectMessage(size, serverFlags uint64, opts KernelOptions, fds []int) att
 
 // reconfigureMessage is NBD_CMD_RECONFIGURE's attributes: the device, its
 // backend (the kernel refuses a reconfigure without the one the device
-// was connected with) and sockets to replace its dead ones.
-func reconfigureMessage(index uint32, opts KernelOptions, fds []int) attrs {
+// was connected with), its size (the kernel changes the capacity only if
+// it differs), the timeouts given, and sockets to replace its dead ones
+// (none for a resize).
+func reconfigureMessage(index uint32, size uint64, opts KernelOptions, fds []int) attrs {
 	var b attrs
 	b.u32(nbdAttrIndex, index)
 	if opts.Backend != "" {
 		b.str(nbdAttrBackend, opts.Backend)
 	}
+	b.u64(nbdAttrSizeBytes, size)
 	if opts.TimeoutSeconds > 0 {
 		b.u64(nbdAttrTimeout, opts.TimeoutSeconds)
 	}
 	if opts.DeadConnTimeoutSeconds > 0 {
 		b.u64(nbdAttrDeadConnTimeout, opts.DeadConnTimeoutSeconds)
 	}
-	putSockets(&b, fds)
+	if len(fds) > 0 {
+		putSockets(&b, fds)
+	}
 	return b
 }
 

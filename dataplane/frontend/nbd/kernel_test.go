@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -55,13 +56,15 @@ func TestConnectMessageLayout(t *testing.T) {
 	}
 
 	// NBD_CMD_RECONFIGURE: the index, the backend (the kernel requires
-	// the device's own), the timeouts, new sockets; no size or flags.
-	got = reconfigureMessage(3, opts, []int{7, 9})
+	// the device's own), the size, the timeouts, new sockets; no flags.
+	got = reconfigureMessage(3, 2<<30, opts, []int{7, 9})
 	want = nil
 	hdr(8, 1) // INDEX
 	want = ne.AppendUint32(want, 3)
 	hdr(8, 10)
 	want = append(want, 'v', 'o', 'l', 0)
+	hdr(12, 2)
+	want = ne.AppendUint64(want, 2<<30)
 	hdr(12, 4)
 	want = ne.AppendUint64(want, 30)
 	hdr(12, 8)
@@ -69,6 +72,20 @@ func TestConnectMessageLayout(t *testing.T) {
 	sockets()
 	if !bytes.Equal(got, want) {
 		t.Fatalf("reconfigure attributes\n got %x\nwant %x", []byte(got), want)
+	}
+
+	// A resize: index, backend and size only (an empty SOCKETS would be
+	// a reconnect of nothing).
+	got = reconfigureMessage(3, 2<<30, KernelOptions{Backend: "vol"}, nil)
+	want = nil
+	hdr(8, 1)
+	want = ne.AppendUint32(want, 3)
+	hdr(8, 10)
+	want = append(want, 'v', 'o', 'l', 0)
+	hdr(12, 2)
+	want = ne.AppendUint64(want, 2<<30)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("resize attributes\n got %x\nwant %x", []byte(got), want)
 	}
 }
 
@@ -243,6 +260,96 @@ func TestConnectKernel(t *testing.T) {
 		t.Fatalf("a write to %s did not reach the device", kd.Path())
 	}
 	if err := kd.Disconnect(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// grownDevice is a memDevice whose size can grow up to its data's.
+type grownDevice struct {
+	*memDevice
+	size atomic.Int64
+}
+
+func (g *grownDevice) Size() int64 { return g.size.Load() }
+
+// deviceSize is the size of the block device f as the kernel has it.
+func deviceSize(t *testing.T, f *os.File) int64 {
+	t.Helper()
+	var n uint64
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&n))); errno != 0 {
+		t.Fatalf("BLKGETSIZE64 on %s: %v", f.Name(), errno)
+	}
+	return int64(n)
+}
+
+// TestResizeKernel: a device attached with 16 MiB and grown to 48 MiB
+// shows 48 MiB to the kernel after Resize (BLKGETSIZE64 and sysfs), and
+// I/O beyond the old end reaches the server; a device reattached to a
+// server of a grown volume takes the new size too.
+func TestResizeKernel(t *testing.T) {
+	dev := &grownDevice{memDevice: &memDevice{data: make([]byte, 64<<20)}}
+	dev.size.Store(16 << 20)
+	s := NewServer(dev, Options{})
+	defer s.Close()
+	opts := KernelOptions{Conns: 2, Backend: "cairn-resize", DeadConnTimeoutSeconds: 60}
+	kd, err := ConnectKernel(s, opts)
+	if errors.Is(err, ErrNoKernelNBD) {
+		t.Skipf("no kernel nbd driver here (TestConnectKernelInUML runs this inside User-Mode Linux): %v", err)
+	}
+	if errors.Is(err, unix.EPERM) {
+		t.Skipf("not allowed to configure nbd devices: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kd.Disconnect()
+	f := openDevice(t, kd.Path(), os.O_RDWR|unix.O_DIRECT)
+	defer f.Close()
+	if got := deviceSize(t, f); got != 16<<20 {
+		t.Fatalf("%s has %d bytes, want 16 MiB", kd.Path(), got)
+	}
+	dev.size.Store(48 << 20)
+	if err := kd.Resize(48 << 20); err != nil {
+		t.Fatalf("%v\n%s", err, uml.KernelLog(15))
+	}
+	if got := deviceSize(t, f); got != 48<<20 {
+		t.Fatalf("after Resize %s has %d bytes, want 48 MiB\n%s", kd.Path(), got, uml.KernelLog(15))
+	}
+	sectors, _ := os.ReadFile(fmt.Sprintf("/sys/block/nbd%d/size", kd.Index))
+	if strings.TrimSpace(string(sectors)) != fmt.Sprint(48<<20/512) {
+		t.Fatalf("sysfs size %q, want %d sectors", sectors, 48<<20/512)
+	}
+	if _, err := f.WriteAt(alignedBlock(64<<10, 0xc3), 40<<20); err != nil {
+		t.Fatalf("writing beyond the old end: %v", err)
+	}
+	dev.mu.Lock()
+	ok := bytes.Equal(dev.data[40<<20:40<<20+64<<10], bytes.Repeat([]byte{0xc3}, 64<<10))
+	dev.mu.Unlock()
+	if !ok {
+		t.Fatal("the write beyond the old end did not reach the device")
+	}
+	if err := kd.Resize(1000); err == nil {
+		t.Fatal("Resize to a size that is not a multiple of 4096 was accepted")
+	}
+
+	// The server goes away without a disconnect; the volume grows
+	// meanwhile; a reattach brings the new size.
+	kd.closeConns()
+	kd.done.Wait()
+	kd.nl.close()
+	dev.size.Store(64 << 20)
+	s2 := NewServer(dev, Options{})
+	defer s2.Close()
+	kd2, err := ReattachKernel(s2, kd.Index, opts)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, uml.KernelLog(15))
+	}
+	defer kd2.Disconnect()
+	if got := deviceSize(t, f); got != 64<<20 {
+		t.Fatalf("after a reattach to a grown volume %s has %d bytes, want 64 MiB", kd.Path(), got)
+	}
+	f.Close()
+	if err := kd2.Disconnect(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -424,13 +531,14 @@ func TestPipelinedReplies(t *testing.T) {
 // of a User-Mode Linux kernel.
 func TestMain(m *testing.M) { os.Exit(uml.Main(m)) }
 
-// TestConnectKernelInUML runs TestConnectKernel inside User-Mode Linux
-// with the nbd module loaded, so the netlink attach, I/O on /dev/nbdN and
-// the disconnect meet the kernel's real nbd driver on every host,
+// TestConnectKernelInUML runs TestConnectKernel and TestResizeKernel
+// inside User-Mode Linux with the nbd module loaded, so the netlink
+// attach, I/O on /dev/nbdN, the resize and the disconnect meet the
+// kernel's real nbd driver on every host,
 // including those (like CI's) whose kernel has none.
 func TestConnectKernelInUML(t *testing.T) {
 	if uml.Inside() {
 		t.Skip("already inside UML")
 	}
-	uml.Run(t, uml.Options{Tests: []string{"TestConnectKernel"}, Modules: []string{"nbd"}})
+	uml.Run(t, uml.Options{Tests: []string{"TestConnectKernel", "TestResizeKernel"}, Modules: []string{"nbd"}})
 }
