@@ -60,6 +60,10 @@ func layerFile(id uint64) string { return fmt.Sprintf("layer-%06d.img", id) }
 
 var layerFilePattern = regexp.MustCompile(`^layer-[0-9]{6}\.img$`)
 
+// readMeta reads and checks dir's metadata. Only metadata that was read
+// but does not decode or check out is ErrCorrupt (with the decoder's error
+// wrapped too); an error reading it (ENOENT, EACCES, EIO) is returned as
+// it is, for the caller to tell apart with errors.Is.
 func readMeta(dir string) (metadata, error) {
 	var m metadata
 	b, err := os.ReadFile(filepath.Join(dir, metaFileName))
@@ -67,7 +71,7 @@ func readMeta(dir string) (metadata, error) {
 		return m, err
 	}
 	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("%w: %s: %v", ErrCorrupt, metaFileName, err)
+		return m, fmt.Errorf("%w: %s: %w", ErrCorrupt, metaFileName, err)
 	}
 	if m.FormatVersion != formatVersion {
 		return m, fmt.Errorf("%w: %s has format version %d, this binary reads %d", ErrCorrupt, metaFileName, m.FormatVersion, formatVersion)

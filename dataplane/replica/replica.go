@@ -134,14 +134,14 @@ func Open(dir string, opts Options) (*Replica, error) {
 		l, err := openLayer(dir, s.File, s.Name, r.direct)
 		if err != nil {
 			r.closeLayers()
-			return nil, err
+			return nil, fmt.Errorf("open replica %s: snapshot %s: %w", dir, s.Name, err)
 		}
 		r.layers = append(r.layers, l)
 	}
 	head, err := openLayer(dir, m.Head, "", r.direct)
 	if err != nil {
 		r.closeLayers()
-		return nil, err
+		return nil, fmt.Errorf("open replica %s: head: %w", dir, err)
 	}
 	r.layers = append(r.layers, head)
 	// A crash during an expansion can leave the head larger than the
@@ -221,10 +221,13 @@ func newLayerFile(dir, name string, size int64) error {
 	return syncDir(dir)
 }
 
+// openLayer opens a layer file the metadata names and indexes it. An
+// error opening it keeps its cause (a missing file, a permission, an I/O
+// error) and is not ErrCorrupt: nothing was decoded.
 func openLayer(dir, file, name string, direct bool) (*layer, error) {
 	f, err := openBlockFile(filepath.Join(dir, file), direct)
 	if err != nil {
-		return nil, fmt.Errorf("%w: layer %s: %v", ErrCorrupt, file, err)
+		return nil, fmt.Errorf("layer %s: %w", file, err)
 	}
 	idx, err := scanExtents(f.File)
 	if err != nil {
