@@ -27,6 +27,9 @@ var (
 	ErrClosed = errors.New("engine closed")
 	// ErrInvalid: a control request that cannot be carried out as asked.
 	ErrInvalid = errors.New("invalid request")
+	// ErrUnsafeNotBuilt: Open was asked for Options.UnsafeAckEarly by a
+	// build without it (see unsafe_ackearly.go).
+	ErrUnsafeNotBuilt = errors.New("the unsafe early-acknowledgement engine (CAIRN_UNSAFE_ACK_EARLY, Options.UnsafeAckEarly) needs a cairn-data built with -tags cairn_unsafe (tests only)")
 )
 
 // Options configure Open.
@@ -54,8 +57,10 @@ type Options struct {
 	ControlTimeout time.Duration
 	// UnsafeAckEarly breaks the engine on purpose, for testing the chaos
 	// harness: a write is acknowledged as soon as the first RW replica has
-	// it, while the others get it later (see mutateEarly). Never set it
-	// otherwise.
+	// it, while the others get it later (see mutateEarly). Only a build
+	// with -tags cairn_unsafe has it; any other refuses it at Open
+	// (ErrUnsafeNotBuilt), before contacting a replica. Never set it
+	// outside tests.
 	UnsafeAckEarly bool
 }
 
@@ -170,6 +175,11 @@ type Engine struct {
 func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Dial == nil || len(opts.Replicas) == 0 {
 		return nil, fmt.Errorf("%w: need at least one replica and a dialer", ErrInvalid)
+	}
+	if opts.UnsafeAckEarly && !unsafeAckEarlyBuilt {
+		// Before any replica is dialed: a binary refusing to start must
+		// not fence out the engine that serves the volume.
+		return nil, ErrUnsafeNotBuilt
 	}
 	if opts.Wanted <= 0 {
 		opts.Wanted = len(opts.Replicas)

@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 		cairnData = os.Getenv("CAIRN_DATA")
 		if cairnData == "" {
 			cairnData = filepath.Join(dir, "cairn-data")
-			out, err := exec.Command("go", "build", "-o", cairnData, "../../cmd/cairn-data").CombinedOutput()
+			out, err := exec.Command("go", "build", "-tags", "cairn_unsafe", "-o", cairnData, "../../cmd/cairn-data").CombinedOutput() // the tag builds in TestChaosCatchesBrokenEngine's unsafe engine
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "building cairn-data: %v\n%s", err, out)
 				return 1
