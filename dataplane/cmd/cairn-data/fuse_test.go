@@ -59,7 +59,11 @@ func startFilesystemVolume(t *testing.T, dir string, frontend ...string) (eng *p
 func filesystemEngineArgs(t *testing.T, dir, size string, frontend ...string) (reps []*proc, args []string) {
 	t.Helper()
 	args = append([]string{"engine", "--name", "vol"}, frontend...)
-	args = append(args, "--replica-timeout", "3s", "--listen", "127.0.0.1:0")
+	// A replica these tests kill (SIGKILL) closes its connections, which
+	// the engine notices at once; the timeout only keeps a live replica
+	// from being failed on a loaded machine, in UML (every system call
+	// slow) above all, where 3 s failed healthy replicas.
+	args = append(args, "--replica-timeout", "30s", "--listen", "127.0.0.1:0")
 	for i := range 3 {
 		p := start(t, "replica", "--dir", filepath.Join(dir, fmt.Sprint("r", i)), "--size", size,
 			"--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")

@@ -160,7 +160,6 @@ func TestNBDKernelExpand(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "vol.sock")
 	_, args := filesystemEngineArgs(t, dir, "8Mi", "--frontend", "nbd", "--nbd-socket", sock, "--nbd-kernel", "auto")
-	args = append(args, "--replica-timeout", "30s") // the last one counts; UML can be that slow
 	eng, r := startReady(t, args...)
 	if r.EndpointKind != ready.EndpointBlockDevice || !strings.HasPrefix(r.Endpoint, "/dev/nbd") || r.Endpoint != eng.endpoint ||
 		r.Socket != sock || r.Fallback != "" || r.Control != eng.control || r.Size != 8<<20 {
