@@ -190,7 +190,7 @@ func (c *cluster) start(logName string, env []string, args ...string) (*exec.Cmd
 		if !strings.HasPrefix(line, "ready ") {
 			cmd.Process.Kill()
 			<-done
-			return nil, nil, fmt.Errorf("%s did not start (see %s.log)", args[0], logName)
+			return nil, nil, fmt.Errorf("%s did not start (see %s.log)%s", args[0], logName, c.lastWords(logName))
 		}
 	case <-time.After(60 * time.Second):
 		cmd.Process.Kill()
@@ -198,6 +198,20 @@ func (c *cluster) start(logName string, env []string, args ...string) (*exec.Cmd
 		return nil, nil, fmt.Errorf("%s did not become ready", args[0])
 	}
 	return cmd, done, nil
+}
+
+// lastWords is ": " and the last line a process that has exited wrote to
+// its log (its stderr), which says why it exited; empty if there is none.
+func (c *cluster) lastWords(logName string) string {
+	b, err := os.ReadFile(filepath.Join(c.work, logName+".log"))
+	if err != nil {
+		return ""
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return ""
+	}
+	return ": " + s[strings.LastIndexByte(s, '\n')+1:]
 }
 
 func (c *cluster) startNode(n *node) error {

@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -107,6 +108,15 @@ type Result struct {
 	Faults   map[Fault]int
 	Elapsed  time.Duration
 	Problems []string // violations; empty means the schedule passed
+	// Setup is why the schedule never ran (Problems holds it too, as
+	// "setup: ..."): nothing was checked, so it is no violation found.
+	// errEngineStart marks the first engine's start. Nil once it ran.
+	Setup error
+	// Linearizability is the checker's verdict on the history, final
+	// reads included: porcupine.Illegal is a lost acknowledged write or a
+	// read of a value no order of the operations explains. Empty if the
+	// schedule never got that far.
+	Linearizability porcupine.CheckResult
 	// Visualization is a porcupine HTML file for a linearizability
 	// violation; Dir keeps the schedule's logs when something failed.
 	Visualization string
@@ -129,6 +139,10 @@ func (r Result) Line() string {
 	return fmt.Sprintf("seed=%d ops=%d faults[%s] %.1fs %s", r.Seed, r.Ops, strings.Join(fs, " "), r.Elapsed.Seconds(), verdict)
 }
 
+// errEngineStart marks a Result.Setup that failed at starting the
+// schedule's first engine (the replicas were up).
+var errEngineStart = errors.New("starting the engine")
+
 func (c *cluster) blockOffset(b int) int64 {
 	stride := c.cfg.Size / int64(c.cfg.Blocks)
 	stride -= stride % BlockSize
@@ -143,16 +157,19 @@ func Run(ctx context.Context, cfg Config) (res Result) {
 	start := time.Now()
 	res = Result{Seed: cfg.Seed, Faults: map[Fault]int{}}
 	defer func() { res.Elapsed = time.Since(start) }()
+	setupFailed := func(err error) Result {
+		res.Setup = err
+		res.Problems = append(res.Problems, "setup: "+err.Error())
+		return res
+	}
 	work, err := os.MkdirTemp(cfg.Work, fmt.Sprintf("seed-%d-", cfg.Seed))
 	if err != nil {
-		res.Problems = append(res.Problems, err.Error())
-		return res
+		return setupFailed(err)
 	}
 	res.Dir = work
 	c, err := newCluster(cfg, work)
 	if err != nil {
-		res.Problems = append(res.Problems, "setup: "+err.Error())
-		return res
+		return setupFailed(err)
 	}
 	defer func() {
 		c.teardown()
@@ -166,20 +183,17 @@ func Run(ctx context.Context, cfg Config) (res Result) {
 	}()
 	for _, n := range c.nodes {
 		if err := c.startNode(n); err != nil {
-			res.Problems = append(res.Problems, "setup: "+err.Error())
-			return res
+			return setupFailed(err)
 		}
 	}
 	// An engine that the schedule's first engine fences out at its open.
 	stale, err := c.newStaleEngine(ctx)
 	if err != nil {
-		res.Problems = append(res.Problems, "setup: "+err.Error())
-		return res
+		return setupFailed(err)
 	}
 	defer stale.close()
 	if err := c.startEngine(c.nodes); err != nil {
-		res.Problems = append(res.Problems, "setup: "+err.Error())
-		return res
+		return setupFailed(fmt.Errorf("%w: %w", errEngineStart, err))
 	}
 
 	h := newHistory()
@@ -204,6 +218,7 @@ func Run(ctx context.Context, cfg Config) (res Result) {
 	res.Ops = h.len()
 
 	result, info := h.check(60 * time.Second)
+	res.Linearizability = result
 	switch result {
 	case porcupine.Illegal:
 		res.Problems = append(res.Problems, "history is not linearizable")
