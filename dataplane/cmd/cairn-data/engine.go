@@ -72,7 +72,7 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 	sizeFlag := fs.String("size", "", "volume size, e.g. 10Gi (default: the replicas' size)")
 	fs.Var(&c.replicas, "replica", "replica address HOST:PORT (control on PORT+1) or DATA,CONTROL; repeat for each replica (required)")
 	fs.IntVar(&c.wanted, "wanted", 0, "replicas that make the volume healthy (default: the number of --replica)")
-	fs.StringVar(&c.frontend, "frontend", "nbd", "how to expose the volume: nbd or fuse")
+	fs.StringVar(&c.frontend, "frontend", "fuse", "how to expose the volume: fuse (a loop device over a FUSE file; works on any node with FUSE and loop, the default here as in a Volume's spec.frontend and the instance manager's spec) or nbd")
 	fs.StringVar(&c.sock, "nbd-socket", "", "unix socket path for the nbd frontend")
 	nbdKernel := fs.String("nbd-kernel", "auto", "attach the nbd frontend to a /dev/nbdN through the kernel's nbd driver: auto (if the host has it), on (required), off (socket only)")
 	fs.DurationVar(&c.reattachWait, "nbd-reattach-wait", 2*time.Minute, "if the engine dies, how long the kernel holds /dev/nbdN's I/O for a restarted engine to reattach it (0: fail the I/O at once)")
