@@ -72,7 +72,7 @@ func TestRoundTrip(t *testing.T) {
 			obj: &v1.Engine{Spec: v1.EngineSpec{
 				VolumeName: "vol", NodeName: "worker-1", DesiredState: v1.DesiredInstanceStateRunning,
 				Size: q("1Gi"), Frontend: v1.FrontendFUSE,
-				ReplicaAddressMap: map[string]string{"vol-r-a": "10.0.0.1:10000", "vol-r-b": "10.0.0.2:10000"},
+				ReplicaAddresses: map[string]v1.ReplicaAddress{"vol-r-a": {Data: "10.0.0.1:10000", Control: "10.0.0.1:10001"}, "vol-r-b": {Data: "unix:/run/cairn/r.sock", Control: "10.0.0.2:10001"}},
 			}},
 			status: func(o client.Object) {
 				o.(*v1.Engine).Status = v1.EngineStatus{
@@ -100,7 +100,7 @@ func TestRoundTrip(t *testing.T) {
 			status: func(o client.Object) {
 				o.(*v1.Replica).Status = v1.ReplicaStatus{
 					ObservedGeneration: 1, InstanceState: v1.InstanceStateError, InstanceManagerName: "im-worker-2",
-					Address: "10.0.0.2:10000", Conditions: []metav1.Condition{cond(v1.ConditionReady)},
+					Address: "10.0.0.2:10000", ControlAddress: "10.0.0.2:10001", Conditions: []metav1.Condition{cond(v1.ConditionReady)},
 				}
 			},
 			get: &v1.Replica{},

@@ -48,10 +48,27 @@ type EngineSpec struct {
 	// +kubebuilder:default=fuse
 	Frontend Frontend `json:"frontend,omitempty"`
 
-	// replicaAddressMap maps the name of each Replica the engine should use
-	// to its data address (host:port).
+	// replicaAddresses maps the name of each Replica the engine should use
+	// to the addresses that replica's process reported.
 	// +optional
-	ReplicaAddressMap map[string]string `json:"replicaAddressMap,omitempty"`
+	// +kubebuilder:validation:MaxProperties=16
+	ReplicaAddresses map[string]ReplicaAddress `json:"replicaAddresses,omitempty"`
+}
+
+// ReplicaAddress is where an engine reaches one replica.
+type ReplicaAddress struct {
+	// data is the replica's data address: host:port, or unix:PATH for a
+	// replica on the engine's node.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Data string `json:"data"`
+
+	// control is the replica's gRPC control address (host:port).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Control string `json:"control"`
 }
 
 // RebuildStatus is the progress of one replica's rebuild.

@@ -76,6 +76,11 @@ type ReplicaStatus struct {
 	// +optional
 	Address string `json:"address,omitempty"`
 
+	// controlAddress is the replica's gRPC control address (host:port), as
+	// its process reported it.
+	// +optional
+	ControlAddress string `json:"controlAddress,omitempty"`
+
 	// conditions: Ready.
 	// +optional
 	// +listType=map

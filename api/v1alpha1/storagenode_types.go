@@ -69,9 +69,14 @@ type StorageNodeSpec struct {
 
 // DiskStatus is what Cairn observed of one disk.
 type DiskStatus struct {
-	// name is the disk's name in spec.disks.
+	// name is the disk's name in spec.disks ("default" for the disk a node
+	// without spec.disks gets at its instance manager's data directory).
 	// +required
 	Name string `json:"name"`
+
+	// path is the disk's mount path on the node.
+	// +optional
+	Path string `json:"path,omitempty"`
 
 	// filesystem is the type of the filesystem mounted at the disk's path.
 	// +optional

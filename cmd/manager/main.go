@@ -16,6 +16,12 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	storagev1alpha1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/engine"
+	"github.com/cairn-io/cairn/controllers/imclient"
+	"github.com/cairn-io/cairn/controllers/instancemanager"
+	"github.com/cairn-io/cairn/controllers/replica"
+	"github.com/cairn-io/cairn/controllers/storagenode"
+	"github.com/cairn-io/cairn/controllers/volume"
 )
 
 func main() {
@@ -63,7 +69,25 @@ func run(metricsAddr, probeAddr string, leaderElection bool) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return fmt.Errorf("add ready check: %w", err)
 	}
-	// Reconcilers are registered here as they are written (controllers/<kind>).
+	// One connection per instance manager, shared by every reconciler.
+	imr := instancemanager.NewReconciler(mgr.GetClient(), nil)
+	pool := imclient.New(imclient.Options{OnChange: imr.Changed, Logger: ctrl.Log.WithName("imclient")})
+	defer pool.Close()
+	imr.Pool = pool
+	if err := imr.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the InstanceManager reconciler: %w", err)
+	}
+	c := mgr.GetClient()
+	for kind, setup := range map[string]func(ctrl.Manager) error{
+		"StorageNode": (&storagenode.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+		"Replica":     (&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+		"Engine":      (&engine.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+		"Volume":      (&volume.Reconciler{Client: c}).SetupWithManager,
+	} {
+		if err := setup(mgr); err != nil {
+			return fmt.Errorf("set up the %s reconciler: %w", kind, err)
+		}
+	}
 	ctrl.Log.WithName("setup").Info("starting cairn-manager")
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

@@ -16,7 +16,9 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
@@ -214,4 +216,26 @@ func (p *Pool) watchOnce(ctx context.Context, c *Conn) (gotSnapshot bool, err er
 		c.mu.Unlock()
 		p.opts.OnChange(c.Addr)
 	}
+}
+
+// ErrNoInstanceManager: no InstanceManager with an address runs on the
+// node.
+var ErrNoInstanceManager = errors.New("no instance manager")
+
+// ForNode returns the connection to the instance manager of a node: the
+// InstanceManager object in namespace whose spec.nodeName is node and
+// whose spec.address is set.
+func (p *Pool) ForNode(ctx context.Context, c client.Reader, namespace, node string) (*Conn, *v1.InstanceManager, error) {
+	var ims v1.InstanceManagerList
+	if err := c.List(ctx, &ims, client.InNamespace(namespace)); err != nil {
+		return nil, nil, err
+	}
+	for i := range ims.Items {
+		im := &ims.Items[i]
+		if im.Spec.NodeName == node && im.Spec.Address != "" {
+			conn, err := p.Get(im.Spec.Address)
+			return conn, im, err
+		}
+	}
+	return nil, nil, fmt.Errorf("%w on node %q: an InstanceManager with spec.nodeName %q and an address is needed", ErrNoInstanceManager, node, node)
 }

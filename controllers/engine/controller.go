@@ -1,0 +1,263 @@
+// Package engine reconciles Engine objects: it starts the engine process
+// on spec.nodeName through that node's instance manager, with the replica
+// addresses the Volume reconciler gives it, reports the process's state,
+// control address and the block device its frontend serves, and stops it
+// when asked or deleted.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/imclient"
+	"github.com/cairn-io/cairn/controllers/instancemanager"
+	"github.com/cairn-io/cairn/controllers/replica"
+	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+)
+
+// Finalizer keeps an Engine until its process is stopped (a running
+// engine holds the volume's device on its node).
+const Finalizer = "storage.cairn.io/engine-process"
+
+// Ready condition reasons.
+const (
+	ReasonNotPlaced           = "NotPlaced"
+	ReasonNoReplicas          = "NoReplicas"
+	ReasonNoInstanceManager   = "NoInstanceManager"
+	ReasonInstanceManagerDown = "InstanceManagerUnreachable"
+	ReasonProcessFailed       = "ProcessFailed"
+	ReasonStopped             = "Stopped"
+	ReasonStarting            = "Starting"
+	ReasonReplicaSetChanged   = "ReplicaSetChanged"
+)
+
+const callTimeout = 10 * time.Second
+
+var labelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// Reconciler runs Engine processes.
+type Reconciler struct {
+	client.Client
+	Pool *imclient.Pool
+}
+
+// +kubebuilder:rbac:groups=storage.cairn.io,resources=engines,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=storage.cairn.io,resources=engines/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=storage.cairn.io,resources=engines/finalizers,verbs=update
+
+// Reconcile drives one engine's process toward spec.desiredState.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	e := &v1.Engine{}
+	if err := r.Get(ctx, req.NamespacedName, e); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !e.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, e)
+	}
+	if controllerutil.AddFinalizer(e, Finalizer) {
+		if err := r.Update(ctx, e); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	before := e.DeepCopy()
+	res, err := r.reconcileProcess(ctx, e)
+	e.Status.ObservedGeneration = e.Generation
+	if perr := r.Status().Patch(ctx, e, client.MergeFrom(before)); perr != nil {
+		return ctrl.Result{}, errors.Join(err, perr)
+	}
+	return res, err
+}
+
+// ProcessSpec is the instance-manager spec for an engine: its replicas in
+// the order of their names.
+func ProcessSpec(e *v1.Engine) *imv1.EngineSpec {
+	names := make([]string, 0, len(e.Spec.ReplicaAddresses))
+	for n := range e.Spec.ReplicaAddresses {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	spec := &imv1.EngineSpec{VolumeName: e.Spec.VolumeName, SizeBytes: e.Spec.Size.Value()}
+	for _, n := range names {
+		a := e.Spec.ReplicaAddresses[n]
+		spec.Replicas = append(spec.Replicas, &imv1.ReplicaAddress{Data: a.Data, Control: a.Control})
+	}
+	switch e.Spec.Frontend {
+	case v1.FrontendNBD:
+		spec.Frontend = imv1.Frontend_FRONTEND_NBD
+	default:
+		spec.Frontend = imv1.Frontend_FRONTEND_FUSE
+	}
+	return spec
+}
+
+func sameReplicas(a, b []*imv1.ReplicaAddress) bool {
+	return slices.EqualFunc(a, b, func(x, y *imv1.ReplicaAddress) bool {
+		return x.GetData() == y.GetData() && x.GetControl() == y.GetControl()
+	})
+}
+
+func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.Result, error) {
+	st := &e.Status
+	ready := func(ok bool, reason, msg string) {
+		s := metav1.ConditionFalse
+		if ok {
+			s = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: s, Reason: reason, Message: msg, ObservedGeneration: e.Generation})
+	}
+	reset := func(state v1.InstanceState) {
+		st.InstanceState, st.Address, st.Endpoint, st.Size = state, "", "", nil
+	}
+	if !labelRE.MatchString(e.Spec.VolumeName) {
+		reset(v1.InstanceStateStopped)
+		msg := fmt.Sprintf("spec.volumeName %q must be a DNS label (lowercase letters, digits and '-', at most 63 characters) to name the engine's device", e.Spec.VolumeName)
+		ready(false, v1.ReasonInvalidSpec, msg)
+		return ctrl.Result{}, reconcile.TerminalError(errors.New(msg))
+	}
+	if e.Spec.NodeName == "" {
+		reset(v1.InstanceStateStopped)
+		ready(false, ReasonNotPlaced, "spec.nodeName is empty: the engine runs nowhere")
+		return ctrl.Result{}, nil
+	}
+	conn, im, err := r.Pool.ForNode(ctx, r.Client, e.Namespace, e.Spec.NodeName)
+	if err != nil {
+		reset(v1.InstanceStateUnknown)
+		ready(false, ReasonNoInstanceManager, err.Error())
+		if errors.Is(err, imclient.ErrNoInstanceManager) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	st.InstanceManagerName = im.Name
+	name := replica.ProcessName(e)
+	proc, exists, current := conn.Process(name)
+	if !current {
+		reset(v1.InstanceStateUnknown)
+		ready(false, ReasonInstanceManagerDown, fmt.Sprintf("instance manager %s at %s is not reachable; the engine's state is unknown", im.Name, im.Spec.Address))
+		return ctrl.Result{}, nil
+	}
+	state := v1.InstanceStateStopped
+	if exists {
+		state = instancemanager.StateFromProto(proc.GetState())
+	}
+	reset(state)
+	if state == v1.InstanceStateRunning {
+		st.Address, st.Endpoint = proc.GetControlAddress(), proc.GetEndpoint().GetPath()
+		st.Size = resource.NewQuantity(proc.GetSizeBytes(), resource.BinarySI)
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if e.Spec.DesiredState != v1.DesiredInstanceStateRunning {
+		ready(false, ReasonStopped, "desiredState is stopped")
+		if exists {
+			if _, err := conn.Client.ProcessDelete(cctx, &imv1.ProcessDeleteRequest{Name: name}); err != nil && grpcstatus.Code(err) != codes.DeadlineExceeded {
+				return ctrl.Result{}, fmt.Errorf("stop engine process %s: %w", name, err)
+			}
+		}
+		return ctrl.Result{}, nil
+	}
+	want := ProcessSpec(e)
+	if len(want.Replicas) == 0 {
+		ready(false, ReasonNoReplicas, "spec.replicaAddresses is empty: nothing to serve the volume from")
+		return ctrl.Result{}, nil
+	}
+	switch {
+	case !exists:
+		// If we crash after the create, the next reconcile finds the
+		// process by name.
+		_, err := conn.Client.ProcessCreate(cctx, &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Engine{Engine: want}})
+		switch grpcstatus.Code(err) {
+		case codes.OK, codes.AlreadyExists:
+			st.InstanceState = v1.InstanceStateStarting
+			ready(false, ReasonStarting, "the engine process was created on "+e.Spec.NodeName)
+			return ctrl.Result{}, nil
+		case codes.InvalidArgument:
+			ready(false, v1.ReasonInvalidSpec, grpcstatus.Convert(err).Message())
+			return ctrl.Result{}, reconcile.TerminalError(err)
+		default:
+			ready(false, ReasonProcessFailed, err.Error())
+			return ctrl.Result{}, fmt.Errorf("create engine process %s: %w", name, err)
+		}
+	case state == v1.InstanceStateError || state == v1.InstanceStateStopped:
+		msg := fmt.Sprintf("the engine process exited (code %d): %s", proc.GetExitCode(), proc.GetError())
+		ready(false, ReasonProcessFailed, msg)
+		if _, err := conn.Client.ProcessDelete(cctx, &imv1.ProcessDeleteRequest{Name: name}); err != nil {
+			return ctrl.Result{}, fmt.Errorf("forget failed engine process %s: %w", name, err)
+		}
+		return ctrl.Result{}, errors.New(msg)
+	case !sameReplicas(proc.GetEngine().GetReplicas(), want.Replicas):
+		// Changing a running engine's replicas goes through the engine's
+		// own add/remove (a rebuild), never a restart under the volume.
+		ready(state == v1.InstanceStateRunning, ReasonReplicaSetChanged, "spec.replicaAddresses differ from the running engine's replicas; they are applied through the engine's replica add/remove")
+	case state == v1.InstanceStateRunning:
+		msg := "the engine serves " + st.Endpoint
+		if fb := proc.GetEndpoint().GetFallback(); fb != "" {
+			msg += " (no kernel block device: " + fb + ")"
+		}
+		ready(true, v1.ReasonAsExpected, msg)
+	default:
+		ready(false, ReasonStarting, "the engine process is "+string(state))
+	}
+	return ctrl.Result{}, nil
+}
+
+// reconcileDelete stops the process, then lets the object go.
+func (r *Reconciler) reconcileDelete(ctx context.Context, e *v1.Engine) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(e, Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	if e.Spec.NodeName != "" {
+		conn, _, err := r.Pool.ForNode(ctx, r.Client, e.Namespace, e.Spec.NodeName)
+		if err != nil && !errors.Is(err, imclient.ErrNoInstanceManager) {
+			return ctrl.Result{}, err
+		}
+		if conn != nil {
+			cctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			if _, err := conn.Client.ProcessDelete(cctx, &imv1.ProcessDeleteRequest{Name: replica.ProcessName(e)}); err != nil {
+				return ctrl.Result{}, fmt.Errorf("stop engine process %s: %w", replica.ProcessName(e), err)
+			}
+		}
+		// No instance manager on the node: no process of ours runs there.
+	}
+	controllerutil.RemoveFinalizer(e, Finalizer)
+	return ctrl.Result{}, r.Update(ctx, e)
+}
+
+// SetupWithManager registers the reconciler: an Engine is reconciled when
+// it changes and when its node's InstanceManager reports a change.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1.Engine{}).
+		Watches(&v1.InstanceManager{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			var es v1.EngineList
+			if err := mgr.GetClient().List(ctx, &es, client.InNamespace(o.GetNamespace())); err != nil {
+				return nil
+			}
+			var out []reconcile.Request
+			for _, e := range es.Items {
+				if e.Spec.NodeName == o.(*v1.InstanceManager).Spec.NodeName {
+					out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&e)})
+				}
+			}
+			return out
+		})).
+		Named("engine").
+		Complete(r)
+}

@@ -1,0 +1,123 @@
+// Package imtest runs real instance managers (cairn-data built from this
+// repository) for the controllers' tests.
+package imtest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+)
+
+// Binary builds cairn-data once per test binary and returns its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "cairn-data-bin")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binary = filepath.Join(dir, "cairn-data")
+		cmd := exec.Command("go", "build", "-o", binary, "github.com/cairn-io/cairn/dataplane/cmd/cairn-data")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("build cairn-data: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binary
+}
+
+// IM is a running instance manager.
+type IM struct {
+	Addr    string
+	DataDir string
+	Cmd     *exec.Cmd
+}
+
+// Start runs an instance manager for node on addr ("" picks a free
+// address), with DataDir as its data directory, until the test ends.
+func Start(t testing.TB, node, addr, dataDir string) *IM {
+	t.Helper()
+	if addr == "" {
+		addr = FreeAddr(t)
+	}
+	cmd := exec.Command(Binary(t), "instance-manager", "--listen", addr, "--node", node, "--data-dir", dataDir,
+		"--log-dir", filepath.Join(dataDir, ".logs"), "--port-range", FreeRange(t, 16), "--stop-grace", "5s")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "ready ") {
+		t.Fatalf("instance manager: %q %v", line, err)
+	}
+	return &IM{Addr: addr, DataDir: dataDir, Cmd: cmd}
+}
+
+// Kill kills the instance manager (and with it, its children).
+func (im *IM) Kill() {
+	im.Cmd.Process.Kill()
+	im.Cmd.Wait()
+}
+
+// FreeAddr returns a free 127.0.0.1 address.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+var (
+	rangeMu   sync.Mutex
+	rangeNext = 30000 + os.Getpid()%20000
+)
+
+// FreeRange returns n consecutive free ports as "A-B", never the same
+// range twice in one test binary.
+func FreeRange(t testing.TB, n int) string {
+	t.Helper()
+	rangeMu.Lock()
+	defer rangeMu.Unlock()
+	for ; rangeNext < 60000; rangeNext += n {
+		ok := true
+		for p := rangeNext; p < rangeNext+n && ok; p++ {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+			if err != nil {
+				ok = false
+				continue
+			}
+			l.Close()
+		}
+		if ok {
+			base := rangeNext
+			rangeNext += n
+			return fmt.Sprintf("%d-%d", base, base+n-1)
+		}
+	}
+	t.Fatal("no free port range")
+	return ""
+}

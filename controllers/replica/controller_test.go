@@ -1,0 +1,96 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/imtest"
+)
+
+// TestReplicaLifecycle: a scheduled Replica asked to run gets a process on
+// its node's real instance manager, reports its addresses, stops when
+// asked, and on deletion its data directory goes with it.
+func TestReplicaLifecycle(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	disk := t.TempDir()
+	im := imtest.Start(t, "node-r", "", disk)
+	g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-r", Namespace: "default"},
+		Spec: v1.InstanceManagerSpec{NodeName: "node-r", Address: im.Addr}})).To(Succeed())
+	rep := &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: "vol-r-abc", Namespace: "default"}, Spec: v1.ReplicaSpec{
+		VolumeName: "vol", NodeName: "node-r", DiskName: "default", DiskPath: disk, DataDirectoryName: "vol-r-abc",
+		Size: resource.MustParse("16Mi"), DesiredState: v1.DesiredInstanceStateRunning}}
+	g.Expect(k8sClient.Create(ctx, rep)).To(Succeed())
+	get := func() *v1.Replica {
+		out := &v1.Replica{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(rep), out)).To(Succeed())
+		return out
+	}
+	g.Eventually(func() v1.InstanceState { return get().Status.InstanceState }, 60*time.Second, 50*time.Millisecond).Should(Equal(v1.InstanceStateRunning))
+	got := get()
+	g.Expect(meta.IsStatusConditionTrue(got.Status.Conditions, v1.ConditionReady)).To(BeTrue())
+	g.Expect(got.Finalizers).To(ContainElement(Finalizer))
+	g.Expect(got.Status.InstanceManagerName).To(Equal("im-node-r"))
+	for _, addr := range []string{got.Status.Address, got.Status.ControlAddress} {
+		c, err := net.Dial("tcp", addr)
+		g.Expect(err).NotTo(HaveOccurred(), "reported address %s", addr)
+		c.Close()
+	}
+	dataDir := filepath.Join(disk, "vol-r-abc")
+	g.Expect(filepath.Join(dataDir, "volume.meta")).To(BeAnExistingFile())
+
+	// Stop: the process goes, the data stays.
+	got.Spec.DesiredState = v1.DesiredInstanceStateStopped
+	g.Expect(k8sClient.Update(ctx, got)).To(Succeed())
+	g.Eventually(func() v1.InstanceState { return get().Status.InstanceState }, 60*time.Second, 50*time.Millisecond).Should(Equal(v1.InstanceStateStopped))
+	g.Expect(get().Status.Address).To(BeEmpty())
+	g.Expect(dataDir).To(BeADirectory())
+
+	// Delete: the data goes, then the object.
+	g.Expect(k8sClient.Delete(ctx, get())).To(Succeed())
+	g.Eventually(func() bool {
+		err := k8sClient.Get(ctx, client.ObjectKeyFromObject(rep), &v1.Replica{})
+		return apierrors.IsNotFound(err)
+	}, 60*time.Second, 50*time.Millisecond).Should(BeTrue())
+	_, err := os.Stat(dataDir)
+	g.Expect(errors.Is(err, os.ErrNotExist)).To(BeTrue(), "data directory after deletion: %v", err)
+}
+
+// TestReplicaNotRunnable: an unscheduled replica and one on a node without
+// an instance manager say so.
+func TestReplicaNotRunnable(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	reason := func(name string) string {
+		out := &v1.Replica{}
+		if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, out); err != nil {
+			return err.Error()
+		}
+		if c := meta.FindStatusCondition(out.Status.Conditions, v1.ConditionReady); c != nil {
+			return c.Reason
+		}
+		return ""
+	}
+	for _, r := range []*v1.Replica{
+		{ObjectMeta: metav1.ObjectMeta{Name: "unscheduled", Namespace: "default"}, Spec: v1.ReplicaSpec{VolumeName: "v", Size: resource.MustParse("16Mi"), DesiredState: v1.DesiredInstanceStateRunning}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "nowhere", Namespace: "default"}, Spec: v1.ReplicaSpec{VolumeName: "v", NodeName: "ghost", DiskPath: "/x", DataDirectoryName: "r",
+			Size: resource.MustParse("16Mi"), DesiredState: v1.DesiredInstanceStateRunning}},
+	} {
+		g.Expect(k8sClient.Create(ctx, r)).To(Succeed())
+	}
+	g.Eventually(func() string { return reason("unscheduled") }, 30*time.Second, 50*time.Millisecond).Should(Equal(ReasonNotScheduled))
+	g.Eventually(func() string { return reason("nowhere") }, 30*time.Second, 50*time.Millisecond).Should(Equal(ReasonNoInstanceManager))
+}

@@ -1,0 +1,249 @@
+// Package storagenode reconciles StorageNode objects: the disks of a node
+// that replicas may be placed on. Capacity and free space come from the
+// node's instance manager (NodeInfo reports its data directories), the
+// space scheduled on each disk from the Replicas placed there.
+package storagenode
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/imclient"
+	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+)
+
+// Condition reasons.
+const (
+	ReasonNoInstanceManager   = "NoInstanceManager"
+	ReasonInstanceManagerDown = "InstanceManagerUnreachable"
+	ReasonNotADataDirectory   = "NotADataDirectory"
+	ReasonSchedulingDisabled  = "SchedulingDisabled"
+	ReasonNoSchedulableDisk   = "NoSchedulableDisk"
+)
+
+// DefaultDiskName is the disk a StorageNode without spec.disks has: the
+// instance manager's first data directory.
+const DefaultDiskName = "default"
+
+// Reconciler keeps StorageNode status current.
+type Reconciler struct {
+	client.Client
+	Pool *imclient.Pool
+	// Resync is how often free space is read again (it changes with every
+	// write, and no event says so). Default 30s.
+	Resync time.Duration
+}
+
+// +kubebuilder:rbac:groups=storage.cairn.io,resources=storagenodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.cairn.io,resources=storagenodes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=storage.cairn.io,resources=replicas;instancemanagers,verbs=get;list;watch
+
+// Reconcile observes one node's disks and writes the status once.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	sn := &v1.StorageNode{}
+	if err := r.Get(ctx, req.NamespacedName, sn); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	before := sn.DeepCopy()
+	obs, err := r.observe(ctx, sn)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	computeStatus(sn, obs)
+	if err := r.Status().Patch(ctx, sn, client.MergeFrom(before)); err != nil {
+		return ctrl.Result{}, err
+	}
+	resync := r.Resync
+	if resync <= 0 {
+		resync = 30 * time.Second
+	}
+	return ctrl.Result{RequeueAfter: resync}, nil // free space drifts with use: a wait about time
+}
+
+// observed is what one reconcile learned of a node.
+type observed struct {
+	// imProblem says why the node's instance manager cannot report
+	// (reason, message); empty when it did.
+	imReason, imMessage string
+	dataDirs            []*imv1.DataDir
+	scheduled           map[string]int64 // disk name → bytes of replicas placed there
+}
+
+func (r *Reconciler) observe(ctx context.Context, sn *v1.StorageNode) (observed, error) {
+	obs := observed{scheduled: map[string]int64{}}
+	var replicas v1.ReplicaList
+	if err := r.List(ctx, &replicas, client.InNamespace(sn.Namespace)); err != nil {
+		return obs, err
+	}
+	for _, rep := range replicas.Items {
+		if rep.Spec.NodeName == sn.Spec.NodeName && rep.Spec.DiskName != "" {
+			obs.scheduled[rep.Spec.DiskName] += rep.Spec.Size.Value()
+		}
+	}
+	var ims v1.InstanceManagerList
+	if err := r.List(ctx, &ims, client.InNamespace(sn.Namespace)); err != nil {
+		return obs, err
+	}
+	var im *v1.InstanceManager
+	for i := range ims.Items {
+		if ims.Items[i].Spec.NodeName == sn.Spec.NodeName && ims.Items[i].Spec.Address != "" {
+			im = &ims.Items[i]
+		}
+	}
+	if im == nil {
+		obs.imReason, obs.imMessage = ReasonNoInstanceManager, fmt.Sprintf("no InstanceManager with an address runs on node %s", sn.Spec.NodeName)
+		return obs, nil
+	}
+	conn, err := r.Pool.Get(im.Spec.Address)
+	if err != nil {
+		obs.imReason, obs.imMessage = ReasonInstanceManagerDown, err.Error()
+		return obs, nil
+	}
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ni, err := conn.Client.NodeInfo(ictx, &imv1.NodeInfoRequest{})
+	if err != nil {
+		obs.imReason, obs.imMessage = ReasonInstanceManagerDown, fmt.Sprintf("instance manager %s at %s: %v", im.Name, im.Spec.Address, err)
+		return obs, nil
+	}
+	obs.dataDirs = ni.GetDataDirs()
+	return obs, nil
+}
+
+// Disks returns a node's disks: spec.disks, or the default disk at the
+// first data directory when the spec lists none (dataDirs may be nil).
+func Disks(sn *v1.StorageNode, firstDataDir string) []v1.DiskSpec {
+	if len(sn.Spec.Disks) > 0 || firstDataDir == "" {
+		return sn.Spec.Disks
+	}
+	return []v1.DiskSpec{{Name: DefaultDiskName, Path: firstDataDir}}
+}
+
+// computeStatus derives the status from what was observed.
+func computeStatus(sn *v1.StorageNode, obs observed) {
+	first := ""
+	if len(obs.dataDirs) > 0 {
+		first = obs.dataDirs[0].GetPath()
+	}
+	nodeAllowed := sn.Spec.AllowScheduling == nil || *sn.Spec.AllowScheduling
+	var disks []v1.DiskStatus
+	schedulable := 0
+	for _, d := range Disks(sn, first) {
+		old := findDisk(sn.Status.Disks, d.Name)
+		ds := v1.DiskStatus{Name: d.Name, Path: d.Path, Scheduled: qty(obs.scheduled[d.Name])}
+		if old != nil {
+			ds.Conditions = old.Conditions
+		}
+		cond := func(typ string, ok bool, reason, msg string) {
+			st := metav1.ConditionFalse
+			if ok {
+				st = metav1.ConditionTrue
+			}
+			meta.SetStatusCondition(&ds.Conditions, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: sn.Generation})
+		}
+		dd := findDataDir(obs.dataDirs, d.Path)
+		switch {
+		case obs.imReason != "":
+			cond(v1.ConditionReady, false, obs.imReason, obs.imMessage)
+		case dd == nil:
+			cond(v1.ConditionReady, false, ReasonNotADataDirectory, fmt.Sprintf("%s is not a data directory of node %s's instance manager; add it with --data-dir", d.Path, sn.Spec.NodeName))
+		default:
+			ds.Filesystem, ds.Capacity, ds.Available = dd.GetFilesystem(), qty(dd.GetTotalBytes()), qty(dd.GetAvailableBytes())
+			cond(v1.ConditionReady, true, v1.ReasonAsExpected, fmt.Sprintf("%s (%s)", d.Path, dd.GetFilesystem()))
+		}
+		ready := meta.IsStatusConditionTrue(ds.Conditions, v1.ConditionReady)
+		diskAllowed := d.AllowScheduling == nil || *d.AllowScheduling
+		switch {
+		case !ready:
+			cond(v1.StorageNodeConditionSchedulable, false, ReasonNoSchedulableDisk, "the disk is not ready")
+		case !nodeAllowed || !diskAllowed:
+			cond(v1.StorageNodeConditionSchedulable, false, ReasonSchedulingDisabled, "allowScheduling is false on the node or the disk")
+		default:
+			cond(v1.StorageNodeConditionSchedulable, true, v1.ReasonAsExpected, "new replicas may be placed here")
+			schedulable++
+		}
+		disks = append(disks, ds)
+	}
+	sn.Status.Disks = disks
+	sn.Status.ObservedGeneration = sn.Generation
+	set := func(typ string, ok bool, reason, msg string) {
+		st := metav1.ConditionFalse
+		if ok {
+			st = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(&sn.Status.Conditions, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: sn.Generation})
+	}
+	if obs.imReason != "" {
+		set(v1.ConditionReady, false, obs.imReason, obs.imMessage)
+	} else {
+		set(v1.ConditionReady, true, v1.ReasonAsExpected, fmt.Sprintf("the instance manager reports %d data directories", len(obs.dataDirs)))
+	}
+	switch {
+	case schedulable > 0:
+		set(v1.StorageNodeConditionSchedulable, true, v1.ReasonAsExpected, fmt.Sprintf("%d of %d disks take new replicas", schedulable, len(disks)))
+	case !nodeAllowed:
+		set(v1.StorageNodeConditionSchedulable, false, ReasonSchedulingDisabled, "spec.allowScheduling is false")
+	default:
+		set(v1.StorageNodeConditionSchedulable, false, ReasonNoSchedulableDisk, "no disk is ready with scheduling allowed (see status.disks)")
+	}
+}
+
+func qty(n int64) *resource.Quantity { return resource.NewQuantity(n, resource.BinarySI) }
+
+func findDisk(ds []v1.DiskStatus, name string) *v1.DiskStatus {
+	for i := range ds {
+		if ds[i].Name == name {
+			return &ds[i]
+		}
+	}
+	return nil
+}
+
+func findDataDir(dirs []*imv1.DataDir, path string) *imv1.DataDir {
+	for _, d := range dirs {
+		if d.GetPath() == path {
+			return d
+		}
+	}
+	return nil
+}
+
+// SetupWithManager registers the reconciler: a StorageNode is reconciled
+// when it changes, when a Replica is placed on (or leaves) its node, and
+// when its node's InstanceManager changes.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	byNode := func(node string, namespace string) []reconcile.Request {
+		var sns v1.StorageNodeList
+		if err := mgr.GetClient().List(context.Background(), &sns, client.InNamespace(namespace)); err != nil {
+			return nil
+		}
+		var out []reconcile.Request
+		for _, sn := range sns.Items {
+			if sn.Spec.NodeName == node {
+				out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: sn.Namespace, Name: sn.Name}})
+			}
+		}
+		return out
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1.StorageNode{}).
+		Watches(&v1.Replica{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return byNode(o.(*v1.Replica).Spec.NodeName, o.GetNamespace())
+		})).
+		Watches(&v1.InstanceManager{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return byNode(o.(*v1.InstanceManager).Spec.NodeName, o.GetNamespace())
+		})).
+		Named("storagenode").
+		Complete(r)
+}

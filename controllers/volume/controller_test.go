@@ -1,0 +1,132 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/imtest"
+	"github.com/cairn-io/cairn/controllers/replica"
+)
+
+const timeout = 90 * time.Second
+
+// nodes starts an instance manager per node, with its InstanceManager and
+// StorageNode objects, and returns each node's data directory.
+func nodes(t *testing.T, g *WithT, names ...string) map[string]string {
+	ctx := context.Background()
+	dirs := map[string]string{}
+	for _, n := range names {
+		dir := t.TempDir()
+		im := imtest.Start(t, n, "", dir)
+		g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-" + n, Namespace: "default"},
+			Spec: v1.InstanceManagerSpec{NodeName: n, Address: im.Addr}})).To(Succeed())
+		g.Expect(k8sClient.Create(ctx, &v1.StorageNode{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "default"},
+			Spec: v1.StorageNodeSpec{NodeName: n}})).To(Succeed())
+		dirs[n] = dir
+	}
+	return dirs
+}
+
+// TestVolumeLifecycle drives a volume through the whole life cycle on
+// three simulated nodes: created and scheduled one replica per node,
+// attached (replicas, then the engine, with a device endpoint), detached,
+// and deleted with every replica's data.
+func TestVolumeLifecycle(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dirs := nodes(t, g, "n1", "n2", "n3")
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-1", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("16Mi"), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
+	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
+	get := func() *v1.Volume {
+		out := &v1.Volume{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
+		return out
+	}
+	replicas := func() []v1.Replica {
+		var list v1.ReplicaList
+		g.Expect(k8sClient.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{LabelVolume: vol.Name})).To(Succeed())
+		return list.Items
+	}
+
+	// Created: detached, one replica on each node.
+	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
+	g.Expect(meta.IsStatusConditionTrue(get().Status.Conditions, v1.VolumeConditionScheduled)).To(BeTrue())
+	g.Expect(get().Status.Robustness).To(Equal(v1.VolumeRobustnessUnknown))
+	seen := map[string]bool{}
+	for _, r := range replicas() {
+		seen[r.Spec.NodeName] = true
+		g.Expect(r.Spec.DiskPath).To(Equal(dirs[r.Spec.NodeName]))
+		g.Expect(metav1.IsControlledBy(&r, get())).To(BeTrue())
+	}
+	g.Expect(seen).To(HaveLen(3), "one replica per node")
+
+	// Attach to n2.
+	cur := get()
+	cur.Spec.NodeName = "n2"
+	g.Expect(k8sClient.Update(ctx, cur)).To(Succeed())
+	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateAttached))
+	got := get()
+	g.Expect(got.Status.CurrentNodeName).To(Equal("n2"))
+	g.Expect(got.Status.Robustness).To(Equal(v1.VolumeRobustnessHealthy))
+	g.Expect(got.Status.Endpoint).NotTo(BeEmpty())
+	_, err := os.Stat(got.Status.Endpoint)
+	g.Expect(err).NotTo(HaveOccurred(), "the endpoint the engine reports exists on the node")
+	e := &v1.Engine{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(got)}, e)).To(Succeed())
+	g.Expect(e.Spec.ReplicaAddresses).To(HaveLen(3))
+	g.Expect(e.Status.Size.Value()).To(Equal(int64(16 << 20)))
+
+	// Detach: the engine stops, then the replicas.
+	got.Spec.NodeName = ""
+	g.Expect(k8sClient.Update(ctx, got)).To(Succeed())
+	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
+	for _, r := range replicas() {
+		g.Expect(r.Status.InstanceState).To(Equal(v1.InstanceStateStopped))
+		g.Expect(filepath.Join(replica.DataDir(&r), "volume.meta")).To(BeAnExistingFile(), "detaching keeps the data")
+	}
+
+	// Delete: engine, replicas and data go, then the volume.
+	reps := replicas()
+	g.Expect(k8sClient.Delete(ctx, get())).To(Succeed())
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), &v1.Volume{}))
+	}, timeout, 100*time.Millisecond).Should(BeTrue())
+	for _, r := range reps {
+		_, err := os.Stat(replica.DataDir(&r))
+		g.Expect(errors.Is(err, os.ErrNotExist)).To(BeTrue(), fmt.Sprintf("replica %s data: %v", r.Name, err))
+	}
+	g.Expect(replicas()).To(BeEmpty())
+}
+
+// TestVolumeUnschedulable: a volume asking for more space than any disk
+// has says how many replicas are unplaced and why.
+func TestVolumeUnschedulable(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	nodes(t, g, "u1")
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "huge", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("10Ti"), NumberOfReplicas: 2}}
+	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
+	g.Eventually(func() string {
+		out := &v1.Volume{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
+		if c := meta.FindStatusCondition(out.Status.Conditions, v1.VolumeConditionScheduled); c != nil && c.Reason == v1.VolumeReasonReplicaSchedulingFailed {
+			return c.Message
+		}
+		return ""
+	}, timeout, 100*time.Millisecond).Should(ContainSubstring("2 of 2 replicas unplaced"))
+}

@@ -1,0 +1,51 @@
+package volume
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cairn-io/cairn/controllers/engine"
+	"github.com/cairn-io/cairn/controllers/imclient"
+	"github.com/cairn-io/cairn/controllers/instancemanager"
+	"github.com/cairn-io/cairn/controllers/internal/suite"
+	"github.com/cairn-io/cairn/controllers/replica"
+	"github.com/cairn-io/cairn/controllers/storagenode"
+)
+
+// The suite runs every reconciler against envtest and real instance
+// managers, one per simulated node, each starting real engine and replica
+// processes on loopback.
+var k8sClient client.Client
+
+func TestMain(m *testing.M) {
+	imr := instancemanager.NewReconciler(nil, nil)
+	env, err := suite.Start(func(mgr ctrl.Manager, pool *imclient.Pool) error {
+		imr.Client, imr.Pool = mgr.GetClient(), pool
+		c := mgr.GetClient()
+		for _, setup := range []func(ctrl.Manager) error{
+			imr.SetupWithManager,
+			(&storagenode.Reconciler{Client: c, Pool: pool, Resync: time.Second}).SetupWithManager,
+			(&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+			(&engine.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+			(&Reconciler{Client: c}).SetupWithManager,
+		} {
+			if err := setup(mgr); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, func(addr string) { imr.Changed(addr) })
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	k8sClient = env.Client
+	code := m.Run()
+	env.Stop()
+	os.Exit(code)
+}
