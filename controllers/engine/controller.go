@@ -15,9 +15,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -27,6 +25,7 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
+	"github.com/cairn-io/cairn/controllers/internal/objects"
 	"github.com/cairn-io/cairn/controllers/replica"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
@@ -115,11 +114,7 @@ func sameReplicas(a, b []*imv1.ReplicaAddress) bool {
 func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.Result, error) {
 	st := &e.Status
 	ready := func(ok bool, reason, msg string) {
-		s := metav1.ConditionFalse
-		if ok {
-			s = metav1.ConditionTrue
-		}
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: s, Reason: reason, Message: msg, ObservedGeneration: e.Generation})
+		objects.SetCondition(&st.Conditions, e.Generation, v1.ConditionReady, ok, reason, msg)
 	}
 	reset := func(state v1.InstanceState) {
 		st.InstanceState, st.Address, st.Endpoint, st.Size = state, "", "", nil
@@ -246,17 +241,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1.Engine{}).
 		Watches(&v1.InstanceManager{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			var es v1.EngineList
-			if err := mgr.GetClient().List(ctx, &es, client.InNamespace(o.GetNamespace())); err != nil {
-				return nil
-			}
-			var out []reconcile.Request
-			for _, e := range es.Items {
-				if e.Spec.NodeName == o.(*v1.InstanceManager).Spec.NodeName {
-					out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&e)})
-				}
-			}
-			return out
+			return objects.OnNode(ctx, mgr.GetClient(), &v1.EngineList{}, o.GetNamespace(), o.(*v1.InstanceManager).Spec.NodeName,
+				func(e *v1.Engine) string { return e.Spec.NodeName })
 		})).
 		Named("engine").
 		Complete(r)

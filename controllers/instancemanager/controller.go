@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -22,6 +21,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/imclient"
+	"github.com/cairn-io/cairn/controllers/internal/objects"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
@@ -100,20 +100,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 // observe fills im.Status from the pool's connection to it.
 func observe(ctx context.Context, pool *imclient.Pool, im *v1.InstanceManager) {
-	setReady := func(status metav1.ConditionStatus, reason, msg string) {
-		meta.SetStatusCondition(&im.Status.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: status,
-			Reason: reason, Message: msg, ObservedGeneration: im.Generation})
+	setReady := func(ok bool, reason, msg string) {
+		objects.SetCondition(&im.Status.Conditions, im.Generation, v1.ConditionReady, ok, reason, msg)
 	}
 	if im.Spec.Address == "" {
 		im.Status.State = v1.InstanceManagerStateUnknown
-		setReady(metav1.ConditionFalse, ReasonNoAddress, "spec.address is empty: no instance manager to reach")
+		setReady(false, ReasonNoAddress, "spec.address is empty: no instance manager to reach")
 		markUnknown(im)
 		return
 	}
 	conn, err := pool.Get(im.Spec.Address)
 	if err != nil {
 		im.Status.State = v1.InstanceManagerStateUnknown
-		setReady(metav1.ConditionFalse, ReasonUnreachable, err.Error())
+		setReady(false, ReasonUnreachable, err.Error())
 		markUnknown(im)
 		return
 	}
@@ -124,7 +123,7 @@ func observe(ctx context.Context, pool *imclient.Pool, im *v1.InstanceManager) {
 		if werr != nil {
 			msg = "the process watch from " + im.Spec.Address + " is down (redialling): " + werr.Error()
 		}
-		setReady(metav1.ConditionFalse, ReasonUnreachable, msg)
+		setReady(false, ReasonUnreachable, msg)
 		markUnknown(im)
 		return
 	}
@@ -137,7 +136,7 @@ func observe(ctx context.Context, pool *imclient.Pool, im *v1.InstanceManager) {
 	} else {
 		logf.FromContext(ctx).Info("NodeInfo failed", "reason", err.Error())
 	}
-	setReady(metav1.ConditionTrue, v1.ReasonAsExpected, "the process watch is current")
+	setReady(true, v1.ReasonAsExpected, "the process watch is current")
 }
 
 // markUnknown keeps the last known processes but says their states are

@@ -13,8 +13,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -24,6 +22,7 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
+	"github.com/cairn-io/cairn/controllers/internal/objects"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
@@ -92,11 +91,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 func (r *Reconciler) reconcileProcess(ctx context.Context, rep *v1.Replica) (ctrl.Result, error) {
 	st := &rep.Status
 	ready := func(ok bool, reason, msg string) {
-		s := metav1.ConditionFalse
-		if ok {
-			s = metav1.ConditionTrue
-		}
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: s, Reason: reason, Message: msg, ObservedGeneration: rep.Generation})
+		objects.SetCondition(&st.Conditions, rep.Generation, v1.ConditionReady, ok, reason, msg)
 	}
 	if rep.Spec.NodeName == "" || rep.Spec.DiskPath == "" || rep.Spec.DataDirectoryName == "" {
 		st.InstanceState, st.Address, st.ControlAddress = v1.InstanceStateStopped, "", ""
@@ -209,17 +204,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1.Replica{}).
 		Watches(&v1.InstanceManager{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			var reps v1.ReplicaList
-			if err := mgr.GetClient().List(ctx, &reps, client.InNamespace(o.GetNamespace())); err != nil {
-				return nil
-			}
-			var out []reconcile.Request
-			for _, rep := range reps.Items {
-				if rep.Spec.NodeName == o.(*v1.InstanceManager).Spec.NodeName {
-					out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&rep)})
-				}
-			}
-			return out
+			return objects.OnNode(ctx, mgr.GetClient(), &v1.ReplicaList{}, o.GetNamespace(), o.(*v1.InstanceManager).Spec.NodeName,
+				func(r *v1.Replica) string { return r.Spec.NodeName })
 		})).
 		Named("replica").
 		Complete(r)

@@ -11,8 +11,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -20,6 +18,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/imclient"
+	"github.com/cairn-io/cairn/controllers/internal/objects"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
@@ -146,11 +145,7 @@ func computeStatus(sn *v1.StorageNode, obs observed) {
 			ds.Conditions = old.Conditions
 		}
 		cond := func(typ string, ok bool, reason, msg string) {
-			st := metav1.ConditionFalse
-			if ok {
-				st = metav1.ConditionTrue
-			}
-			meta.SetStatusCondition(&ds.Conditions, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: sn.Generation})
+			objects.SetCondition(&ds.Conditions, sn.Generation, typ, ok, reason, msg)
 		}
 		dd := findDataDir(obs.dataDirs, d.Path)
 		switch {
@@ -178,11 +173,7 @@ func computeStatus(sn *v1.StorageNode, obs observed) {
 	sn.Status.Disks = disks
 	sn.Status.ObservedGeneration = sn.Generation
 	set := func(typ string, ok bool, reason, msg string) {
-		st := metav1.ConditionFalse
-		if ok {
-			st = metav1.ConditionTrue
-		}
-		meta.SetStatusCondition(&sn.Status.Conditions, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: sn.Generation})
+		objects.SetCondition(&sn.Status.Conditions, sn.Generation, typ, ok, reason, msg)
 	}
 	if obs.imReason != "" {
 		set(v1.ConditionReady, false, obs.imReason, obs.imMessage)
@@ -223,26 +214,16 @@ func findDataDir(dirs []*imv1.DataDir, path string) *imv1.DataDir {
 // when it changes, when a Replica is placed on (or leaves) its node, and
 // when its node's InstanceManager changes.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	byNode := func(node string, namespace string) []reconcile.Request {
-		var sns v1.StorageNodeList
-		if err := mgr.GetClient().List(context.Background(), &sns, client.InNamespace(namespace)); err != nil {
-			return nil
-		}
-		var out []reconcile.Request
-		for _, sn := range sns.Items {
-			if sn.Spec.NodeName == node {
-				out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: sn.Namespace, Name: sn.Name}})
-			}
-		}
-		return out
+	byNode := func(ctx context.Context, node string, namespace string) []reconcile.Request {
+		return objects.OnNode(ctx, mgr.GetClient(), &v1.StorageNodeList{}, namespace, node, func(sn *v1.StorageNode) string { return sn.Spec.NodeName })
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1.StorageNode{}).
-		Watches(&v1.Replica{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			return byNode(o.(*v1.Replica).Spec.NodeName, o.GetNamespace())
+		Watches(&v1.Replica{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return byNode(ctx, o.(*v1.Replica).Spec.NodeName, o.GetNamespace())
 		})).
-		Watches(&v1.InstanceManager{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			return byNode(o.(*v1.InstanceManager).Spec.NodeName, o.GetNamespace())
+		Watches(&v1.InstanceManager{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return byNode(ctx, o.(*v1.InstanceManager).Spec.NodeName, o.GetNamespace())
 		})).
 		Named("storagenode").
 		Complete(r)

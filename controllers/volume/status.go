@@ -3,10 +3,8 @@ package volume
 import (
 	"fmt"
 
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/objects"
 )
 
 // computeStatus derives the Volume's status from the scope's observations.
@@ -28,11 +26,7 @@ func computeStatus(s *scope) {
 		}
 	}
 	cond := func(typ string, ok bool, reason, msg string) {
-		status := metav1.ConditionFalse
-		if ok {
-			status = metav1.ConditionTrue
-		}
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: v.Generation})
+		objects.SetCondition(&st.Conditions, v.Generation, typ, ok, reason, msg)
 	}
 	switch {
 	case scheduled >= want:

@@ -58,9 +58,9 @@ const (
 	engineStopSlack  = 15 * time.Second
 )
 
-// defaultEnv is the whole environment of a child unless Options.Env says
+// DefaultEnv is the whole environment of a child unless Options.Env says
 // otherwise: nothing of the instance manager's own environment leaks in.
-var defaultEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+var DefaultEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 // Options configure a Supervisor.
 type Options struct {
@@ -199,7 +199,7 @@ func New(opts Options) (*Supervisor, error) {
 		opts.Host = "127.0.0.1"
 	}
 	if len(opts.Env) == 0 {
-		opts.Env = defaultEnv
+		opts.Env = DefaultEnv
 	}
 	for i, d := range opts.DataDirs {
 		opts.DataDirs[i] = filepath.Clean(d)

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -135,7 +136,7 @@ func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Wr
 		}
 		dataDirs[i] = abs
 	}
-	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	env := slices.Clone(instancemanager.DefaultEnv)
 	for _, kv := range childEnv {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
 			return fail("--child-env %q: use KEY=VALUE", kv)

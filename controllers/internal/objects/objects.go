@@ -1,0 +1,42 @@
+// Package objects holds what several reconcilers do alike with their
+// objects: set a condition from a verdict, and find the objects placed on
+// a node.
+package objects
+
+import (
+	"context"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+)
+
+// SetCondition sets the condition typ to True when ok, False otherwise.
+func SetCondition(conds *[]metav1.Condition, generation int64, typ string, ok bool, reason, msg string) {
+	status := metav1.ConditionFalse
+	if ok {
+		status = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: generation})
+}
+
+// OnNode lists the objects of list's kind in namespace and returns a
+// reconcile request for each whose node (nodeOf) is node. A failed list
+// gives none: the watch that asked is not the only trigger.
+func OnNode[T client.Object](ctx context.Context, c client.Reader, list client.ObjectList, namespace, node string, nodeOf func(T) string) []reconcile.Request {
+	if err := c.List(ctx, list, client.InNamespace(namespace)); err != nil {
+		return nil
+	}
+	items, err := meta.ExtractList(list)
+	if err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, it := range items {
+		if o, ok := it.(T); ok && nodeOf(o) == node {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)})
+		}
+	}
+	return out
+}
