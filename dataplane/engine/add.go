@@ -13,10 +13,11 @@ import (
 // A replica that failed earlier in this engine's life, while the set has
 // stayed degraded since, copies only the regions marked dirty in its own
 // and the source's write-intent bitmaps; any other copies everything,
-// skipping holes. AddReplica returns once the replica is taking writes.
+// skipping holes. The failed replica is recognised by its ID, not its
+// address: a replica process restarted on its data directory usually gets
+// other ports. AddReplica returns once the replica is taking writes.
 func (e *Engine) AddReplica(ctx context.Context, addr string) error {
-	failedID, wasMember, err := e.checkAddable(addr)
-	if err != nil {
+	if err := e.checkAddable(addr); err != nil {
 		return err
 	}
 	a, err := e.dialTarget(ctx, addr)
@@ -25,8 +26,8 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	}
 	// Only the very replica that failed (same ID, data intact, not halfway
 	// through an earlier rebuild) may copy just the dirty regions; a new
-	// replica at the same address gets everything.
-	a.dirtyOnly = wasMember && failedID != "" && failedID == a.info.ID && !a.info.Rebuilding
+	// replica, at the same address or not, gets everything.
+	a.dirtyOnly = e.failedEarlier(a.info.ID) && !a.info.Rebuilding
 
 	// From here on a failure fails replicas: the caller's cancellation must
 	// not cause one.
@@ -64,29 +65,35 @@ type addition struct {
 	srcInfo ReplicaInfo
 }
 
-// checkAddable refuses addr if it is a member (not ERR) or being rebuilt,
-// and returns the ID it had if it failed in this engine's life while the
-// set stayed degraded (see Engine.failed).
-func (e *Engine) checkAddable(addr string) (failedID string, wasMember bool, err error) {
+// checkAddable refuses addr if it is a member (not ERR) or being rebuilt.
+func (e *Engine) checkAddable(addr string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.checkAddableLocked(addr)
 }
 
-func (e *Engine) checkAddableLocked(addr string) (failedID string, wasMember bool, err error) {
+func (e *Engine) checkAddableLocked(addr string) error {
 	if e.closed {
-		return "", false, ErrClosed
+		return ErrClosed
 	}
 	for _, m := range e.members {
 		if m.addr == addr && m.mode != ModeERR {
-			return "", false, fmt.Errorf("%w: %s is already a %s member", ErrInvalid, addr, m.mode)
+			return fmt.Errorf("%w: %s is already a %s member", ErrInvalid, addr, m.mode)
 		}
 	}
 	if rb := e.rebuilds[addr]; rb != nil && rb.status().State == RebuildInProgress {
-		return "", false, fmt.Errorf("%w: %s is already being rebuilt", ErrInvalid, addr)
+		return fmt.Errorf("%w: %s is already being rebuilt", ErrInvalid, addr)
 	}
-	failedID, wasMember = e.failed[addr]
-	return failedID, wasMember, nil
+	return nil
+}
+
+// failedEarlier reports whether the replica with this ID failed in this
+// engine's life while the set stayed degraded since (see Engine.failed).
+func (e *Engine) failedEarlier(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.failed[id]
+	return id != "" && ok
 }
 
 // dialTarget connects to the replica at addr, fences it (fenceTarget)
@@ -221,11 +228,10 @@ func (e *Engine) join(ctx context.Context, a *addition) (rb *rebuild, err error)
 func (e *Engine) recheck(a *addition) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	failedID, wasMember, err := e.checkAddableLocked(a.target.addr)
-	if err != nil {
+	if err := e.checkAddableLocked(a.target.addr); err != nil {
 		return err
 	}
-	if a.dirtyOnly && !(wasMember && failedID == a.info.ID) {
+	if _, failed := e.failed[a.info.ID]; a.dirtyOnly && !failed {
 		e.log.Info("the set was healthy again since the replica failed; rebuilding it in full", "replica", a.target.addr)
 		a.dirtyOnly = false
 	}

@@ -138,10 +138,10 @@ type Engine struct {
 	wanted   int
 	closed   bool
 	rebuilds map[string]*rebuild
-	// failed records, by address, the ID of replicas that failed during
-	// this engine's life while the set stayed degraded since: their
+	// failed records, by replica ID, the address of replicas that failed
+	// during this engine's life while the set stayed degraded since: their
 	// write-intent bits were kept on the survivors, so if the same replica
-	// (same ID) comes back it resyncs only dirty regions.
+	// (same ID, at any address) comes back it resyncs only dirty regions.
 	failed map[string]string
 	// doneSnaps are the snapshots of completed rebuilds not deleted yet
 	// (another rebuild was reading them): see removeDoneSnapshots.
@@ -368,7 +368,9 @@ func (e *Engine) setMode(m *member, to Mode, cause error) error {
 	if to == ModeERR {
 		if from != modeNew {
 			e.needBump.Store(true)  // until the survivors' epoch moves past it
-			e.failed[m.addr] = m.id // a replica failed mid-rebuild is refused dirty-only resync by its persisted rebuilding flag
+			if m.id != "" {
+				e.failed[m.id] = m.addr // a replica failed mid-rebuild is refused dirty-only resync by its persisted rebuilding flag
+			}
 		}
 		go m.close() // stop its traffic; pending requests fail at once
 	}

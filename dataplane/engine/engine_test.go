@@ -287,8 +287,16 @@ func TestKillRebuildLoseOriginals(t *testing.T) {
 }
 
 // TestReturningReplicaCopiesOnlyDirtyRegions: a replica that goes away and
-// comes back with its data resyncs only the regions written meanwhile.
+// comes back with its data resyncs only the regions written meanwhile,
+// whether it comes back at its old address or (a restarted replica process
+// given other ports) at a new one: it is recognised by its ID.
 func TestReturningReplicaCopiesOnlyDirtyRegions(t *testing.T) {
+	for _, sameAddress := range []bool{true, false} {
+		t.Run(fmt.Sprintf("sameAddress=%v", sameAddress), func(t *testing.T) { testReturningReplica(t, sameAddress) })
+	}
+}
+
+func testReturningReplica(t *testing.T, sameAddress bool) {
 	ctx := context.Background()
 	const size = 64 << 20
 	e, reps := cluster(t, 3, size)
@@ -308,7 +316,14 @@ func TestReturningReplicaCopiesOnlyDirtyRegions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	back := startReplica(t, r1.dir, 0, r1.addr)
+	backAt := r1.addr
+	if !sameAddress {
+		backAt = ""
+	}
+	back := startReplica(t, r1.dir, 0, backAt)
+	if !sameAddress && back.addr == r1.addr {
+		t.Fatalf("the returning replica got its old address %s; the test needs another", back.addr)
+	}
 	if err := e.AddReplica(ctx, back.addr); err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +332,7 @@ func TestReturningReplicaCopiesOnlyDirtyRegions(t *testing.T) {
 		t.Fatalf("rebuild: %+v %v", st, err)
 	}
 	if !st.DirtyOnly {
-		t.Fatal("a returning replica was fully rebuilt")
+		t.Fatalf("a returning replica (back at %s, was %s) was fully rebuilt", back.addr, r1.addr)
 	}
 	// 3 regions of 1 MiB written while away (plus at most a few regions the
 	// returning replica itself marked dirty before it died).
@@ -329,6 +344,9 @@ func TestReturningReplicaCopiesOnlyDirtyRegions(t *testing.T) {
 	reps[0].kill()
 	reps[2].kill()
 	waitFor(t, "originals dropped", func() bool { return modes(e)[reps[0].addr] == "ERR" && modes(e)[reps[2].addr] == "ERR" })
+	if m := modes(e)[back.addr]; m != "RW" {
+		t.Fatalf("the returning replica is %s, want RW", m)
+	}
 	want := pattern(1, size)
 	for _, off := range []int64{5 << 20, 20<<20 + 4096, 40 << 20} {
 		copy(want[off:], pattern(int(off), 8192))
