@@ -90,6 +90,12 @@ type RebuildStatus struct {
 	// +optional
 	BytesTotal int64 `json:"bytesTotal,omitempty"`
 
+	// dirtyOnly is true when the replica is one that failed and came back:
+	// only the regions written while it was away are copied (a delta
+	// resync), not the whole volume.
+	// +optional
+	DirtyOnly bool `json:"dirtyOnly,omitempty"`
+
 	// progress is bytesDone as a percentage of bytesTotal, 0 to 100.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
@@ -154,7 +160,9 @@ type EngineStatus struct {
 	// +optional
 	Size *resource.Quantity `json:"size,omitempty"`
 
-	// replicaModeMap maps each replica the engine uses to its mode.
+	// replicaModeMap maps each replica the engine uses to its mode, as the
+	// engine's status stream last reported it. Empty while the engine is
+	// not running or its stream is not connected.
 	// +optional
 	ReplicaModeMap map[string]ReplicaMode `json:"replicaModeMap,omitempty"`
 
@@ -183,6 +191,7 @@ type EngineStatus struct {
 // +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volumeName`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.size`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Engine struct {
 	metav1.TypeMeta   `json:",inline"`

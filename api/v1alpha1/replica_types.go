@@ -48,8 +48,13 @@ type ReplicaSpec struct {
 	// +kubebuilder:default=stopped
 	DesiredState DesiredInstanceState `json:"desiredState,omitempty"`
 
-	// failedAt is when the engine last marked this replica ERR. A failed
-	// replica is rebuilt or replaced; it never serves reads as it is.
+	// failedAt is when the Volume reconciler saw this replica stop serving
+	// (the engine marked it ERR, or its process was gone) while the volume
+	// was attached. A failed replica is given back to the engine when its
+	// process runs again (it resyncs the regions written meanwhile); past
+	// the replenishment wait a replacement is built on another disk and
+	// this one is deleted once the volume is healthy. It never serves reads
+	// as it is.
 	// +optional
 	FailedAt *metav1.Time `json:"failedAt,omitempty"`
 
@@ -97,6 +102,7 @@ type ReplicaStatus struct {
 // +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volumeName`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Disk",type=string,JSONPath=`.spec.diskName`
+// +kubebuilder:printcolumn:name="Failed",type=date,JSONPath=`.spec.failedAt`,description="When it stopped serving"
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.status.address`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Replica struct {

@@ -71,6 +71,10 @@ const (
 	// VolumeConditionScheduled is true when every replica of the volume has
 	// been placed on a disk of a StorageNode.
 	VolumeConditionScheduled = "Scheduled"
+	// VolumeConditionRebuilding is true while the engine copies data to a
+	// replica (a new one, or a failed one come back); the message shows
+	// the progress.
+	VolumeConditionRebuilding = "Rebuilding"
 )
 
 // Volume condition reasons.
@@ -83,6 +87,10 @@ const (
 	VolumeReasonDetached = "Detached"
 	// VolumeReasonFaulted means no replica is usable.
 	VolumeReasonFaulted = "Faulted"
+	// VolumeReasonRebuildInProgress: a replica is being rebuilt.
+	VolumeReasonRebuildInProgress = "RebuildInProgress"
+	// VolumeReasonNoRebuild: no replica is being rebuilt.
+	VolumeReasonNoRebuild = "NoRebuild"
 )
 
 // VolumeDataSource names the data a new Volume starts with.
@@ -178,7 +186,7 @@ type VolumeStatus struct {
 	// +optional
 	ActualSize *resource.Quantity `json:"actualSize,omitempty"`
 
-	// conditions: Scheduled, Ready.
+	// conditions: Scheduled, Ready, Rebuilding.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

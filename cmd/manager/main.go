@@ -29,22 +29,33 @@ func main() {
 		metricsAddr    string
 		probeAddr      string
 		leaderElection bool
+		vr             volume.Reconciler
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the metrics endpoint binds to; \"0\" disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the health and readiness probes bind to.")
 	flag.BoolVar(&leaderElection, "leader-elect", false, "Elect a leader so that only one manager reconciles at a time.")
+	flag.DurationVar(&vr.ReplenishmentWait, "replenishment-wait", volume.DefaultReplenishmentWait,
+		"How long a failed replica may take to come back (and resync only what it missed) before a replacement is built on another node.")
+	flag.IntVar(&vr.ConcurrentRebuildLimit, "concurrent-rebuild-limit", volume.DefaultConcurrentRebuildLimit,
+		"How many replicas of one volume are rebuilt at a time.")
+	flag.IntVar(&vr.OverProvisioningPercent, "over-provisioning-percent", 100,
+		"Replicas may be scheduled on a disk up to this percentage of its capacity (less storageReserved).")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 
-	if err := run(metricsAddr, probeAddr, leaderElection); err != nil {
+	if vr.ReplenishmentWait <= 0 || vr.ConcurrentRebuildLimit <= 0 || vr.OverProvisioningPercent <= 0 {
+		fmt.Fprintln(os.Stderr, "cairn-manager: --replenishment-wait, --concurrent-rebuild-limit and --over-provisioning-percent must be positive")
+		os.Exit(2)
+	}
+	if err := run(metricsAddr, probeAddr, leaderElection, &vr); err != nil {
 		fmt.Fprintln(os.Stderr, "cairn-manager:", err)
 		os.Exit(1)
 	}
 }
 
-func run(metricsAddr, probeAddr string, leaderElection bool) error {
+func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconciler) error {
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(storagev1alpha1.AddToScheme(scheme))
@@ -82,7 +93,7 @@ func run(metricsAddr, probeAddr string, leaderElection bool) error {
 		"StorageNode": (&storagenode.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		"Replica":     (&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		"Engine":      (&engine.Reconciler{Client: c, Pool: pool}).SetupWithManager,
-		"Volume":      (&volume.Reconciler{Client: c}).SetupWithManager,
+		"Volume":      func(mgr ctrl.Manager) error { vr.Client = c; return vr.SetupWithManager(mgr) },
 	} {
 		if err := setup(mgr); err != nil {
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)

@@ -2,7 +2,11 @@
 // on spec.nodeName through that node's instance manager, with the replica
 // addresses the Volume reconciler gives it, reports the process's state,
 // control address and the block device its frontend serves, and stops it
-// when asked or deleted.
+// when asked or deleted. While it runs, the engine's own status stream
+// (Watches) gives each replica's mode, rebuild progress, snapshots and
+// size; the reconciler adds and removes replicas through the engine's
+// rebuild as spec.replicaAddresses changes, expands it to spec.size, and
+// restarts a faulted engine so it reopens the newest replicas.
 package engine
 
 import (
@@ -16,11 +20,16 @@ import (
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/imclient"
@@ -43,7 +52,7 @@ const (
 	ReasonProcessFailed       = "ProcessFailed"
 	ReasonStopped             = "Stopped"
 	ReasonStarting            = "Starting"
-	ReasonReplicaSetChanged   = "ReplicaSetChanged"
+	ReasonSyncFailed          = "ReplicaSyncFailed"
 )
 
 const callTimeout = 10 * time.Second
@@ -54,6 +63,13 @@ var labelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 type Reconciler struct {
 	client.Client
 	Pool *imclient.Pool
+	// Engines follows each running engine's status stream; SetupWithManager
+	// makes one if nil.
+	Engines *Watches
+	// Recorder records Events (nil: none).
+	Recorder events.EventRecorder
+
+	changes chan event.GenericEvent
 }
 
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=engines,verbs=get;list;watch;update;patch
@@ -67,6 +83,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !e.DeletionTimestamp.IsZero() {
+		r.Engines.Stop(req.NamespacedName)
 		return r.reconcileDelete(ctx, e)
 	}
 	if controllerutil.AddFinalizer(e, Finalizer) {
@@ -91,7 +108,10 @@ func ProcessSpec(e *v1.Engine) *imv1.EngineSpec {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	spec := &imv1.EngineSpec{VolumeName: e.Spec.VolumeName, SizeBytes: e.Spec.Size.Value()}
+	// Size 0: the replicas' size. A volume expanded while detached starts
+	// at the size its replicas have and is expanded once running, so the
+	// replicas never disagree with the engine at open.
+	spec := &imv1.EngineSpec{VolumeName: e.Spec.VolumeName, SizeBytes: 0}
 	for _, n := range names {
 		a := e.Spec.ReplicaAddresses[n]
 		spec.Replicas = append(spec.Replicas, &imv1.ReplicaAddress{Data: a.Data, Control: a.Control})
@@ -105,12 +125,6 @@ func ProcessSpec(e *v1.Engine) *imv1.EngineSpec {
 	return spec
 }
 
-func sameReplicas(a, b []*imv1.ReplicaAddress) bool {
-	return slices.EqualFunc(a, b, func(x, y *imv1.ReplicaAddress) bool {
-		return x.GetData() == y.GetData() && x.GetControl() == y.GetControl()
-	})
-}
-
 func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.Result, error) {
 	st := &e.Status
 	ready := func(ok bool, reason, msg string) {
@@ -118,6 +132,10 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.R
 	}
 	reset := func(state v1.InstanceState) {
 		st.InstanceState, st.Address, st.Endpoint, st.Size = state, "", "", nil
+		st.ReplicaModeMap, st.RebuildStatus = nil, nil
+		if state != v1.InstanceStateRunning {
+			r.Engines.Stop(client.ObjectKeyFromObject(e))
+		}
 	}
 	if !labelRE.MatchString(e.Spec.VolumeName) {
 		reset(v1.InstanceStateStopped)
@@ -196,20 +214,56 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.R
 			return ctrl.Result{}, fmt.Errorf("forget failed engine process %s: %w", name, err)
 		}
 		return ctrl.Result{}, errors.New(msg)
-	case !sameReplicas(proc.GetEngine().GetReplicas(), want.Replicas):
-		// Changing a running engine's replicas goes through the engine's
-		// own add/remove (a rebuild), never a restart under the volume.
-		ready(state == v1.InstanceStateRunning, ReasonReplicaSetChanged, "spec.replicaAddresses differ from the running engine's replicas; they are applied through the engine's replica add/remove")
 	case state == v1.InstanceStateRunning:
 		msg := "the engine serves " + st.Endpoint
 		if fb := proc.GetEndpoint().GetFallback(); fb != "" {
 			msg += " (no kernel block device: " + fb + ")"
 		}
 		ready(true, v1.ReasonAsExpected, msg)
+		return ctrl.Result{}, r.reconcileRunning(ctx, e, ready, msg)
 	default:
 		ready(false, ReasonStarting, "the engine process is "+string(state))
 	}
 	return ctrl.Result{}, nil
+}
+
+// reconcileRunning follows the running engine's status stream: the
+// replica modes, rebuilds, snapshots and size it reports go to the status,
+// and the engine is brought to its spec (syncRunning). Until the stream's
+// first status arrives there is nothing to act on; its arrival brings the
+// Engine back.
+func (r *Reconciler) reconcileRunning(ctx context.Context, e *v1.Engine, ready func(bool, string, string), msg string) error {
+	if e.Status.Address == "" {
+		return nil
+	}
+	c, err := r.Engines.Ensure(client.ObjectKeyFromObject(e), e.Status.Address)
+	if err != nil {
+		return err
+	}
+	vs, current, werr := c.Status()
+	if !current {
+		if werr != nil {
+			ready(true, v1.ReasonAsExpected, msg+"; its status stream is reconnecting: "+werr.Error())
+		}
+		return nil
+	}
+	applyWatchStatus(e, vs)
+	if err := r.syncRunning(ctx, e, c, vs); err != nil {
+		ready(true, ReasonSyncFailed, msg+"; bringing it to its spec failed: "+err.Error())
+		return err
+	}
+	return nil
+}
+
+// Changed queues the Engine key for a reconcile (Watches' OnChange).
+func (r *Reconciler) Changed(key types.NamespacedName) {
+	e := &v1.Engine{}
+	e.Namespace, e.Name = key.Namespace, key.Name
+	select {
+	case r.changes <- event.GenericEvent{Object: e}:
+	default:
+		// The queue is full of changes already; a later one comes.
+	}
 }
 
 // reconcileDelete stops the process, then lets the object go.
@@ -238,8 +292,23 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, e *v1.Engine) (ctrl.Re
 // SetupWithManager registers the reconciler: an Engine is reconciled when
 // it changes and when its node's InstanceManager reports a change.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.changes = make(chan event.GenericEvent, 1024)
+	if r.Engines == nil {
+		r.Engines = NewWatches(WatchOptions{OnChange: r.Changed, Logger: mgr.GetLogger().WithName("engine-watch")})
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			<-ctx.Done()
+			r.Engines.Close()
+			return nil
+		})); err != nil {
+			return err
+		}
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder("cairn-engine")
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1.Engine{}).
+		WatchesRawSource(source.Channel(r.changes, &handler.EnqueueRequestForObject{})).
 		Watches(&v1.InstanceManager{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return objects.OnNode(ctx, mgr.GetClient(), &v1.EngineList{}, o.GetNamespace(), o.(*v1.InstanceManager).Spec.NodeName,
 				func(e *v1.Engine) string { return e.Spec.NodeName })

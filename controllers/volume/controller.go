@@ -12,10 +12,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -23,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/objects"
 	"github.com/cairn-io/cairn/controllers/scheduler"
 	"github.com/cairn-io/cairn/controllers/storagenode"
 )
@@ -46,6 +49,41 @@ type Reconciler struct {
 	client.Client
 	// OverProvisioningPercent for scheduling; 0: the scheduler's default.
 	OverProvisioningPercent int
+	// ReplenishmentWait is how long a failed replica may take to come back
+	// before a replacement is built; 0: DefaultReplenishmentWait.
+	ReplenishmentWait time.Duration
+	// ConcurrentRebuildLimit is how many replicas of a volume are rebuilt
+	// at once; 0: DefaultConcurrentRebuildLimit.
+	ConcurrentRebuildLimit int
+	// Recorder records Events (nil: none).
+	Recorder events.EventRecorder
+	// now is the clock (tests); nil: time.Now.
+	now func() time.Time
+}
+
+// Volume event reasons.
+const (
+	EventReplicaFailed    = "ReplicaFailed"
+	EventReplicaHealthy   = "ReplicaHealthy"
+	EventReplicaReplaced  = "ReplicaReplaced"
+	EventReplicaDeleted   = "FailedReplicaDeleted"
+	EventAttached         = "Attached"
+	EventDetached         = "Detached"
+	EventSchedulingFailed = "SchedulingFailed"
+)
+
+func (r *Reconciler) clock() time.Time {
+	if r.now != nil {
+		return r.now()
+	}
+	return time.Now()
+}
+
+func (r *Reconciler) wait() time.Duration {
+	if r.ReplenishmentWait > 0 {
+		return r.ReplenishmentWait
+	}
+	return DefaultReplenishmentWait
 }
 
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=volumes,verbs=get;list;watch;update;patch
@@ -63,6 +101,10 @@ type scope struct {
 	// not place in this reconcile.
 	unplaced int
 	reason   string
+	// plan is the repair plan while the engine runs (nil otherwise).
+	plan *repairPlan
+	// requeueAfter: when a failed replica's wait ends.
+	requeueAfter time.Duration
 }
 
 // EngineName is the name of a volume's Engine.
@@ -93,10 +135,36 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 	computeStatus(s)
+	r.recordTransitions(before, v)
 	if perr := r.Status().Patch(ctx, v, client.MergeFrom(before)); perr != nil {
 		return ctrl.Result{}, errors.Join(err, perr)
 	}
-	return ctrl.Result{}, err
+	return ctrl.Result{RequeueAfter: s.requeueAfter}, err
+}
+
+// recordTransitions records an Event for each change of state or
+// robustness a user would look for in `kubectl describe`.
+func (r *Reconciler) recordTransitions(before, v *v1.Volume) {
+	if before.Status.State != v.Status.State {
+		switch v.Status.State {
+		case v1.VolumeStateAttached:
+			objects.Event(r.Recorder, v, false, EventAttached, "Attach", "attached to %s at %s", v.Status.CurrentNodeName, v.Status.Endpoint)
+		case v1.VolumeStateDetached:
+			if before.Status.State != v1.VolumeStateCreating && before.Status.State != "" {
+				objects.Event(r.Recorder, v, false, EventDetached, "Detach", "detached; the data rests on the replicas")
+			}
+		}
+	}
+	if before.Status.Robustness != v.Status.Robustness && v.Status.State == v1.VolumeStateAttached && v.Status.Robustness != "" {
+		warn := v.Status.Robustness != v1.VolumeRobustnessHealthy
+		objects.Event(r.Recorder, v, warn, "Robustness"+strings.ToUpper(string(v.Status.Robustness[:1]))+string(v.Status.Robustness[1:]), "Observe",
+			"robustness %s -> %s", before.Status.Robustness, v.Status.Robustness)
+	}
+	bc := meta.FindStatusCondition(before.Status.Conditions, v1.VolumeConditionScheduled)
+	nc := meta.FindStatusCondition(v.Status.Conditions, v1.VolumeConditionScheduled)
+	if nc != nil && nc.Reason == v1.VolumeReasonReplicaSchedulingFailed && (bc == nil || bc.Message != nc.Message) {
+		objects.Event(r.Recorder, v, true, EventSchedulingFailed, "Schedule", "%s", nc.Message)
+	}
 }
 
 func (r *Reconciler) observe(ctx context.Context, s *scope) error {
@@ -139,14 +207,23 @@ func (r *Reconciler) ensureEngine(ctx context.Context, s *scope) error {
 	return nil
 }
 
-// ensureReplicas creates Replicas (unscheduled, stopped) up to
-// numberOfReplicas.
+// ensureReplicas creates Replicas (unscheduled, stopped) until
+// numberOfReplicas of them count: a replica being deleted, or failed for
+// longer than the replenishment wait, does not count, so a replacement is
+// created for it.
 func (r *Reconciler) ensureReplicas(ctx context.Context, s *scope) error {
 	want := int(s.v.Spec.NumberOfReplicas)
 	if want <= 0 {
 		want = 3
 	}
-	for len(s.replicas) < want {
+	now, active := r.clock(), 0
+	for _, rep := range s.replicas {
+		if rep.DeletionTimestamp.IsZero() && !expired(rep, r.wait(), now) {
+			active++
+		}
+	}
+	for ; active < want; active++ {
+		replacing := len(s.replicas) >= want
 		rep := &v1.Replica{ObjectMeta: metav1.ObjectMeta{GenerateName: s.v.Name + "-r-", Namespace: s.v.Namespace, Labels: map[string]string{LabelVolume: s.v.Name}},
 			Spec: v1.ReplicaSpec{VolumeName: s.v.Name, Size: s.v.Spec.Size, DesiredState: v1.DesiredInstanceStateStopped}}
 		if err := controllerutil.SetControllerReference(s.v, rep, r.Scheme()); err != nil {
@@ -155,6 +232,10 @@ func (r *Reconciler) ensureReplicas(ctx context.Context, s *scope) error {
 		// A crash after the create: the next reconcile lists it by label.
 		if err := r.Create(ctx, rep); err != nil {
 			return err
+		}
+		if replacing {
+			objects.Event(r.Recorder, s.v, false, EventReplicaReplaced, "Replenish",
+				"replica %s created to replace a replica failed for longer than %s", rep.Name, r.wait())
 		}
 		s.replicas = append(s.replicas, rep)
 	}
@@ -258,23 +339,24 @@ func (r *Reconciler) attachOrDetach(ctx context.Context, s *scope) error {
 		return nil
 	}
 	// Attach.
+	now := r.clock()
 	addrs := map[string]v1.ReplicaAddress{}
 	waiting := 0
 	for _, rep := range s.replicas {
-		if rep.Spec.NodeName == "" {
+		if rep.Spec.NodeName == "" || !rep.DeletionTimestamp.IsZero() {
 			continue
 		}
 		if err := r.setReplica(ctx, rep, v1.DesiredInstanceStateRunning); err != nil {
 			return err
 		}
-		if rep.Status.InstanceState == v1.InstanceStateRunning && rep.Status.Address != "" && rep.Status.ControlAddress != "" {
-			addrs[rep.Name] = v1.ReplicaAddress{Data: rep.Status.Address, Control: rep.Status.ControlAddress}
-		} else {
+		if a, ok := runningAddress(rep); ok {
+			addrs[rep.Name] = a
+		} else if !expired(rep, r.wait(), now) {
 			waiting++
 		}
 	}
 	if e.Spec.DesiredState == v1.DesiredInstanceStateRunning {
-		return nil // replica changes of a running engine go through its rebuild
+		return r.repair(ctx, s)
 	}
 	if waiting > 0 || len(addrs) == 0 {
 		return nil // every scheduled replica runs first; their status changes bring us back
@@ -283,6 +365,94 @@ func (r *Reconciler) attachOrDetach(ctx context.Context, s *scope) error {
 		e.Spec.NodeName, e.Spec.DesiredState, e.Spec.ReplicaAddresses = node, v1.DesiredInstanceStateRunning, addrs
 		e.Spec.Size, e.Spec.Frontend = s.v.Spec.Size, s.v.Spec.Frontend
 	})
+}
+
+// repair keeps a running engine's replica set whole (planRepair): it
+// marks replicas failed and healthy, gives the engine the replicas it
+// should serve (a failed one back once its process runs again), deletes
+// failed replicas whose replacement is RW, and passes an expansion on.
+// Replacements are created by ensureReplicas and placed by schedule.
+func (r *Reconciler) repair(ctx context.Context, s *scope) error {
+	e := s.engine
+	if err := r.setEngine(ctx, e, func(e *v1.Engine) { e.Spec.Size = s.v.Spec.Size }); err != nil {
+		return err
+	}
+	if e.Status.InstanceState != v1.InstanceStateRunning || e.Spec.NodeName != s.v.Spec.NodeName || len(e.Status.ReplicaModeMap) == 0 {
+		return nil // not running, or its status stream has not reported yet: nothing observed to act on
+	}
+	now := r.clock()
+	limit := r.ConcurrentRebuildLimit
+	if limit <= 0 {
+		limit = DefaultConcurrentRebuildLimit
+	}
+	plan := planRepair(repairInput{want: wantReplicas(s.v), replicas: s.replicas, modes: e.Status.ReplicaModeMap,
+		engineAddrs: e.Spec.ReplicaAddresses, rebuildLimit: limit, wait: r.wait(), now: now})
+	s.plan, s.requeueAfter = &plan, plan.recheckAfter
+	byName := map[string]*v1.Replica{}
+	for _, rep := range s.replicas {
+		byName[rep.Name] = rep
+	}
+	for _, n := range plan.failed {
+		rep := byName[n]
+		if err := r.patchReplica(ctx, rep, func(rep *v1.Replica) { rep.Spec.FailedAt = &metav1.Time{Time: now} }); err != nil {
+			return err
+		}
+		objects.Event(r.Recorder, s.v, true, EventReplicaFailed, "Observe", "replica %s on %s stopped serving (%s); it is given back to the engine when its process runs again, and replaced if it is not back within %s",
+			n, rep.Spec.NodeName, modeOrGone(e.Status.ReplicaModeMap, n), r.wait())
+	}
+	for _, n := range plan.healthy {
+		rep := byName[n]
+		wasFailed := rep.Spec.FailedAt != nil
+		if err := r.patchReplica(ctx, rep, func(rep *v1.Replica) { rep.Spec.FailedAt, rep.Spec.HealthyAt = nil, &metav1.Time{Time: now} }); err != nil {
+			return err
+		}
+		if wasFailed {
+			objects.Event(r.Recorder, s.v, false, EventReplicaHealthy, "Observe", "replica %s on %s is RW again", n, rep.Spec.NodeName)
+		}
+	}
+	// A replica that took the engine's new size keeps it on its next start.
+	if e.Status.Size != nil {
+		for n, m := range e.Status.ReplicaModeMap {
+			if rep := byName[n]; rep != nil && m == v1.ReplicaModeRW && rep.Spec.Size.Cmp(*e.Status.Size) < 0 {
+				if err := r.patchReplica(ctx, rep, func(rep *v1.Replica) { rep.Spec.Size = *e.Status.Size }); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if err := r.setEngine(ctx, e, func(e *v1.Engine) { e.Spec.ReplicaAddresses = plan.addresses }); err != nil {
+		return err
+	}
+	for _, n := range plan.remove {
+		// The replica's finalizer stops its process and deletes its data;
+		// if we crash after this call the object is already going.
+		if err := r.Delete(ctx, byName[n]); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		objects.Event(r.Recorder, s.v, false, EventReplicaDeleted, "Replenish", "replica %s on %s, failed since %s, deleted: the volume is healthy without it",
+			n, byName[n].Spec.NodeName, byName[n].Spec.FailedAt.Format(time.RFC3339))
+	}
+	return nil
+}
+
+func modeOrGone(modes map[string]v1.ReplicaMode, name string) string {
+	if m, ok := modes[name]; ok {
+		return "engine mode " + string(m)
+	}
+	return "no longer held by the engine"
+}
+
+func wantReplicas(v *v1.Volume) int {
+	if v.Spec.NumberOfReplicas <= 0 {
+		return 3
+	}
+	return int(v.Spec.NumberOfReplicas)
+}
+
+func (r *Reconciler) patchReplica(ctx context.Context, rep *v1.Replica, mutate func(*v1.Replica)) error {
+	before := rep.DeepCopy()
+	mutate(rep)
+	return r.Patch(ctx, rep, client.MergeFrom(before))
 }
 
 func (r *Reconciler) setEngine(ctx context.Context, e *v1.Engine, mutate func(*v1.Engine)) error {
@@ -346,6 +516,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, v *v1.Volume) (ctrl.Re
 
 // SetupWithManager registers the reconciler.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder("cairn-volume")
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1.Volume{}).
 		Owns(&v1.Engine{}).

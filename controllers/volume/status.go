@@ -2,6 +2,8 @@ package volume
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
@@ -65,6 +67,71 @@ func computeStatus(s *scope) {
 		cond(v1.ConditionReady, false, v1.VolumeReasonDetached, "not attached to any node")
 	}
 	st.Robustness = robustness(st.State, running, want)
+	if st.State == v1.VolumeStateAttached && len(e.Status.ReplicaModeMap) > 0 {
+		st.Robustness = robustnessFromModes(e.Status.ReplicaModeMap, want)
+	}
+	setRebuilding(s, cond)
+}
+
+// robustnessFromModes: healthy with numberOfReplicas RW replicas,
+// degraded with fewer but at least one, faulted with none.
+func robustnessFromModes(modes map[string]v1.ReplicaMode, want int) v1.VolumeRobustness {
+	rw := 0
+	for _, m := range modes {
+		if m == v1.ReplicaModeRW {
+			rw++
+		}
+	}
+	switch {
+	case rw >= want:
+		return v1.VolumeRobustnessHealthy
+	case rw > 0:
+		return v1.VolumeRobustnessDegraded
+	}
+	return v1.VolumeRobustnessFaulted
+}
+
+// setRebuilding shows the rebuilds in progress, with their progress, in
+// the Rebuilding condition.
+func setRebuilding(s *scope, cond func(typ string, ok bool, reason, msg string)) {
+	var parts []string
+	if e := s.engine; e != nil && e.Status.InstanceState == v1.InstanceStateRunning {
+		names := make([]string, 0, len(e.Status.RebuildStatus))
+		for n := range e.Status.RebuildStatus {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		for _, n := range names {
+			rb := e.Status.RebuildStatus[n]
+			if rb.State != v1.RebuildStateInProgress {
+				continue
+			}
+			kind := "full copy"
+			if rb.DirtyOnly {
+				kind = "regions written while it was away"
+			}
+			parts = append(parts, fmt.Sprintf("%s from %s: %d%% (%s of %s, %s)", n, rb.SourceReplica, rb.Progress,
+				humanBytes(rb.BytesDone), humanBytes(rb.BytesTotal), kind))
+		}
+	}
+	if len(parts) == 0 {
+		cond(v1.VolumeConditionRebuilding, false, v1.VolumeReasonNoRebuild, "no replica is being rebuilt")
+		return
+	}
+	cond(v1.VolumeConditionRebuilding, true, v1.VolumeReasonRebuildInProgress, "rebuilding "+strings.Join(parts, "; "))
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 func engineState(e *v1.Engine) string {
@@ -74,9 +141,8 @@ func engineState(e *v1.Engine) string {
 	return string(e.Status.InstanceState)
 }
 
-// robustness from the replicas whose processes run: the engine's own view
-// of replica modes (RW/WO/ERR) refines this once its status stream is
-// followed.
+// robustness from the replicas whose processes run, until the engine's
+// status stream has reported its replica modes (robustnessFromModes).
 func robustness(state v1.VolumeState, running, want int) v1.VolumeRobustness {
 	if state != v1.VolumeStateAttached {
 		return v1.VolumeRobustnessUnknown

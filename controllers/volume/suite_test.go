@@ -22,6 +22,11 @@ import (
 // processes on loopback.
 var k8sClient client.Client
 
+// replenishmentWait is short here: long enough for a killed replica
+// process to be restarted (well under a second on loopback), short enough
+// for a replacement to be built within a test.
+const replenishmentWait = 10 * time.Second
+
 func TestMain(m *testing.M) {
 	imr := instancemanager.NewReconciler(nil, nil)
 	env, err := suite.Start(func(mgr ctrl.Manager, pool *imclient.Pool) error {
@@ -32,7 +37,7 @@ func TestMain(m *testing.M) {
 			(&storagenode.Reconciler{Client: c, Pool: pool, Resync: time.Second}).SetupWithManager,
 			(&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 			(&engine.Reconciler{Client: c, Pool: pool}).SetupWithManager,
-			(&Reconciler{Client: c}).SetupWithManager,
+			(&Reconciler{Client: c, ReplenishmentWait: replenishmentWait}).SetupWithManager,
 		} {
 			if err := setup(mgr); err != nil {
 				return err

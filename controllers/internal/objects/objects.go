@@ -1,13 +1,16 @@
 // Package objects holds what several reconcilers do alike with their
-// objects: set a condition from a verdict, and find the objects placed on
-// a node.
+// objects: set a condition from a verdict, record an event, and find the
+// objects placed on a node.
 package objects
 
 import (
 	"context"
+	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
@@ -39,4 +42,17 @@ func OnNode[T client.Object](ctx context.Context, c client.Reader, list client.O
 		}
 	}
 	return out
+}
+
+// Event records a Kubernetes Event about o for `kubectl describe` (and
+// logs nothing more); a nil recorder (some tests) records nothing.
+func Event(rec events.EventRecorder, o runtime.Object, warning bool, reason, action, format string, args ...any) {
+	if rec == nil {
+		return
+	}
+	typ := "Normal"
+	if warning {
+		typ = "Warning"
+	}
+	rec.Eventf(o, nil, typ, reason, action, "%s", fmt.Sprintf(format, args...))
 }

@@ -1,0 +1,191 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/objects"
+	"github.com/cairn-io/cairn/controllers/replica"
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+)
+
+// Engine event reasons.
+const (
+	EventReplicaAdded     = "ReplicaAdded"
+	EventReplicaAddFailed = "ReplicaAddFailed"
+	EventReplicaRemoved   = "ReplicaRemoved"
+	EventExpanded         = "Expanded"
+	EventExpandFailed     = "ExpandFailed"
+	EventSalvage          = "Salvage"
+)
+
+// ReplicaAddress is the address an engine knows a replica by: DATA,CONTROL.
+func ReplicaAddress(a v1.ReplicaAddress) string { return a.Data + "," + a.Control }
+
+// applyWatchStatus copies what the engine's status stream reported into
+// the Engine's status: each replica's mode and rebuild by the Replica name
+// spec.replicaAddresses gives its address (members the spec no longer
+// names are being removed and are left out), the snapshots, and the size.
+func applyWatchStatus(e *v1.Engine, vs *enginev1.VolumeStatus) {
+	names := map[string]string{}
+	for n, a := range e.Spec.ReplicaAddresses {
+		names[ReplicaAddress(a)] = n
+	}
+	st := &e.Status
+	st.ReplicaModeMap = map[string]v1.ReplicaMode{}
+	for _, r := range vs.GetReplicas() {
+		if n, ok := names[r.GetAddress()]; ok {
+			st.ReplicaModeMap[n] = v1.ReplicaMode(r.GetMode())
+		}
+	}
+	// Rebuilds come ordered by address, then start: the last one of an
+	// address is its latest.
+	st.RebuildStatus = nil
+	for _, rb := range vs.GetRebuilds() {
+		n, ok := names[rb.GetReplica()]
+		if !ok {
+			continue
+		}
+		if st.RebuildStatus == nil {
+			st.RebuildStatus = map[string]v1.RebuildStatus{}
+		}
+		out := v1.RebuildStatus{State: v1.RebuildState(rb.GetState()), SourceReplica: names[rb.GetSource()],
+			BytesDone: rb.GetBytesDone(), BytesTotal: rb.GetBytesTotal(), DirtyOnly: rb.GetDirtyOnly(), Error: rb.GetError()}
+		if out.SourceReplica == "" {
+			out.SourceReplica = rb.GetSource()
+		}
+		if out.BytesTotal > 0 {
+			out.Progress = int32(min(100, out.BytesDone*100/out.BytesTotal))
+		} else if out.State == v1.RebuildStateComplete {
+			out.Progress = 100
+		}
+		if t := rb.GetStartedUnixNano(); t > 0 {
+			out.StartedAt = &metav1.Time{Time: time.Unix(0, t)}
+		}
+		st.RebuildStatus[n] = out
+	}
+	st.Snapshots = nil
+	for _, s := range vs.GetSnapshots() {
+		if st.Snapshots == nil {
+			st.Snapshots = map[string]v1.SnapshotInfo{}
+		}
+		info := v1.SnapshotInfo{Name: s.GetName(), Parent: s.GetParent(), UserCreated: s.GetUserCreated(),
+			Size: resource.NewQuantity(s.GetDataBytes(), resource.BinarySI)}
+		if t := s.GetCreatedUnixNano(); t > 0 {
+			info.CreatedAt = &metav1.Time{Time: time.Unix(0, t)}
+		}
+		st.Snapshots[s.GetName()] = info
+	}
+	st.Size = resource.NewQuantity(vs.GetSize(), resource.BinarySI)
+}
+
+// replicaChanges is what a running engine must do to serve exactly the
+// replicas of spec.replicaAddresses: add the ones it lacks (or holds as
+// ERR: a failed replica given back), remove the ones the spec dropped.
+// A replica being rebuilt is left to its rebuild.
+func replicaChanges(spec map[string]v1.ReplicaAddress, vs *enginev1.VolumeStatus) (add, remove []string) {
+	modes := map[string]string{}
+	for _, r := range vs.GetReplicas() {
+		modes[r.GetAddress()] = r.GetMode()
+	}
+	rebuilding := map[string]bool{}
+	for _, rb := range vs.GetRebuilds() {
+		if rb.GetState() == string(v1.RebuildStateInProgress) {
+			rebuilding[rb.GetReplica()] = true
+		}
+	}
+	want := map[string]bool{}
+	for _, a := range spec {
+		addr := ReplicaAddress(a)
+		want[addr] = true
+		if m, ok := modes[addr]; (ok && m != string(v1.ReplicaModeERR)) || rebuilding[addr] {
+			continue
+		}
+		add = append(add, addr)
+	}
+	for addr := range modes {
+		if !want[addr] {
+			remove = append(remove, addr)
+		}
+	}
+	slices.Sort(add)
+	slices.Sort(remove)
+	return add, remove
+}
+
+// syncRunning brings a running engine to its spec: replicas added and
+// removed through the engine's own rebuild (never a restart under the
+// volume), the volume expanded to spec.size, and a faulted engine (no RW
+// replica left) restarted so that its open picks the replicas with the
+// newest epoch, the last ones it held RW (salvage). Each call is safe to
+// repeat: the engine refuses to add a member it has and to remove one it
+// lacks, and expanding to the current size does nothing.
+func (r *Reconciler) syncRunning(ctx context.Context, e *v1.Engine, c *Conn, vs *enginev1.VolumeStatus) error {
+	if vs.GetRobustness() == string(v1.VolumeRobustnessFaulted) {
+		// If we crash after the delete, the next reconcile creates the
+		// process again from the spec, as it would for one that exited.
+		objects.Event(r.Recorder, e, true, EventSalvage, "Restart",
+			"no replica is RW: restarting the engine so that it reopens the replicas with the newest epoch (the last ones it held RW) and rebuilds the others from them")
+		return r.deleteProcess(ctx, e)
+	}
+	var errs []error
+	add, remove := replicaChanges(e.Spec.ReplicaAddresses, vs)
+	for _, addr := range add {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		_, err := c.Client.ReplicaAdd(cctx, &enginev1.ReplicaAddRequest{Address: addr})
+		cancel()
+		if err != nil {
+			objects.Event(r.Recorder, e, true, EventReplicaAddFailed, "AddReplica", "adding replica %s: %s", addr, grpcstatus.Convert(err).Message())
+			errs = append(errs, fmt.Errorf("add replica %s: %w", addr, err))
+			continue
+		}
+		objects.Event(r.Recorder, e, false, EventReplicaAdded, "AddReplica", "replica %s added write-only; rebuilding it", addr)
+	}
+	for _, addr := range remove {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		_, err := c.Client.ReplicaRemove(cctx, &enginev1.ReplicaRemoveRequest{Address: addr})
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove replica %s: %w", addr, err))
+			continue
+		}
+		objects.Event(r.Recorder, e, false, EventReplicaRemoved, "RemoveReplica", "replica %s removed from the engine", addr)
+	}
+	if want := e.Spec.Size.Value(); want > vs.GetSize() {
+		// Expansion can take a while on many replicas; it gets its own
+		// longer deadline.
+		cctx, cancel := context.WithTimeout(ctx, 4*callTimeout)
+		_, err := c.Client.Expand(cctx, &enginev1.ExpandRequest{Size: want})
+		cancel()
+		if err != nil {
+			objects.Event(r.Recorder, e, true, EventExpandFailed, "Expand", "expanding to %d bytes: %s", want, grpcstatus.Convert(err).Message())
+			errs = append(errs, fmt.Errorf("expand to %d bytes: %w", want, err))
+		} else {
+			objects.Event(r.Recorder, e, false, EventExpanded, "Expand", "expanded from %d to %d bytes", vs.GetSize(), want)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Reconciler) deleteProcess(ctx context.Context, e *v1.Engine) error {
+	conn, _, err := r.Pool.ForNode(ctx, r.Client, e.Namespace, e.Spec.NodeName)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if _, err := conn.Client.ProcessDelete(cctx, &imv1.ProcessDeleteRequest{Name: replica.ProcessName(e)}); err != nil && grpcstatus.Code(err) != codes.DeadlineExceeded {
+		return fmt.Errorf("stop engine process %s: %w", replica.ProcessName(e), err)
+	}
+	return nil
+}

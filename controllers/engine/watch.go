@@ -1,0 +1,178 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/types"
+
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+)
+
+// WatchOptions configure Watches.
+type WatchOptions struct {
+	// DialOptions for every engine connection; default: no transport
+	// security (loopback tests; a cluster gives mutual TLS credentials).
+	DialOptions []grpc.DialOption
+	// MinBackoff and MaxBackoff bound the wait between watch attempts.
+	// Defaults 100ms and 5s.
+	MinBackoff, MaxBackoff time.Duration
+	// OnChange is called (without locks held) with the Engine whose status
+	// arrived or whose stream broke.
+	OnChange func(types.NamespacedName)
+	Logger   logr.Logger
+}
+
+// Watches follows the Watch stream of every running engine: one gRPC
+// connection per engine process, the latest VolumeStatus it sent (replica
+// modes, rebuild progress, snapshots, size), and whether that copy is
+// current. Rebuild progress thus reaches the Engine's status as it
+// happens, without a reconciler waiting on a call or polling.
+type Watches struct {
+	opts WatchOptions
+	mu   sync.Mutex
+	m    map[types.NamespacedName]*Conn
+	wg   sync.WaitGroup
+}
+
+// NewWatches returns an empty set; Close ends every stream.
+func NewWatches(opts WatchOptions) *Watches {
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 100 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 5 * time.Second
+	}
+	if len(opts.DialOptions) == 0 {
+		opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	if opts.OnChange == nil {
+		opts.OnChange = func(types.NamespacedName) {}
+	}
+	return &Watches{opts: opts, m: map[types.NamespacedName]*Conn{}}
+}
+
+// Conn is one engine process's control connection and its last status.
+type Conn struct {
+	Addr   string
+	Client enginev1.EngineServiceClient
+	cc     *grpc.ClientConn
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	status  *enginev1.VolumeStatus
+	current bool
+	lastErr error
+}
+
+// Status returns the last status the engine sent and whether it is
+// current (the stream is up). When it is not, err says why.
+func (c *Conn) Status() (st *enginev1.VolumeStatus, current bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status, c.current, c.lastErr
+}
+
+// Ensure returns the connection to the engine key at addr, starting its
+// watch the first time, and replacing it when the engine's address
+// changed (a new process).
+func (w *Watches) Ensure(key types.NamespacedName, addr string) (*Conn, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c, ok := w.m[key]; ok {
+		if c.Addr == addr {
+			return c, nil
+		}
+		c.cancel()
+		c.cc.Close()
+		delete(w.m, key)
+	}
+	cc, err := grpc.NewClient(addr, w.opts.DialOptions...)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Conn{Addr: addr, Client: enginev1.NewEngineServiceClient(cc), cc: cc, cancel: cancel}
+	w.m[key] = c
+	w.wg.Add(1)
+	go func() { defer w.wg.Done(); w.run(ctx, key, c) }()
+	return c, nil
+}
+
+// Stop ends the watch of key (its engine is stopped or gone).
+func (w *Watches) Stop(key types.NamespacedName) {
+	w.mu.Lock()
+	c, ok := w.m[key]
+	delete(w.m, key)
+	w.mu.Unlock()
+	if ok {
+		c.cancel()
+		c.cc.Close()
+	}
+}
+
+// Close ends every watch and waits for them.
+func (w *Watches) Close() {
+	w.mu.Lock()
+	for key, c := range w.m {
+		c.cancel()
+		c.cc.Close()
+		delete(w.m, key)
+	}
+	w.mu.Unlock()
+	w.wg.Wait()
+}
+
+// run keeps c's status current until ctx ends, watching again with
+// back-off whenever the stream breaks.
+func (w *Watches) run(ctx context.Context, key types.NamespacedName, c *Conn) {
+	log := w.opts.Logger.WithValues("engine", key.String(), "address", c.Addr)
+	backoff := w.opts.MinBackoff
+	for ctx.Err() == nil {
+		got, err := w.watchOnce(ctx, key, c)
+		if ctx.Err() != nil {
+			return
+		}
+		c.mu.Lock()
+		wasCurrent := c.current
+		c.current, c.lastErr = false, err
+		c.mu.Unlock()
+		if wasCurrent {
+			log.Info("lost the engine's status stream; watching again", "reason", err.Error())
+			w.opts.OnChange(key)
+		}
+		if got {
+			backoff = w.opts.MinBackoff
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, w.opts.MaxBackoff)
+	}
+}
+
+func (w *Watches) watchOnce(ctx context.Context, key types.NamespacedName, c *Conn) (got bool, err error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.Client.Watch(wctx, &enginev1.WatchRequest{})
+	if err != nil {
+		return false, err
+	}
+	for {
+		vs, err := st.Recv()
+		if err != nil {
+			return got, err
+		}
+		got = true
+		c.mu.Lock()
+		c.status, c.current, c.lastErr = vs, true, nil
+		c.mu.Unlock()
+		w.opts.OnChange(key)
+	}
+}

@@ -1,0 +1,165 @@
+package volume
+
+import (
+	"slices"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+)
+
+// Defaults of the repair settings.
+const (
+	// DefaultReplenishmentWait is how long a failed replica may take to
+	// come back before a replacement is built elsewhere. Coming back costs
+	// a copy of the regions written meanwhile; a replacement costs a copy
+	// of the whole volume, so a node rebooting is worth waiting for.
+	DefaultReplenishmentWait = 60 * time.Second
+	// DefaultConcurrentRebuildLimit is how many replicas of one volume are
+	// rebuilt at a time: every rebuild reads from the same RW replicas as
+	// the volume's own I/O.
+	DefaultConcurrentRebuildLimit = 1
+)
+
+// repairInput is what planRepair decides from: the volume's replicas and
+// the running engine's view of them.
+type repairInput struct {
+	want     int
+	replicas []*v1.Replica
+	// modes are the engine's replica modes by Replica name, as its status
+	// stream reported them; a replica it does not hold has none.
+	modes map[string]v1.ReplicaMode
+	// engineAddrs is the engine's current spec.replicaAddresses.
+	engineAddrs  map[string]v1.ReplicaAddress
+	rebuildLimit int
+	wait         time.Duration
+	now          time.Time
+}
+
+// repairPlan is what the Volume reconciler does about its replicas while
+// the engine runs.
+type repairPlan struct {
+	// addresses is the replica set the engine should serve.
+	addresses map[string]v1.ReplicaAddress
+	// failed are replicas that stopped serving (to mark failedAt);
+	// healthy are replicas RW again or for the first time (to mark
+	// healthyAt and clear failedAt).
+	failed, healthy []string
+	// replace is how many replacement replicas to create: failed ones
+	// past the wait no longer count toward spec.numberOfReplicas.
+	replace int
+	// remove are failed replicas past the wait whose replacement is RW:
+	// delete them (and their data).
+	remove []string
+	// recheckAfter is when the next failed replica's wait ends (0: none).
+	recheckAfter time.Duration
+	// rw counts the engine's RW replicas; faulted is true when it has
+	// none: every running replica is given to the engine, which is
+	// restarted and reopens the ones with the newest epoch.
+	rw      int
+	faulted bool
+}
+
+func expired(r *v1.Replica, wait time.Duration, now time.Time) bool {
+	return r.Spec.FailedAt != nil && now.Sub(r.Spec.FailedAt.Time) >= wait
+}
+
+func runningAddress(r *v1.Replica) (v1.ReplicaAddress, bool) {
+	ok := r.DeletionTimestamp.IsZero() && r.Status.InstanceState == v1.InstanceStateRunning && r.Status.Address != "" && r.Status.ControlAddress != ""
+	return v1.ReplicaAddress{Data: r.Status.Address, Control: r.Status.ControlAddress}, ok
+}
+
+// planRepair decides, from observed facts only, which replicas the engine
+// serves and what to do about failed ones:
+//   - a replica the engine holds RW or WO stays, at the address the engine
+//     knows it by (a lost instance-manager watch never takes it away);
+//   - a failed replica (ERR, or gone from the engine after serving) is
+//     marked failed, and given back as soon as its process runs again:
+//     the engine recognises it and copies only the regions written while
+//     it was away;
+//   - at most rebuildLimit replicas are rebuilt at once;
+//   - a replica failed for longer than the wait is given up: a
+//     replacement is created (the scheduler puts it on a node without a
+//     replica of the volume), and the failed one is deleted once the
+//     engine has spec.numberOfReplicas RW replicas again.
+func planRepair(in repairInput) repairPlan {
+	p := repairPlan{addresses: map[string]v1.ReplicaAddress{}}
+	wo := 0
+	for _, m := range in.modes {
+		switch m {
+		case v1.ReplicaModeRW:
+			p.rw++
+		case v1.ReplicaModeWO:
+			wo++
+		}
+	}
+	p.faulted = p.rw == 0
+	reps := slices.Clone(in.replicas)
+	slices.SortFunc(reps, func(a, b *v1.Replica) int {
+		// Older failures first: they were waiting longest.
+		return compareTimes(a.Spec.FailedAt, b.Spec.FailedAt)
+	})
+	budget := in.rebuildLimit - wo
+	active := 0
+	for _, r := range reps {
+		mode, held := in.modes[r.Name]
+		failedAt := r.Spec.FailedAt
+		switch {
+		case mode == v1.ReplicaModeRW:
+			if failedAt != nil || r.Spec.HealthyAt == nil {
+				p.healthy = append(p.healthy, r.Name)
+			}
+			failedAt = nil
+		case mode == v1.ReplicaModeERR || (!held && r.Spec.HealthyAt != nil):
+			if failedAt == nil {
+				p.failed = append(p.failed, r.Name)
+				failedAt = &metav1.Time{Time: in.now}
+			}
+		}
+		gone := failedAt != nil && in.now.Sub(failedAt.Time) >= in.wait
+		if !gone && r.DeletionTimestamp.IsZero() {
+			active++
+		}
+		if failedAt != nil && !gone {
+			if d := failedAt.Add(in.wait).Sub(in.now); p.recheckAfter == 0 || d < p.recheckAfter {
+				p.recheckAfter = d
+			}
+		}
+		if gone && r.DeletionTimestamp.IsZero() {
+			p.remove = append(p.remove, r.Name)
+		}
+		addr, running := runningAddress(r)
+		switch {
+		case mode == v1.ReplicaModeRW || mode == v1.ReplicaModeWO:
+			if a, ok := in.engineAddrs[r.Name]; ok {
+				addr = a
+			}
+			p.addresses[r.Name] = addr
+		case p.faulted && running:
+			p.addresses[r.Name] = addr
+		case running && !gone && budget > 0:
+			p.addresses[r.Name] = addr
+			budget--
+		}
+	}
+	p.replace = max(0, in.want-active)
+	if p.rw < in.want {
+		p.remove = nil // the replacements are not RW yet: keep what might still be salvaged
+	}
+	slices.Sort(p.remove)
+	return p
+}
+
+// compareTimes orders nil last.
+func compareTimes(a, b *metav1.Time) int {
+	switch {
+	case a == nil && b == nil:
+		return 0
+	case a == nil:
+		return 1
+	case b == nil:
+		return -1
+	}
+	return a.Compare(b.Time)
+}

@@ -1,0 +1,228 @@
+package volume
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/imtest"
+	"github.com/cairn-io/cairn/controllers/replica"
+)
+
+// qemuIO runs qemu-io commands against the volume's NBD socket and fails
+// on any error or pattern mismatch.
+func qemuIO(t *testing.T, vol, sock string, cmds ...string) {
+	t.Helper()
+	args := []string{"-f", "raw"}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	out, err := exec.Command("qemu-io", append(args, "nbd+unix:///"+vol+"?socket="+sock)...).CombinedOutput()
+	if err != nil || bytes.Contains(out, []byte("Pattern verification failed")) || bytes.Contains(out, []byte("error")) {
+		t.Fatalf("qemu-io %v: %v\n%s", cmds, err, out)
+	}
+}
+
+// replicaPID finds the replica process serving dataDir.
+func replicaPID(t *testing.T, dataDir string) int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmd, []byte("\x00replica\x00")) && bytes.Contains(cmd, []byte("\x00--dir\x00"+dataDir+"\x00")) {
+			return pid
+		}
+	}
+	t.Fatalf("no replica process serves %s", dataDir)
+	return 0
+}
+
+// TestVolumeRepair: on four simulated nodes a volume with three replicas
+// is attached and written to with qemu-io. A replica process killed with
+// SIGKILL makes the volume degraded; it is restarted, given back to the
+// engine, resyncs only the regions written meanwhile, and the volume is
+// healthy again. Then a whole instance manager is killed for longer than
+// the replenishment wait: a replacement replica is placed on the spare
+// node and rebuilt in full, the volume is healthy, and the failed replica
+// is deleted with its data once its node is back. Every byte written is
+// read back, also after moving the volume to another node.
+func TestVolumeRepair(t *testing.T) {
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make test-tools installs it)")
+	}
+	g := NewWithT(t)
+	ctx := context.Background()
+	names := []string{"rp-a", "rp-b", "rp-c", "rp-d"}
+	dirs := map[string]string{}
+	ims := map[string]*imtest.IM{}
+	for _, n := range names {
+		dirs[n] = t.TempDir()
+		ims[n] = imtest.Start(t, n, "", dirs[n])
+		g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-" + n, Namespace: "default"},
+			Spec: v1.InstanceManagerSpec{NodeName: n, Address: ims[n].Addr}})).To(Succeed())
+		g.Expect(k8sClient.Create(ctx, &v1.StorageNode{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "default"},
+			Spec: v1.StorageNodeSpec{NodeName: n}})).To(Succeed())
+	}
+	const size = 64 << 20
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "repair", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: *resource.NewQuantity(size, resource.BinarySI), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
+	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
+	get := func() *v1.Volume {
+		out := &v1.Volume{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
+		return out
+	}
+	engine := func() *v1.Engine {
+		e := &v1.Engine{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
+		return e
+	}
+	replicas := func() map[string]v1.Replica {
+		var list v1.ReplicaList
+		g.Expect(k8sClient.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{LabelVolume: vol.Name})).To(Succeed())
+		out := map[string]v1.Replica{}
+		for _, r := range list.Items {
+			out[r.Name] = r
+		}
+		return out
+	}
+	robustness := func() v1.VolumeRobustness { return get().Status.Robustness }
+	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
+
+	// Attach on a node that holds a replica; the spare node holds none.
+	onNode := map[string]string{}
+	for name, r := range replicas() {
+		onNode[r.Spec.NodeName] = name
+	}
+	g.Expect(onNode).To(HaveLen(3))
+	var spare, attachTo string
+	var others []string
+	for _, n := range names {
+		switch {
+		case onNode[n] == "":
+			spare = n
+		case attachTo == "":
+			attachTo = n
+		default:
+			others = append(others, n)
+		}
+	}
+	cur := get()
+	cur.Spec.NodeName = attachTo
+	g.Expect(k8sClient.Update(ctx, cur)).To(Succeed())
+	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateAttached))
+	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
+	sock := get().Status.Endpoint
+	qemuIO(t, vol.Name, sock, "write -P 0x11 0 4M", "flush")
+
+	// 1. A replica process killed: degraded, then the same replica back
+	// with a delta resync.
+	victim := onNode[others[0]]
+	vrep := replicas()[victim]
+	g.Expect(syscall.Kill(replicaPID(t, replica.DataDir(&vrep)), syscall.SIGKILL)).To(Succeed())
+	g.Eventually(func() v1.ReplicaMode { return engine().Status.ReplicaModeMap[victim] }, timeout, 20*time.Millisecond).ShouldNot(Equal(v1.ReplicaModeRW))
+	qemuIO(t, vol.Name, sock, "write -P 0x22 8M 2M", "flush")
+	g.Eventually(func() *metav1.Time { r := replicas()[victim]; return r.Spec.FailedAt }, timeout, 50*time.Millisecond).ShouldNot(BeNil(),
+		"the killed replica is marked failed")
+	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
+	rb := engine().Status.RebuildStatus[victim]
+	g.Expect(rb.State).To(Equal(v1.RebuildStateComplete))
+	g.Expect(rb.DirtyOnly).To(BeTrue(), "the returning replica resyncs only what it missed: %+v", rb)
+	g.Expect(rb.BytesTotal).To(BeNumerically("<", size/4), "a delta resync copies the regions written while it was away, not the volume")
+	t.Logf("returning replica %s: %s rebuild of %d bytes from %s", victim, rb.State, rb.BytesTotal, rb.SourceReplica)
+	g.Expect(replicas()[victim].Spec.FailedAt).To(BeNil(), "a replica RW again is no longer failed")
+	g.Expect(replicas()).To(HaveLen(3), "no replacement for a replica that came back in time")
+	qemuIO(t, vol.Name, sock, "read -P 0x11 0 4M", "read -P 0x22 8M 2M")
+
+	// 2. A whole instance manager killed for longer than the wait: a
+	// replacement on the spare node, rebuilt in full.
+	downNode := others[1]
+	lost := onNode[downNode]
+	ims[downNode].Kill()
+	qemuIO(t, vol.Name, sock, "write -P 0x33 16M 4M", "flush")
+	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessDegraded))
+	start := time.Now()
+	var replacement string
+	g.Eventually(func() string {
+		for name, r := range replicas() {
+			if name != lost && r.Spec.NodeName == spare {
+				replacement = name
+			}
+		}
+		return replacement
+	}, timeout+replenishmentWait, 100*time.Millisecond).ShouldNot(BeEmpty(), "a replacement replica is placed on the spare node")
+	g.Expect(time.Since(start)).To(BeNumerically(">", replenishmentWait/2), "no replacement before the replenishment wait")
+	g.Eventually(func() v1.ReplicaMode { return engine().Status.ReplicaModeMap[replacement] }, timeout, 100*time.Millisecond).Should(Equal(v1.ReplicaModeRW))
+	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
+	rb = engine().Status.RebuildStatus[replacement]
+	g.Expect(rb.DirtyOnly).To(BeFalse())
+	t.Logf("replacement %s on %s: %s rebuild of %d bytes from %s, %s after the instance manager died", replacement, spare, rb.State, rb.BytesTotal, rb.SourceReplica, time.Since(start).Round(time.Millisecond))
+	g.Expect(rb.State).To(Equal(v1.RebuildStateComplete))
+	g.Expect(meta.IsStatusConditionTrue(get().Status.Conditions, v1.VolumeConditionRebuilding)).To(BeFalse())
+	qemuIO(t, vol.Name, sock, "read -P 0x11 0 4M", "read -P 0x22 8M 2M", "read -P 0x33 16M 4M", "read -P 0 4M 4M")
+	// The lost replica is being deleted; its data goes once its node's
+	// instance manager is back.
+	g.Eventually(func() bool { r, ok := replicas()[lost]; return ok && !r.DeletionTimestamp.IsZero() }, timeout, 100*time.Millisecond).Should(BeTrue())
+	lostDir := filepath.Join(dirs[downNode], lost)
+	g.Expect(lostDir).To(BeADirectory())
+	ims[downNode] = imtest.Start(t, downNode, ims[downNode].Addr, dirs[downNode])
+	g.Eventually(func() bool { _, ok := replicas()[lost]; return ok }, timeout, 100*time.Millisecond).Should(BeFalse())
+	_, err := os.Stat(lostDir)
+	g.Expect(os.IsNotExist(err)).To(BeTrue(), "the failed replica's data is deleted: %v", err)
+
+	// What happened is in the volume's events.
+	var evs eventsv1.EventList
+	g.Expect(k8sClient.List(ctx, &evs, client.InNamespace("default"))).To(Succeed())
+	reasons := map[string]int{}
+	for _, ev := range evs.Items {
+		if ev.Regarding.Name == vol.Name && ev.Regarding.Kind == "Volume" {
+			reasons[ev.Reason]++
+		}
+	}
+	for _, r := range []string{EventAttached, EventReplicaFailed, EventReplicaHealthy, EventReplicaReplaced, EventReplicaDeleted, "RobustnessDegraded", "RobustnessHealthy"} {
+		g.Expect(reasons).To(HaveKey(r), "events of the volume: %v", reasons)
+	}
+
+	// Moved to another node, the data reads back from the new replica set.
+	cur = get()
+	cur.Spec.NodeName = ""
+	g.Expect(k8sClient.Update(ctx, cur)).To(Succeed())
+	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
+	cur = get()
+	cur.Spec.NodeName = spare
+	g.Expect(k8sClient.Update(ctx, cur)).To(Succeed())
+	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateAttached))
+	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
+	qemuIO(t, vol.Name, get().Status.Endpoint, "read -P 0x11 0 4M", "read -P 0x22 8M 2M", "read -P 0x33 16M 4M")
+
+	g.Expect(k8sClient.Delete(ctx, get())).To(Succeed())
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), &v1.Volume{}))
+	}, timeout, 100*time.Millisecond).Should(BeTrue())
+	for _, n := range names {
+		ents, _ := os.ReadDir(dirs[n])
+		for _, e := range ents {
+			g.Expect(strings.HasPrefix(e.Name(), vol.Name+"-r-")).To(BeFalse(), "replica data left on %s: %s", n, e.Name())
+		}
+	}
+}
