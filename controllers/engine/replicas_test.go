@@ -1,0 +1,64 @@
+package engine
+
+import (
+	"slices"
+	"testing"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+)
+
+func TestReplicaChanges(t *testing.T) {
+	a := func(n string) v1.ReplicaAddress { return v1.ReplicaAddress{Data: n + ":1", Control: n + ":2"} }
+	s := func(n string) string { return n + ":1," + n + ":2" }
+	for _, tc := range []struct {
+		name        string
+		spec        map[string]v1.ReplicaAddress
+		members     map[string]string // address -> mode
+		rebuilding  []string
+		add, remove []string
+	}{
+		{"in step", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW", s("y"): "WO"}, nil, nil, nil},
+		{"new replica added", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW"}, nil, []string{s("y")}, nil},
+		{"ERR replica in the spec given back", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW", s("y"): "ERR"}, nil, []string{s("y")}, nil},
+		{"ERR replica being rebuilt left alone", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW", s("y"): "ERR"}, []string{s("y")}, nil, nil},
+		{"replica at a new address: old one removed, new one added", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("z")}, map[string]string{s("x"): "RW", s("y"): "ERR"}, nil, []string{s("z")}, []string{s("y")}},
+		{"dropped from the spec: removed", map[string]v1.ReplicaAddress{"r1": a("x")}, map[string]string{s("x"): "RW", s("y"): "RW"}, nil, nil, []string{s("y")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vs := &enginev1.VolumeStatus{}
+			for addr, m := range tc.members {
+				vs.Replicas = append(vs.Replicas, &enginev1.Replica{Address: addr, Mode: m})
+			}
+			for _, addr := range tc.rebuilding {
+				vs.Rebuilds = append(vs.Rebuilds, &enginev1.Rebuild{Replica: addr, State: "in-progress"})
+			}
+			add, remove := replicaChanges(tc.spec, vs)
+			if !slices.Equal(add, tc.add) || !slices.Equal(remove, tc.remove) {
+				t.Fatalf("add %v remove %v, want %v %v", add, remove, tc.add, tc.remove)
+			}
+		})
+	}
+}
+
+func TestApplyWatchStatus(t *testing.T) {
+	e := &v1.Engine{Spec: v1.EngineSpec{ReplicaAddresses: map[string]v1.ReplicaAddress{"r1": {Data: "x:1", Control: "x:2"}, "r2": {Data: "y:1", Control: "y:2"}}}}
+	applyWatchStatus(e, &enginev1.VolumeStatus{Size: 8 << 20,
+		Replicas: []*enginev1.Replica{{Address: "x:1,x:2", Mode: "RW"}, {Address: "y:1,y:2", Mode: "WO"}, {Address: "gone:1,gone:2", Mode: "ERR"}},
+		Rebuilds: []*enginev1.Rebuild{
+			{Replica: "y:1,y:2", Source: "x:1,x:2", State: "failed", StartedUnixNano: 1},
+			{Replica: "y:1,y:2", Source: "x:1,x:2", State: "in-progress", BytesDone: 1 << 20, BytesTotal: 4 << 20, DirtyOnly: true, StartedUnixNano: 2},
+		},
+		Snapshots: []*enginev1.Snapshot{{Name: "s1", UserCreated: true, DataBytes: 4096}}})
+	st := e.Status
+	if len(st.ReplicaModeMap) != 2 || st.ReplicaModeMap["r1"] != v1.ReplicaModeRW || st.ReplicaModeMap["r2"] != v1.ReplicaModeWO {
+		t.Fatalf("modes %v", st.ReplicaModeMap)
+	}
+	rb := st.RebuildStatus["r2"]
+	if rb.State != v1.RebuildStateInProgress || rb.Progress != 25 || !rb.DirtyOnly || rb.SourceReplica != "r1" {
+		t.Fatalf("rebuild %+v", rb)
+	}
+	if st.Size.Value() != 8<<20 || !st.Snapshots["s1"].UserCreated || st.Snapshots["s1"].Size.Value() != 4096 {
+		t.Fatalf("size %v snapshots %v", st.Size, st.Snapshots)
+	}
+}

@@ -1,0 +1,179 @@
+package volume
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+)
+
+func TestPlanRepair(t *testing.T) {
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	const wait = time.Minute
+	at := func(ago time.Duration) *metav1.Time { return &metav1.Time{Time: now.Add(-ago)} }
+	addr := func(n string) v1.ReplicaAddress { return v1.ReplicaAddress{Data: n + ":1", Control: n + ":2"} }
+	old := func(n string) v1.ReplicaAddress { return v1.ReplicaAddress{Data: n + ":old", Control: n + ":old2"} }
+	// rep builds a replica: running (with its current address) or not,
+	// healthy before or not, failed `failed` ago (0: not failed).
+	rep := func(n string, running, wasHealthy bool, failed time.Duration) *v1.Replica {
+		r := &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: n}}
+		if running {
+			r.Status.InstanceState, r.Status.Address, r.Status.ControlAddress = v1.InstanceStateRunning, n+":1", n+":2"
+		}
+		if wasHealthy {
+			r.Spec.HealthyAt = at(time.Hour)
+		}
+		if failed > 0 {
+			r.Spec.FailedAt = at(failed)
+		}
+		return r
+	}
+	type modes = map[string]v1.ReplicaMode
+	const RW, WO, ERR = v1.ReplicaModeRW, v1.ReplicaModeWO, v1.ReplicaModeERR
+	for _, tc := range []struct {
+		name  string
+		in    repairInput
+		addrs []string // names in the engine's set
+		check func(t *testing.T, p repairPlan)
+	}{{
+		name:  "healthy: nothing to do, addresses kept as the engine knows them",
+		in:    repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", true, true, 0)}, modes: modes{"a": RW, "b": RW}, engineAddrs: map[string]v1.ReplicaAddress{"a": old("a"), "b": addr("b")}},
+		addrs: []string{"a", "b"},
+		check: func(t *testing.T, p repairPlan) {
+			if len(p.failed)+len(p.healthy)+p.replace+len(p.remove) != 0 || p.faulted || p.addresses["a"] != old("a") {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name:  "first RW: marked healthy",
+		in:    repairInput{want: 1, replicas: []*v1.Replica{rep("a", true, false, 0)}, modes: modes{"a": RW}},
+		addrs: []string{"a"},
+		check: func(t *testing.T, p repairPlan) {
+			if len(p.healthy) != 1 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name:  "ERR and running again: marked failed and given back",
+		in:    repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", true, true, 0)}, modes: modes{"a": RW, "b": ERR}},
+		addrs: []string{"a", "b"},
+		check: func(t *testing.T, p repairPlan) {
+			if len(p.failed) != 1 || p.failed[0] != "b" || p.recheckAfter != wait || p.replace != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name:  "ERR and not running: failed, left out, no replacement yet",
+		in:    repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", false, true, 10*time.Second)}, modes: modes{"a": RW, "b": ERR}},
+		addrs: []string{"a"},
+		check: func(t *testing.T, p repairPlan) {
+			if len(p.failed) != 0 || p.replace != 0 || p.recheckAfter != 50*time.Second || p.rw != 1 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name:  "gone from the engine after serving: failed",
+		in:    repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", false, true, 0)}, modes: modes{"a": RW}},
+		addrs: []string{"a"},
+		check: func(t *testing.T, p repairPlan) {
+			if len(p.failed) != 1 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name:  "new replica never served: not failed, added",
+		in:    repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("n", true, false, 0)}, modes: modes{"a": RW}},
+		addrs: []string{"a", "n"},
+		check: func(t *testing.T, p repairPlan) {
+			if len(p.failed) != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name: "failed past the wait: replaced, kept until the replacement is RW, even if running again",
+		in: repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", true, true, 2*time.Minute), rep("c", true, false, 0)},
+			modes: modes{"a": RW, "b": ERR, "c": WO}},
+		addrs: []string{"a", "c"},
+		check: func(t *testing.T, p repairPlan) {
+			if p.replace != 0 || len(p.remove) != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name:  "failed past the wait, no replacement yet: one is asked for",
+		in:    repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", false, true, 2*time.Minute)}, modes: modes{"a": RW, "b": ERR}},
+		addrs: []string{"a"},
+		check: func(t *testing.T, p repairPlan) {
+			if p.replace != 1 || len(p.remove) != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name:  "replacement RW: the expired replica is removed",
+		in:    repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", false, true, 2*time.Minute), rep("c", true, true, 0)}, modes: modes{"a": RW, "c": RW}},
+		addrs: []string{"a", "c"},
+		check: func(t *testing.T, p repairPlan) {
+			if len(p.remove) != 1 || p.remove[0] != "b" || p.replace != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name: "one rebuild at a time: a second candidate waits while one is WO",
+		in: repairInput{want: 3, rebuildLimit: 1, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", true, true, 20*time.Second), rep("c", true, true, 10*time.Second)},
+			modes: modes{"a": RW, "b": WO, "c": ERR}},
+		addrs: []string{"a", "b"},
+	}, {
+		name: "limit 1, two candidates, none WO: the one failed longest goes first",
+		in: repairInput{want: 3, rebuildLimit: 1, replicas: []*v1.Replica{rep("a", true, true, 0), rep("c", true, true, 10*time.Second), rep("b", true, true, 20*time.Second)},
+			modes: modes{"a": RW, "b": ERR, "c": ERR}},
+		addrs: []string{"a", "b"},
+	}, {
+		name: "faulted: every running replica, expired or not, goes to the engine to be reopened by epoch",
+		in: repairInput{want: 3, rebuildLimit: 1, replicas: []*v1.Replica{rep("a", true, true, 30*time.Second), rep("b", true, true, 2*time.Minute), rep("c", false, true, 30*time.Second)},
+			modes: modes{"a": ERR, "b": ERR, "c": ERR}},
+		addrs: []string{"a", "b"},
+		check: func(t *testing.T, p repairPlan) {
+			if !p.faulted || len(p.remove) != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name: "a replica being deleted is not given to the engine and not counted",
+		in: repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), func() *v1.Replica {
+			r := rep("b", true, true, 0)
+			r.DeletionTimestamp = at(time.Second)
+			return r
+		}()}, modes: modes{"a": RW}},
+		addrs: []string{"a"},
+		check: func(t *testing.T, p repairPlan) {
+			if p.replace != 1 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.in.now, tc.in.wait = now, wait
+			if tc.in.rebuildLimit == 0 {
+				tc.in.rebuildLimit = 1
+			}
+			p := planRepair(tc.in)
+			var got []string
+			for n := range p.addresses {
+				got = append(got, n)
+			}
+			if len(got) != len(tc.addrs) {
+				t.Fatalf("engine set %v, want %v", got, tc.addrs)
+			}
+			for _, n := range tc.addrs {
+				if _, ok := p.addresses[n]; !ok {
+					t.Fatalf("engine set %v, want %v", got, tc.addrs)
+				}
+			}
+			if tc.check != nil {
+				tc.check(t, p)
+			}
+		})
+	}
+}
