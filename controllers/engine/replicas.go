@@ -7,16 +7,13 @@ import (
 	"slices"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
-	"github.com/cairn-io/cairn/controllers/replica"
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
-	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
 // Engine event reasons.
@@ -26,7 +23,6 @@ const (
 	EventReplicaRemoved   = "ReplicaRemoved"
 	EventExpanded         = "Expanded"
 	EventExpandFailed     = "ExpandFailed"
-	EventSalvage          = "Salvage"
 )
 
 // ReplicaAddress is the address an engine knows a replica by: DATA,CONTROL.
@@ -125,18 +121,16 @@ func replicaChanges(spec map[string]v1.ReplicaAddress, vs *enginev1.VolumeStatus
 
 // syncRunning brings a running engine to its spec: replicas added and
 // removed through the engine's own rebuild (never a restart under the
-// volume), the volume expanded to spec.size, and a faulted engine (no RW
-// replica left) restarted so that its open picks the replicas with the
-// newest epoch, the last ones it held RW (salvage). Each call is safe to
+// volume), and the volume expanded to spec.size. Each call is safe to
 // repeat: the engine refuses to add a member it has and to remove one it
-// lacks, and expanding to the current size does nothing.
+// lacks, and expanding to the current size does nothing. A faulted engine
+// (no RW replica) is left as it is.
 func (r *Reconciler) syncRunning(ctx context.Context, e *v1.Engine, c *Conn, vs *enginev1.VolumeStatus) error {
 	if vs.GetRobustness() == string(v1.VolumeRobustnessFaulted) {
-		// If we crash after the delete, the next reconcile creates the
-		// process again from the spec, as it would for one that exited.
-		objects.Event(r.Recorder, e, true, EventSalvage, "Restart",
-			"no replica is RW: restarting the engine so that it reopens the replicas with the newest epoch (the last ones it held RW) and rebuilds the others from them")
-		return r.deleteProcess(ctx, e)
+		// Nothing can be added to an engine without an RW replica to copy
+		// from; the Volume reconciler salvages it (a restart, once every
+		// replica that may hold the newest data runs).
+		return nil
 	}
 	var errs []error
 	add, remove := replicaChanges(e.Spec.ReplicaAddresses, vs)
@@ -177,15 +171,3 @@ func (r *Reconciler) syncRunning(ctx context.Context, e *v1.Engine, c *Conn, vs 
 	return errors.Join(errs...)
 }
 
-func (r *Reconciler) deleteProcess(ctx context.Context, e *v1.Engine) error {
-	conn, _, err := r.Pool.ForNode(ctx, r.Client, e.Namespace, e.Spec.NodeName)
-	if err != nil {
-		return err
-	}
-	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
-	if _, err := conn.Client.ProcessDelete(cctx, &imv1.ProcessDeleteRequest{Name: replica.ProcessName(e)}); err != nil && grpcstatus.Code(err) != codes.DeadlineExceeded {
-		return fmt.Errorf("stop engine process %s: %w", replica.ProcessName(e), err)
-	}
-	return nil
-}

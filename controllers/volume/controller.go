@@ -70,6 +70,7 @@ const (
 	EventAttached         = "Attached"
 	EventDetached         = "Detached"
 	EventSchedulingFailed = "SchedulingFailed"
+	EventSalvage          = "Salvage"
 )
 
 func (r *Reconciler) clock() time.Time {
@@ -105,6 +106,8 @@ type scope struct {
 	plan *repairPlan
 	// requeueAfter: when a failed replica's wait ends.
 	requeueAfter time.Duration
+	// salvageWait says why a faulted volume is not salvaged yet.
+	salvageWait string
 }
 
 // EngineName is the name of a volume's Engine.
@@ -217,8 +220,12 @@ func (r *Reconciler) ensureReplicas(ctx context.Context, s *scope) error {
 		want = 3
 	}
 	now, active := r.clock(), 0
+	// While the engine has no RW replica a replacement could not be
+	// rebuilt from anything: failed replicas keep counting until the
+	// volume is salvaged.
+	faulted := s.engine != nil && len(s.engine.Status.ReplicaModeMap) > 0 && robustnessFromModes(s.engine.Status.ReplicaModeMap, 1) == v1.VolumeRobustnessFaulted
 	for _, rep := range s.replicas {
-		if rep.DeletionTimestamp.IsZero() && !expired(rep, r.wait(), now) {
+		if rep.DeletionTimestamp.IsZero() && (faulted || !expired(rep, r.wait(), now)) {
 			active++
 		}
 	}
@@ -358,6 +365,10 @@ func (r *Reconciler) attachOrDetach(ctx context.Context, s *scope) error {
 	if e.Spec.DesiredState == v1.DesiredInstanceStateRunning {
 		return r.repair(ctx, s)
 	}
+	switch e.Status.InstanceState {
+	case v1.InstanceStateStarting, v1.InstanceStateRunning, v1.InstanceStateStopping:
+		return nil // a stop asked for (a salvage) has not happened yet; the engine's status change brings us back
+	}
 	if waiting > 0 || len(addrs) == 0 {
 		return nil // every scheduled replica runs first; their status changes bring us back
 	}
@@ -388,6 +399,9 @@ func (r *Reconciler) repair(ctx context.Context, s *scope) error {
 	plan := planRepair(repairInput{want: wantReplicas(s.v), replicas: s.replicas, modes: e.Status.ReplicaModeMap,
 		engineAddrs: e.Spec.ReplicaAddresses, rebuildLimit: limit, wait: r.wait(), now: now})
 	s.plan, s.requeueAfter = &plan, plan.recheckAfter
+	if plan.faulted {
+		return r.salvage(ctx, s)
+	}
 	byName := map[string]*v1.Replica{}
 	for _, rep := range s.replicas {
 		byName[rep.Name] = rep
@@ -433,6 +447,38 @@ func (r *Reconciler) repair(ctx context.Context, s *scope) error {
 			n, byName[n].Spec.NodeName, byName[n].Spec.FailedAt.Format(time.RFC3339))
 	}
 	return nil
+}
+
+// salvage restarts a faulted engine (no RW replica left), once every
+// replica that has ever been RW runs again: the engine's open compares the
+// epochs the replicas hold and serves from the ones with the newest, the
+// last it held RW, and the others are rebuilt from them. A replica's data
+// size or file times never choose. Until every such replica runs, the
+// volume stays faulted and says which ones it waits for: starting without
+// one of them could serve older data than was acknowledged.
+func (r *Reconciler) salvage(ctx context.Context, s *scope) error {
+	var waitFor, from []string
+	for _, rep := range s.replicas {
+		if !rep.DeletionTimestamp.IsZero() || rep.Spec.HealthyAt == nil {
+			continue
+		}
+		if _, ok := runningAddress(rep); ok {
+			from = append(from, rep.Name)
+		} else {
+			waitFor = append(waitFor, fmt.Sprintf("%s on %s", rep.Name, rep.Spec.NodeName))
+		}
+	}
+	if len(waitFor) > 0 || len(from) == 0 {
+		s.salvageWait = fmt.Sprintf("no replica is RW; salvage waits for every replica that held the volume's data to run again (%s): the newest data may be on any of them. Bring their nodes back; a replica whose disk is lost for good must be deleted by hand first",
+			strings.Join(waitFor, ", "))
+		return nil
+	}
+	objects.Event(r.Recorder, s.v, true, EventSalvage, "Salvage",
+		"no replica is RW: restarting the engine on %s; it serves from the ones with the newest epoch and rebuilds the others from them", strings.Join(from, ", "))
+	// Stopping the engine is the whole step: once it is stopped, attach
+	// starts it again with every running replica. A crash in between
+	// finds it stopping or stopped and goes on from there.
+	return r.setEngine(ctx, s.engine, func(e *v1.Engine) { e.Spec.DesiredState = v1.DesiredInstanceStateStopped })
 }
 
 func modeOrGone(modes map[string]v1.ReplicaMode, name string) string {

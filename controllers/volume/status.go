@@ -69,6 +69,13 @@ func computeStatus(s *scope) {
 	st.Robustness = robustness(st.State, running, want)
 	if st.State == v1.VolumeStateAttached && len(e.Status.ReplicaModeMap) > 0 {
 		st.Robustness = robustnessFromModes(e.Status.ReplicaModeMap, want)
+		if st.Robustness == v1.VolumeRobustnessFaulted {
+			msg := "no replica is RW: the volume cannot serve I/O; salvaging it"
+			if s.salvageWait != "" {
+				msg = s.salvageWait
+			}
+			cond(v1.ConditionReady, false, v1.VolumeReasonFaulted, msg)
+		}
 	}
 	setRebuilding(s, cond)
 }
