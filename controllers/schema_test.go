@@ -375,8 +375,8 @@ func TestUpdateRules(t *testing.T) {
 func TestPrinterColumns(t *testing.T) {
 	want := map[string][]string{
 		"volumes":          {"State", "Robustness", "Size", "Replicas", "Node", "Frontend", "Endpoint", "Age"},
-		"engines":          {"State", "Volume", "Node", "Endpoint", "Age"},
-		"replicas":         {"State", "Volume", "Node", "Disk", "Address", "Age"},
+		"engines":          {"State", "Volume", "Node", "Endpoint", "Size", "Age"},
+		"replicas":         {"State", "Volume", "Node", "Disk", "Failed", "Address", "Age"},
 		"instancemanagers": {"State", "Node", "Address", "Age"},
 		"storagenodes":     {"Node", "Schedulable", "Ready", "Age"},
 	}

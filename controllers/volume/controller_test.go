@@ -75,9 +75,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	g.Expect(seen).To(HaveLen(3), "one replica per node")
 
 	// Attach to n2.
-	cur := get()
-	cur.Spec.NodeName = "n2"
-	g.Expect(k8sClient.Update(ctx, cur)).To(Succeed())
+	setNode(g, client.ObjectKeyFromObject(vol), "n2")
 	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateAttached))
 	got := get()
 	g.Expect(got.Status.CurrentNodeName).To(Equal("n2"))
@@ -91,8 +89,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	g.Expect(e.Status.Size.Value()).To(Equal(int64(16 << 20)))
 
 	// Detach: the engine stops, then the replicas.
-	got.Spec.NodeName = ""
-	g.Expect(k8sClient.Update(ctx, got)).To(Succeed())
+	setNode(g, client.ObjectKeyFromObject(vol), "")
 	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
 	for _, r := range replicas() {
 		g.Expect(r.Status.InstanceState).To(Equal(v1.InstanceStateStopped))

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -127,9 +128,7 @@ func TestVolumeRepair(t *testing.T) {
 			others = append(others, n)
 		}
 	}
-	cur := get()
-	cur.Spec.NodeName = attachTo
-	g.Expect(k8sClient.Update(ctx, cur)).To(Succeed())
+	setNode(g, client.ObjectKeyFromObject(vol), attachTo)
 	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateAttached))
 	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
 	sock := get().Status.Endpoint
@@ -204,13 +203,9 @@ func TestVolumeRepair(t *testing.T) {
 	}
 
 	// Moved to another node, the data reads back from the new replica set.
-	cur = get()
-	cur.Spec.NodeName = ""
-	g.Expect(k8sClient.Update(ctx, cur)).To(Succeed())
+	setNode(g, client.ObjectKeyFromObject(vol), "")
 	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
-	cur = get()
-	cur.Spec.NodeName = spare
-	g.Expect(k8sClient.Update(ctx, cur)).To(Succeed())
+	setNode(g, client.ObjectKeyFromObject(vol), spare)
 	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateAttached))
 	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
 	qemuIO(t, vol.Name, get().Status.Endpoint, "read -P 0x11 0 4M", "read -P 0x22 8M 2M", "read -P 0x33 16M 4M")
@@ -282,9 +277,7 @@ func TestVolumeSalvage(t *testing.T) {
 		}
 	}
 	g.Expect(repNodes).To(HaveLen(2))
-	cur := get()
-	cur.Spec.NodeName = engineNode
-	g.Expect(k8sClient.Update(ctx, cur)).To(Succeed())
+	setNode(g, client.ObjectKeyFromObject(vol), engineNode)
 	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
 	qemuIO(t, vol.Name, get().Status.Endpoint, "write -P 0x11 0 4M", "flush")
 
@@ -324,4 +317,84 @@ func TestVolumeSalvage(t *testing.T) {
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), &v1.Volume{}))
 	}, timeout, 100*time.Millisecond).Should(BeTrue())
+}
+
+// TestVolumeExpand: spec.size grown on an attached volume expands the
+// engine online (status.size follows, the new space takes writes, the
+// replicas' spec.size follows so they restart at their new size); grown
+// on a detached volume, the engine starts at its replicas' size at the
+// next attach and is expanded then. The data written before reads back.
+func TestVolumeExpand(t *testing.T) {
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make test-tools installs it)")
+	}
+	g := NewWithT(t)
+	ctx := context.Background()
+	nodes(t, g, "ex-a", "ex-b")
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "expand", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("16Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD}}
+	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
+	get := func() *v1.Volume {
+		out := &v1.Volume{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
+		return out
+	}
+	update := func(mutate func(*v1.Volume)) { updateVolume(g, client.ObjectKeyFromObject(vol), mutate) }
+	size := func() int64 {
+		if s := get().Status.Size; s != nil {
+			return s.Value()
+		}
+		return 0
+	}
+	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
+	update(func(v *v1.Volume) { v.Spec.NodeName = "ex-a" })
+	g.Eventually(func() v1.VolumeRobustness { return get().Status.Robustness }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
+	qemuIO(t, vol.Name, get().Status.Endpoint, "write -P 0x44 0 1M", "flush")
+
+	// Online.
+	update(func(v *v1.Volume) { v.Spec.Size = resource.MustParse("32Mi") })
+	g.Eventually(size, timeout, 100*time.Millisecond).Should(Equal(int64(32 << 20)))
+	qemuIO(t, vol.Name, get().Status.Endpoint, "write -P 0x55 31M 1M", "flush", "read -P 0x44 0 1M")
+	g.Eventually(func() []int64 {
+		var list v1.ReplicaList
+		g.Expect(k8sClient.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{LabelVolume: vol.Name})).To(Succeed())
+		var out []int64
+		for _, r := range list.Items {
+			out = append(out, r.Spec.Size.Value())
+		}
+		return out
+	}, timeout, 100*time.Millisecond).Should(Equal([]int64{32 << 20, 32 << 20}))
+
+	// Offline: detached, grown, attached elsewhere.
+	update(func(v *v1.Volume) { v.Spec.NodeName = "" })
+	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
+	update(func(v *v1.Volume) { v.Spec.Size = resource.MustParse("48Mi") })
+	update(func(v *v1.Volume) { v.Spec.NodeName = "ex-b" })
+	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateAttached))
+	g.Eventually(size, timeout, 100*time.Millisecond).Should(Equal(int64(48 << 20)))
+	g.Eventually(func() v1.VolumeRobustness { return get().Status.Robustness }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
+	qemuIO(t, vol.Name, get().Status.Endpoint, "read -P 0x44 0 1M", "read -P 0x55 31M 1M", "write -P 0x66 47M 1M", "read -P 0x66 47M 1M")
+
+	g.Expect(k8sClient.Delete(ctx, get())).To(Succeed())
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), &v1.Volume{}))
+	}, timeout, 100*time.Millisecond).Should(BeTrue())
+}
+
+// updateVolume applies mutate to the volume's latest version, again on a
+// conflict (the reconciler writes the object too).
+func updateVolume(g *WithT, key client.ObjectKey, mutate func(*v1.Volume)) {
+	g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := &v1.Volume{}
+		if err := k8sClient.Get(context.Background(), key, cur); err != nil {
+			return err
+		}
+		mutate(cur)
+		return k8sClient.Update(context.Background(), cur)
+	})).To(Succeed())
+}
+
+// setNode attaches the volume to node ("" detaches it).
+func setNode(g *WithT, key client.ObjectKey, node string) {
+	updateVolume(g, key, func(v *v1.Volume) { v.Spec.NodeName = node })
 }
