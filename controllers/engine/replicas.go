@@ -170,4 +170,3 @@ func (r *Reconciler) syncRunning(ctx context.Context, e *v1.Engine, c *Conn, vs 
 	}
 	return errors.Join(errs...)
 }
-
