@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"os"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -30,6 +34,7 @@ func main() {
 		probeAddr      string
 		leaderElection bool
 		vr             volume.Reconciler
+		disc           discovery
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the metrics endpoint binds to; \"0\" disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the health and readiness probes bind to.")
@@ -40,6 +45,11 @@ func main() {
 		"How many replicas of one volume are rebuilt at a time.")
 	flag.IntVar(&vr.OverProvisioningPercent, "over-provisioning-percent", 100,
 		"Replicas may be scheduled on a disk up to this percentage of its capacity (less storageReserved).")
+	flag.StringVar(&disc.namespace, "namespace", envOr("POD_NAMESPACE", "cairn-system"),
+		"Namespace of the instance-manager pods and of the InstanceManager and StorageNode objects discovered from them.")
+	flag.BoolVar(&disc.enabled, "discover-instance-managers", true,
+		"Keep an InstanceManager (and a StorageNode) per node where an instance-manager pod is ready; off where instance managers are registered by hand.")
+	flag.StringVar(&disc.selector, "instance-manager-selector", instancemanager.DefaultPodSelector, "Label selector of the instance-manager DaemonSet's pods.")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -49,13 +59,31 @@ func main() {
 		fmt.Fprintln(os.Stderr, "cairn-manager: --replenishment-wait, --concurrent-rebuild-limit and --over-provisioning-percent must be positive")
 		os.Exit(2)
 	}
-	if err := run(metricsAddr, probeAddr, leaderElection, &vr); err != nil {
+	if err := run(metricsAddr, probeAddr, leaderElection, &vr, disc); err != nil {
 		fmt.Fprintln(os.Stderr, "cairn-manager:", err)
 		os.Exit(1)
 	}
 }
 
-func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconciler) error {
+// discovery is how the manager finds instance managers in a cluster.
+type discovery struct {
+	enabled   bool
+	namespace string
+	selector  string
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconciler, disc discovery) error {
+	sel, err := labels.Parse(disc.selector)
+	if err != nil {
+		return fmt.Errorf("--instance-manager-selector %q: %w", disc.selector, err)
+	}
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(storagev1alpha1.AddToScheme(scheme))
@@ -70,6 +98,11 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 		HealthProbeBindAddress: probeAddr,
 		LeaderElection:         leaderElection,
 		LeaderElectionID:       "cairn-manager.storage.cairn.io",
+		// Only the instance-manager pods are cached, not every pod of the
+		// cluster.
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}: {Namespaces: map[string]cache.Config{disc.namespace: {}}, Label: sel},
+		}},
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
@@ -89,6 +122,12 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 		return fmt.Errorf("set up the InstanceManager reconciler: %w", err)
 	}
 	c := mgr.GetClient()
+	if disc.enabled {
+		d := &instancemanager.PodDiscovery{Client: c, Namespace: disc.namespace, Selector: sel}
+		if err := d.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("set up instance-manager discovery: %w", err)
+		}
+	}
 	for kind, setup := range map[string]func(ctrl.Manager) error{
 		"StorageNode": (&storagenode.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		"Replica":     (&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,

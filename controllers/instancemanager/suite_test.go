@@ -20,6 +20,9 @@ func TestMain(m *testing.M) {
 	r := NewReconciler(nil, nil)
 	env, err := suite.Start(func(mgr ctrl.Manager, pool *imclient.Pool) error {
 		r.Client, r.Pool = mgr.GetClient(), pool
+		if err := (&PodDiscovery{Client: mgr.GetClient(), Namespace: "default"}).SetupWithManager(mgr); err != nil {
+			return err
+		}
 		return r.SetupWithManager(mgr)
 	}, func(addr string) { r.Changed(addr) })
 	if err != nil {
