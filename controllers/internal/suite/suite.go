@@ -10,11 +10,15 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -25,12 +29,25 @@ import (
 // Env is a running test environment.
 type Env struct {
 	Client client.Client
-	Pool   *imclient.Pool
-	stop   func()
+	// Pool is the running manager's instance-manager pool.
+	Pool *imclient.Pool
+
+	cfg      *rest.Config
+	scheme   *runtime.Scheme
+	env      *envtest.Environment
+	setup    func(mgr ctrl.Manager, pool *imclient.Pool) error
+	onChange func(string)
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // Stop stops the manager, the pool and the API server.
-func (e *Env) Stop() { e.stop() }
+func (e *Env) Stop() {
+	e.StopManager()
+	e.env.Stop()
+}
 
 // Start starts envtest and a manager; setup registers the reconcilers
 // (given the manager and a pool whose OnChange calls onChange, if set).
@@ -52,20 +69,42 @@ func Start(setup func(mgr ctrl.Manager, pool *imclient.Pool) error, onChange fun
 	if err != nil {
 		return nil, fmt.Errorf("start envtest: %w", err)
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	// Tests read through their own client, not the manager's cache, so
+	// what they created is there at once.
+	direct, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		env.Stop()
 		return nil, err
 	}
-	pool := imclient.New(imclient.Options{OnChange: func(addr string) {
-		if onChange != nil {
-			onChange(addr)
-		}
-	}})
-	if err := setup(mgr, pool); err != nil {
-		pool.Close()
+	e := &Env{Client: direct, cfg: cfg, scheme: scheme, env: env, setup: setup, onChange: onChange}
+	if err := e.StartManager(); err != nil {
 		env.Stop()
 		return nil, err
+	}
+	return e, nil
+}
+
+// StartManager starts a new manager, with a new pool, running the
+// reconcilers setup registers: what a restarted cairn-manager is.
+func (e *Env) StartManager() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cancel != nil {
+		return errors.New("the manager is already running")
+	}
+	mgr, err := ctrl.NewManager(e.cfg, ctrl.Options{Scheme: e.scheme, Metrics: metricsserver.Options{BindAddress: "0"},
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	if err != nil {
+		return err
+	}
+	pool := imclient.New(imclient.Options{OnChange: func(addr string) {
+		if e.onChange != nil {
+			e.onChange(addr)
+		}
+	}})
+	if err := e.setup(mgr, pool); err != nil {
+		pool.Close()
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -74,21 +113,21 @@ func Start(setup func(mgr ctrl.Manager, pool *imclient.Pool) error, onChange fun
 		if err := mgr.Start(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "manager stopped:", err)
 		}
+		pool.Close()
 	}()
-	// Tests read through their own client, not the manager's cache, so
-	// what they created is there at once.
-	direct, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		cancel()
-		<-done
-		pool.Close()
-		env.Stop()
-		return nil, err
+	e.Pool, e.cancel, e.done = pool, cancel, done
+	return nil
+}
+
+// StopManager stops the manager and its pool (the instance managers and
+// their processes go on), and returns once they have stopped.
+func (e *Env) StopManager() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cancel == nil {
+		return
 	}
-	return &Env{Client: direct, Pool: pool, stop: func() {
-		cancel()
-		<-done
-		pool.Close()
-		env.Stop()
-	}}, nil
+	e.cancel()
+	<-e.done
+	e.cancel, e.done = nil, nil
 }
