@@ -20,7 +20,10 @@ import (
 // The suite runs every reconciler against envtest and real instance
 // managers, one per simulated node, each starting real engine and replica
 // processes on loopback.
-var k8sClient client.Client
+var (
+	k8sClient client.Client
+	testEnv   *suite.Env
+)
 
 // replenishmentWait is short here: long enough for a killed replica
 // process to be restarted (well under a second on loopback), short enough
@@ -49,7 +52,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	k8sClient = env.Client
+	k8sClient, testEnv = env.Client, env
 	code := m.Run()
 	env.Stop()
 	os.Exit(code)

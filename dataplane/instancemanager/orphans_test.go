@@ -2,6 +2,7 @@ package instancemanager
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,17 +55,48 @@ func TestPortRange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _ := r.alloc(2)
-	b, _ := r.alloc(2)
-	if _, ok := r.alloc(2); ok {
+	a, _ := r.alloc(2, nil)
+	b, _ := r.alloc(2, nil)
+	if _, ok := r.alloc(2, nil); ok {
 		t.Fatal("allocated past the end")
 	}
 	r.release(a)
-	c, ok := r.alloc(2)
+	c, ok := r.alloc(2, nil)
 	if !ok || c[0] != 100 || b[0] != 102 {
 		t.Fatalf("a=%v b=%v c=%v", a, b, c)
 	}
 	if _, err := newPortRange(5, 4); err == nil {
 		t.Fatal("an inverted range was accepted")
+	}
+}
+
+// TestPortRangeSkipsBusyPorts: a port of the range that another program
+// holds (here a listener; in practice often an outgoing connection's local
+// port) is not handed to a child, which would fail to listen on it again
+// on every retry.
+func TestPortRangeSkipsBusyPorts(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	busy := held.Addr().(*net.TCPAddr).Port
+	if busy+3 > 65535 {
+		t.Skip("the kernel gave a port at the top of the range")
+	}
+	r, err := newPortRange(busy, busy+3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := func(p int) bool { return bindable("127.0.0.1", p) }
+	got, ok := r.alloc(2, free)
+	if !ok {
+		t.Skipf("ports after %d are in use here", busy)
+	}
+	if got[0] == busy || got[1] == busy {
+		t.Fatalf("allocated %v, which includes the held port %d", got, busy)
+	}
+	if _, ok := r.alloc(2, func(int) bool { return false }); ok {
+		t.Fatal("allocated a block although no port was free")
 	}
 }

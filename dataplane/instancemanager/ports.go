@@ -1,6 +1,10 @@
 package instancemanager
 
-import "fmt"
+import (
+	"fmt"
+	"net"
+	"strconv"
+)
 
 // portRange hands out contiguous blocks of ports from [min, max].
 // Not safe for concurrent use: the Supervisor holds its lock.
@@ -16,14 +20,18 @@ func newPortRange(min, max int) (*portRange, error) {
 	return &portRange{min: min, max: max, used: make([]bool, max-min+1)}, nil
 }
 
-// alloc returns n contiguous ports, or ok=false if no block is free.
-func (r *portRange) alloc(n int) ([]int, bool) {
+// alloc returns n contiguous ports, or ok=false if no block is free. A
+// port for which free (if given) says false is skipped this time: some
+// other program holds it (often an outgoing connection given it as its
+// local port, when the range overlaps the kernel's ephemeral ports), and
+// a child told to listen there would fail at once, again on every retry.
+func (r *portRange) alloc(n int, free func(port int) bool) ([]int, bool) {
 	if n == 0 {
 		return nil, true
 	}
 	run := 0
 	for i := range r.used {
-		if r.used[i] {
+		if r.used[i] || (free != nil && !free(r.min+i)) {
 			run = 0
 			continue
 		}
@@ -46,4 +54,14 @@ func (r *portRange) release(ports []int) {
 			r.used[p-r.min] = false
 		}
 	}
+}
+
+// bindable reports whether a TCP listener can be opened on host:port now.
+func bindable(host string, port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
 }

@@ -281,7 +281,7 @@ func (s *Supervisor) Create(name string, spec Spec) (Process, error) {
 		return Process{}, fmt.Errorf("%w: %w", ErrConflict, err)
 	}
 	n := portsFor(spec)
-	ports, ok := s.ports.alloc(n)
+	ports, ok := s.ports.alloc(n, func(port int) bool { return bindable(s.opts.Host, port) })
 	if !ok {
 		s.mu.Unlock()
 		return Process{}, fmt.Errorf("%w: %d contiguous ports wanted in %d-%d", ErrNoPorts, n, s.opts.PortMin, s.opts.PortMax)

@@ -57,7 +57,7 @@ func Start(t testing.TB, node, addr, dataDir string) *IM {
 		addr = FreeAddr(t)
 	}
 	cmd := exec.Command(Binary(t), "instance-manager", "--listen", addr, "--node", node, "--data-dir", dataDir,
-		"--log-dir", filepath.Join(dataDir, ".logs"), "--port-range", FreeRange(t, 16), "--stop-grace", "5s")
+		"--log-dir", filepath.Join(dataDir, ".logs"), "--port-range", FreeRange(t, 64), "--stop-grace", "5s")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -91,9 +91,12 @@ func FreeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
+// Ranges come from below Linux's default ephemeral ports (32768-60999), so
+// that outgoing connections are not given the ports handed to processes
+// (the instance manager also skips ports it finds taken).
 var (
 	rangeMu   sync.Mutex
-	rangeNext = 30000 + os.Getpid()%20000
+	rangeNext = 20000 + os.Getpid()%8000
 )
 
 // FreeRange returns n consecutive free ports as "A-B", never the same
@@ -102,7 +105,7 @@ func FreeRange(t testing.TB, n int) string {
 	t.Helper()
 	rangeMu.Lock()
 	defer rangeMu.Unlock()
-	for ; rangeNext < 60000; rangeNext += n {
+	for ; rangeNext+n <= 32768; rangeNext += n {
 		ok := true
 		for p := rangeNext; p < rangeNext+n && ok; p++ {
 			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
