@@ -107,7 +107,10 @@ func TestManagerRestartConverges(t *testing.T) {
 		g.Expect(testEnv.StartManager()).To(Succeed())
 	}
 	state := func(want v1.VolumeState) func() bool { return func() bool { return get().Status.State == want } }
-	healthy := func() bool { v := get(); return v.Status.State == v1.VolumeStateAttached && v.Status.Robustness == v1.VolumeRobustnessHealthy }
+	healthy := func() bool {
+		v := get()
+		return v.Status.State == v1.VolumeStateAttached && v.Status.Robustness == v1.VolumeRobustnessHealthy
+	}
 	checkAttached := func() {
 		t.Helper()
 		g.Eventually(healthy, timeout, 100*time.Millisecond).Should(BeTrue())
