@@ -367,7 +367,7 @@ func (e *Engine) setMode(m *member, to Mode, cause error) error {
 	m.mode, m.since, m.err = to, time.Now(), cause
 	if to == ModeERR {
 		if from != modeNew {
-			e.needBump.Store(true)  // until the survivors' epoch moves past it
+			e.needBump.Store(true) // until the survivors' epoch moves past it
 			if m.id != "" {
 				e.failed[m.id] = m.addr // a replica failed mid-rebuild is refused dirty-only resync by its persisted rebuilding flag
 			}
