@@ -91,6 +91,9 @@ func TestRunReports(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestSelftestRun$", "-test.v")
 		cmd.Env = append(os.Environ(), "CAIRN_UML_SELFTEST="+name)
 		out, err := cmd.CombinedOutput()
+		if err == nil && strings.Contains(string(out), fpRegsFailure) {
+			t.Skipf("%s: UML cannot run user space on this host:\n%s", name, out)
+		}
 		if err == nil || !strings.Contains(string(out), want) || !strings.Contains(string(out), "--- FAIL: TestSelftestRun") {
 			t.Errorf("%s inside UML: outer test %v, want a failure saying %q:\n%s", name, err, want, out)
 		}
