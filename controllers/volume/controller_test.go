@@ -26,18 +26,32 @@ const timeout = 90 * time.Second
 // nodes starts an instance manager per node, with its InstanceManager and
 // StorageNode objects, and returns each node's data directory.
 func nodes(t *testing.T, g *WithT, names ...string) map[string]string {
+	dirs, _ := startNodes(t, g, names...)
+	return dirs
+}
+
+// startNodes starts an instance manager per node, registers its
+// InstanceManager and StorageNode, and returns the data directories and
+// instance managers. When the test ends the objects are deleted before
+// the instance managers stop, so no later test schedules onto its nodes.
+func startNodes(t *testing.T, g *WithT, names ...string) (map[string]string, map[string]*imtest.IM) {
 	ctx := context.Background()
-	dirs := map[string]string{}
+	dirs, ims := map[string]string{}, map[string]*imtest.IM{}
 	for _, n := range names {
 		dir := t.TempDir()
 		im := imtest.Start(t, n, "", dir)
-		g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-" + n, Namespace: "default"},
-			Spec: v1.InstanceManagerSpec{NodeName: n, Address: im.Addr}})).To(Succeed())
-		g.Expect(k8sClient.Create(ctx, &v1.StorageNode{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "default"},
-			Spec: v1.StorageNodeSpec{NodeName: n}})).To(Succeed())
-		dirs[n] = dir
+		imObj := &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-" + n, Namespace: "default"},
+			Spec: v1.InstanceManagerSpec{NodeName: n, Address: im.Addr}}
+		g.Expect(k8sClient.Create(ctx, imObj)).To(Succeed())
+		sn := &v1.StorageNode{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "default"}, Spec: v1.StorageNodeSpec{NodeName: n}}
+		g.Expect(k8sClient.Create(ctx, sn)).To(Succeed())
+		t.Cleanup(func() {
+			k8sClient.Delete(ctx, sn)
+			k8sClient.Delete(ctx, imObj)
+		})
+		dirs[n], ims[n] = dir, im
 	}
-	return dirs
+	return dirs, ims
 }
 
 // TestVolumeLifecycle drives a volume through the whole life cycle on

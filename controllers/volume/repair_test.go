@@ -74,16 +74,7 @@ func TestVolumeRepair(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	names := []string{"rp-a", "rp-b", "rp-c", "rp-d"}
-	dirs := map[string]string{}
-	ims := map[string]*imtest.IM{}
-	for _, n := range names {
-		dirs[n] = t.TempDir()
-		ims[n] = imtest.Start(t, n, "", dirs[n])
-		g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-" + n, Namespace: "default"},
-			Spec: v1.InstanceManagerSpec{NodeName: n, Address: ims[n].Addr}})).To(Succeed())
-		g.Expect(k8sClient.Create(ctx, &v1.StorageNode{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "default"},
-			Spec: v1.StorageNodeSpec{NodeName: n}})).To(Succeed())
-	}
+	dirs, ims := startNodes(t, g, names...)
 	const size = 64 << 20
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "repair", Namespace: "default"}, Spec: v1.VolumeSpec{
 		Size: *resource.NewQuantity(size, resource.BinarySI), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
@@ -237,16 +228,7 @@ func TestVolumeSalvage(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	names := []string{"sv-a", "sv-b", "sv-c"}
-	dirs := map[string]string{}
-	ims := map[string]*imtest.IM{}
-	for _, n := range names {
-		dirs[n] = t.TempDir()
-		ims[n] = imtest.Start(t, n, "", dirs[n])
-		g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-" + n, Namespace: "default"},
-			Spec: v1.InstanceManagerSpec{NodeName: n, Address: ims[n].Addr}})).To(Succeed())
-		g.Expect(k8sClient.Create(ctx, &v1.StorageNode{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "default"},
-			Spec: v1.StorageNodeSpec{NodeName: n}})).To(Succeed())
-	}
+	dirs, ims := startNodes(t, g, names...)
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "salvage", Namespace: "default"}, Spec: v1.VolumeSpec{
 		Size: resource.MustParse("16Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD}}
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())

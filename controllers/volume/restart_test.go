@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
-	"github.com/cairn-io/cairn/controllers/internal/imtest"
 	"github.com/cairn-io/cairn/controllers/replica"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
@@ -36,16 +35,7 @@ func TestManagerRestartConverges(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	names := []string{"mr-a", "mr-b", "mr-c"}
-	dirs := map[string]string{}
-	ims := map[string]*imtest.IM{}
-	for _, n := range names {
-		dirs[n] = t.TempDir()
-		ims[n] = imtest.Start(t, n, "", dirs[n])
-		g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-" + n, Namespace: "default"},
-			Spec: v1.InstanceManagerSpec{NodeName: n, Address: ims[n].Addr}})).To(Succeed())
-		g.Expect(k8sClient.Create(ctx, &v1.StorageNode{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "default"},
-			Spec: v1.StorageNodeSpec{NodeName: n}})).To(Succeed())
-	}
+	_, ims := startNodes(t, g, names...)
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "restart", Namespace: "default"}, Spec: v1.VolumeSpec{
 		Size: resource.MustParse("16Mi"), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
 	key := client.ObjectKeyFromObject(vol)
