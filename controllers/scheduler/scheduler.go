@@ -116,7 +116,7 @@ func Schedule(req Request, disks []Disk, placed []Placed, n int) Result {
 		}
 		if best == nil {
 			res.Unplaced = n - len(res.Placements)
-			res.Reason = explain(reasons, len(ds), res.Unplaced, n)
+			res.Reason = explain(reasons, len(ds), res.Unplaced, n+len(placed))
 			return res
 		}
 		best.Scheduled += req.Size

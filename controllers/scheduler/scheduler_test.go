@@ -53,6 +53,13 @@ func TestSchedule(t *testing.T) {
 			n:     3, want: []string{"a/d1", "a/d2"}, unplace: 1, reason: "1 of 3 replicas unplaced: of 2 disks, 2 already holds a replica",
 		},
 		{
+			name:   "the count covers the replicas placed earlier",
+			req:    Request{Size: gi},
+			disks:  []Disk{disk("a", "d1", 50*gi), disk("b", "d1", 50*gi)},
+			placed: []Placed{{"a", "d1"}, {"b", "d1"}},
+			n:      1, unplace: 1, reason: "1 of 3 replicas unplaced: of 2 disks, 2 already holds a replica",
+		},
+		{
 			name:   "replacement avoids the nodes of the replicas still there",
 			req:    Request{Size: gi},
 			disks:  []Disk{big(disk("a", "d1", 0)), disk("b", "d1", 10*gi), disk("c", "d1", 10*gi)},

@@ -141,3 +141,35 @@ func TestVolumeUnschedulable(t *testing.T) {
 		return ""
 	}, timeout, 100*time.Millisecond).Should(ContainSubstring("2 of 2 replicas unplaced"))
 }
+
+// TestVolumeSchedulesWhenANodeJoins: three replicas on two nodes leave one
+// unplaced (never two on one disk), said in the Scheduled condition; a
+// third node joining places it, and the volume attaches healthy.
+func TestVolumeSchedulesWhenANodeJoins(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	nodes(t, g, "j1", "j2")
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "joins", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("8Mi"), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
+	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
+	get := func() *v1.Volume {
+		out := &v1.Volume{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
+		return out
+	}
+	scheduled := func() *metav1.Condition { return meta.FindStatusCondition(get().Status.Conditions, v1.VolumeConditionScheduled) }
+	g.Eventually(func() string {
+		if c := scheduled(); c != nil && c.Reason == v1.VolumeReasonReplicaSchedulingFailed {
+			return c.Message
+		}
+		return ""
+	}, timeout, 100*time.Millisecond).Should(ContainSubstring("1 of 3 replicas unplaced"))
+	nodes(t, g, "j3")
+	g.Eventually(func() bool { c := scheduled(); return c != nil && c.Status == metav1.ConditionTrue }, timeout, 100*time.Millisecond).Should(BeTrue())
+	setNode(g, client.ObjectKeyFromObject(vol), "j3")
+	g.Eventually(func() v1.VolumeRobustness { return get().Status.Robustness }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
+	g.Expect(k8sClient.Delete(ctx, get())).To(Succeed())
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), &v1.Volume{}))
+	}, timeout, 100*time.Millisecond).Should(BeTrue())
+}
