@@ -157,7 +157,9 @@ func TestVolumeSchedulesWhenANodeJoins(t *testing.T) {
 		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
 		return out
 	}
-	scheduled := func() *metav1.Condition { return meta.FindStatusCondition(get().Status.Conditions, v1.VolumeConditionScheduled) }
+	scheduled := func() *metav1.Condition {
+		return meta.FindStatusCondition(get().Status.Conditions, v1.VolumeConditionScheduled)
+	}
 	g.Eventually(func() string {
 		if c := scheduled(); c != nil && c.Reason == v1.VolumeReasonReplicaSchedulingFailed {
 			return c.Message
