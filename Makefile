@@ -131,7 +131,7 @@ bench-replica: ## 4 KiB random I/O through dataconn to one replica vs the raw fi
 bench-control: envtest ## Control plane: create -> attached latency (1 and 20 volumes, ratio to starting the processes directly), reconciles/s, heap at 1,000 volumes.
 	hack/install-test-tools.sh
 	export KUBEBUILDER_ASSETS="$$(LOCALBIN=$(LOCALBIN) CAIRN_CACHE=$(CAIRN_CACHE) ENVTEST_K8S_VERSION=$(ENVTEST_K8S_VERSION) ENVTEST_ETCD_VERSION=$(ENVTEST_ETCD_VERSION) hack/envtest.sh)"; \
-	  CAIRN_BENCH_CONTROL=1 $(GO) test -count=1 -timeout 30m -run '^TestBenchControl$$' ./controllers/volume/
+	  CAIRN_BENCH_CONTROL=1 $(GO) test -v -count=1 -timeout 30m -run '^TestBenchControl$$' ./controllers/volume/
 
 .PHONY: fuzz
 fuzz: ## Fuzz the dataconn decoder and a live dataconn server, $(FUZZTIME) each (new crashers land in dataplane/dataconn/testdata/fuzz).

@@ -12,6 +12,7 @@ import (
 	goruntime "runtime"
 	"sync"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -55,6 +56,9 @@ func Start(setup func(mgr ctrl.Manager, pool *imclient.Pool) error, onChange fun
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return nil, errors.New("KUBEBUILDER_ASSETS is not set, so envtest cannot find kube-apiserver and etcd: run `make test`, or export KUBEBUILDER_ASSETS=$(hack/envtest.sh)")
 	}
+	// The reconcilers' own logs are not needed here; tests assert on
+	// objects, processes and bytes.
+	ctrl.SetLogger(logr.Discard())
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, err
