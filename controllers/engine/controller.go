@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -314,5 +315,6 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 				func(e *v1.Engine) string { return e.Spec.NodeName })
 		})).
 		Named("engine").
+		WithOptions(controller.Options{MaxConcurrentReconciles: objects.Workers}).
 		Complete(r)
 }

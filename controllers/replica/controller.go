@@ -15,6 +15,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -208,5 +209,6 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 				func(r *v1.Replica) string { return r.Spec.NodeName })
 		})).
 		Named("replica").
+		WithOptions(controller.Options{MaxConcurrentReconciles: objects.Workers}).
 		Complete(r)
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -584,5 +585,6 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return out
 		})).
 		Named("volume").
+		WithOptions(controller.Options{MaxConcurrentReconciles: objects.Workers}).
 		Complete(r)
 }

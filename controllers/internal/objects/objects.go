@@ -56,3 +56,10 @@ func Event(rec events.EventRecorder, o runtime.Object, warning bool, reason, act
 	}
 	rec.Eventf(o, nil, typ, reason, action, "%s", fmt.Sprintf(format, args...))
 }
+
+// Workers is how many objects of one kind the process reconcilers
+// (Volume, Engine, Replica) handle at once. Their calls to instance
+// managers and engines can take seconds (a replica add, an expansion, an
+// unreachable node's timeout); one slow node must not stall every other
+// volume. The work queue never hands one object to two workers at once.
+const Workers = 8
