@@ -3,7 +3,9 @@ package volume
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -30,21 +32,67 @@ import (
 // converges: exactly one engine process and one process per replica
 // while attached, none while detached, nothing (process or directory)
 // left after delete, and the data intact. The new manager knows only
-// what the API server and the instance managers tell it.
+// what the API server and the instance managers tell it. In-process the
+// manager is stopped (its context cancelled); as a cairn-manager process
+// it is killed with SIGKILL, whatever it was doing.
 func TestManagerRestartConverges(t *testing.T) {
+	t.Run("in-process", func(t *testing.T) {
+		testRestarts(t, "mr", testEnv.StopManager, func() error { return testEnv.StartManager() })
+	})
+	t.Run("SIGKILL", func(t *testing.T) {
+		testEnv.StopManager()
+		defer testEnv.StartManager()
+		bin := managerBinary(t)
+		kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+		kc, err := testEnv.KubeConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var cmd *exec.Cmd
+		start := func() error {
+			cmd = exec.Command(bin, "--kubeconfig", kubeconfig, "--discover-instance-managers=false", "--namespace", "default",
+				"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--replenishment-wait", replenishmentWait.String())
+			cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+			return cmd.Start()
+		}
+		kill := func() {
+			cmd.Process.Signal(syscall.SIGKILL)
+			cmd.Wait()
+		}
+		if err := start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { kill() }()
+		testRestarts(t, "mk", kill, start)
+	})
+}
+
+// managerBinary builds cmd/manager once.
+func managerBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "cairn-manager")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/cairn-io/cairn/cmd/manager").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build cairn-manager: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// testRestarts drives a volume through attach, detach, attach elsewhere,
+// a rebuild and delete, stopping the manager (stop) at a point inside
+// each and starting another (start).
+func testRestarts(t *testing.T, prefix string, stop func(), start func() error) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	names := []string{"mr-a", "mr-b", "mr-c"}
+	names := []string{prefix + "-a", prefix + "-b", prefix + "-c"}
 	_, ims := startNodes(t, g, names...)
-	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "restart", Namespace: "default"}, Spec: v1.VolumeSpec{
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: prefix + "-restart", Namespace: "default"}, Spec: v1.VolumeSpec{
 		Size: resource.MustParse("16Mi"), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
 	key := client.ObjectKeyFromObject(vol)
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
-	defer func() { // whatever happens, leave a manager running for the other tests
-		if err := testEnv.StartManager(); err != nil && !strings.Contains(err.Error(), "already running") {
-			t.Error(err)
-		}
-	}()
 
 	get := func() *v1.Volume {
 		out := &v1.Volume{}
@@ -92,9 +140,9 @@ func TestManagerRestartConverges(t *testing.T) {
 	restartWhen := func(what string, cond func() bool) {
 		t.Helper()
 		g.Eventually(cond, timeout, 5*time.Millisecond).Should(BeTrue(), what)
-		testEnv.StopManager()
+		stop()
 		t.Logf("manager stopped at: %s", what)
-		g.Expect(testEnv.StartManager()).To(Succeed())
+		g.Expect(start()).To(Succeed())
 	}
 	state := func(want v1.VolumeState) func() bool { return func() bool { return get().Status.State == want } }
 	healthy := func() bool {
@@ -118,7 +166,7 @@ func TestManagerRestartConverges(t *testing.T) {
 	g.Eventually(state(v1.VolumeStateDetached), timeout, 100*time.Millisecond).Should(BeTrue())
 
 	// Attach, stopped while replicas start (engine not asked for yet).
-	setNode(g, key, "mr-a")
+	setNode(g, key, names[0])
 	restartWhen("attach: a replica asked to run, the engine not yet", func() bool {
 		e := engine()
 		for _, r := range replicas() {
@@ -141,7 +189,7 @@ func TestManagerRestartConverges(t *testing.T) {
 
 	// Attach elsewhere, stopped once the engine is asked to run but before
 	// it reports running.
-	setNode(g, key, "mr-b")
+	setNode(g, key, names[1])
 	restartWhen("attach: the engine asked to run, not running yet", func() bool {
 		e := engine()
 		return e != nil && e.Spec.DesiredState == v1.DesiredInstanceStateRunning && e.Status.InstanceState != v1.InstanceStateRunning

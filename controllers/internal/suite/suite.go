@@ -88,6 +88,16 @@ func Start(setup func(mgr ctrl.Manager, pool *imclient.Pool) error, onChange fun
 	return e, nil
 }
 
+// KubeConfig returns a kubeconfig for an administrator of the API server,
+// for a manager run as its own process.
+func (e *Env) KubeConfig() ([]byte, error) {
+	u, err := e.env.AddUser(envtest.User{Name: "cairn-manager", Groups: []string{"system:masters"}}, e.cfg)
+	if err != nil {
+		return nil, err
+	}
+	return u.KubeConfig()
+}
+
 // StartManager starts a new manager, with a new pool, running the
 // reconcilers setup registers: what a restarted cairn-manager is.
 func (e *Env) StartManager() error {
