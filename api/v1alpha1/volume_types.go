@@ -147,6 +147,15 @@ type VolumeSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="dataSource is immutable"
 	DataSource *VolumeDataSource `json:"dataSource,omitempty"`
 
+	// diskSelector lists tags every disk holding a replica of the volume
+	// must carry (StorageNode spec.disks[].tags), such as ssd. Empty: any
+	// disk. A replica already placed stays where it is when this changes.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=63
+	// +listType=atomic
+	DiskSelector []string `json:"diskSelector,omitempty"`
+
 	// accessMode says how many consumers may use the volume at once.
 	// +optional
 	// +kubebuilder:default=ReadWriteOnce

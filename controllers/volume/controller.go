@@ -268,7 +268,7 @@ func (r *Reconciler) schedule(ctx context.Context, s *scope) error {
 	if err := r.List(ctx, &sns, client.InNamespace(s.v.Namespace)); err != nil {
 		return err
 	}
-	res := scheduler.Schedule(scheduler.Request{Size: s.v.Spec.Size.Value(), OverProvisioningPercent: r.OverProvisioningPercent},
+	res := scheduler.Schedule(scheduler.Request{Size: s.v.Spec.Size.Value(), Tags: s.v.Spec.DiskSelector, OverProvisioningPercent: r.OverProvisioningPercent},
 		Disks(sns.Items), placed, len(pending))
 	for i, p := range res.Placements {
 		rep := pending[i]

@@ -175,3 +175,42 @@ func TestVolumeSchedulesWhenANodeJoins(t *testing.T) {
 		return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), &v1.Volume{}))
 	}, timeout, 100*time.Millisecond).Should(BeTrue())
 }
+
+// TestVolumeDiskSelector: a volume asking for disks tagged ssd is not
+// placed on untagged disks, and says so; tagging two nodes' disks places
+// its two replicas there and nowhere else.
+func TestVolumeDiskSelector(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dirs := nodes(t, g, "t1", "t2", "t3")
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "tagged", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("8Mi"), NumberOfReplicas: 2, DiskSelector: []string{"ssd"}}}
+	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
+	message := func() string {
+		out := &v1.Volume{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
+		if c := meta.FindStatusCondition(out.Status.Conditions, v1.VolumeConditionScheduled); c != nil {
+			return c.Message
+		}
+		return ""
+	}
+	g.Eventually(message, timeout, 100*time.Millisecond).Should(And(ContainSubstring("2 of 2 replicas unplaced"), ContainSubstring("missing a required tag")))
+	for _, n := range []string{"t1", "t3"} {
+		sn := &v1.StorageNode{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: n}, sn)).To(Succeed())
+		sn.Spec.Disks = []v1.DiskSpec{{Name: "default", Path: dirs[n], Tags: []string{"ssd"}}}
+		g.Expect(k8sClient.Update(ctx, sn)).To(Succeed())
+	}
+	g.Eventually(message, timeout, 100*time.Millisecond).Should(Equal("2 replicas placed"))
+	var reps v1.ReplicaList
+	g.Expect(k8sClient.List(ctx, &reps, client.InNamespace("default"), client.MatchingLabels{LabelVolume: vol.Name})).To(Succeed())
+	var on []string
+	for _, r := range reps.Items {
+		on = append(on, r.Spec.NodeName)
+	}
+	g.Expect(on).To(ConsistOf("t1", "t3"))
+	g.Expect(k8sClient.Delete(ctx, vol)).To(Succeed())
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), &v1.Volume{}))
+	}, timeout, 100*time.Millisecond).Should(BeTrue())
+}
