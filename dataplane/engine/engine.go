@@ -192,8 +192,8 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.stop, e.cancelStop = context.WithCancel(context.Background())
 	cands := e.connect(ctx)
 	size := opts.Size
-	if size == 0 && len(cands) > 0 {
-		size = cands[0].info.Size
+	if size == 0 {
+		size = newestSize(cands)
 	}
 	usable, maxEpoch := e.sortOut(cands, size)
 	if len(usable) == 0 {
@@ -224,6 +224,25 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.log.Info("engine opened", "size", size, "epoch", e.epoch, "rw", e.rwCount(), "wanted", e.wanted)
 	return e, nil
+}
+
+// newestSize is the size of a replica with the newest epoch (one whose
+// rebuild finished): the volume's size as the last engine served it. A
+// replica left behind by an expansion while it was away is older and
+// smaller; taking its size would refuse every current replica.
+func newestSize(cands []cand) int64 {
+	var size int64
+	var epoch uint64
+	found := false
+	for _, c := range cands {
+		if c.info.Rebuilding {
+			continue
+		}
+		if !found || c.info.Epoch > epoch {
+			size, epoch, found = c.info.Size, c.info.Epoch, true
+		}
+	}
+	return size
 }
 
 // connect makes a member of every replica of the options, dials it and
@@ -365,6 +384,13 @@ func (e *Engine) setMode(m *member, to Mode, cause error) error {
 	}
 	e.log.Info("replica mode", "replica", m.addr, "from", from.String(), "to", to.String(), "cause", fmt.Sprint(cause))
 	m.mode, m.since, m.err = to, time.Now(), cause
+	if from == ModeWO && to == ModeRW {
+		// A rebuilt member has no write-intent bits for the writes made
+		// before its rebuild snapshot; a failed replica coming back could
+		// take it as its source and miss them. From now on every returning
+		// replica is rebuilt in full.
+		clear(e.failed)
+	}
 	if to == ModeERR {
 		if from != modeNew {
 			e.needBump.Store(true) // until the survivors' epoch moves past it

@@ -1300,3 +1300,56 @@ func TestOverlappingRebuildsLeaveNoSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// TestReturningReplicaAfterAReplacementJoinedIsRebuiltInFull: B fails, a
+// region is written (A and C mark it dirty), C fails, D joins by a full
+// rebuild (no write-intent bits for that region; the set stays degraded,
+// so B's failure record is kept), A fails. B comes back: its only
+// possible source is D, whose bits do not cover the region written while
+// B was away, so a dirty-only resync would leave B stale there. It must be
+// rebuilt in full, and then serve every byte right alone.
+func TestReturningReplicaAfterAReplacementJoinedIsRebuiltInFull(t *testing.T) {
+	ctx := context.Background()
+	const size = 16 << 20
+	e, reps := cluster(t, 3, size)
+	if err := e.WriteAt(ctx, pattern(1, size), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := reps[0], reps[1], reps[2]
+	b.kill()
+	waitFor(t, "B ERR", func() bool { return modes(e)[b.addr] == "ERR" })
+	const off = 5 << 20
+	if err := e.WriteAt(ctx, pattern(off, 8192), off, false); err != nil {
+		t.Fatal(err)
+	}
+	c.kill()
+	waitFor(t, "C ERR", func() bool { return modes(e)[c.addr] == "ERR" })
+	d := startReplica(t, t.TempDir(), size, "")
+	if err := e.AddReplica(ctx, d.addr); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := e.WaitRebuild(ctx, d.addr); err != nil || st.State != engine.RebuildComplete {
+		t.Fatalf("D's rebuild: %+v %v", st, err)
+	}
+	a.kill()
+	waitFor(t, "A ERR", func() bool { return modes(e)[a.addr] == "ERR" })
+	back := startReplica(t, b.dir, 0, "")
+	if err := e.AddReplica(ctx, back.addr); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.WaitRebuild(ctx, back.addr)
+	if err != nil || st.State != engine.RebuildComplete {
+		t.Fatalf("B's rebuild: %+v %v", st, err)
+	}
+	if st.DirtyOnly {
+		t.Fatal("B resynced dirty regions only from a replica that joined after it failed")
+	}
+	d.kill()
+	waitFor(t, "D ERR", func() bool { return modes(e)[d.addr] == "ERR" })
+	want := pattern(1, size)
+	copy(want[off:], pattern(off, 8192))
+	got := make([]byte, size)
+	if err := e.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("B alone serves wrong data: %v", err)
+	}
+}
