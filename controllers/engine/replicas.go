@@ -134,6 +134,14 @@ func (r *Reconciler) syncRunning(ctx context.Context, e *v1.Engine, c *Conn, vs 
 	}
 	var errs []error
 	add, remove := replicaChanges(e.Spec.ReplicaAddresses, vs)
+	if len(add)+len(remove) > 0 {
+		// The stream's status may predate our own last change (its next
+		// sample comes later): decide from the engine's answer now, so an
+		// add is not sent twice.
+		if fresh, err := freshMembers(ctx, c); err == nil {
+			add, remove = replicaChanges(e.Spec.ReplicaAddresses, fresh)
+		}
+	}
 	for _, addr := range add {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		_, err := c.Client.ReplicaAdd(cctx, &enginev1.ReplicaAddRequest{Address: addr})
@@ -169,4 +177,19 @@ func (r *Reconciler) syncRunning(ctx context.Context, e *v1.Engine, c *Conn, vs 
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// freshMembers asks the engine for its replicas and rebuilds now.
+func freshMembers(ctx context.Context, c *Conn) (*enginev1.VolumeStatus, error) {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	reps, err := c.Client.ReplicaList(cctx, &enginev1.ReplicaListRequest{})
+	if err != nil {
+		return nil, err
+	}
+	rbs, err := c.Client.RebuildStatus(cctx, &enginev1.RebuildStatusRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return &enginev1.VolumeStatus{Replicas: reps.GetReplicas(), Rebuilds: rbs.GetRebuilds()}, nil
 }

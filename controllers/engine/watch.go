@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -33,10 +34,11 @@ type WatchOptions struct {
 // current. Rebuild progress thus reaches the Engine's status as it
 // happens, without a reconciler waiting on a call or polling.
 type Watches struct {
-	opts WatchOptions
-	mu   sync.Mutex
-	m    map[types.NamespacedName]*Conn
-	wg   sync.WaitGroup
+	opts   WatchOptions
+	mu     sync.Mutex
+	m      map[types.NamespacedName]*Conn
+	closed bool
+	wg     sync.WaitGroup
 }
 
 // NewWatches returns an empty set; Close ends every stream.
@@ -83,6 +85,9 @@ func (c *Conn) Status() (st *enginev1.VolumeStatus, current bool, err error) {
 func (w *Watches) Ensure(key types.NamespacedName, addr string) (*Conn, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.closed {
+		return nil, errors.New("engine watches: closed (the manager is stopping)")
+	}
 	if c, ok := w.m[key]; ok {
 		if c.Addr == addr {
 			return c, nil
@@ -118,6 +123,7 @@ func (w *Watches) Stop(key types.NamespacedName) {
 // Close ends every watch and waits for them.
 func (w *Watches) Close() {
 	w.mu.Lock()
+	w.closed = true
 	for key, c := range w.m {
 		c.cancel()
 		c.cc.Close()

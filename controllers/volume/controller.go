@@ -35,6 +35,11 @@ import (
 // the replicas' data) are gone.
 const Finalizer = "storage.cairn.io/volume"
 
+// AnnotationSalvage lists, while a faulted volume is salvaged, the
+// replicas the engine must be restarted with: every one that may hold the
+// newest data. Attach waits for all of them to run.
+const AnnotationSalvage = "storage.cairn.io/salvage-replicas"
+
 // LabelVolume marks a Volume's Engine and Replicas with its name.
 const LabelVolume = "storage.cairn.io/volume"
 
@@ -221,12 +226,21 @@ func (r *Reconciler) ensureReplicas(ctx context.Context, s *scope) error {
 		want = 3
 	}
 	now, active := r.clock(), 0
-	// While the engine has no RW replica a replacement could not be
-	// rebuilt from anything: failed replicas keep counting until the
-	// volume is salvaged.
-	faulted := s.engine != nil && len(s.engine.Status.ReplicaModeMap) > 0 && robustnessFromModes(s.engine.Status.ReplicaModeMap, 1) == v1.VolumeRobustnessFaulted
+	// A failed replica stops counting only while a running engine has an
+	// RW replica to rebuild a replacement from, and only if the engine
+	// does not hold it (a WO replica is being rebuilt). Otherwise (a
+	// faulted volume, an engine stopped for a salvage, a detached volume)
+	// it keeps counting: a replacement could not be rebuilt, and would be
+	// an empty replica an attach waits for.
+	e := s.engine
+	canReplace := e != nil && e.Status.InstanceState == v1.InstanceStateRunning && len(e.Status.ReplicaModeMap) > 0 &&
+		robustnessFromModes(e.Status.ReplicaModeMap, 1) != v1.VolumeRobustnessFaulted
 	for _, rep := range s.replicas {
-		if rep.DeletionTimestamp.IsZero() && (faulted || !expired(rep, r.wait(), now)) {
+		if !rep.DeletionTimestamp.IsZero() {
+			continue
+		}
+		_, held := s.heldByEngine(rep.Name)
+		if !canReplace || held || !expired(rep, r.wait(), now) {
 			active++
 		}
 	}
@@ -348,6 +362,12 @@ func (r *Reconciler) attachOrDetach(ctx context.Context, s *scope) error {
 	}
 	// Attach.
 	now := r.clock()
+	salvaging := map[string]bool{}
+	if list := s.v.Annotations[AnnotationSalvage]; list != "" {
+		for _, n := range strings.Split(list, ",") {
+			salvaging[n] = true
+		}
+	}
 	addrs := map[string]v1.ReplicaAddress{}
 	waiting := 0
 	for _, rep := range s.replicas {
@@ -359,7 +379,7 @@ func (r *Reconciler) attachOrDetach(ctx context.Context, s *scope) error {
 		}
 		if a, ok := runningAddress(rep); ok {
 			addrs[rep.Name] = a
-		} else if !expired(rep, r.wait(), now) {
+		} else if !expired(rep, r.wait(), now) || salvaging[rep.Name] {
 			waiting++
 		}
 	}
@@ -402,6 +422,14 @@ func (r *Reconciler) repair(ctx context.Context, s *scope) error {
 	s.plan, s.requeueAfter = &plan, plan.recheckAfter
 	if plan.faulted {
 		return r.salvage(ctx, s)
+	}
+	if _, ok := s.v.Annotations[AnnotationSalvage]; ok {
+		// Salvaged: the engine serves from an RW replica again.
+		before := s.v.DeepCopy()
+		delete(s.v.Annotations, AnnotationSalvage)
+		if err := r.Patch(ctx, s.v, client.MergeFrom(before)); err != nil {
+			return err
+		}
 	}
 	byName := map[string]*v1.Replica{}
 	for _, rep := range s.replicas {
@@ -460,7 +488,8 @@ func (r *Reconciler) repair(ctx context.Context, s *scope) error {
 func (r *Reconciler) salvage(ctx context.Context, s *scope) error {
 	var waitFor, from []string
 	for _, rep := range s.replicas {
-		if !rep.DeletionTimestamp.IsZero() || rep.Spec.HealthyAt == nil {
+		_, given := s.engine.Spec.ReplicaAddresses[rep.Name]
+		if !rep.DeletionTimestamp.IsZero() || (rep.Spec.HealthyAt == nil && !given) {
 			continue
 		}
 		if _, ok := runningAddress(rep); ok {
@@ -474,12 +503,36 @@ func (r *Reconciler) salvage(ctx context.Context, s *scope) error {
 			strings.Join(waitFor, ", "))
 		return nil
 	}
+	// The set is recorded on the Volume first: the engine is started again
+	// only when every one of them runs (attach), even if one stops in
+	// between. If we crash after the annotation, the next reconcile finds
+	// the engine still faulted and goes on.
+	if s.v.Annotations[AnnotationSalvage] != strings.Join(from, ",") {
+		before := s.v.DeepCopy()
+		if s.v.Annotations == nil {
+			s.v.Annotations = map[string]string{}
+		}
+		s.v.Annotations[AnnotationSalvage] = strings.Join(from, ",")
+		if err := r.Patch(ctx, s.v, client.MergeFrom(before)); err != nil {
+			return err
+		}
+	}
 	objects.Event(r.Recorder, s.v, true, EventSalvage, "Salvage",
 		"no replica is RW: restarting the engine on %s; it serves from the ones with the newest epoch and rebuilds the others from them", strings.Join(from, ", "))
 	// Stopping the engine is the whole step: once it is stopped, attach
 	// starts it again with every running replica. A crash in between
 	// finds it stopping or stopped and goes on from there.
 	return r.setEngine(ctx, s.engine, func(e *v1.Engine) { e.Spec.DesiredState = v1.DesiredInstanceStateStopped })
+}
+
+// heldByEngine reports the replica's mode if the running engine holds it
+// RW or WO.
+func (s *scope) heldByEngine(name string) (v1.ReplicaMode, bool) {
+	if s.engine == nil {
+		return "", false
+	}
+	m := s.engine.Status.ReplicaModeMap[name]
+	return m, m == v1.ReplicaModeRW || m == v1.ReplicaModeWO
 }
 
 func modeOrGone(modes map[string]v1.ReplicaMode, name string) string {

@@ -1,7 +1,9 @@
 package volume
 
 import (
+	"cmp"
 	"slices"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -97,8 +99,19 @@ func planRepair(in repairInput) repairPlan {
 	p.faulted = p.rw == 0
 	reps := slices.Clone(in.replicas)
 	slices.SortFunc(reps, func(a, b *v1.Replica) int {
-		// Older failures first: they were waiting longest.
-		return compareTimes(a.Spec.FailedAt, b.Spec.FailedAt)
+		// The engine's current set first (a candidate it was given keeps
+		// its rebuild slot from one reconcile to the next), then older
+		// failures first (they were waiting longest), then by name: the
+		// same facts always give the same set.
+		_, ina := in.engineAddrs[a.Name]
+		_, inb := in.engineAddrs[b.Name]
+		if ina != inb {
+			if ina {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(compareTimes(a.Spec.FailedAt, b.Spec.FailedAt), strings.Compare(a.Name, b.Name))
 	})
 	budget := in.rebuildLimit - wo
 	active := 0

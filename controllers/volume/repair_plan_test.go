@@ -130,6 +130,11 @@ func TestPlanRepair(t *testing.T) {
 			modes: modes{"a": RW, "b": ERR, "c": ERR}},
 		addrs: []string{"a", "b"},
 	}, {
+		name: "limit 1: a candidate the engine was given keeps the slot over one failed longer",
+		in: repairInput{want: 3, rebuildLimit: 1, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", true, true, 20*time.Second), rep("c", true, true, 10*time.Second)},
+			modes: modes{"a": RW, "b": ERR, "c": ERR}, engineAddrs: map[string]v1.ReplicaAddress{"a": addr("a"), "c": addr("c")}},
+		addrs: []string{"a", "c"},
+	}, {
 		name: "faulted: every running replica, expired or not, goes to the engine to be reopened by epoch",
 		in: repairInput{want: 3, rebuildLimit: 1, replicas: []*v1.Replica{rep("a", true, true, 30*time.Second), rep("b", true, true, 2*time.Minute), rep("c", false, true, 30*time.Second)},
 			modes: modes{"a": ERR, "b": ERR, "c": ERR}},

@@ -135,8 +135,10 @@ func TestVolumeRepair(t *testing.T) {
 	g.Eventually(func() *metav1.Time { r := replicas()[victim]; return r.Spec.FailedAt }, timeout, 50*time.Millisecond).ShouldNot(BeNil(),
 		"the killed replica is marked failed")
 	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
-	rb := engine().Status.RebuildStatus[victim]
-	g.Expect(rb.State).To(Equal(v1.RebuildStateComplete))
+	// The engine makes a rebuilt replica RW, then marks its rebuild
+	// complete: a status sampled in between shows both.
+	var rb v1.RebuildStatus
+	g.Eventually(func() v1.RebuildState { rb = engine().Status.RebuildStatus[victim]; return rb.State }, timeout, 50*time.Millisecond).Should(Equal(v1.RebuildStateComplete))
 	g.Expect(rb.DirtyOnly).To(BeTrue(), "the returning replica resyncs only what it missed: %+v", rb)
 	g.Expect(rb.BytesTotal).To(BeNumerically("<", size/4), "a delta resync copies the regions written while it was away, not the volume")
 	t.Logf("returning replica %s: %s rebuild of %d bytes from %s", victim, rb.State, rb.BytesTotal, rb.SourceReplica)
@@ -164,11 +166,10 @@ func TestVolumeRepair(t *testing.T) {
 	g.Expect(time.Since(start)).To(BeNumerically(">", replenishmentWait/2), "no replacement before the replenishment wait")
 	g.Eventually(func() v1.ReplicaMode { return engine().Status.ReplicaModeMap[replacement] }, timeout, 100*time.Millisecond).Should(Equal(v1.ReplicaModeRW))
 	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
-	rb = engine().Status.RebuildStatus[replacement]
+	g.Eventually(func() v1.RebuildState { rb = engine().Status.RebuildStatus[replacement]; return rb.State }, timeout, 50*time.Millisecond).Should(Equal(v1.RebuildStateComplete))
 	g.Expect(rb.DirtyOnly).To(BeFalse())
 	t.Logf("replacement %s on %s: %s rebuild of %d bytes from %s, %s after the instance manager died", replacement, spare, rb.State, rb.BytesTotal, rb.SourceReplica, time.Since(start).Round(time.Millisecond))
-	g.Expect(rb.State).To(Equal(v1.RebuildStateComplete))
-	g.Expect(meta.IsStatusConditionTrue(get().Status.Conditions, v1.VolumeConditionRebuilding)).To(BeFalse())
+	g.Eventually(func() bool { return meta.IsStatusConditionTrue(get().Status.Conditions, v1.VolumeConditionRebuilding) }, timeout, 50*time.Millisecond).Should(BeFalse())
 	qemuIO(t, vol.Name, sock, "read -P 0x11 0 4M", "read -P 0x22 8M 2M", "read -P 0x33 16M 4M", "read -P 0 4M 4M")
 	// The lost replica is being deleted; its data goes once its node's
 	// instance manager is back.
