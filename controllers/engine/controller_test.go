@@ -76,15 +76,17 @@ func TestEngineLifecycle(t *testing.T) {
 	g.Eventually(func() bool { _, ok, _ := c.Process(replica.ProcessName(got)); return ok }, timeout, 50*time.Millisecond).Should(BeTrue())
 
 	// Stopped: the process goes, the status says so.
+	before := got.DeepCopy()
 	got.Spec.DesiredState = v1.DesiredInstanceStateStopped
-	g.Expect(k8sClient.Update(ctx, got)).To(Succeed())
+	g.Expect(k8sClient.Patch(ctx, got, client.MergeFrom(before))).To(Succeed())
 	g.Eventually(func() v1.InstanceState { return get().Status.InstanceState }, timeout, 50*time.Millisecond).Should(Equal(v1.InstanceStateStopped))
 	g.Expect(get().Status.Endpoint).To(BeEmpty())
 
 	// Running again, then deleted: the object goes with its process.
 	got = get()
+	before = got.DeepCopy()
 	got.Spec.DesiredState = v1.DesiredInstanceStateRunning
-	g.Expect(k8sClient.Update(ctx, got)).To(Succeed())
+	g.Expect(k8sClient.Patch(ctx, got, client.MergeFrom(before))).To(Succeed())
 	g.Eventually(func() v1.InstanceState { return get().Status.InstanceState }, timeout, 50*time.Millisecond).Should(Equal(v1.InstanceStateRunning))
 	g.Expect(k8sClient.Delete(ctx, get())).To(Succeed())
 	g.Eventually(func() bool {

@@ -53,8 +53,9 @@ func TestReplicaLifecycle(t *testing.T) {
 	g.Expect(filepath.Join(dataDir, "volume.meta")).To(BeAnExistingFile())
 
 	// Stop: the process goes, the data stays.
+	before := got.DeepCopy()
 	got.Spec.DesiredState = v1.DesiredInstanceStateStopped
-	g.Expect(k8sClient.Update(ctx, got)).To(Succeed())
+	g.Expect(k8sClient.Patch(ctx, got, client.MergeFrom(before))).To(Succeed())
 	g.Eventually(func() v1.InstanceState { return get().Status.InstanceState }, 60*time.Second, 50*time.Millisecond).Should(Equal(v1.InstanceStateStopped))
 	g.Expect(get().Status.Address).To(BeEmpty())
 	g.Expect(dataDir).To(BeADirectory())

@@ -62,9 +62,10 @@ func TestStorageNodeStatus(t *testing.T) {
 	// A disk that is not one of the instance manager's data directories,
 	// and the node switched off for scheduling.
 	cur := get()
+	before := cur.DeepCopy()
 	cur.Spec.Disks = []v1.DiskSpec{{Name: DefaultDiskName, Path: im.DataDir}, {Name: "other", Path: "/not/a/data/dir"}}
 	cur.Spec.AllowScheduling = ptr.To(false)
-	g.Expect(k8sClient.Update(ctx, cur)).To(Succeed())
+	g.Expect(k8sClient.Patch(ctx, cur, client.MergeFrom(before))).To(Succeed())
 	g.Eventually(func() []string {
 		var out []string
 		for _, ds := range get().Status.Disks {

@@ -198,8 +198,9 @@ func TestVolumeDiskSelector(t *testing.T) {
 	for _, n := range []string{"t1", "t3"} {
 		sn := &v1.StorageNode{}
 		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: n}, sn)).To(Succeed())
+		before := sn.DeepCopy()
 		sn.Spec.Disks = []v1.DiskSpec{{Name: "default", Path: dirs[n], Tags: []string{"ssd"}}}
-		g.Expect(k8sClient.Update(ctx, sn)).To(Succeed())
+		g.Expect(k8sClient.Patch(ctx, sn, client.MergeFrom(before))).To(Succeed())
 	}
 	g.Eventually(message, timeout, 100*time.Millisecond).Should(Equal("2 replicas placed"))
 	var reps v1.ReplicaList

@@ -64,9 +64,15 @@ func TestLogLinesDoesNotBlockWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Close()
 	w.Write([]byte("partial line with no end"))
-	go l.Lines(false)
+	// The FIFO stays open for writing until the reader is done: opening
+	// it for reading with no writer would block that reader (under the
+	// log's lock) for ever, and the deferred Close with it.
+	read := make(chan struct{})
+	go func() {
+		l.Lines(false)
+		close(read)
+	}()
 	wrote := make(chan struct{})
 	go func() {
 		l.Write([]byte("the process goes on\n"))
@@ -78,4 +84,6 @@ func TestLogLinesDoesNotBlockWrites(t *testing.T) {
 		w.Close() // unblock the reader so the test can end
 		t.Fatal("a write waited for a reader of the log")
 	}
+	<-read
+	w.Close()
 }
