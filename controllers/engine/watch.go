@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/cairn-io/cairn/controllers/internal/stream"
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
 )
 
@@ -137,30 +138,17 @@ func (w *Watches) Close() {
 // back-off whenever the stream breaks.
 func (w *Watches) run(ctx context.Context, key types.NamespacedName, c *Conn) {
 	log := w.opts.Logger.WithValues("engine", key.String(), "address", c.Addr)
-	backoff := w.opts.MinBackoff
-	for ctx.Err() == nil {
-		got, err := w.watchOnce(ctx, key, c)
-		if ctx.Err() != nil {
-			return
-		}
-		c.mu.Lock()
-		wasCurrent := c.current
-		c.current, c.lastErr = false, err
-		c.mu.Unlock()
-		if wasCurrent {
-			log.Info("lost the engine's status stream; watching again", "reason", err.Error())
-			w.opts.OnChange(key)
-		}
-		if got {
-			backoff = w.opts.MinBackoff
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, w.opts.MaxBackoff)
-	}
+	stream.Keep(ctx, w.opts.MinBackoff, w.opts.MaxBackoff, func(ctx context.Context) (bool, error) { return w.watchOnce(ctx, key, c) },
+		func(err error) {
+			c.mu.Lock()
+			wasCurrent := c.current
+			c.current, c.lastErr = false, err
+			c.mu.Unlock()
+			if wasCurrent {
+				log.Info("lost the engine's status stream; watching again", "reason", err.Error())
+				w.opts.OnChange(key)
+			}
+		})
 }
 
 func (w *Watches) watchOnce(ctx context.Context, key types.NamespacedName, c *Conn) (got bool, err error) {

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/stream"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
@@ -154,30 +155,17 @@ func (c *Conn) Process(name string) (p *imv1.Process, ok, current bool) {
 // any break mark the copy stale, wait, and watch again.
 func (p *Pool) watch(ctx context.Context, c *Conn) {
 	log := p.opts.Logger.WithValues("instanceManager", c.Addr)
-	backoff := p.opts.MinBackoff
-	for ctx.Err() == nil {
-		gotSnapshot, err := p.watchOnce(ctx, c)
-		if ctx.Err() != nil {
-			return
-		}
-		c.mu.Lock()
-		wasCurrent := c.current
-		c.current, c.lastErr = false, err
-		c.mu.Unlock()
-		if wasCurrent {
-			log.Info("lost the process watch; processes are unknown until it is back", "reason", err.Error())
-			p.opts.OnChange(c.Addr)
-		}
-		if gotSnapshot {
-			backoff = p.opts.MinBackoff // it worked for a while: retry soon
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, p.opts.MaxBackoff)
-	}
+	stream.Keep(ctx, p.opts.MinBackoff, p.opts.MaxBackoff, func(ctx context.Context) (bool, error) { return p.watchOnce(ctx, c) },
+		func(err error) {
+			c.mu.Lock()
+			wasCurrent := c.current
+			c.current, c.lastErr = false, err
+			c.mu.Unlock()
+			if wasCurrent {
+				log.Info("lost the process watch; processes are unknown until it is back", "reason", err.Error())
+				p.opts.OnChange(c.Addr)
+			}
+		})
 }
 
 // watchOnce runs one watch stream until it breaks.
