@@ -221,10 +221,7 @@ func (r *Reconciler) ensureEngine(ctx context.Context, s *scope) error {
 // longer than the replenishment wait, does not count, so a replacement is
 // created for it.
 func (r *Reconciler) ensureReplicas(ctx context.Context, s *scope) error {
-	want := int(s.v.Spec.NumberOfReplicas)
-	if want <= 0 {
-		want = 3
-	}
+	want := wantReplicas(s.v)
 	now, active := r.clock(), 0
 	// A failed replica stops counting only while a running engine has an
 	// RW replica to rebuild a replacement from, and only if the engine
@@ -406,11 +403,10 @@ func (r *Reconciler) attachOrDetach(ctx context.Context, s *scope) error {
 // Replacements are created by ensureReplicas and placed by schedule.
 func (r *Reconciler) repair(ctx context.Context, s *scope) error {
 	e := s.engine
-	if err := r.setEngine(ctx, e, func(e *v1.Engine) { e.Spec.Size = s.v.Spec.Size }); err != nil {
-		return err
-	}
 	if e.Status.InstanceState != v1.InstanceStateRunning || e.Spec.NodeName != s.v.Spec.NodeName || len(e.Status.ReplicaModeMap) == 0 {
-		return nil // not running, or its status stream has not reported yet: nothing observed to act on
+		// Not running, or its status stream has not reported yet: nothing
+		// observed to act on but the size it is to serve.
+		return r.setEngine(ctx, e, func(e *v1.Engine) { e.Spec.Size = s.v.Spec.Size })
 	}
 	now := r.clock()
 	limit := r.ConcurrentRebuildLimit
@@ -463,7 +459,7 @@ func (r *Reconciler) repair(ctx context.Context, s *scope) error {
 			}
 		}
 	}
-	if err := r.setEngine(ctx, e, func(e *v1.Engine) { e.Spec.ReplicaAddresses = plan.addresses }); err != nil {
+	if err := r.setEngine(ctx, e, func(e *v1.Engine) { e.Spec.Size, e.Spec.ReplicaAddresses = s.v.Spec.Size, plan.addresses }); err != nil {
 		return err
 	}
 	for _, n := range plan.remove {

@@ -54,6 +54,20 @@ func startNodes(t *testing.T, g *WithT, names ...string) (map[string]string, map
 	return dirs, ims
 }
 
+// getVolume reads a test's Volume.
+func getVolume(g *WithT, key client.ObjectKey) *v1.Volume {
+	out := &v1.Volume{}
+	g.Expect(k8sClient.Get(context.Background(), key, out)).To(Succeed())
+	return out
+}
+
+// listReplicas lists a test volume's Replicas.
+func listReplicas(g *WithT, vol *v1.Volume) []v1.Replica {
+	var list v1.ReplicaList
+	g.Expect(k8sClient.List(context.Background(), &list, client.InNamespace(vol.Namespace), client.MatchingLabels{LabelVolume: vol.Name})).To(Succeed())
+	return list.Items
+}
+
 // TestVolumeLifecycle drives a volume through the whole life cycle on
 // three simulated nodes: created and scheduled one replica per node,
 // attached (replicas, then the engine, with a device endpoint), detached,
@@ -65,16 +79,8 @@ func TestVolumeLifecycle(t *testing.T) {
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-1", Namespace: "default"}, Spec: v1.VolumeSpec{
 		Size: resource.MustParse("16Mi"), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
-	get := func() *v1.Volume {
-		out := &v1.Volume{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
-		return out
-	}
-	replicas := func() []v1.Replica {
-		var list v1.ReplicaList
-		g.Expect(k8sClient.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{LabelVolume: vol.Name})).To(Succeed())
-		return list.Items
-	}
+	get := func() *v1.Volume { return getVolume(g, client.ObjectKeyFromObject(vol)) }
+	replicas := func() []v1.Replica { return listReplicas(g, vol) }
 
 	// Created: detached, one replica on each node.
 	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
@@ -152,11 +158,7 @@ func TestVolumeSchedulesWhenANodeJoins(t *testing.T) {
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "joins", Namespace: "default"}, Spec: v1.VolumeSpec{
 		Size: resource.MustParse("8Mi"), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
-	get := func() *v1.Volume {
-		out := &v1.Volume{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
-		return out
-	}
+	get := func() *v1.Volume { return getVolume(g, client.ObjectKeyFromObject(vol)) }
 	scheduled := func() *metav1.Condition {
 		return meta.FindStatusCondition(get().Status.Conditions, v1.VolumeConditionScheduled)
 	}

@@ -79,21 +79,15 @@ func TestVolumeRepair(t *testing.T) {
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "repair", Namespace: "default"}, Spec: v1.VolumeSpec{
 		Size: *resource.NewQuantity(size, resource.BinarySI), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
-	get := func() *v1.Volume {
-		out := &v1.Volume{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
-		return out
-	}
+	get := func() *v1.Volume { return getVolume(g, client.ObjectKeyFromObject(vol)) }
 	engine := func() *v1.Engine {
 		e := &v1.Engine{}
 		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
 		return e
 	}
 	replicas := func() map[string]v1.Replica {
-		var list v1.ReplicaList
-		g.Expect(k8sClient.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{LabelVolume: vol.Name})).To(Succeed())
 		out := map[string]v1.Replica{}
-		for _, r := range list.Items {
+		for _, r := range listReplicas(g, vol) {
 			out[r.Name] = r
 		}
 		return out
@@ -233,16 +227,10 @@ func TestVolumeSalvage(t *testing.T) {
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "salvage", Namespace: "default"}, Spec: v1.VolumeSpec{
 		Size: resource.MustParse("16Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD}}
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
-	get := func() *v1.Volume {
-		out := &v1.Volume{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
-		return out
-	}
+	get := func() *v1.Volume { return getVolume(g, client.ObjectKeyFromObject(vol)) }
 	replicas := func() map[string]v1.Replica {
-		var list v1.ReplicaList
-		g.Expect(k8sClient.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{LabelVolume: vol.Name})).To(Succeed())
 		out := map[string]v1.Replica{}
-		for _, r := range list.Items {
+		for _, r := range listReplicas(g, vol) {
 			out[r.Spec.NodeName] = r
 		}
 		return out
@@ -287,7 +275,20 @@ func TestVolumeSalvage(t *testing.T) {
 	// The first node back: salvaged from the second (newest epoch), the
 	// first rebuilt from it.
 	ims[first] = imtest.Start(t, first, ims[first].Addr, dirs[first])
-	g.Eventually(robustness, 2*timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
+	// Healthy as the restarted engine's own stream reports it: until the
+	// stream has reported, robustness counts running replica processes.
+	g.Eventually(func() int {
+		e := &v1.Engine{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
+		rw := 0
+		for _, m := range e.Status.ReplicaModeMap {
+			if m == v1.ReplicaModeRW {
+				rw++
+			}
+		}
+		return rw
+	}, 2*timeout, 100*time.Millisecond).Should(Equal(2))
+	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
 	qemuIO(t, vol.Name, get().Status.Endpoint, "read -P 0x22 0 2M", "read -P 0x11 2M 2M")
 	var evs eventsv1.EventList
 	g.Expect(k8sClient.List(ctx, &evs, client.InNamespace("default"))).To(Succeed())
@@ -317,11 +318,7 @@ func TestVolumeExpand(t *testing.T) {
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "expand", Namespace: "default"}, Spec: v1.VolumeSpec{
 		Size: resource.MustParse("16Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD}}
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
-	get := func() *v1.Volume {
-		out := &v1.Volume{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vol), out)).To(Succeed())
-		return out
-	}
+	get := func() *v1.Volume { return getVolume(g, client.ObjectKeyFromObject(vol)) }
 	update := func(mutate func(*v1.Volume)) { updateVolume(g, client.ObjectKeyFromObject(vol), mutate) }
 	size := func() int64 {
 		if s := get().Status.Size; s != nil {
@@ -339,10 +336,8 @@ func TestVolumeExpand(t *testing.T) {
 	g.Eventually(size, timeout, 100*time.Millisecond).Should(Equal(int64(32 << 20)))
 	qemuIO(t, vol.Name, get().Status.Endpoint, "write -P 0x55 31M 1M", "flush", "read -P 0x44 0 1M")
 	g.Eventually(func() []int64 {
-		var list v1.ReplicaList
-		g.Expect(k8sClient.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{LabelVolume: vol.Name})).To(Succeed())
 		var out []int64
-		for _, r := range list.Items {
+		for _, r := range listReplicas(g, vol) {
 			out = append(out, r.Spec.Size.Value())
 		}
 		return out

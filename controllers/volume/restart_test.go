@@ -108,11 +108,7 @@ func testRestarts(t *testing.T, prefix string, stop func(), start func() error) 
 		}
 		return e
 	}
-	replicas := func() []v1.Replica {
-		var list v1.ReplicaList
-		g.Expect(k8sClient.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{LabelVolume: vol.Name})).To(Succeed())
-		return list.Items
-	}
+	replicas := func() []v1.Replica { return listReplicas(g, vol) }
 	// processes counts this volume's engine and replica processes on
 	// every node, as the instance managers list them.
 	processes := func() (engines, reps int) {
@@ -151,7 +147,7 @@ func testRestarts(t *testing.T, prefix string, stop func(), start func() error) 
 	}
 	checkAttached := func() {
 		t.Helper()
-		g.Eventually(healthy, timeout, 100*time.Millisecond).Should(BeTrue())
+		g.Eventually(healthy, timeout, 100*time.Millisecond).Should(BeTrue(), func() string { return describe(ctx, get()) })
 		g.Eventually(func() []int { e, r := processes(); return []int{e, r} }, timeout, 100*time.Millisecond).Should(Equal([]int{1, 3}),
 			"one engine and three replica processes")
 		g.Consistently(func() []int { e, r := processes(); return []int{e, r} }, time.Second, 200*time.Millisecond).Should(Equal([]int{1, 3}))

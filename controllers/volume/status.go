@@ -14,10 +14,7 @@ func computeStatus(s *scope) {
 	v := s.v
 	st := &v.Status
 	st.ObservedGeneration = v.Generation
-	want := int(v.Spec.NumberOfReplicas)
-	if want <= 0 {
-		want = 3
-	}
+	want := wantReplicas(v)
 	scheduled, running := 0, 0
 	for _, r := range s.replicas {
 		if r.Spec.NodeName != "" {
@@ -89,10 +86,16 @@ func robustnessFromModes(modes map[string]v1.ReplicaMode, want int) v1.VolumeRob
 			rw++
 		}
 	}
+	return robustnessOf(rw, want)
+}
+
+// robustnessOf: healthy with want usable replicas, degraded with fewer
+// but at least one, faulted with none.
+func robustnessOf(usable, want int) v1.VolumeRobustness {
 	switch {
-	case rw >= want:
+	case usable >= want:
 		return v1.VolumeRobustnessHealthy
-	case rw > 0:
+	case usable > 0:
 		return v1.VolumeRobustnessDegraded
 	}
 	return v1.VolumeRobustnessFaulted
@@ -154,11 +157,5 @@ func robustness(state v1.VolumeState, running, want int) v1.VolumeRobustness {
 	if state != v1.VolumeStateAttached {
 		return v1.VolumeRobustnessUnknown
 	}
-	switch {
-	case running >= want:
-		return v1.VolumeRobustnessHealthy
-	case running > 0:
-		return v1.VolumeRobustnessDegraded
-	}
-	return v1.VolumeRobustnessFaulted
+	return robustnessOf(running, want)
 }

@@ -142,13 +142,7 @@ func Run(t *testing.T, opts Options) {
 	t.Logf("UML %s (%s, %.1fs); the tests inside said:\n%s", Kernel, pattern, time.Since(begin).Seconds(), out)
 	if rcErr != nil {
 		cons, _ := os.ReadFile(console.Name())
-		if bytes.Contains(cons, []byte(fpRegsFailure)) {
-			// Not the tests' failure, and nothing the project can change:
-			// skip, loudly, even under CAIRN_REQUIRE_UML.
-			t.Skipf("UML cannot run user space on this host: its kernel (%s) failed to set a process's FPU registers through ptrace (%q): "+
-				"the host CPU's extended register state (AVX-512/AMX here: %s) is larger than this UML kernel handles. "+
-				"A newer user-mode-linux, or a host CPU without it, runs these tests", Kernel, fpRegsFailure, hostFPUFeatures())
-		}
+		skipIfHostCannotRun(t, cons)
 		t.Fatalf("the tests inside UML did not finish (%v, %v); kernel console:\n%s", runErr, rcErr, tail(cons, 60))
 	}
 	if code := strings.TrimSpace(string(rc)); code != "0" {
@@ -302,6 +296,19 @@ func loopbackUp() error {
 // process the host CPU's full register state (seen with Debian bookworm's
 // 6.1 UML on hosts with AMX).
 const fpRegsFailure = "ptrace set fp regs failed"
+
+// skipIfHostCannotRun skips t when the kernel console shows that UML
+// cannot run user space on this host at all: not the tests' failure, and
+// nothing the project can change, so it skips (loudly) even under
+// CAIRN_REQUIRE_UML.
+func skipIfHostCannotRun(t *testing.T, console []byte) {
+	t.Helper()
+	if bytes.Contains(console, []byte(fpRegsFailure)) {
+		t.Skipf("UML cannot run user space on this host: its kernel (%s) failed to set a process's FPU registers through ptrace (%q): "+
+			"the host CPU's extended register state (AVX-512/AMX here: %s) is larger than this UML kernel handles. "+
+			"A newer user-mode-linux, or a host CPU without it, runs these tests", Kernel, fpRegsFailure, hostFPUFeatures())
+	}
+}
 
 // hostFPUFeatures lists the host CPU flags that enlarge its register
 // state, for the skip message.
