@@ -168,7 +168,7 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.R
 	if !current {
 		reset(v1.InstanceStateUnknown)
 		ready(false, ReasonInstanceManagerDown, fmt.Sprintf("instance manager %s at %s is not reachable; the engine's state is unknown", im.Name, im.Spec.Address))
-		return ctrl.Result{}, nil
+		return ctrl.Result{RequeueAfter: objects.UnreachableRecheck}, nil
 	}
 	state := v1.InstanceStateStopped
 	if exists {

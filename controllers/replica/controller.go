@@ -114,7 +114,7 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, rep *v1.Replica) (ctr
 	if !current {
 		st.InstanceState = v1.InstanceStateUnknown
 		ready(false, ReasonInstanceManagerDown, fmt.Sprintf("instance manager %s at %s is not reachable; the process state is unknown", im.Name, im.Spec.Address))
-		return ctrl.Result{}, nil // the InstanceManager's status change triggers a reconcile
+		return ctrl.Result{RequeueAfter: objects.UnreachableRecheck}, nil
 	}
 	state := v1.InstanceStateStopped
 	if exists {

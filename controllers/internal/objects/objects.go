@@ -6,6 +6,7 @@ package objects
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -63,3 +64,10 @@ func Event(rec events.EventRecorder, o runtime.Object, warning bool, reason, act
 // unreachable node's timeout); one slow node must not stall every other
 // volume. The work queue never hands one object to two workers at once.
 const Workers = 8
+
+// UnreachableRecheck is when an object whose instance manager's process
+// watch is not current is looked at again. A watch coming back is
+// announced through the InstanceManager object, but when its status does
+// not change (a new manager's first watch finds what the old one saw) no
+// event follows, and the object would wait for ever.
+const UnreachableRecheck = 5 * time.Second
