@@ -75,6 +75,10 @@ const (
 	// replica (a new one, or a failed one come back); the message shows
 	// the progress.
 	VolumeConditionRebuilding = "Rebuilding"
+	// VolumeConditionCloned is present on a volume with spec.dataSource:
+	// True once the source's data is copied and verified. Until then the
+	// volume cannot attach, so no consumer sees a partial copy.
+	VolumeConditionCloned = "Cloned"
 )
 
 // Volume condition reasons.
@@ -91,6 +95,13 @@ const (
 	VolumeReasonRebuildInProgress = "RebuildInProgress"
 	// VolumeReasonNoRebuild: no replica is being rebuilt.
 	VolumeReasonNoRebuild = "NoRebuild"
+	// VolumeReasonCloneInProgress: the source's data is being copied.
+	VolumeReasonCloneInProgress = "CloneInProgress"
+	// VolumeReasonCloneCompleted: the copy is complete and verified.
+	VolumeReasonCloneCompleted = "CloneCompleted"
+	// VolumeReasonCloneFailed: the copy failed and is retried; the message
+	// says why (source volume or snapshot missing, no source replica, ...).
+	VolumeReasonCloneFailed = "CloneFailed"
 )
 
 // VolumeDataSource names the data a new Volume starts with.
@@ -106,6 +117,45 @@ type VolumeDataSource struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	Snapshot string `json:"snapshot,omitempty"`
+}
+
+// CloneState is the phase of a volume's copy from its data source.
+// +kubebuilder:validation:Enum=pending;copying;completed;failed
+type CloneState string
+
+const (
+	// CloneStatePending: waiting for the source's snapshot and a replica of
+	// the source to read from.
+	CloneStatePending CloneState = "pending"
+	// CloneStateCopying: the data is being copied.
+	CloneStateCopying CloneState = "copying"
+	// CloneStateCompleted: the data is copied and verified.
+	CloneStateCompleted CloneState = "completed"
+	// CloneStateFailed: the last attempt failed; it is retried.
+	CloneStateFailed CloneState = "failed"
+)
+
+// CloneStatus reports the copy of a volume's data source.
+type CloneStatus struct {
+	// state is the phase of the copy.
+	State CloneState `json:"state"`
+
+	// sourceVolume is the Volume copied from.
+	// +optional
+	SourceVolume string `json:"sourceVolume,omitempty"`
+
+	// snapshot is the Snapshot of the source copied: spec.dataSource's, or
+	// one taken for a whole-volume clone.
+	// +optional
+	Snapshot string `json:"snapshot,omitempty"`
+
+	// progress is the percentage copied, 0 to 100.
+	// +optional
+	Progress int32 `json:"progress,omitempty"`
+
+	// message says why the copy waits or failed.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // VolumeSpec is what the user asks of a Volume.
@@ -195,7 +245,11 @@ type VolumeStatus struct {
 	// +optional
 	ActualSize *resource.Quantity `json:"actualSize,omitempty"`
 
-	// conditions: Scheduled, Ready, Rebuilding.
+	// clone reports the copy of spec.dataSource into this volume.
+	// +optional
+	Clone *CloneStatus `json:"clone,omitempty"`
+
+	// conditions: Scheduled, Ready, Rebuilding, Cloned.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
