@@ -127,13 +127,22 @@ func (e *Engine) forEachWritable(ctx context.Context, what string, fn func(m *me
 	return nil
 }
 
+// ErrSnapshotExists: a snapshot of that name exists already.
+var ErrSnapshotExists = errors.New("snapshot exists")
+
 // Snapshot takes a crash-consistent snapshot: new I/O is paused and I/O in
 // flight drained, every replica is flushed and snapshotted under the same
-// name, then I/O resumes.
+// name, then I/O resumes. A name an RW replica already has is refused with
+// ErrSnapshotExists before anything is paused: a caller retrying a
+// snapshot whose answer it lost learns it was taken, and no replica is
+// failed for refusing a name it has.
 func (e *Engine) Snapshot(ctx context.Context, name string) error {
 	ctx = detach(ctx)
 	e.chain.Lock()
 	defer e.chain.Unlock()
+	if snaps, err := e.Snapshots(ctx); err == nil && slices.ContainsFunc(snaps, func(s SnapshotInfo) bool { return s.Name == name }) {
+		return fmt.Errorf("%w: %s", ErrSnapshotExists, name)
+	}
 	created := time.Now() // the same on every replica: with the name, it identifies the snapshot
 	return e.forEachWritable(ctx, "snapshot "+name, func(m *member, _ Mode) error {
 		if err := m.data.Flush(ctx); err != nil {

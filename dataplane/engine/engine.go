@@ -146,6 +146,8 @@ type Engine struct {
 	// doneSnaps are the snapshots of completed rebuilds not deleted yet
 	// (another rebuild was reading them): see removeDoneSnapshots.
 	doneSnaps map[string]bool
+	// clone is the last CloneFrom's copy (nil if none was asked).
+	clone *clone
 
 	// stop is the context of the engine's background work (rebuilds and
 	// their clean-up), cancelled by Close; bg counts the goroutines doing

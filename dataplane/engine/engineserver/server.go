@@ -40,6 +40,9 @@ type Server struct {
 	// has no device (an NBD socket: clients learn the size when they
 	// connect).
 	Resize func(ctx context.Context, size int64) error
+	// DialSource connects to another volume's replica, by its control
+	// address, for CloneFrom; nil: CloneFrom is refused.
+	DialSource func(ctx context.Context, address string) (engine.CloneSource, error)
 
 	resizing sync.Mutex // one Resize at a time, to the engine's latest size
 	watch    watchers   // the Watch streams and what they were sent // the Watch streams and what they were sent
@@ -55,6 +58,8 @@ func grpcErr(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, engine.ErrSnapshotNotFound):
 		code = codes.NotFound
+	case errors.Is(err, engine.ErrSnapshotExists):
+		code = codes.AlreadyExists
 	case errors.Is(err, engine.ErrNoReplica):
 		code = codes.Unavailable
 	case errors.Is(err, engine.ErrClosed):
@@ -172,6 +177,41 @@ func (s *Server) SnapshotRevert(ctx context.Context, req *enginev1.SnapshotRever
 	}
 	defer s.changed()
 	return &enginev1.SnapshotRevertResponse{}, grpcErr(s.E.Revert(ctx, req.GetName()))
+}
+
+// CloneFrom starts the engine's copy from another volume's replica.
+func (s *Server) CloneFrom(ctx context.Context, req *enginev1.CloneFromRequest) (*enginev1.CloneFromResponse, error) {
+	if req.GetSource() == "" || req.GetSnapshot() == "" {
+		return nil, status.Error(codes.InvalidArgument, "source and snapshot are required")
+	}
+	if s.DialSource == nil {
+		return nil, status.Error(codes.Unimplemented, "this engine cannot reach other volumes' replicas")
+	}
+	if s.InUse != nil {
+		if why := s.InUse(); why != "" {
+			return nil, status.Errorf(codes.FailedPrecondition, "clone into volume %s refused: it is in use (%s); a clone fills a volume nobody uses", s.Name, why)
+		}
+	}
+	src, err := s.DialSource(ctx, req.GetSource())
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "connect to the source replica %s: %v", req.GetSource(), err)
+	}
+	defer s.changed()
+	return &enginev1.CloneFromResponse{}, grpcErr(s.E.CloneFrom(src, req.GetSource(), req.GetSnapshot()))
+}
+
+// cloneStatus is the last CloneFrom's progress, nil if none.
+func (s *Server) cloneStatus() *enginev1.Clone {
+	c, ok := s.E.Clone()
+	if !ok {
+		return nil
+	}
+	out := &enginev1.Clone{Source: c.Source, Snapshot: c.Snapshot, State: string(c.State), BytesDone: c.BytesDone,
+		BytesTotal: c.BytesTotal, BytesCopied: c.BytesCopied, StartedUnixNano: c.Started.UnixNano(), Error: c.Error}
+	if !c.Finished.IsZero() {
+		out.FinishedUnixNano = c.Finished.UnixNano()
+	}
+	return out
 }
 
 // Expand grows the volume on the replicas, then the frontend's block

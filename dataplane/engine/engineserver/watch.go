@@ -142,7 +142,7 @@ func (s *Server) sample(ctx context.Context) {
 	prev, _ := w.current()
 	st := &enginev1.VolumeStatus{Name: s.Name, Size: s.E.Size(), Frontend: s.Frontend, Endpoint: s.Endpoint,
 		EndpointKind: string(s.EndpointKind), Socket: s.Socket, Fallback: s.Fallback,
-		Robustness: s.E.Robustness(), Epoch: s.E.Epoch(), Replicas: s.replicas(), Rebuilds: s.rebuilds()}
+		Robustness: s.E.Robustness(), Epoch: s.E.Epoch(), Replicas: s.replicas(), Rebuilds: s.rebuilds(), Clone: s.cloneStatus()}
 	sctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
 	snaps, err := s.snapshots(sctx)
 	cancel()

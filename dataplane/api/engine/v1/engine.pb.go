@@ -1176,6 +1176,207 @@ func (*SnapshotRevertResponse) Descriptor() ([]byte, []int) {
 	return file_engine_v1_engine_proto_rawDescGZIP(), []int{22}
 }
 
+type CloneFromRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The source replica's control address (host:port).
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// The source snapshot whose view is copied.
+	Snapshot      string `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloneFromRequest) Reset() {
+	*x = CloneFromRequest{}
+	mi := &file_engine_v1_engine_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloneFromRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloneFromRequest) ProtoMessage() {}
+
+func (x *CloneFromRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_v1_engine_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloneFromRequest.ProtoReflect.Descriptor instead.
+func (*CloneFromRequest) Descriptor() ([]byte, []int) {
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *CloneFromRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *CloneFromRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+type CloneFromResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloneFromResponse) Reset() {
+	*x = CloneFromResponse{}
+	mi := &file_engine_v1_engine_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloneFromResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloneFromResponse) ProtoMessage() {}
+
+func (x *CloneFromResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_v1_engine_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloneFromResponse.ProtoReflect.Descriptor instead.
+func (*CloneFromResponse) Descriptor() ([]byte, []int) {
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{24}
+}
+
+// Clone is the progress of a CloneFrom.
+type Clone struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Source   string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	Snapshot string                 `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// in-progress, complete (copied and verified) or failed.
+	State      string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	BytesDone  int64  `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal int64  `protobuf:"varint,5,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	// Data actually written (holes are skipped).
+	BytesCopied      int64  `protobuf:"varint,6,opt,name=bytes_copied,json=bytesCopied,proto3" json:"bytes_copied,omitempty"`
+	StartedUnixNano  int64  `protobuf:"varint,7,opt,name=started_unix_nano,json=startedUnixNano,proto3" json:"started_unix_nano,omitempty"`
+	FinishedUnixNano int64  `protobuf:"varint,8,opt,name=finished_unix_nano,json=finishedUnixNano,proto3" json:"finished_unix_nano,omitempty"`
+	Error            string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Clone) Reset() {
+	*x = Clone{}
+	mi := &file_engine_v1_engine_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Clone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Clone) ProtoMessage() {}
+
+func (x *Clone) ProtoReflect() protoreflect.Message {
+	mi := &file_engine_v1_engine_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Clone.ProtoReflect.Descriptor instead.
+func (*Clone) Descriptor() ([]byte, []int) {
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *Clone) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Clone) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *Clone) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Clone) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *Clone) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *Clone) GetBytesCopied() int64 {
+	if x != nil {
+		return x.BytesCopied
+	}
+	return 0
+}
+
+func (x *Clone) GetStartedUnixNano() int64 {
+	if x != nil {
+		return x.StartedUnixNano
+	}
+	return 0
+}
+
+func (x *Clone) GetFinishedUnixNano() int64 {
+	if x != nil {
+		return x.FinishedUnixNano
+	}
+	return 0
+}
+
+func (x *Clone) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type ExpandRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Size          int64                  `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
@@ -1185,7 +1386,7 @@ type ExpandRequest struct {
 
 func (x *ExpandRequest) Reset() {
 	*x = ExpandRequest{}
-	mi := &file_engine_v1_engine_proto_msgTypes[23]
+	mi := &file_engine_v1_engine_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1398,7 @@ func (x *ExpandRequest) String() string {
 func (*ExpandRequest) ProtoMessage() {}
 
 func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_v1_engine_proto_msgTypes[23]
+	mi := &file_engine_v1_engine_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1411,7 @@ func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandRequest.ProtoReflect.Descriptor instead.
 func (*ExpandRequest) Descriptor() ([]byte, []int) {
-	return file_engine_v1_engine_proto_rawDescGZIP(), []int{23}
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExpandRequest) GetSize() int64 {
@@ -1228,7 +1429,7 @@ type ExpandResponse struct {
 
 func (x *ExpandResponse) Reset() {
 	*x = ExpandResponse{}
-	mi := &file_engine_v1_engine_proto_msgTypes[24]
+	mi := &file_engine_v1_engine_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1441,7 @@ func (x *ExpandResponse) String() string {
 func (*ExpandResponse) ProtoMessage() {}
 
 func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_v1_engine_proto_msgTypes[24]
+	mi := &file_engine_v1_engine_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1454,7 @@ func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandResponse.ProtoReflect.Descriptor instead.
 func (*ExpandResponse) Descriptor() ([]byte, []int) {
-	return file_engine_v1_engine_proto_rawDescGZIP(), []int{24}
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{27}
 }
 
 type OpMetrics struct {
@@ -1269,7 +1470,7 @@ type OpMetrics struct {
 
 func (x *OpMetrics) Reset() {
 	*x = OpMetrics{}
-	mi := &file_engine_v1_engine_proto_msgTypes[25]
+	mi := &file_engine_v1_engine_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1482,7 @@ func (x *OpMetrics) String() string {
 func (*OpMetrics) ProtoMessage() {}
 
 func (x *OpMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_v1_engine_proto_msgTypes[25]
+	mi := &file_engine_v1_engine_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1495,7 @@ func (x *OpMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpMetrics.ProtoReflect.Descriptor instead.
 func (*OpMetrics) Descriptor() ([]byte, []int) {
-	return file_engine_v1_engine_proto_rawDescGZIP(), []int{25}
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *OpMetrics) GetOps() uint64 {
@@ -1341,7 +1542,7 @@ type ReplicaMetrics struct {
 
 func (x *ReplicaMetrics) Reset() {
 	*x = ReplicaMetrics{}
-	mi := &file_engine_v1_engine_proto_msgTypes[26]
+	mi := &file_engine_v1_engine_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1554,7 @@ func (x *ReplicaMetrics) String() string {
 func (*ReplicaMetrics) ProtoMessage() {}
 
 func (x *ReplicaMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_v1_engine_proto_msgTypes[26]
+	mi := &file_engine_v1_engine_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1567,7 @@ func (x *ReplicaMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaMetrics.ProtoReflect.Descriptor instead.
 func (*ReplicaMetrics) Descriptor() ([]byte, []int) {
-	return file_engine_v1_engine_proto_rawDescGZIP(), []int{26}
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReplicaMetrics) GetAddress() string {
@@ -1419,7 +1620,7 @@ type MetricsRequest struct {
 
 func (x *MetricsRequest) Reset() {
 	*x = MetricsRequest{}
-	mi := &file_engine_v1_engine_proto_msgTypes[27]
+	mi := &file_engine_v1_engine_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1431,7 +1632,7 @@ func (x *MetricsRequest) String() string {
 func (*MetricsRequest) ProtoMessage() {}
 
 func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_v1_engine_proto_msgTypes[27]
+	mi := &file_engine_v1_engine_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1444,7 +1645,7 @@ func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
 func (*MetricsRequest) Descriptor() ([]byte, []int) {
-	return file_engine_v1_engine_proto_rawDescGZIP(), []int{27}
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{30}
 }
 
 type MetricsResponse struct {
@@ -1462,7 +1663,7 @@ type MetricsResponse struct {
 
 func (x *MetricsResponse) Reset() {
 	*x = MetricsResponse{}
-	mi := &file_engine_v1_engine_proto_msgTypes[28]
+	mi := &file_engine_v1_engine_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1675,7 @@ func (x *MetricsResponse) String() string {
 func (*MetricsResponse) ProtoMessage() {}
 
 func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_v1_engine_proto_msgTypes[28]
+	mi := &file_engine_v1_engine_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1688,7 @@ func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsResponse.ProtoReflect.Descriptor instead.
 func (*MetricsResponse) Descriptor() ([]byte, []int) {
-	return file_engine_v1_engine_proto_rawDescGZIP(), []int{28}
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MetricsResponse) GetRead() *OpMetrics {
@@ -1540,7 +1741,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_engine_v1_engine_proto_msgTypes[29]
+	mi := &file_engine_v1_engine_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1552,7 +1753,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_v1_engine_proto_msgTypes[29]
+	mi := &file_engine_v1_engine_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1565,7 +1766,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_engine_v1_engine_proto_rawDescGZIP(), []int{29}
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{32}
 }
 
 // VolumeStatus is everything a reconciler needs about a running volume.
@@ -1592,14 +1793,16 @@ type VolumeStatus struct {
 	Rebuilds []*Rebuild `protobuf:"bytes,12,rep,name=rebuilds,proto3" json:"rebuilds,omitempty"`
 	// Oldest first, as an RW replica reports them; the last list read when
 	// no replica is RW.
-	Snapshots     []*Snapshot `protobuf:"bytes,13,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	Snapshots []*Snapshot `protobuf:"bytes,13,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// The last CloneFrom's progress; absent if none was asked for.
+	Clone         *Clone `protobuf:"bytes,14,opt,name=clone,proto3" json:"clone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VolumeStatus) Reset() {
 	*x = VolumeStatus{}
-	mi := &file_engine_v1_engine_proto_msgTypes[30]
+	mi := &file_engine_v1_engine_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1814,7 @@ func (x *VolumeStatus) String() string {
 func (*VolumeStatus) ProtoMessage() {}
 
 func (x *VolumeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_engine_v1_engine_proto_msgTypes[30]
+	mi := &file_engine_v1_engine_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +1827,7 @@ func (x *VolumeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeStatus.ProtoReflect.Descriptor instead.
 func (*VolumeStatus) Descriptor() ([]byte, []int) {
-	return file_engine_v1_engine_proto_rawDescGZIP(), []int{30}
+	return file_engine_v1_engine_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *VolumeStatus) GetSeq() uint64 {
@@ -1718,6 +1921,13 @@ func (x *VolumeStatus) GetSnapshots() []*Snapshot {
 	return nil
 }
 
+func (x *VolumeStatus) GetClone() *Clone {
+	if x != nil {
+		return x.Clone
+	}
+	return nil
+}
+
 var File_engine_v1_engine_proto protoreflect.FileDescriptor
 
 const file_engine_v1_engine_proto_rawDesc = "" +
@@ -1791,7 +2001,23 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x16SnapshotDeleteResponse\"+\n" +
 	"\x15SnapshotRevertRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x18\n" +
-	"\x16SnapshotRevertResponse\"#\n" +
+	"\x16SnapshotRevertResponse\"F\n" +
+	"\x10CloneFromRequest\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x1a\n" +
+	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\"\x13\n" +
+	"\x11CloneFromResponse\"\xa4\x02\n" +
+	"\x05Clone\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x1a\n" +
+	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x04 \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x05 \x01(\x03R\n" +
+	"bytesTotal\x12!\n" +
+	"\fbytes_copied\x18\x06 \x01(\x03R\vbytesCopied\x12*\n" +
+	"\x11started_unix_nano\x18\a \x01(\x03R\x0fstartedUnixNano\x12,\n" +
+	"\x12finished_unix_nano\x18\b \x01(\x03R\x10finishedUnixNano\x12\x14\n" +
+	"\x05error\x18\t \x01(\tR\x05error\"#\n" +
 	"\rExpandRequest\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\"\x10\n" +
 	"\x0eExpandResponse\"e\n" +
@@ -1815,7 +2041,7 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x05unmap\x18\x04 \x01(\v2\x1a.cairn.engine.v1.OpMetricsR\x05unmap\x12;\n" +
 	"\breplicas\x18\x05 \x03(\v2\x1f.cairn.engine.v1.ReplicaMetricsR\breplicas\x12*\n" +
 	"\x11latency_bounds_ns\x18\x06 \x03(\x03R\x0flatencyBoundsNs\"\x0e\n" +
-	"\fWatchRequest\"\xb4\x03\n" +
+	"\fWatchRequest\"\xe2\x03\n" +
 	"\fVolumeStatus\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -1832,7 +2058,8 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	" \x01(\x04R\x05epoch\x124\n" +
 	"\breplicas\x18\v \x03(\v2\x18.cairn.engine.v1.ReplicaR\breplicas\x124\n" +
 	"\brebuilds\x18\f \x03(\v2\x18.cairn.engine.v1.RebuildR\brebuilds\x127\n" +
-	"\tsnapshots\x18\r \x03(\v2\x19.cairn.engine.v1.SnapshotR\tsnapshots2\x9f\t\n" +
+	"\tsnapshots\x18\r \x03(\v2\x19.cairn.engine.v1.SnapshotR\tsnapshots\x12,\n" +
+	"\x05clone\x18\x0e \x01(\v2\x16.cairn.engine.v1.CloneR\x05clone2\xf3\t\n" +
 	"\rEngineService\x12U\n" +
 	"\n" +
 	"VolumeInfo\x12\".cairn.engine.v1.VolumeInfoRequest\x1a#.cairn.engine.v1.VolumeInfoResponse\x12X\n" +
@@ -1845,7 +2072,8 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x0eSnapshotCreate\x12&.cairn.engine.v1.SnapshotCreateRequest\x1a'.cairn.engine.v1.SnapshotCreateResponse\x12[\n" +
 	"\fSnapshotList\x12$.cairn.engine.v1.SnapshotListRequest\x1a%.cairn.engine.v1.SnapshotListResponse\x12a\n" +
 	"\x0eSnapshotDelete\x12&.cairn.engine.v1.SnapshotDeleteRequest\x1a'.cairn.engine.v1.SnapshotDeleteResponse\x12a\n" +
-	"\x0eSnapshotRevert\x12&.cairn.engine.v1.SnapshotRevertRequest\x1a'.cairn.engine.v1.SnapshotRevertResponse\x12I\n" +
+	"\x0eSnapshotRevert\x12&.cairn.engine.v1.SnapshotRevertRequest\x1a'.cairn.engine.v1.SnapshotRevertResponse\x12R\n" +
+	"\tCloneFrom\x12!.cairn.engine.v1.CloneFromRequest\x1a\".cairn.engine.v1.CloneFromResponse\x12I\n" +
 	"\x06Expand\x12\x1e.cairn.engine.v1.ExpandRequest\x1a\x1f.cairn.engine.v1.ExpandResponse\x12L\n" +
 	"\aMetrics\x12\x1f.cairn.engine.v1.MetricsRequest\x1a .cairn.engine.v1.MetricsResponse\x12G\n" +
 	"\x05Watch\x12\x1d.cairn.engine.v1.WatchRequest\x1a\x1d.cairn.engine.v1.VolumeStatus0\x01B<Z:github.com/cairn-io/cairn/dataplane/api/engine/v1;enginev1b\x06proto3"
@@ -1862,7 +2090,7 @@ func file_engine_v1_engine_proto_rawDescGZIP() []byte {
 	return file_engine_v1_engine_proto_rawDescData
 }
 
-var file_engine_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_engine_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_engine_v1_engine_proto_goTypes = []any{
 	(*VolumeInfoRequest)(nil),      // 0: cairn.engine.v1.VolumeInfoRequest
 	(*VolumeInfoResponse)(nil),     // 1: cairn.engine.v1.VolumeInfoResponse
@@ -1887,62 +2115,68 @@ var file_engine_v1_engine_proto_goTypes = []any{
 	(*SnapshotDeleteResponse)(nil), // 20: cairn.engine.v1.SnapshotDeleteResponse
 	(*SnapshotRevertRequest)(nil),  // 21: cairn.engine.v1.SnapshotRevertRequest
 	(*SnapshotRevertResponse)(nil), // 22: cairn.engine.v1.SnapshotRevertResponse
-	(*ExpandRequest)(nil),          // 23: cairn.engine.v1.ExpandRequest
-	(*ExpandResponse)(nil),         // 24: cairn.engine.v1.ExpandResponse
-	(*OpMetrics)(nil),              // 25: cairn.engine.v1.OpMetrics
-	(*ReplicaMetrics)(nil),         // 26: cairn.engine.v1.ReplicaMetrics
-	(*MetricsRequest)(nil),         // 27: cairn.engine.v1.MetricsRequest
-	(*MetricsResponse)(nil),        // 28: cairn.engine.v1.MetricsResponse
-	(*WatchRequest)(nil),           // 29: cairn.engine.v1.WatchRequest
-	(*VolumeStatus)(nil),           // 30: cairn.engine.v1.VolumeStatus
+	(*CloneFromRequest)(nil),       // 23: cairn.engine.v1.CloneFromRequest
+	(*CloneFromResponse)(nil),      // 24: cairn.engine.v1.CloneFromResponse
+	(*Clone)(nil),                  // 25: cairn.engine.v1.Clone
+	(*ExpandRequest)(nil),          // 26: cairn.engine.v1.ExpandRequest
+	(*ExpandResponse)(nil),         // 27: cairn.engine.v1.ExpandResponse
+	(*OpMetrics)(nil),              // 28: cairn.engine.v1.OpMetrics
+	(*ReplicaMetrics)(nil),         // 29: cairn.engine.v1.ReplicaMetrics
+	(*MetricsRequest)(nil),         // 30: cairn.engine.v1.MetricsRequest
+	(*MetricsResponse)(nil),        // 31: cairn.engine.v1.MetricsResponse
+	(*WatchRequest)(nil),           // 32: cairn.engine.v1.WatchRequest
+	(*VolumeStatus)(nil),           // 33: cairn.engine.v1.VolumeStatus
 }
 var file_engine_v1_engine_proto_depIdxs = []int32{
 	2,  // 0: cairn.engine.v1.ReplicaListResponse.replicas:type_name -> cairn.engine.v1.Replica
 	9,  // 1: cairn.engine.v1.RebuildStatusResponse.rebuilds:type_name -> cairn.engine.v1.Rebuild
 	14, // 2: cairn.engine.v1.SnapshotListResponse.snapshots:type_name -> cairn.engine.v1.Snapshot
-	25, // 3: cairn.engine.v1.ReplicaMetrics.read:type_name -> cairn.engine.v1.OpMetrics
-	25, // 4: cairn.engine.v1.ReplicaMetrics.write:type_name -> cairn.engine.v1.OpMetrics
-	25, // 5: cairn.engine.v1.ReplicaMetrics.flush:type_name -> cairn.engine.v1.OpMetrics
-	25, // 6: cairn.engine.v1.ReplicaMetrics.unmap:type_name -> cairn.engine.v1.OpMetrics
-	25, // 7: cairn.engine.v1.MetricsResponse.read:type_name -> cairn.engine.v1.OpMetrics
-	25, // 8: cairn.engine.v1.MetricsResponse.write:type_name -> cairn.engine.v1.OpMetrics
-	25, // 9: cairn.engine.v1.MetricsResponse.flush:type_name -> cairn.engine.v1.OpMetrics
-	25, // 10: cairn.engine.v1.MetricsResponse.unmap:type_name -> cairn.engine.v1.OpMetrics
-	26, // 11: cairn.engine.v1.MetricsResponse.replicas:type_name -> cairn.engine.v1.ReplicaMetrics
+	28, // 3: cairn.engine.v1.ReplicaMetrics.read:type_name -> cairn.engine.v1.OpMetrics
+	28, // 4: cairn.engine.v1.ReplicaMetrics.write:type_name -> cairn.engine.v1.OpMetrics
+	28, // 5: cairn.engine.v1.ReplicaMetrics.flush:type_name -> cairn.engine.v1.OpMetrics
+	28, // 6: cairn.engine.v1.ReplicaMetrics.unmap:type_name -> cairn.engine.v1.OpMetrics
+	28, // 7: cairn.engine.v1.MetricsResponse.read:type_name -> cairn.engine.v1.OpMetrics
+	28, // 8: cairn.engine.v1.MetricsResponse.write:type_name -> cairn.engine.v1.OpMetrics
+	28, // 9: cairn.engine.v1.MetricsResponse.flush:type_name -> cairn.engine.v1.OpMetrics
+	28, // 10: cairn.engine.v1.MetricsResponse.unmap:type_name -> cairn.engine.v1.OpMetrics
+	29, // 11: cairn.engine.v1.MetricsResponse.replicas:type_name -> cairn.engine.v1.ReplicaMetrics
 	2,  // 12: cairn.engine.v1.VolumeStatus.replicas:type_name -> cairn.engine.v1.Replica
 	9,  // 13: cairn.engine.v1.VolumeStatus.rebuilds:type_name -> cairn.engine.v1.Rebuild
 	14, // 14: cairn.engine.v1.VolumeStatus.snapshots:type_name -> cairn.engine.v1.Snapshot
-	0,  // 15: cairn.engine.v1.EngineService.VolumeInfo:input_type -> cairn.engine.v1.VolumeInfoRequest
-	3,  // 16: cairn.engine.v1.EngineService.ReplicaList:input_type -> cairn.engine.v1.ReplicaListRequest
-	5,  // 17: cairn.engine.v1.EngineService.ReplicaAdd:input_type -> cairn.engine.v1.ReplicaAddRequest
-	7,  // 18: cairn.engine.v1.EngineService.ReplicaRemove:input_type -> cairn.engine.v1.ReplicaRemoveRequest
-	10, // 19: cairn.engine.v1.EngineService.RebuildStatus:input_type -> cairn.engine.v1.RebuildStatusRequest
-	12, // 20: cairn.engine.v1.EngineService.RebuildCancel:input_type -> cairn.engine.v1.RebuildCancelRequest
-	15, // 21: cairn.engine.v1.EngineService.SnapshotCreate:input_type -> cairn.engine.v1.SnapshotCreateRequest
-	17, // 22: cairn.engine.v1.EngineService.SnapshotList:input_type -> cairn.engine.v1.SnapshotListRequest
-	19, // 23: cairn.engine.v1.EngineService.SnapshotDelete:input_type -> cairn.engine.v1.SnapshotDeleteRequest
-	21, // 24: cairn.engine.v1.EngineService.SnapshotRevert:input_type -> cairn.engine.v1.SnapshotRevertRequest
-	23, // 25: cairn.engine.v1.EngineService.Expand:input_type -> cairn.engine.v1.ExpandRequest
-	27, // 26: cairn.engine.v1.EngineService.Metrics:input_type -> cairn.engine.v1.MetricsRequest
-	29, // 27: cairn.engine.v1.EngineService.Watch:input_type -> cairn.engine.v1.WatchRequest
-	1,  // 28: cairn.engine.v1.EngineService.VolumeInfo:output_type -> cairn.engine.v1.VolumeInfoResponse
-	4,  // 29: cairn.engine.v1.EngineService.ReplicaList:output_type -> cairn.engine.v1.ReplicaListResponse
-	6,  // 30: cairn.engine.v1.EngineService.ReplicaAdd:output_type -> cairn.engine.v1.ReplicaAddResponse
-	8,  // 31: cairn.engine.v1.EngineService.ReplicaRemove:output_type -> cairn.engine.v1.ReplicaRemoveResponse
-	11, // 32: cairn.engine.v1.EngineService.RebuildStatus:output_type -> cairn.engine.v1.RebuildStatusResponse
-	13, // 33: cairn.engine.v1.EngineService.RebuildCancel:output_type -> cairn.engine.v1.RebuildCancelResponse
-	16, // 34: cairn.engine.v1.EngineService.SnapshotCreate:output_type -> cairn.engine.v1.SnapshotCreateResponse
-	18, // 35: cairn.engine.v1.EngineService.SnapshotList:output_type -> cairn.engine.v1.SnapshotListResponse
-	20, // 36: cairn.engine.v1.EngineService.SnapshotDelete:output_type -> cairn.engine.v1.SnapshotDeleteResponse
-	22, // 37: cairn.engine.v1.EngineService.SnapshotRevert:output_type -> cairn.engine.v1.SnapshotRevertResponse
-	24, // 38: cairn.engine.v1.EngineService.Expand:output_type -> cairn.engine.v1.ExpandResponse
-	28, // 39: cairn.engine.v1.EngineService.Metrics:output_type -> cairn.engine.v1.MetricsResponse
-	30, // 40: cairn.engine.v1.EngineService.Watch:output_type -> cairn.engine.v1.VolumeStatus
-	28, // [28:41] is the sub-list for method output_type
-	15, // [15:28] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	25, // 15: cairn.engine.v1.VolumeStatus.clone:type_name -> cairn.engine.v1.Clone
+	0,  // 16: cairn.engine.v1.EngineService.VolumeInfo:input_type -> cairn.engine.v1.VolumeInfoRequest
+	3,  // 17: cairn.engine.v1.EngineService.ReplicaList:input_type -> cairn.engine.v1.ReplicaListRequest
+	5,  // 18: cairn.engine.v1.EngineService.ReplicaAdd:input_type -> cairn.engine.v1.ReplicaAddRequest
+	7,  // 19: cairn.engine.v1.EngineService.ReplicaRemove:input_type -> cairn.engine.v1.ReplicaRemoveRequest
+	10, // 20: cairn.engine.v1.EngineService.RebuildStatus:input_type -> cairn.engine.v1.RebuildStatusRequest
+	12, // 21: cairn.engine.v1.EngineService.RebuildCancel:input_type -> cairn.engine.v1.RebuildCancelRequest
+	15, // 22: cairn.engine.v1.EngineService.SnapshotCreate:input_type -> cairn.engine.v1.SnapshotCreateRequest
+	17, // 23: cairn.engine.v1.EngineService.SnapshotList:input_type -> cairn.engine.v1.SnapshotListRequest
+	19, // 24: cairn.engine.v1.EngineService.SnapshotDelete:input_type -> cairn.engine.v1.SnapshotDeleteRequest
+	21, // 25: cairn.engine.v1.EngineService.SnapshotRevert:input_type -> cairn.engine.v1.SnapshotRevertRequest
+	23, // 26: cairn.engine.v1.EngineService.CloneFrom:input_type -> cairn.engine.v1.CloneFromRequest
+	26, // 27: cairn.engine.v1.EngineService.Expand:input_type -> cairn.engine.v1.ExpandRequest
+	30, // 28: cairn.engine.v1.EngineService.Metrics:input_type -> cairn.engine.v1.MetricsRequest
+	32, // 29: cairn.engine.v1.EngineService.Watch:input_type -> cairn.engine.v1.WatchRequest
+	1,  // 30: cairn.engine.v1.EngineService.VolumeInfo:output_type -> cairn.engine.v1.VolumeInfoResponse
+	4,  // 31: cairn.engine.v1.EngineService.ReplicaList:output_type -> cairn.engine.v1.ReplicaListResponse
+	6,  // 32: cairn.engine.v1.EngineService.ReplicaAdd:output_type -> cairn.engine.v1.ReplicaAddResponse
+	8,  // 33: cairn.engine.v1.EngineService.ReplicaRemove:output_type -> cairn.engine.v1.ReplicaRemoveResponse
+	11, // 34: cairn.engine.v1.EngineService.RebuildStatus:output_type -> cairn.engine.v1.RebuildStatusResponse
+	13, // 35: cairn.engine.v1.EngineService.RebuildCancel:output_type -> cairn.engine.v1.RebuildCancelResponse
+	16, // 36: cairn.engine.v1.EngineService.SnapshotCreate:output_type -> cairn.engine.v1.SnapshotCreateResponse
+	18, // 37: cairn.engine.v1.EngineService.SnapshotList:output_type -> cairn.engine.v1.SnapshotListResponse
+	20, // 38: cairn.engine.v1.EngineService.SnapshotDelete:output_type -> cairn.engine.v1.SnapshotDeleteResponse
+	22, // 39: cairn.engine.v1.EngineService.SnapshotRevert:output_type -> cairn.engine.v1.SnapshotRevertResponse
+	24, // 40: cairn.engine.v1.EngineService.CloneFrom:output_type -> cairn.engine.v1.CloneFromResponse
+	27, // 41: cairn.engine.v1.EngineService.Expand:output_type -> cairn.engine.v1.ExpandResponse
+	31, // 42: cairn.engine.v1.EngineService.Metrics:output_type -> cairn.engine.v1.MetricsResponse
+	33, // 43: cairn.engine.v1.EngineService.Watch:output_type -> cairn.engine.v1.VolumeStatus
+	30, // [30:44] is the sub-list for method output_type
+	16, // [16:30] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_engine_v1_engine_proto_init() }
@@ -1956,7 +2190,7 @@ func file_engine_v1_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_engine_v1_engine_proto_rawDesc), len(file_engine_v1_engine_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

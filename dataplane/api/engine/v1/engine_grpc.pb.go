@@ -32,6 +32,7 @@ const (
 	EngineService_SnapshotList_FullMethodName   = "/cairn.engine.v1.EngineService/SnapshotList"
 	EngineService_SnapshotDelete_FullMethodName = "/cairn.engine.v1.EngineService/SnapshotDelete"
 	EngineService_SnapshotRevert_FullMethodName = "/cairn.engine.v1.EngineService/SnapshotRevert"
+	EngineService_CloneFrom_FullMethodName      = "/cairn.engine.v1.EngineService/CloneFrom"
 	EngineService_Expand_FullMethodName         = "/cairn.engine.v1.EngineService/Expand"
 	EngineService_Metrics_FullMethodName        = "/cairn.engine.v1.EngineService/Metrics"
 	EngineService_Watch_FullMethodName          = "/cairn.engine.v1.EngineService/Watch"
@@ -60,6 +61,14 @@ type EngineServiceClient interface {
 	SnapshotDelete(ctx context.Context, in *SnapshotDeleteRequest, opts ...grpc.CallOption) (*SnapshotDeleteResponse, error)
 	// SnapshotRevert: only while nothing uses the volume's frontend.
 	SnapshotRevert(ctx context.Context, in *SnapshotRevertRequest, opts ...grpc.CallOption) (*SnapshotRevertResponse, error)
+	// CloneFrom fills the volume with the view at a snapshot of another
+	// volume, read from one of that volume's replicas (its control API), and
+	// verifies every replica's copy against the source's checksums. It
+	// returns at once; progress is in Watch (VolumeStatus.clone). A copy
+	// already running or completed from the same source and snapshot is not
+	// started again; one that failed is. Only for an engine whose frontend
+	// nobody uses: the copy writes over the volume.
+	CloneFrom(ctx context.Context, in *CloneFromRequest, opts ...grpc.CallOption) (*CloneFromResponse, error)
 	// Expand grows the volume.
 	Expand(ctx context.Context, in *ExpandRequest, opts ...grpc.CallOption) (*ExpandResponse, error)
 	// Metrics: operation counts, bytes and latency histograms.
@@ -181,6 +190,16 @@ func (c *engineServiceClient) SnapshotRevert(ctx context.Context, in *SnapshotRe
 	return out, nil
 }
 
+func (c *engineServiceClient) CloneFrom(ctx context.Context, in *CloneFromRequest, opts ...grpc.CallOption) (*CloneFromResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CloneFromResponse)
+	err := c.cc.Invoke(ctx, EngineService_CloneFrom_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *engineServiceClient) Expand(ctx context.Context, in *ExpandRequest, opts ...grpc.CallOption) (*ExpandResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ExpandResponse)
@@ -243,6 +262,14 @@ type EngineServiceServer interface {
 	SnapshotDelete(context.Context, *SnapshotDeleteRequest) (*SnapshotDeleteResponse, error)
 	// SnapshotRevert: only while nothing uses the volume's frontend.
 	SnapshotRevert(context.Context, *SnapshotRevertRequest) (*SnapshotRevertResponse, error)
+	// CloneFrom fills the volume with the view at a snapshot of another
+	// volume, read from one of that volume's replicas (its control API), and
+	// verifies every replica's copy against the source's checksums. It
+	// returns at once; progress is in Watch (VolumeStatus.clone). A copy
+	// already running or completed from the same source and snapshot is not
+	// started again; one that failed is. Only for an engine whose frontend
+	// nobody uses: the copy writes over the volume.
+	CloneFrom(context.Context, *CloneFromRequest) (*CloneFromResponse, error)
 	// Expand grows the volume.
 	Expand(context.Context, *ExpandRequest) (*ExpandResponse, error)
 	// Metrics: operation counts, bytes and latency histograms.
@@ -293,6 +320,9 @@ func (UnimplementedEngineServiceServer) SnapshotDelete(context.Context, *Snapsho
 }
 func (UnimplementedEngineServiceServer) SnapshotRevert(context.Context, *SnapshotRevertRequest) (*SnapshotRevertResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SnapshotRevert not implemented")
+}
+func (UnimplementedEngineServiceServer) CloneFrom(context.Context, *CloneFromRequest) (*CloneFromResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloneFrom not implemented")
 }
 func (UnimplementedEngineServiceServer) Expand(context.Context, *ExpandRequest) (*ExpandResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Expand not implemented")
@@ -504,6 +534,24 @@ func _EngineService_SnapshotRevert_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _EngineService_CloneFrom_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloneFromRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServiceServer).CloneFrom(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: EngineService_CloneFrom_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServiceServer).CloneFrom(ctx, req.(*CloneFromRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _EngineService_Expand_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ExpandRequest)
 	if err := dec(in); err != nil {
@@ -597,6 +645,10 @@ var EngineService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SnapshotRevert",
 			Handler:    _EngineService_SnapshotRevert_Handler,
+		},
+		{
+			MethodName: "CloneFrom",
+			Handler:    _EngineService_CloneFrom_Handler,
 		},
 		{
 			MethodName: "Expand",
