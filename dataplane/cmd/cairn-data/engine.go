@@ -269,7 +269,9 @@ func serveControl(c *engineFlags, e *engine.Engine, f *frontend) (string, func()
 	gs := grpc.NewServer()
 	enginev1.RegisterEngineServiceServer(gs, &engineserver.Server{E: e, Name: c.name, Frontend: c.frontend, Endpoint: f.endpoint,
 		EndpointKind: f.kind, Socket: f.socket, Fallback: f.fallback, InUse: f.inUse, Resize: f.resize,
-		DialSource: func(_ context.Context, addr string) (engine.CloneSource, error) { return replicaclient.DialSource(addr, 0) }})
+		DialSource: func(_ context.Context, addr string) (engine.CloneSource, error) {
+			return replicaclient.DialSource(addr, 0)
+		}})
 	go gs.Serve(l)
 	return addrString(l), gs.Stop, nil
 }
