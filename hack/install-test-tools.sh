@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # install-test-tools.sh: make sure the real clients the tests, the demo and
 # the benchmarks drive are installed: qemu-io/qemu-nbd (qemu-utils), nbdinfo
-# (libnbd-bin), fio, e2fsprogs (mkfs.ext4, e2fsck), iptables (the chaos
+# (libnbd-bin), fio, e2fsprogs (mkfs.ext4, e2fsck), xfsprogs (mkfs.xfs,
+# xfs_growfs, for the CSI driver's xfs volumes), iptables (the chaos
 # harness's partitions) and user-mode-linux (a kernel with the nbd driver
 # for the /dev/nbdN tests, dataplane/internal/uml). Installs missing ones
 # with apt as root; otherwise prints the command to run.
 set -euo pipefail
-declare -A pkg=([qemu-io]=qemu-utils [qemu-nbd]=qemu-utils [nbdinfo]=libnbd-bin [fio]=fio [mkfs.ext4]=e2fsprogs [e2fsck]=e2fsprogs [iptables]=iptables [linux.uml]=user-mode-linux)
+declare -A pkg=([qemu-io]=qemu-utils [qemu-nbd]=qemu-utils [nbdinfo]=libnbd-bin [fio]=fio [mkfs.ext4]=e2fsprogs [e2fsck]=e2fsprogs [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs [iptables]=iptables [linux.uml]=user-mode-linux)
 missing=()
 for tool in "${!pkg[@]}"; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("${pkg[$tool]}")

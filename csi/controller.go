@@ -1,0 +1,576 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+)
+
+// labelVolume is the label the Volume reconciler puts on a volume's
+// Replicas (controllers/labelVolume; not imported, so the driver
+// does not link the reconcilers).
+const labelVolume = "storage.cairn.io/volume"
+
+// ControllerServer is the CSI Controller service. It only reads and writes
+// Volume and Snapshot objects; the reconcilers do the work, and each call
+// waits for them, bounded by the call's context (a call that runs out of
+// time fails with DeadlineExceeded and the CO retries it: every call is
+// idempotent).
+type ControllerServer struct {
+	csipb.UnimplementedControllerServer
+	c     client.Client
+	ns    string
+	locks *keyLocks
+}
+
+var controllerCaps = []csipb.ControllerServiceCapability_RPC_Type{
+	csipb.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+	csipb.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
+	csipb.ControllerServiceCapability_RPC_LIST_VOLUMES,
+	csipb.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES,
+	csipb.ControllerServiceCapability_RPC_GET_CAPACITY,
+	csipb.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+	csipb.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+	csipb.ControllerServiceCapability_RPC_CLONE_VOLUME,
+	csipb.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+	csipb.ControllerServiceCapability_RPC_PUBLISH_READONLY,
+	csipb.ControllerServiceCapability_RPC_GET_VOLUME,
+	csipb.ControllerServiceCapability_RPC_VOLUME_CONDITION,
+	csipb.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+}
+
+// ready checks that the API server answers and serves Cairn's kinds.
+func (s *ControllerServer) ready(ctx context.Context) error {
+	var l v1.VolumeList
+	if err := s.c.List(ctx, &l, client.InNamespace(s.ns), client.Limit(1)); err != nil {
+		return fmt.Errorf("cannot list Volumes in namespace %s (is the API server reachable and are Cairn's CRDs installed?): %w", s.ns, err)
+	}
+	return nil
+}
+
+// ControllerGetCapabilities lists what the controller service does.
+func (s *ControllerServer) ControllerGetCapabilities(context.Context, *csipb.ControllerGetCapabilitiesRequest) (*csipb.ControllerGetCapabilitiesResponse, error) {
+	out := &csipb.ControllerGetCapabilitiesResponse{}
+	for _, c := range controllerCaps {
+		out.Capabilities = append(out.Capabilities, &csipb.ControllerServiceCapability{
+			Type: &csipb.ControllerServiceCapability_Rpc{Rpc: &csipb.ControllerServiceCapability_RPC{Type: c}}})
+	}
+	return out, nil
+}
+
+// getVolume reads a Volume; a missing one is NotFound.
+func (s *ControllerServer) getVolume(ctx context.Context, id string) (*v1.Volume, error) {
+	v := &v1.Volume{}
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: id}, v); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+		}
+		return nil, apiError(err)
+	}
+	return v, nil
+}
+
+// apiError wraps an API server failure: Unavailable, so the CO retries.
+func apiError(err error) error {
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+		return err
+	}
+	return status.Errorf(codes.Unavailable, "Kubernetes API server: %v", err)
+}
+
+// CreateVolume creates a Volume (or finds the one an earlier call with the
+// same name created) and waits until its replicas are placed.
+func (s *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRequest) (*csipb.CreateVolumeResponse, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name is required")
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return nil, err
+	}
+	params, err := parseParams(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range req.GetVolumeCapabilities() {
+		if fs := c.GetMount().GetFsType(); fs != "" && params.fsType != "" && fs != params.fsType {
+			return nil, status.Errorf(codes.InvalidArgument, "the volume capability asks for filesystem %s but StorageClass parameter %s is %s: make them agree", fs, ParamFSType, params.fsType)
+		}
+	}
+	name := objectName("vol-", req.GetName())
+	unlock, err := s.locks.lock("volume " + name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	source, minSize, err := s.contentSource(ctx, req.GetVolumeContentSource())
+	if err != nil {
+		return nil, err
+	}
+	if r := req.GetCapacityRange().GetRequiredBytes(); r > 0 && r < minSize {
+		return nil, status.Errorf(codes.OutOfRange, "required_bytes %d is smaller than the source's %d bytes: ask for at least the source's size", r, minSize)
+	}
+	if l := req.GetCapacityRange().GetLimitBytes(); l > 0 && l < minSize {
+		return nil, status.Errorf(codes.OutOfRange, "limit_bytes %d is smaller than the source's %d bytes: ask for at least the source's size", l, minSize)
+	}
+	size, err := volumeSize(req.GetCapacityRange(), minSize)
+	if err != nil {
+		return nil, err
+	}
+	accessMode := v1.VolumeAccessModeReadWriteOnce
+	for _, c := range req.GetVolumeCapabilities() {
+		if c.GetAccessMode().GetMode() == csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER {
+			accessMode = v1.VolumeAccessModeReadWriteOncePod
+		}
+	}
+
+	want := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns,
+		Annotations: map[string]string{AnnotationCSIName: req.GetName()}},
+		Spec: v1.VolumeSpec{Size: *resource.NewQuantity(size, resource.BinarySI), NumberOfReplicas: params.replicas,
+			Frontend: params.frontend, DataSource: source, DiskSelector: params.diskSelector, AccessMode: accessMode}}
+	if params.pvc != "" {
+		want.Annotations[AnnotationPVC] = params.pvc
+	}
+	if params.pv != "" {
+		want.Annotations[AnnotationPV] = params.pv
+	}
+
+	v := &v1.Volume{}
+	err = s.c.Get(ctx, client.ObjectKeyFromObject(want), v)
+	switch {
+	case apierrors.IsNotFound(err):
+		// If we crash after this create, the CO's retry finds the Volume by
+		// name below and waits for it like this call would have.
+		if err := s.c.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+			if apierrors.IsInvalid(err) {
+				return nil, status.Errorf(codes.InvalidArgument, "the Volume was refused: %v", err)
+			}
+			return nil, apiError(err)
+		}
+		v = want
+	case err != nil:
+		return nil, apiError(err)
+	default:
+		if err := compatible(v, want, req.GetCapacityRange()); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.waitScheduled(ctx, name); err != nil {
+		return nil, err
+	}
+	if err := s.c.Get(ctx, client.ObjectKeyFromObject(want), v); err != nil {
+		return nil, apiError(err)
+	}
+	fsType := params.fsType
+	return &csipb.CreateVolumeResponse{Volume: &csipb.Volume{
+		VolumeId:      v.Name,
+		CapacityBytes: v.Spec.Size.Value(),
+		VolumeContext: volumeContext(v, fsType),
+		ContentSource: req.GetVolumeContentSource(),
+	}}, nil
+}
+
+func volumeContext(v *v1.Volume, fsType string) map[string]string {
+	ctx := map[string]string{}
+	if v.Spec.Frontend != "" {
+		ctx[ctxFrontend] = string(v.Spec.Frontend)
+	}
+	if fsType != "" {
+		ctx[ctxFSType] = fsType
+	}
+	return ctx
+}
+
+// compatible says whether an existing Volume answers a CreateVolume for the
+// same name: AlreadyExists otherwise, naming the difference.
+func compatible(have, want *v1.Volume, r *csipb.CapacityRange) error {
+	if have.DeletionTimestamp != nil {
+		return status.Errorf(codes.Aborted, "volume %s is being deleted; retry once it is gone", have.Name)
+	}
+	if n := have.Annotations[AnnotationCSIName]; n != "" && n != want.Annotations[AnnotationCSIName] {
+		return status.Errorf(codes.AlreadyExists, "volume %s already exists for another name (%q)", have.Name, n)
+	}
+	size := have.Spec.Size.Value()
+	if size < r.GetRequiredBytes() || (r.GetLimitBytes() > 0 && size > r.GetLimitBytes()) || (r.GetRequiredBytes() == 0 && size != want.Spec.Size.Value()) {
+		return status.Errorf(codes.AlreadyExists, "volume %s already exists with %d bytes, which does not fit the requested capacity range (required %d, limit %d)",
+			have.Name, size, r.GetRequiredBytes(), r.GetLimitBytes())
+	}
+	var diffs []string
+	if want.Spec.NumberOfReplicas != 0 && have.Spec.NumberOfReplicas != want.Spec.NumberOfReplicas {
+		diffs = append(diffs, fmt.Sprintf("numberOfReplicas %d, not %d", have.Spec.NumberOfReplicas, want.Spec.NumberOfReplicas))
+	}
+	if want.Spec.Frontend != "" && have.Spec.Frontend != want.Spec.Frontend {
+		diffs = append(diffs, fmt.Sprintf("frontend %s, not %s", have.Spec.Frontend, want.Spec.Frontend))
+	}
+	hs, ws := have.Spec.DataSource, want.Spec.DataSource
+	if (hs == nil) != (ws == nil) || (hs != nil && *hs != *ws) {
+		diffs = append(diffs, "another content source")
+	}
+	if !slices.Equal(have.Spec.DiskSelector, want.Spec.DiskSelector) {
+		diffs = append(diffs, fmt.Sprintf("diskSelector %v, not %v", have.Spec.DiskSelector, want.Spec.DiskSelector))
+	}
+	if len(diffs) > 0 {
+		return status.Errorf(codes.AlreadyExists, "volume %s already exists with %s: use another name or the same parameters", have.Name, strings.Join(diffs, ", "))
+	}
+	return nil
+}
+
+// contentSource resolves a CreateVolume's source to a Volume data source
+// and the smallest size a volume made from it may have.
+func (s *ControllerServer) contentSource(ctx context.Context, src *csipb.VolumeContentSource) (*v1.VolumeDataSource, int64, error) {
+	switch {
+	case src == nil:
+		return nil, 0, nil
+	case src.GetSnapshot() != nil:
+		id := src.GetSnapshot().GetSnapshotId()
+		if id == "" {
+			return nil, 0, status.Error(codes.InvalidArgument, "volume_content_source.snapshot.snapshot_id is empty")
+		}
+		snap := &v1.Snapshot{}
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: id}, snap); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, 0, status.Errorf(codes.NotFound, "source snapshot %s not found", id)
+			}
+			return nil, 0, apiError(err)
+		}
+		if !snap.Status.ReadyToUse || snap.Status.Size == nil {
+			return nil, 0, status.Errorf(codes.Unavailable, "source snapshot %s is not ready to use yet; retry once it is", id)
+		}
+		return &v1.VolumeDataSource{Volume: snap.Spec.Volume, Snapshot: snap.Name}, snap.Status.Size.Value(), nil
+	case src.GetVolume() != nil:
+		id := src.GetVolume().GetVolumeId()
+		if id == "" {
+			return nil, 0, status.Error(codes.InvalidArgument, "volume_content_source.volume.volume_id is empty")
+		}
+		v, err := s.getVolume(ctx, id)
+		if err != nil {
+			if status.Code(err) == codes.NotFound {
+				return nil, 0, status.Errorf(codes.NotFound, "source volume %s not found", id)
+			}
+			return nil, 0, err
+		}
+		return &v1.VolumeDataSource{Volume: v.Name}, v.Spec.Size.Value(), nil
+	}
+	return nil, 0, status.Error(codes.InvalidArgument, "volume_content_source has neither a snapshot nor a volume")
+}
+
+// waitScheduled waits until every replica of the volume has a disk, or
+// fails with ResourceExhausted when none can be placed (a volume with some
+// replicas placed is usable, degraded, and gets the rest when disks free
+// up; its Scheduled condition says what is missing).
+func (s *ControllerServer) waitScheduled(ctx context.Context, name string) error {
+	return waitFor(ctx, "volume "+name+" to be scheduled", func() (bool, string, error) {
+		v, err := s.getVolume(ctx, name)
+		if err != nil {
+			return false, "", err
+		}
+		c := meta.FindStatusCondition(v.Status.Conditions, v1.VolumeConditionScheduled)
+		switch {
+		case c == nil:
+			return false, "the Volume reconciler has not looked at it yet (is cairn-manager running?)", nil
+		case c.Status == metav1.ConditionTrue:
+			return true, "", nil
+		case c.Reason != v1.VolumeReasonReplicaSchedulingFailed:
+			return false, c.Message, nil
+		}
+		var reps v1.ReplicaList
+		if err := s.c.List(ctx, &reps, client.InNamespace(s.ns), client.MatchingLabels{labelVolume: name}); err != nil {
+			return false, "", apiError(err)
+		}
+		for _, r := range reps.Items {
+			if r.Spec.NodeName != "" {
+				return true, "", nil
+			}
+		}
+		return false, "", status.Errorf(codes.ResourceExhausted, "no replica of volume %s can be placed: %s. Add disks or nodes, free space, lower numberOfReplicas or loosen diskSelector in the StorageClass", name, c.Message)
+	})
+}
+
+// DeleteVolume deletes the Volume and waits until its engine, replicas and
+// their data are gone. A volume that still has snapshots is refused: they
+// live in its replicas.
+func (s *ControllerServer) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRequest) (*csipb.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	unlock, err := s.locks.lock("volume " + id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	v, err := s.getVolume(ctx, id)
+	if status.Code(err) == codes.NotFound {
+		return &csipb.DeleteVolumeResponse{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if v.DeletionTimestamp == nil {
+		if v.Spec.NodeName != "" {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is attached to node %s: it must be unpublished (its pod stopped) before it is deleted", id, v.Spec.NodeName)
+		}
+		snaps, err := s.snapshotsOf(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if len(snaps) > 0 {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %s has %d snapshot(s) (%s), which live in its replicas: delete them (their VolumeSnapshots) first", id, len(snaps), strings.Join(snaps, ", "))
+		}
+		if err := s.c.Delete(ctx, v); err != nil && !apierrors.IsNotFound(err) {
+			return nil, apiError(err)
+		}
+	}
+	err = waitFor(ctx, "volume "+id+" to be deleted", func() (bool, string, error) {
+		v, err := s.getVolume(ctx, id)
+		if status.Code(err) == codes.NotFound {
+			return true, "", nil
+		}
+		if err != nil {
+			return false, "", err
+		}
+		return false, fmt.Sprintf("it is %s", v.Status.State), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &csipb.DeleteVolumeResponse{}, nil
+}
+
+// snapshotsOf names the Snapshots of a volume.
+func (s *ControllerServer) snapshotsOf(ctx context.Context, volumeID string) ([]string, error) {
+	var l v1.SnapshotList
+	if err := s.c.List(ctx, &l, client.InNamespace(s.ns)); err != nil {
+		return nil, apiError(err)
+	}
+	var out []string
+	for _, sn := range l.Items {
+		if sn.Spec.Volume == volumeID {
+			out = append(out, sn.Name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// ValidateVolumeCapabilities confirms the capabilities Cairn supports.
+func (s *ControllerServer) ValidateVolumeCapabilities(ctx context.Context, req *csipb.ValidateVolumeCapabilitiesRequest) (*csipb.ValidateVolumeCapabilitiesResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "volume_capabilities are required")
+	}
+	if _, err := s.getVolume(ctx, req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return &csipb.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+	}
+	if _, err := parseParams(req.GetParameters()); err != nil {
+		return &csipb.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+	}
+	return &csipb.ValidateVolumeCapabilitiesResponse{Confirmed: &csipb.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext: req.GetVolumeContext(), VolumeCapabilities: req.GetVolumeCapabilities(), Parameters: req.GetParameters()}}, nil
+}
+
+// tokenPrefix marks the pagination tokens List* hand out: the name of the
+// last entry returned. Names sort stably, so an entry deleted between pages
+// does not shift the next page.
+const tokenPrefix = "after:"
+
+// page returns names[...] after token, at most max (0: all), and the next
+// token.
+func page(names []string, token string, max int32) ([]string, string, error) {
+	slices.Sort(names)
+	start := 0
+	if token != "" {
+		after, ok := strings.CutPrefix(token, tokenPrefix)
+		if !ok {
+			return nil, "", status.Errorf(codes.Aborted, "starting_token %q was not handed out by this driver: list again without it", token)
+		}
+		start, _ = slices.BinarySearch(names, after)
+		if start < len(names) && names[start] == after {
+			start++
+		}
+	}
+	if max < 0 {
+		return nil, "", status.Errorf(codes.InvalidArgument, "max_entries %d must not be negative", max)
+	}
+	names = names[start:]
+	if max == 0 || int(max) >= len(names) {
+		return names, "", nil
+	}
+	return names[:max], tokenPrefix + names[max-1], nil
+}
+
+// ListVolumes lists the driver's volumes (not those being deleted) with the
+// node each is published on and its condition.
+func (s *ControllerServer) ListVolumes(ctx context.Context, req *csipb.ListVolumesRequest) (*csipb.ListVolumesResponse, error) {
+	var l v1.VolumeList
+	if err := s.c.List(ctx, &l, client.InNamespace(s.ns)); err != nil {
+		return nil, apiError(err)
+	}
+	byName := map[string]*v1.Volume{}
+	var names []string
+	for i := range l.Items {
+		if v := &l.Items[i]; v.DeletionTimestamp == nil {
+			byName[v.Name] = v
+			names = append(names, v.Name)
+		}
+	}
+	names, next, err := page(names, req.GetStartingToken(), req.GetMaxEntries())
+	if err != nil {
+		return nil, err
+	}
+	out := &csipb.ListVolumesResponse{NextToken: next}
+	for _, n := range names {
+		v := byName[n]
+		out.Entries = append(out.Entries, &csipb.ListVolumesResponse_Entry{
+			Volume: &csipb.Volume{VolumeId: v.Name, CapacityBytes: v.Spec.Size.Value(), VolumeContext: volumeContext(v, "")},
+			Status: volumeStatus(v)})
+	}
+	return out, nil
+}
+
+// volumeStatus reports where a volume is published and whether it is
+// healthy.
+func volumeStatus(v *v1.Volume) *csipb.ListVolumesResponse_VolumeStatus {
+	st := &csipb.ListVolumesResponse_VolumeStatus{VolumeCondition: volumeCondition(v)}
+	if v.Spec.NodeName != "" {
+		st.PublishedNodeIds = []string{v.Spec.NodeName}
+	}
+	return st
+}
+
+// volumeCondition is abnormal when the volume is faulted (no usable
+// replica), degraded, or cannot place its replicas.
+func volumeCondition(v *v1.Volume) *csipb.VolumeCondition {
+	switch v.Status.Robustness {
+	case v1.VolumeRobustnessFaulted:
+		return &csipb.VolumeCondition{Abnormal: true, Message: "volume is faulted: no replica is usable; see `kubectl describe volume " + v.Name + "` (its replicas' disks and nodes), or salvage it (docs/control-plane.md)"}
+	case v1.VolumeRobustnessDegraded:
+		return &csipb.VolumeCondition{Abnormal: true, Message: "volume is degraded: fewer healthy replicas than asked for; a replacement is being built if a disk can take one"}
+	}
+	if c := meta.FindStatusCondition(v.Status.Conditions, v1.VolumeConditionScheduled); c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1.VolumeReasonReplicaSchedulingFailed {
+		return &csipb.VolumeCondition{Abnormal: true, Message: "replicas cannot all be placed: " + c.Message}
+	}
+	return &csipb.VolumeCondition{Message: fmt.Sprintf("volume is %s", orUnknown(string(v.Status.State)))}
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "being created"
+	}
+	return s
+}
+
+// ControllerGetVolume reports one volume with its condition.
+func (s *ControllerServer) ControllerGetVolume(ctx context.Context, req *csipb.ControllerGetVolumeRequest) (*csipb.ControllerGetVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	v, err := s.getVolume(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	st := volumeStatus(v)
+	return &csipb.ControllerGetVolumeResponse{
+		Volume: &csipb.Volume{VolumeId: v.Name, CapacityBytes: v.Spec.Size.Value(), VolumeContext: volumeContext(v, "")},
+		Status: &csipb.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: st.PublishedNodeIds, VolumeCondition: st.VolumeCondition}}, nil
+}
+
+// GetCapacity reports the free space of the schedulable disks a volume with
+// these parameters may use, divided by its replica count (each replica
+// takes the volume's size), and as the largest volume the size that fits
+// on as many different disks as it has replicas.
+func (s *ControllerServer) GetCapacity(ctx context.Context, req *csipb.GetCapacityRequest) (*csipb.GetCapacityResponse, error) {
+	for _, c := range req.GetVolumeCapabilities() {
+		if err := checkCapability(c); err != nil {
+			return &csipb.GetCapacityResponse{}, nil
+		}
+	}
+	params, err := parseParams(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	replicas := int(params.replicas)
+	if replicas == 0 {
+		replicas = 3
+	}
+	var nodes v1.StorageNodeList
+	if err := s.c.List(ctx, &nodes, client.InNamespace(s.ns)); err != nil {
+		return nil, apiError(err)
+	}
+	var free []int64
+	for _, n := range nodes.Items {
+		free = append(free, freeSpace(&n, params.diskSelector)...)
+	}
+	var total int64
+	for _, f := range free {
+		total += f
+	}
+	slices.Sort(free)
+	slices.Reverse(free)
+	var largest int64
+	if len(free) >= replicas {
+		largest = free[replicas-1] / blockSize * blockSize
+	}
+	return &csipb.GetCapacityResponse{AvailableCapacity: total / int64(replicas),
+		MaximumVolumeSize: wrapperspb.Int64(largest)}, nil
+}
+
+// freeSpace is the available bytes of each schedulable disk of n carrying
+// every tag in selector.
+func freeSpace(n *v1.StorageNode, selector []string) []int64 {
+	if n.Spec.AllowScheduling != nil && !*n.Spec.AllowScheduling {
+		return nil
+	}
+	tags := map[string][]string{}
+	for _, d := range n.Spec.Disks {
+		if d.AllowScheduling != nil && !*d.AllowScheduling {
+			continue
+		}
+		tags[d.Name] = d.Tags
+		if d.Tags == nil {
+			tags[d.Name] = []string{}
+		}
+	}
+	var out []int64
+	for _, d := range n.Status.Disks {
+		t, ok := tags[d.Name]
+		if len(n.Spec.Disks) > 0 && !ok {
+			continue
+		}
+		if !containsAll(t, selector) || d.Available == nil {
+			continue
+		}
+		if c := meta.FindStatusCondition(d.Conditions, "Schedulable"); c != nil && c.Status != metav1.ConditionTrue {
+			continue
+		}
+		out = append(out, d.Available.Value())
+	}
+	return out
+}
+
+func containsAll(have, want []string) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,45 @@
+package csi
+
+import (
+	"context"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// IdentityServer is the CSI Identity service.
+type IdentityServer struct {
+	csipb.UnimplementedIdentityServer
+	version    string
+	controller bool
+	probe      func(context.Context) error
+}
+
+// GetPluginInfo reports the driver's name and build version.
+func (s *IdentityServer) GetPluginInfo(context.Context, *csipb.GetPluginInfoRequest) (*csipb.GetPluginInfoResponse, error) {
+	return &csipb.GetPluginInfoResponse{Name: DriverName, VendorVersion: s.version}, nil
+}
+
+// GetPluginCapabilities: a controller service (when this process serves
+// it) and online expansion. Volumes carry no topology: an engine can run on
+// any node and reach replicas on every other.
+func (s *IdentityServer) GetPluginCapabilities(context.Context, *csipb.GetPluginCapabilitiesRequest) (*csipb.GetPluginCapabilitiesResponse, error) {
+	caps := []*csipb.PluginCapability{{Type: &csipb.PluginCapability_VolumeExpansion_{
+		VolumeExpansion: &csipb.PluginCapability_VolumeExpansion{Type: csipb.PluginCapability_VolumeExpansion_ONLINE}}}}
+	if s.controller {
+		caps = append(caps, &csipb.PluginCapability{Type: &csipb.PluginCapability_Service_{
+			Service: &csipb.PluginCapability_Service{Type: csipb.PluginCapability_Service_CONTROLLER_SERVICE}}})
+	}
+	return &csipb.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// Probe reports ready once the controller service reaches the API server
+// and the node service finds its node's instance manager running. Not
+// ready is an answer, not an error: the reason goes to the log.
+func (s *IdentityServer) Probe(ctx context.Context, _ *csipb.ProbeRequest) (*csipb.ProbeResponse, error) {
+	if err := s.probe(ctx); err != nil {
+		logFrom(ctx).Info("probe: not ready", "reason", err.Error())
+		return &csipb.ProbeResponse{Ready: wrapperspb.Bool(false)}, nil
+	}
+	return &csipb.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+}
