@@ -53,6 +53,74 @@ type EngineSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxProperties=16
 	ReplicaAddresses map[string]ReplicaAddress `json:"replicaAddresses,omitempty"`
+
+	// maintenance runs the engine without a block device (the nbd
+	// frontend's socket only, whatever frontend says), for Cairn's own work
+	// on a volume no one has attached: taking or deleting snapshots, and
+	// filling a clone. Only a maintenance engine ever copies a clone.
+	// +optional
+	Maintenance bool `json:"maintenance,omitempty"`
+
+	// cloneFrom, on a maintenance engine, asks it to fill its replicas with
+	// the view at a snapshot of another volume, read from one of that
+	// volume's replicas, and to verify the copy by checksum. The Volume
+	// reconciler sets it only until the volume's Cloned condition is True.
+	// +optional
+	CloneFrom *EngineCloneSource `json:"cloneFrom,omitempty"`
+}
+
+// EngineCloneSource is where a clone's data is read from.
+type EngineCloneSource struct {
+	// replica is the name of the source volume's Replica read from.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Replica string `json:"replica"`
+
+	// address is that replica's gRPC control address (host:port).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Address string `json:"address"`
+
+	// snapshot is the name of the source's snapshot whose view is copied.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Snapshot string `json:"snapshot"`
+}
+
+// EngineCloneStatus is the progress of an engine's clone copy.
+type EngineCloneStatus struct {
+	// address is the source replica's control address.
+	// +optional
+	Address string `json:"address,omitempty"`
+
+	// snapshot is the source snapshot copied.
+	// +optional
+	Snapshot string `json:"snapshot,omitempty"`
+
+	// state is the phase of the copy: in-progress, complete (copied and
+	// verified) or failed.
+	// +optional
+	State RebuildState `json:"state,omitempty"`
+
+	// bytesDone is how much of the source's range has been copied (then
+	// verified).
+	// +optional
+	BytesDone int64 `json:"bytesDone,omitempty"`
+
+	// bytesTotal is the size of the range copied.
+	// +optional
+	BytesTotal int64 `json:"bytesTotal,omitempty"`
+
+	// progress is bytesDone as a percentage of bytesTotal, 0 to 100.
+	// +optional
+	Progress int32 `json:"progress,omitempty"`
+
+	// error says why a failed copy failed.
+	// +optional
+	Error string `json:"error,omitempty"`
 }
 
 // ReplicaAddress is where an engine reaches one replica.
@@ -173,6 +241,11 @@ type EngineStatus struct {
 	// snapshots maps snapshot names to what the engine reports of them.
 	// +optional
 	Snapshots map[string]SnapshotInfo `json:"snapshots,omitempty"`
+
+	// clone is the progress of the copy spec.cloneFrom asked for, as the
+	// engine's status stream last reported it.
+	// +optional
+	Clone *EngineCloneStatus `json:"clone,omitempty"`
 
 	// conditions: Ready.
 	// +optional

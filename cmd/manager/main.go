@@ -24,6 +24,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
 	"github.com/cairn-io/cairn/controllers/replica"
+	"github.com/cairn-io/cairn/controllers/snapshot"
 	"github.com/cairn-io/cairn/controllers/storagenode"
 	"github.com/cairn-io/cairn/controllers/volume"
 )
@@ -133,6 +134,7 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 		"Replica":     (&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		"Engine":      (&engine.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		"Volume":      func(mgr ctrl.Manager) error { vr.Client = c; return vr.SetupWithManager(mgr) },
+		"Snapshot":    (&snapshot.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 	} {
 		if err := setup(mgr); err != nil {
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)

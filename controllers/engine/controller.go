@@ -121,8 +121,12 @@ func ProcessSpec(e *v1.Engine) *imv1.EngineSpec {
 		a := e.Spec.ReplicaAddresses[n]
 		spec.Replicas = append(spec.Replicas, &imv1.ReplicaAddress{Data: a.Data, Control: a.Control})
 	}
-	switch e.Spec.Frontend {
-	case v1.FrontendNBD:
+	switch {
+	case e.Spec.Maintenance:
+		// Cairn's own work on a volume nobody attached: the NBD socket
+		// only, no device on the node for anyone to open.
+		spec.Frontend, spec.NbdKernel = imv1.Frontend_FRONTEND_NBD, imv1.NBDKernel_NBD_KERNEL_OFF
+	case e.Spec.Frontend == v1.FrontendNBD:
 		spec.Frontend = imv1.Frontend_FRONTEND_NBD
 	default:
 		spec.Frontend = imv1.Frontend_FRONTEND_FUSE
@@ -137,7 +141,7 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.R
 	}
 	reset := func(state v1.InstanceState) {
 		st.InstanceState, st.Address, st.Endpoint, st.Size = state, "", "", nil
-		st.ReplicaModeMap, st.RebuildStatus = nil, nil
+		st.ReplicaModeMap, st.RebuildStatus, st.Clone = nil, nil, nil
 		if state != v1.InstanceStateRunning {
 			r.Engines.Stop(client.ObjectKeyFromObject(e))
 		}

@@ -23,6 +23,8 @@ const (
 	EventReplicaRemoved   = "ReplicaRemoved"
 	EventExpanded         = "Expanded"
 	EventExpandFailed     = "ExpandFailed"
+	EventCloneStarted     = "CloneStarted"
+	EventCloneFailed      = "CloneFailed"
 )
 
 // ReplicaAddress is the address an engine knows a replica by: DATA,CONTROL.
@@ -83,7 +85,31 @@ func applyWatchStatus(e *v1.Engine, vs *enginev1.VolumeStatus) {
 		st.Snapshots[s.GetName()] = info
 	}
 	st.Size = resource.NewQuantity(vs.GetSize(), resource.BinarySI)
+	st.Clone = nil
+	if c := vs.GetClone(); c != nil {
+		st.Clone = &v1.EngineCloneStatus{Address: c.GetSource(), Snapshot: c.GetSnapshot(), State: v1.RebuildState(c.GetState()),
+			BytesDone: c.GetBytesDone(), BytesTotal: c.GetBytesTotal(), Error: c.GetError()}
+		if c.GetBytesTotal() > 0 {
+			st.Clone.Progress = int32(min(100, c.GetBytesDone()*100/c.GetBytesTotal()))
+		}
+	}
 }
+
+// needsClone reports whether the engine must be asked to copy
+// spec.cloneFrom: only a maintenance engine copies (one with a device may
+// have a user, whose data a copy would overwrite), and only when it has
+// not copied that source, or its last copy of it failed.
+func needsClone(e *v1.Engine, c *enginev1.Clone) bool {
+	from := e.Spec.CloneFrom
+	if from == nil || !e.Spec.Maintenance {
+		return false
+	}
+	return c == nil || c.GetSource() != from.Address || c.GetSnapshot() != from.Snapshot || c.GetState() == string(v1.RebuildStateFailed)
+}
+
+// cloneRetryWait is how long after a failed copy it is tried again: a
+// cause that lasts (the source replica gone) must not make a busy loop.
+const cloneRetryWait = 5 * time.Second
 
 // replicaChanges is what a running engine must do to serve exactly the
 // replicas of spec.replicaAddresses: add the ones it lacks (or holds as
@@ -162,6 +188,24 @@ func (r *Reconciler) syncRunning(ctx context.Context, e *v1.Engine, c *Conn, vs 
 			continue
 		}
 		objects.Event(r.Recorder, e, false, EventReplicaRemoved, "RemoveReplica", "replica %s removed from the engine", addr)
+	}
+	if cl := vs.GetClone(); needsClone(e, cl) && cl.GetState() == string(v1.RebuildStateFailed) &&
+		time.Since(time.Unix(0, cl.GetFinishedUnixNano())) < cloneRetryWait {
+		// The error requeues the Engine with the controller's back-off.
+		errs = append(errs, fmt.Errorf("the copy from %s failed (%s); it is tried again shortly", cl.GetSource(), cl.GetError()))
+	} else if needsClone(e, cl) {
+		// A copy in progress or done from this source is never asked
+		// again; the engine would not restart it anyway.
+		from := e.Spec.CloneFrom
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		_, err := c.Client.CloneFrom(cctx, &enginev1.CloneFromRequest{Source: from.Address, Snapshot: from.Snapshot})
+		cancel()
+		if err != nil {
+			objects.Event(r.Recorder, e, true, EventCloneFailed, "Clone", "copying snapshot %s from replica %s: %s", from.Snapshot, from.Replica, grpcstatus.Convert(err).Message())
+			errs = append(errs, fmt.Errorf("clone from %s: %w", from.Address, err))
+		} else {
+			objects.Event(r.Recorder, e, false, EventCloneStarted, "Clone", "copying snapshot %s from replica %s (%s)", from.Snapshot, from.Replica, from.Address)
+		}
 	}
 	if want := e.Spec.Size.Value(); want > vs.GetSize() {
 		// Expansion can take a while on many replicas; it gets its own

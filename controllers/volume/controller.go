@@ -27,6 +27,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
+	"github.com/cairn-io/cairn/controllers/internal/volumes"
 	"github.com/cairn-io/cairn/controllers/scheduler"
 	"github.com/cairn-io/cairn/controllers/storagenode"
 )
@@ -40,8 +41,11 @@ const Finalizer = "storage.cairn.io/volume"
 // newest data. Attach waits for all of them to run.
 const AnnotationSalvage = "storage.cairn.io/salvage-replicas"
 
-// LabelVolume marks a Volume's Engine and Replicas with its name.
-const LabelVolume = "storage.cairn.io/volume"
+// LabelVolume marks a Volume's Engine, Replicas and Snapshots with its name.
+const LabelVolume = volumes.LabelVolume
+
+// IndexDataSourceVolume indexes Volumes by spec.dataSource.volume.
+const IndexDataSourceVolume = "spec.dataSource.volume"
 
 // Ready condition reasons.
 const (
@@ -77,6 +81,8 @@ const (
 	EventDetached         = "Detached"
 	EventSchedulingFailed = "SchedulingFailed"
 	EventSalvage          = "Salvage"
+	EventCloned           = "Cloned"
+	EventCloneFailed      = "CloneFailed"
 )
 
 func (r *Reconciler) clock() time.Time {
@@ -98,6 +104,7 @@ func (r *Reconciler) wait() time.Duration {
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=volumes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=engines;replicas,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=storagenodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.cairn.io,resources=snapshots,verbs=get;list;watch;create;delete
 
 // scope is what one reconcile observed of a volume.
 type scope struct {
@@ -114,10 +121,21 @@ type scope struct {
 	requeueAfter time.Duration
 	// salvageWait says why a faulted volume is not salvaged yet.
 	salvageWait string
+	// work says what Cairn's own work needs the volume's processes for
+	// ("" nothing): snapshots to take or delete, clones reading from it.
+	work string
+	// clone is this volume's copy from spec.dataSource as observed
+	// (nil without one); cloneFrom the source replica once known.
+	clone     *v1.CloneStatus
+	cloneFrom *v1.EngineCloneSource
+	// node is where the engine is to run ("" nowhere), maintenance
+	// whether without a device (runTarget).
+	node        string
+	maintenance bool
 }
 
 // EngineName is the name of a volume's Engine.
-func EngineName(v *v1.Volume) string { return v.Name + "-e" }
+func EngineName(v *v1.Volume) string { return volumes.EngineName(v) }
 
 // Reconcile runs the volume's phases and writes its status once.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -137,7 +155,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	s := &scope{v: v}
 	err := r.observe(ctx, s)
 	if err == nil {
-		for _, phase := range []func(context.Context, *scope) error{r.ensureEngine, r.ensureReplicas, r.schedule, r.attachOrDetach} {
+		err = r.observeWork(ctx, s)
+	}
+	if err == nil {
+		for _, phase := range []func(context.Context, *scope) error{r.ensureEngine, r.ensureReplicas, r.schedule, r.planClone, r.attachOrDetach, r.finishClone} {
 			if err = phase(ctx, s); err != nil {
 				break
 			}
@@ -168,6 +189,14 @@ func (r *Reconciler) recordTransitions(before, v *v1.Volume) {
 		warn := v.Status.Robustness != v1.VolumeRobustnessHealthy
 		objects.Event(r.Recorder, v, warn, "Robustness"+strings.ToUpper(string(v.Status.Robustness[:1]))+string(v.Status.Robustness[1:]), "Observe",
 			"robustness %s -> %s", before.Status.Robustness, v.Status.Robustness)
+	}
+	if c := v.Status.Clone; c != nil && (before.Status.Clone == nil || before.Status.Clone.State != c.State || (c.State == v1.CloneStateFailed && before.Status.Clone.Message != c.Message)) {
+		switch c.State {
+		case v1.CloneStateCompleted:
+			objects.Event(r.Recorder, v, false, EventCloned, "Clone", "%s", c.Message)
+		case v1.CloneStateFailed:
+			objects.Event(r.Recorder, v, true, EventCloneFailed, "Clone", "%s", c.Message)
+		}
 	}
 	bc := meta.FindStatusCondition(before.Status.Conditions, v1.VolumeConditionScheduled)
 	nc := meta.FindStatusCondition(v.Status.Conditions, v1.VolumeConditionScheduled)
@@ -330,13 +359,18 @@ func Disks(sns []v1.StorageNode) []scheduler.Disk {
 	return out
 }
 
-// attachOrDetach moves processes toward spec.nodeName: to attach, the
-// replicas start, then the engine starts on the node with their
-// addresses; to detach, the engine stops, then the replicas.
+// attachOrDetach moves processes toward the target runTarget picks:
+// spec.nodeName, or for Cairn's own work on a volume no user has (or may
+// have yet: a clone being copied) a maintenance engine without a device.
+// To attach, the replicas start, then the engine starts on the node with
+// their addresses; to detach, the engine stops, then the replicas. An
+// engine on another node, or of the other kind (maintenance or a user's),
+// is stopped first and started again as wanted.
 func (r *Reconciler) attachOrDetach(ctx context.Context, s *scope) error {
-	node := s.v.Spec.NodeName
+	s.target()
+	node, maint := s.node, s.maintenance
 	e := s.engine
-	if node == "" || (e.Spec.NodeName != "" && e.Spec.NodeName != node) {
+	if node == "" || (e.Spec.NodeName != "" && (e.Spec.NodeName != node || e.Spec.Maintenance != maint)) {
 		// Detach (or move: stop where it runs first).
 		if err := r.setEngine(ctx, e, func(e *v1.Engine) { e.Spec.DesiredState = v1.DesiredInstanceStateStopped }); err != nil {
 			return err
@@ -390,9 +424,12 @@ func (r *Reconciler) attachOrDetach(ctx context.Context, s *scope) error {
 	if waiting > 0 || len(addrs) == 0 {
 		return nil // every scheduled replica runs first; their status changes bring us back
 	}
+	// The kind of engine and what it copies go in the same patch as the
+	// start: a user's engine is never started with a clone source.
 	return r.setEngine(ctx, e, func(e *v1.Engine) {
 		e.Spec.NodeName, e.Spec.DesiredState, e.Spec.ReplicaAddresses = node, v1.DesiredInstanceStateRunning, addrs
 		e.Spec.Size, e.Spec.Frontend = s.v.Spec.Size, s.v.Spec.Frontend
+		e.Spec.Maintenance, e.Spec.CloneFrom = maint, s.wantCloneFrom()
 	})
 }
 
@@ -403,10 +440,11 @@ func (r *Reconciler) attachOrDetach(ctx context.Context, s *scope) error {
 // Replacements are created by ensureReplicas and placed by schedule.
 func (r *Reconciler) repair(ctx context.Context, s *scope) error {
 	e := s.engine
-	if e.Status.InstanceState != v1.InstanceStateRunning || e.Spec.NodeName != s.v.Spec.NodeName || len(e.Status.ReplicaModeMap) == 0 {
+	if e.Status.InstanceState != v1.InstanceStateRunning || e.Spec.NodeName != s.node || len(e.Status.ReplicaModeMap) == 0 {
 		// Not running, or its status stream has not reported yet: nothing
-		// observed to act on but the size it is to serve.
-		return r.setEngine(ctx, e, func(e *v1.Engine) { e.Spec.Size = s.v.Spec.Size })
+		// observed to act on but the size it is to serve and the source
+		// it is to copy.
+		return r.setEngine(ctx, e, func(e *v1.Engine) { e.Spec.Size, e.Spec.CloneFrom = s.v.Spec.Size, s.wantCloneFrom() })
 	}
 	now := r.clock()
 	limit := r.ConcurrentRebuildLimit
@@ -459,7 +497,9 @@ func (r *Reconciler) repair(ctx context.Context, s *scope) error {
 			}
 		}
 	}
-	if err := r.setEngine(ctx, e, func(e *v1.Engine) { e.Spec.Size, e.Spec.ReplicaAddresses = s.v.Spec.Size, plan.addresses }); err != nil {
+	if err := r.setEngine(ctx, e, func(e *v1.Engine) {
+		e.Spec.Size, e.Spec.ReplicaAddresses, e.Spec.CloneFrom = s.v.Spec.Size, plan.addresses, s.wantCloneFrom()
+	}); err != nil {
 		return err
 	}
 	for _, n := range plan.remove {
@@ -585,6 +625,25 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, v *v1.Volume) (ctrl.Re
 	if err := r.observe(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
+	// Its Snapshots go with it: their data is on the replicas deleted
+	// below, so their finalizers just go (the Snapshot reconciler sees
+	// the volume deleting). The snapshot a whole-volume clone took of its
+	// source is the source's and is deleted from the source's replicas.
+	// Deleting them is not waited for.
+	var snaps v1.SnapshotList
+	if err := r.List(ctx, &snaps, client.InNamespace(v.Namespace), client.MatchingLabels{LabelVolume: v.Name}); err != nil {
+		return ctrl.Result{}, err
+	}
+	for i := range snaps.Items {
+		if snaps.Items[i].DeletionTimestamp.IsZero() {
+			if err := r.Delete(ctx, &snaps.Items[i]); client.IgnoreNotFound(err) != nil {
+				return ctrl.Result{}, err
+			}
+		}
+	}
+	if err := r.deleteCloneSnapshots(ctx, v); err != nil {
+		return ctrl.Result{}, err
+	}
 	// The engine first: it must not run on replicas being deleted.
 	if s.engine != nil {
 		if s.engine.DeletionTimestamp.IsZero() {
@@ -615,10 +674,60 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder("cairn-volume")
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1.Volume{}, IndexDataSourceVolume, func(o client.Object) []string {
+		if ds := o.(*v1.Volume).Spec.DataSource; ds != nil {
+			return []string{ds.Volume}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	c := mgr.GetClient()
+	// clonesOf are the Volumes copying from volume name.
+	clonesOf := func(ctx context.Context, ns, name string) []reconcile.Request {
+		var vs v1.VolumeList
+		if err := c.List(ctx, &vs, client.InNamespace(ns), client.MatchingFields{IndexDataSourceVolume: name}); err != nil {
+			return nil
+		}
+		var out []reconcile.Request
+		for i := range vs.Items {
+			if !Cloned(&vs.Items[i]) {
+				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&vs.Items[i])})
+			}
+		}
+		return out
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1.Volume{}).
 		Owns(&v1.Engine{}).
 		Owns(&v1.Replica{}).
+		// A Snapshot to take or delete runs its volume's processes; one
+		// taken lets the clones copying it go on.
+		Watches(&v1.Snapshot{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			sn := o.(*v1.Snapshot)
+			out := append([]reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: sn.Namespace, Name: sn.Spec.Volume}}},
+				clonesOf(ctx, sn.Namespace, sn.Spec.Volume)...)
+			if n := sn.Labels[LabelCloneFor]; n != "" {
+				out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: sn.Namespace, Name: n}})
+			}
+			return out
+		})).
+		// A clone's source learns it is read from, and that it is no more.
+		Watches(&v1.Volume{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			v := o.(*v1.Volume)
+			out := clonesOf(ctx, v.Namespace, v.Name)
+			if v.Spec.DataSource != nil {
+				out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: v.Namespace, Name: v.Spec.DataSource.Volume}})
+			}
+			return out
+		})).
+		// A source's replicas and engine say which replica a clone reads.
+		Watches(&v1.Engine{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return clonesOf(ctx, o.GetNamespace(), o.(*v1.Engine).Spec.VolumeName)
+		})).
+		Watches(&v1.Replica{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return clonesOf(ctx, o.GetNamespace(), o.(*v1.Replica).Spec.VolumeName)
+		})).
 		// Disks appearing or changing may let unplaced replicas be placed.
 		Watches(&v1.StorageNode{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			var vs v1.VolumeList

@@ -37,7 +37,10 @@ func computeStatus(s *scope) {
 	}
 
 	e := s.engine
-	engineRunning := e != nil && e.Status.InstanceState == v1.InstanceStateRunning && e.Spec.NodeName == v.Spec.NodeName && e.Status.Endpoint != ""
+	// Only a user's engine attaches the volume: a maintenance engine has
+	// no device, and one runs on the user's node while a clone is copied.
+	engineRunning := e != nil && e.Status.InstanceState == v1.InstanceStateRunning && e.Spec.NodeName == v.Spec.NodeName && e.Status.Endpoint != "" && !e.Spec.Maintenance
+	userEngineAlive := e != nil && !e.Spec.Maintenance && e.Status.InstanceState != "" && e.Status.InstanceState != v1.InstanceStateStopped
 	anyProcess := e != nil && e.Status.InstanceState != "" && e.Status.InstanceState != v1.InstanceStateStopped
 	for _, r := range s.replicas {
 		if r.Status.InstanceState != "" && r.Status.InstanceState != v1.InstanceStateStopped {
@@ -53,9 +56,24 @@ func computeStatus(s *scope) {
 		st.State = v1.VolumeStateAttached
 		st.Endpoint, st.CurrentNodeName, st.Size = e.Status.Endpoint, e.Spec.NodeName, e.Status.Size
 		cond(v1.ConditionReady, true, v1.ReasonAsExpected, "attached to "+e.Spec.NodeName+" at "+e.Status.Endpoint)
+	case v.Spec.NodeName != "" && !Cloned(v) && (s.clone == nil || s.clone.State != v1.CloneStateCompleted):
+		st.State = v1.VolumeStateAttaching
+		msg := "the copy from the data source has not started"
+		if s.clone != nil {
+			msg = s.clone.Message
+		}
+		cond(v1.ConditionReady, false, ReasonAttaching, fmt.Sprintf("attaching to %s waits for the copy from the data source to complete: %s", v.Spec.NodeName, msg))
 	case v.Spec.NodeName != "":
 		st.State = v1.VolumeStateAttaching
 		cond(v1.ConditionReady, false, ReasonAttaching, fmt.Sprintf("attaching to %s: %d of %d scheduled replicas running, engine %s", v.Spec.NodeName, running, scheduled, engineState(e)))
+	case s.node != "" && s.maintenance && !userEngineAlive:
+		// No user has the volume; Cairn's own work runs its processes.
+		st.State = v1.VolumeStateDetached
+		why := s.work
+		if !Cloned(v) {
+			why = strings.Join(slices.DeleteFunc([]string{"copying from the data source", s.work}, func(x string) bool { return x == "" }), "; ")
+		}
+		cond(v1.ConditionReady, false, v1.VolumeReasonDetached, fmt.Sprintf("not attached to any node; its replicas and an engine without a device run on %s for %s, and stop when that is done", s.node, why))
 	case anyProcess:
 		st.State = v1.VolumeStateDetaching
 		cond(v1.ConditionReady, false, ReasonDetaching, "stopping the engine, then the replicas")
@@ -75,6 +93,25 @@ func computeStatus(s *scope) {
 		}
 	}
 	setRebuilding(s, cond)
+	setCloned(s, cond)
+}
+
+// setCloned reports the copy from spec.dataSource in status.clone and the
+// Cloned condition.
+func setCloned(s *scope, cond func(typ string, ok bool, reason, msg string)) {
+	if s.v.Spec.DataSource == nil || s.clone == nil {
+		return
+	}
+	s.v.Status.Clone = s.clone
+	c := s.clone
+	switch c.State {
+	case v1.CloneStateCompleted:
+		cond(v1.VolumeConditionCloned, true, v1.VolumeReasonCloneCompleted, c.Message)
+	case v1.CloneStateFailed:
+		cond(v1.VolumeConditionCloned, false, v1.VolumeReasonCloneFailed, c.Message)
+	default:
+		cond(v1.VolumeConditionCloned, false, v1.VolumeReasonCloneInProgress, c.Message)
+	}
 }
 
 // robustnessFromModes: healthy with numberOfReplicas RW replicas,

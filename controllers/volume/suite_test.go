@@ -14,6 +14,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/instancemanager"
 	"github.com/cairn-io/cairn/controllers/internal/suite"
 	"github.com/cairn-io/cairn/controllers/replica"
+	"github.com/cairn-io/cairn/controllers/snapshot"
 	"github.com/cairn-io/cairn/controllers/storagenode"
 )
 
@@ -41,6 +42,7 @@ func TestMain(m *testing.M) {
 			(&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 			(&engine.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 			(&Reconciler{Client: c, ReplenishmentWait: replenishmentWait}).SetupWithManager,
+			(&snapshot.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		} {
 			if err := setup(mgr); err != nil {
 				return err

@@ -1,0 +1,57 @@
+// Package volumes holds what the Volume and Snapshot reconcilers both
+// know of a Volume: the names and labels of its objects, and whether its
+// copy from a data source is done. It imports no reconciler, so both can
+// use it (and the Volume package's tests can run the Snapshot reconciler).
+package volumes
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+)
+
+// LabelVolume marks a Volume's Engine, Replicas and Snapshots with its name.
+const LabelVolume = "storage.cairn.io/volume"
+
+// LabelCloneFor marks the Snapshot a whole-volume clone takes of its
+// source with the name of the clone; it is deleted once the copy is done.
+const LabelCloneFor = "storage.cairn.io/clone-for"
+
+// EngineName is the name of a volume's Engine.
+func EngineName(v *v1.Volume) string { return v.Name + "-e" }
+
+// Cloned reports whether v's copy from its data source is complete and
+// verified, as recorded in its status (the fact that ends copying for
+// good), or v has no data source.
+func Cloned(v *v1.Volume) bool {
+	return v.Spec.DataSource == nil || (v.Status.Clone != nil && v.Status.Clone.State == v1.CloneStateCompleted)
+}
+
+// CloneSnapshotName is the snapshot of the source a clone of v copies:
+// spec.dataSource.snapshot, or for a whole-volume clone the Snapshot it
+// takes of the source, "clone-<v>" (cut and hashed to stay a valid
+// 63-character name).
+func CloneSnapshotName(v *v1.Volume) string {
+	if v.Spec.DataSource == nil {
+		return ""
+	}
+	if v.Spec.DataSource.Snapshot != "" {
+		return v.Spec.DataSource.Snapshot
+	}
+	name := "clone-" + v.Name
+	if len(name) > 63 {
+		sum := sha256.Sum256([]byte(v.Name))
+		name = strings.TrimRight(name[:50], "-.") + "-" + hex.EncodeToString(sum[:])[:12]
+	}
+	return name
+}
+
+// ClonesFrom reports whether v still copies (or is to copy) snapshot of
+// volume source; snapshot "" matches any of its snapshots.
+func ClonesFrom(v *v1.Volume, source, snapshot string) bool {
+	ds := v.Spec.DataSource
+	return ds != nil && ds.Volume == source && !Cloned(v) && v.DeletionTimestamp.IsZero() &&
+		(snapshot == "" || CloneSnapshotName(v) == snapshot)
+}
