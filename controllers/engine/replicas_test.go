@@ -62,3 +62,31 @@ func TestApplyWatchStatus(t *testing.T) {
 		t.Fatalf("size %v snapshots %v", st.Size, st.Snapshots)
 	}
 }
+
+func TestNeedsClone(t *testing.T) {
+	from := &v1.EngineCloneSource{Replica: "src-r-1", Address: "h:1", Snapshot: "s1"}
+	clone := func(addr, snap, state string) *enginev1.Clone {
+		return &enginev1.Clone{Source: addr, Snapshot: snap, State: state}
+	}
+	for _, tc := range []struct {
+		name  string
+		maint bool
+		from  *v1.EngineCloneSource
+		st    *enginev1.Clone
+		want  bool
+	}{
+		{"nothing asked", true, nil, nil, false},
+		{"a user's engine never copies", false, from, nil, false},
+		{"not started", true, from, nil, true},
+		{"in progress", true, from, clone("h:1", "s1", "in-progress"), false},
+		{"complete", true, from, clone("h:1", "s1", "complete"), false},
+		{"failed: again", true, from, clone("h:1", "s1", "failed"), true},
+		{"another source replica", true, from, clone("h:9", "s1", "complete"), true},
+		{"another snapshot", true, from, clone("h:1", "s0", "complete"), true},
+	} {
+		e := &v1.Engine{Spec: v1.EngineSpec{Maintenance: tc.maint, CloneFrom: tc.from}}
+		if got := needsClone(e, tc.st); got != tc.want {
+			t.Errorf("%s: needsClone = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

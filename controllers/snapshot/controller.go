@@ -291,6 +291,11 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *v1.Snapshot) (ctrl.
 	if !vol.DeletionTimestamp.IsZero() {
 		return release()
 	}
+	if !volumes.Cloned(vol) {
+		// A volume still being filled from its data source has taken no
+		// snapshot: take waits for the copy.
+		return release()
+	}
 	status := func(reason, msg string) (ctrl.Result, error) {
 		before := s.DeepCopy()
 		setReady(s, s.Status.ReadyToUse, reason, msg)

@@ -223,13 +223,14 @@ func TestClones(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	startNodes(t, g, "cl-a", "cl-b", "cl-c")
-	mk := func(name string, ds *v1.VolumeDataSource, node string) *v1.Volume {
+	mkSized := func(name, size string, ds *v1.VolumeDataSource, node string) *v1.Volume {
 		v := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Spec: v1.VolumeSpec{
-			Size: resource.MustParse("16Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, DataSource: ds, NodeName: node}}
+			Size: resource.MustParse(size), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, DataSource: ds, NodeName: node}}
 		g.Expect(k8sClient.Create(ctx, v)).To(Succeed())
 		t.Cleanup(func() { k8sClient.Delete(ctx, v) })
 		return v
 	}
+	mk := func(name string, ds *v1.VolumeDataSource, node string) *v1.Volume { return mkSized(name, "16Mi", ds, node) }
 	src := mk("origin", nil, "cl-a")
 	skey := client.ObjectKeyFromObject(src)
 	sock := waitAttached(t, g, skey).Status.Endpoint
@@ -248,6 +249,11 @@ func TestClones(t *testing.T) {
 	g.Expect(v.Status.Clone.SourceVolume).To(Equal(src.Name))
 	reason, _ := clonedCondition(g, c1key)
 	g.Expect(reason).To(Equal(v1.VolumeReasonCloneCompleted))
+	g.Expect(v.Annotations).To(HaveKeyWithValue("storage.cairn.io/cloned", "origin/origin-s1"))
+	ce := &v1.Engine{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(c1)}, ce)).To(Succeed())
+	g.Expect(ce.Spec.Maintenance).To(BeFalse(), "the user's engine has a device")
+	g.Expect(ce.Spec.CloneFrom).To(BeNil(), "the user's engine never copies")
 	qemuIO(t, c1.Name, v.Status.Endpoint, "read -P 0x11 0 2M", "read -P 0x33 12M 64k", "read -P 0 2M 10M")
 	// Written by its user, detached and attached again: never copied
 	// again over the user's data.
@@ -279,14 +285,15 @@ func TestClones(t *testing.T) {
 
 	// Missing sources fail with the cause, and never attach.
 	for _, tc := range []struct {
-		name string
-		ds   v1.VolumeDataSource
-		msg  string
+		name, size string
+		ds         v1.VolumeDataSource
+		msg        string
 	}{
-		{"no-source", v1.VolumeDataSource{Volume: "does-not-exist"}, "source volume does-not-exist does not exist"},
-		{"no-snapshot", v1.VolumeDataSource{Volume: src.Name, Snapshot: "nope"}, "snapshot nope does not exist"},
+		{"no-source", "16Mi", v1.VolumeDataSource{Volume: "does-not-exist"}, "source volume does-not-exist does not exist"},
+		{"no-snapshot", "16Mi", v1.VolumeDataSource{Volume: src.Name, Snapshot: "nope"}, "snapshot nope does not exist"},
+		{"too-small", "8Mi", v1.VolumeDataSource{Volume: src.Name, Snapshot: "origin-s1"}, "with a size of at least 16Mi"},
 	} {
-		c := mk(tc.name, &tc.ds, "cl-a")
+		c := mkSized(tc.name, tc.size, &tc.ds, "cl-a")
 		ckey := client.ObjectKeyFromObject(c)
 		g.Eventually(func() string { r, _ := clonedCondition(g, ckey); return r }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeReasonCloneFailed))
 		_, msg := clonedCondition(g, ckey)
@@ -295,4 +302,10 @@ func TestClones(t *testing.T) {
 		g.Expect(vv.Status.State).NotTo(Equal(v1.VolumeStateAttached))
 		g.Expect(vv.Status.Clone.State).To(Equal(v1.CloneStateFailed))
 	}
+	// A clone that cannot copy does not keep its source running.
+	g.Consistently(func() v1.DesiredInstanceState {
+		e := &v1.Engine{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(src)}, e)).To(Succeed())
+		return e.Spec.DesiredState
+	}, 2*time.Second, 100*time.Millisecond).Should(Equal(v1.DesiredInstanceStateStopped))
 }

@@ -92,13 +92,20 @@ func (r *Reconciler) observeWork(ctx context.Context, s *scope) error {
 	if err := r.List(ctx, &snaps, client.InNamespace(s.v.Namespace), client.MatchingLabels{LabelVolume: s.v.Name}); err != nil {
 		return err
 	}
+	// A volume not yet filled from its data source has taken no
+	// snapshot (the Snapshot reconciler waits for the copy): nothing to
+	// take or delete until then.
 	var take, del []string
+	ready := map[string]*v1.Snapshot{}
 	for _, sn := range snaps.Items {
 		switch {
+		case !Cloned(s.v):
 		case !sn.DeletionTimestamp.IsZero() && len(sn.Finalizers) > 0:
 			del = append(del, sn.Name)
-		case sn.DeletionTimestamp.IsZero() && !sn.Status.ReadyToUse && Cloned(s.v):
+		case sn.DeletionTimestamp.IsZero() && !sn.Status.ReadyToUse:
 			take = append(take, sn.Name)
+		case sn.DeletionTimestamp.IsZero():
+			ready[sn.Name] = &sn
 		}
 	}
 	var vols v1.VolumeList
@@ -107,8 +114,13 @@ func (r *Reconciler) observeWork(ctx context.Context, s *scope) error {
 	}
 	var clones []string
 	for i := range vols.Items {
-		if ClonesFrom(&vols.Items[i], s.v.Name, "") {
-			clones = append(clones, vols.Items[i].Name)
+		// A clone needs a replica of this volume only once the snapshot it
+		// copies is taken (until then the snapshot is the work); one whose
+		// snapshot does not exist, or is too big for it, fails without it.
+		c := &vols.Items[i]
+		sn := ready[CloneSnapshotName(c)]
+		if ClonesFrom(c, s.v.Name, "") && sn != nil && (sn.Status.Size == nil || sn.Status.Size.Cmp(c.Spec.Size) <= 0) {
+			clones = append(clones, c.Name)
 		}
 	}
 	var parts []string
@@ -159,6 +171,13 @@ func (r *Reconciler) planClone(ctx context.Context, s *scope) error {
 	}
 	if Cloned(v) {
 		s.clone = v.Status.Clone.DeepCopy()
+		if s.clone == nil || s.clone.State != v1.CloneStateCompleted {
+			// The annotation was written and the status lost (a crash in
+			// between, a restore): the annotation is the fact.
+			src, snap, _ := strings.Cut(v.Annotations[volumes.AnnotationCloned], "/")
+			s.clone = &v1.CloneStatus{State: v1.CloneStateCompleted, SourceVolume: src, Snapshot: snap, Progress: 100,
+				Message: fmt.Sprintf("copied snapshot %s of volume %s and verified it", snap, src)}
+		}
 		return nil
 	}
 	snapName := CloneSnapshotName(v)
@@ -224,7 +243,21 @@ func (r *Reconciler) planClone(ctx context.Context, s *scope) error {
 	if err := r.Get(ctx, client.ObjectKey{Namespace: v.Namespace, Name: EngineName(src)}, se); client.IgnoreNotFound(err) != nil {
 		return err
 	}
-	slices.SortFunc(reps.Items, func(a, b v1.Replica) int { return strings.Compare(a.Name, b.Name) })
+	// The replica the engine already reads from first, then by name: a
+	// change of source restarts the copy.
+	keep := ""
+	if s.engine != nil && s.engine.Spec.CloneFrom != nil {
+		keep = s.engine.Spec.CloneFrom.Replica
+	}
+	slices.SortFunc(reps.Items, func(a, b v1.Replica) int {
+		if (a.Name == keep) != (b.Name == keep) {
+			if a.Name == keep {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
 	for i := range reps.Items {
 		rep := &reps.Items[i]
 		a, ok := runningAddress(rep)
@@ -251,9 +284,21 @@ func (r *Reconciler) planClone(ctx context.Context, s *scope) error {
 	st.Progress = c.Progress
 	switch c.State {
 	case v1.RebuildStateComplete:
-		// Copied and verified by the engine now running: recorded in the
-		// status at the end of this reconcile, after which no engine of
-		// this volume copies again.
+		// Copied and verified by the engine now running. Recorded first
+		// in the annotation, then in the status at the end of this
+		// reconcile; from then on no engine of this volume copies again,
+		// and only then may a user's engine start. A crash before the
+		// annotation: the next reconcile finds the copy complete again
+		// (or, the engine restarted, copies again: no user has written
+		// the volume, so that overwrites nothing but the same data).
+		before := v.DeepCopy()
+		if v.Annotations == nil {
+			v.Annotations = map[string]string{}
+		}
+		v.Annotations[volumes.AnnotationCloned] = ds.Volume + "/" + snapName
+		if err := r.Patch(ctx, v, client.MergeFrom(before)); err != nil {
+			return err
+		}
 		st.State, st.Progress, st.Message = v1.CloneStateCompleted, 100, fmt.Sprintf("copied snapshot %s of volume %s from replica %s and verified every replica by checksum", snapName, ds.Volume, s.cloneFrom.Replica)
 	case v1.RebuildStateFailed:
 		st.State, st.Message = v1.CloneStateFailed, fmt.Sprintf("copying snapshot %s of volume %s from replica %s failed (it is retried): %s", snapName, ds.Volume, s.cloneFrom.Replica, c.Error)

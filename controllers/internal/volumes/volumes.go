@@ -22,11 +22,19 @@ const LabelCloneFor = "storage.cairn.io/clone-for"
 // EngineName is the name of a volume's Engine.
 func EngineName(v *v1.Volume) string { return v.Name + "-e" }
 
+// AnnotationCloned records, on a Volume whose copy from its data source
+// is complete and verified, the source snapshot copied
+// ("<volume>/<snapshot>"). It is written before the status says so and
+// never removed: it is the fact that ends copying into the volume for
+// good, and it survives a restore that drops status.
+const AnnotationCloned = "storage.cairn.io/cloned"
+
 // Cloned reports whether v's copy from its data source is complete and
-// verified, as recorded in its status (the fact that ends copying for
-// good), or v has no data source.
+// verified (AnnotationCloned, or status.clone completed), or v has no data
+// source. Once true, it stays true: nothing is ever copied into v again.
 func Cloned(v *v1.Volume) bool {
-	return v.Spec.DataSource == nil || (v.Status.Clone != nil && v.Status.Clone.State == v1.CloneStateCompleted)
+	return v.Spec.DataSource == nil || v.Annotations[AnnotationCloned] != "" ||
+		(v.Status.Clone != nil && v.Status.Clone.State == v1.CloneStateCompleted)
 }
 
 // CloneSnapshotName is the snapshot of the source a clone of v copies:
