@@ -230,7 +230,9 @@ func TestClones(t *testing.T) {
 		t.Cleanup(func() { k8sClient.Delete(ctx, v) })
 		return v
 	}
-	mk := func(name string, ds *v1.VolumeDataSource, node string) *v1.Volume { return mkSized(name, "16Mi", ds, node) }
+	mk := func(name string, ds *v1.VolumeDataSource, node string) *v1.Volume {
+		return mkSized(name, "16Mi", ds, node)
+	}
 	src := mk("origin", nil, "cl-a")
 	skey := client.ObjectKeyFromObject(src)
 	sock := waitAttached(t, g, skey).Status.Endpoint
