@@ -101,6 +101,21 @@ func describeKey(key client.ObjectKey) string {
 	return describe(context.Background(), v)
 }
 
+// cleanupVolume deletes v when the test ends and waits until it is gone
+// (its processes and data with it), so a test run again (-count) can
+// use its names.
+func cleanupVolume(t *testing.T, v *v1.Volume) {
+	t.Cleanup(func() {
+		ctx := context.Background()
+		k8sClient.Delete(ctx, v)
+		if !poll(timeout, func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(v), &v1.Volume{}))
+		}) {
+			t.Errorf("volume %s not deleted: %s", v.Name, describeKey(client.ObjectKeyFromObject(v)))
+		}
+	})
+}
+
 func waitState(t *testing.T, g *WithT, key client.ObjectKey, want v1.VolumeState) {
 	t.Helper()
 	if !poll(timeout, func() bool { return getVolume(g, key).Status.State == want }) {
@@ -124,7 +139,7 @@ func TestSnapshots(t *testing.T) {
 		Size: resource.MustParse("16Mi"), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
 	key := client.ObjectKeyFromObject(vol)
-	t.Cleanup(func() { k8sClient.Delete(ctx, vol) })
+	cleanupVolume(t, vol)
 	waitState(t, g, key, v1.VolumeStateDetached)
 
 	// Attached.
@@ -227,7 +242,7 @@ func TestClones(t *testing.T) {
 		v := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Spec: v1.VolumeSpec{
 			Size: resource.MustParse(size), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, DataSource: ds, NodeName: node}}
 		g.Expect(k8sClient.Create(ctx, v)).To(Succeed())
-		t.Cleanup(func() { k8sClient.Delete(ctx, v) })
+		cleanupVolume(t, v)
 		return v
 	}
 	mk := func(name string, ds *v1.VolumeDataSource, node string) *v1.Volume {
@@ -310,4 +325,63 @@ func TestClones(t *testing.T) {
 		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(src)}, e)).To(Succeed())
 		return e.Spec.DesiredState
 	}, 2*time.Second, 100*time.Millisecond).Should(Equal(v1.DesiredInstanceStateStopped))
+}
+
+// TestSnapshotAndCloneAcrossManagerRestart stops the manager inside a
+// snapshot of a detached volume (as soon as its reconciler has seen it)
+// and inside a clone's copy (as soon as the clone reports a state), and
+// starts a new one: the snapshot is taken once and is on every replica,
+// the clone completes, attaches and reads the snapshot's data.
+func TestSnapshotAndCloneAcrossManagerRestart(t *testing.T) {
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make test-tools installs it)")
+	}
+	g := NewWithT(t)
+	ctx := context.Background()
+	startNodes(t, g, "rs-a", "rs-b")
+	mk := func(name string, ds *v1.VolumeDataSource, node string) *v1.Volume {
+		v := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Spec: v1.VolumeSpec{
+			Size: resource.MustParse("128Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, DataSource: ds, NodeName: node}}
+		g.Expect(k8sClient.Create(ctx, v)).To(Succeed())
+		cleanupVolume(t, v)
+		return v
+	}
+	restartWhen := func(what string, cond func() bool) {
+		t.Helper()
+		if !poll(timeout, cond) {
+			t.Fatalf("never saw %s", what)
+		}
+		testEnv.StopManager()
+		g.Expect(testEnv.StartManager()).To(Succeed())
+	}
+	src := mk("rs-origin", nil, "rs-a")
+	skey := client.ObjectKeyFromObject(src)
+	sock := waitAttached(t, g, skey).Status.Endpoint
+	qemuIO(t, src.Name, sock, "write -P 0x5a 0 64M", "flush")
+	setNode(g, skey, "")
+	waitState(t, g, skey, v1.VolumeStateDetached)
+
+	createSnapshot(g, "rs-snap", src.Name)
+	restartWhen("the snapshot labelled", func() bool { return getSnapshot(g, "rs-snap").Labels[LabelVolume] != "" })
+	g.Eventually(func() bool { return getSnapshot(g, "rs-snap").Status.ReadyToUse }, timeout, 100*time.Millisecond).Should(BeTrue(),
+		func() string { return describeKey(skey) })
+
+	c := mk("rs-clone", &v1.VolumeDataSource{Volume: src.Name, Snapshot: "rs-snap"}, "rs-b")
+	ckey := client.ObjectKeyFromObject(c)
+	restartWhen("the clone's state", func() bool { return getVolume(g, ckey).Status.Clone != nil })
+	v := waitAttached(t, g, ckey)
+	qemuIO(t, c.Name, v.Status.Endpoint, "read -P 0x5a 0 64M", "read -P 0 64M 64M")
+
+	// The source is attached again: the snapshot is on both replicas once.
+	setNode(g, skey, "rs-a")
+	waitAttached(t, g, skey)
+	for name, snaps := range replicaSnapshots(t, g, src) {
+		n := 0
+		for _, s := range snaps {
+			if s == "rs-snap" {
+				n++
+			}
+		}
+		g.Expect(n).To(Equal(1), "replica %s: %v", name, snaps)
+	}
 }
