@@ -49,6 +49,9 @@ const (
 	EventDeleteFailed = "SnapshotDeleteFailed"
 )
 
+// IndexVolume indexes Snapshots by spec.volume.
+const IndexVolume = "spec.volume"
+
 // callTimeout bounds a snapshot call to the engine: it flushes every
 // replica with I/O paused, and a deletion merges the snapshot's data.
 const callTimeout = 60 * time.Second
@@ -357,7 +360,14 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder("cairn-snapshot")
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1.Snapshot{}, IndexVolume, func(o client.Object) []string {
+		return []string{o.(*v1.Snapshot).Spec.Volume}
+	}); err != nil {
+		return err
+	}
 	c := mgr.GetClient()
+	// byVolume are the Snapshots of the volumes named (by spec.volume, so
+	// also those not labelled yet).
 	byVolume := func(ctx context.Context, ns string, vols ...string) []reconcile.Request {
 		var out []reconcile.Request
 		for _, v := range vols {
@@ -365,7 +375,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 				continue
 			}
 			var ss v1.SnapshotList
-			if err := c.List(ctx, &ss, client.InNamespace(ns), client.MatchingLabels{volumes.LabelVolume: v}); err != nil {
+			if err := c.List(ctx, &ss, client.InNamespace(ns), client.MatchingFields{IndexVolume: v}); err != nil {
 				continue
 			}
 			for _, s := range ss.Items {
@@ -385,17 +395,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			if v.Spec.DataSource != nil {
 				vols = append(vols, v.Spec.DataSource.Volume) // a clone done releases its snapshot
 			}
-			out := byVolume(ctx, v.Namespace, vols...)
-			// Snapshots of a volume that did not exist have no owner yet.
-			var ss v1.SnapshotList
-			if err := c.List(ctx, &ss, client.InNamespace(v.Namespace)); err == nil {
-				for _, s := range ss.Items {
-					if s.Spec.Volume == v.Name && s.Labels[volumes.LabelVolume] == "" {
-						out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&s)})
-					}
-				}
-			}
-			return out
+			return byVolume(ctx, v.Namespace, vols...)
 		})).
 		Named("snapshot").
 		WithOptions(controller.Options{MaxConcurrentReconciles: objects.Workers}).

@@ -200,21 +200,23 @@ func (r *Reconciler) planClone(ctx context.Context, s *scope) error {
 	if !src.DeletionTimestamp.IsZero() {
 		return fail("source volume %s is being deleted: the copy cannot be made; delete this volume", ds.Volume)
 	}
-	if ds.Snapshot == "" {
+	sn := &v1.Snapshot{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: v.Namespace, Name: snapName}, sn)
+	switch {
+	case apierrors.IsNotFound(err) && ds.Snapshot == "":
 		// A whole-volume clone copies a snapshot it takes of the source
 		// first. If we crash after the create, the next reconcile finds it
 		// by name; it is deleted once the copy is done or this volume is.
-		sn := &v1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: snapName, Namespace: v.Namespace, Labels: map[string]string{LabelCloneFor: v.Name}},
+		sn = &v1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: snapName, Namespace: v.Namespace, Labels: map[string]string{LabelCloneFor: v.Name}},
 			Spec: v1.SnapshotSpec{Volume: ds.Volume}}
 		if err := r.Create(ctx, sn); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}
-	}
-	sn := &v1.Snapshot{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: v.Namespace, Name: snapName}, sn); err != nil {
-		if apierrors.IsNotFound(err) {
-			return fail("snapshot %s does not exist in namespace %s: create the volume from an existing Snapshot of volume %s, or delete this volume", snapName, v.Namespace, ds.Volume)
-		}
+		st.Message = fmt.Sprintf("taking snapshot %s of volume %s to copy", snapName, ds.Volume)
+		return nil // its reconciler's changes bring us back
+	case apierrors.IsNotFound(err):
+		return fail("snapshot %s does not exist in namespace %s: create the volume from an existing Snapshot of volume %s, or delete this volume", snapName, v.Namespace, ds.Volume)
+	case err != nil:
 		return err
 	}
 	switch {
