@@ -37,6 +37,9 @@ commands:
   cancel ADDRESS             cancel a rebuild
   snapshot create|delete|revert NAME
   snapshot list
+  clone SOURCE SNAPSHOT [--wait]
+                             fill the volume with SNAPSHOT of another volume, read from its
+                             replica's control address SOURCE (a volume nobody uses)
   expand SIZE                grow the volume
   metrics                    operation counts and latency
   watch                      the status now and each time it changes, one line each (until interrupted)
@@ -167,6 +170,22 @@ func ctlDo(ctx context.Context, c enginev1.EngineServiceClient, rest []string, o
 			return fmt.Errorf("snapshot %s: use create, list, delete or revert", sub)
 		}
 		return err
+	case "clone":
+		src, err := arg(rest, 1, "SOURCE")
+		if err != nil {
+			return err
+		}
+		snap, err := arg(rest, 2, "SNAPSHOT")
+		if err != nil {
+			return err
+		}
+		if _, err := c.CloneFrom(ctx, &enginev1.CloneFromRequest{Source: src, Snapshot: snap}); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "copying snapshot %s from %s\n", snap, src)
+		if len(rest) > 3 && rest[3] == "--wait" {
+			return waitClone(ctx, c, out)
+		}
 	case "expand":
 		s, err := arg(rest, 1, "SIZE")
 		if err != nil {
@@ -238,6 +257,51 @@ func rebuildLine(r *enginev1.Rebuild) string {
 	return s
 }
 
+// cloneLine is a clone copy's progress on one line.
+func cloneLine(cl *enginev1.Clone) string {
+	pct := int64(0)
+	if cl.BytesTotal > 0 {
+		pct = cl.BytesDone * 100 / cl.BytesTotal
+	}
+	s := fmt.Sprintf("clone of %s from %s: %s %3d%% (%s copied)", cl.Snapshot, cl.Source, cl.State, pct, human(cl.BytesCopied))
+	if cl.Error != "" {
+		s += ": " + cl.Error
+	}
+	return s
+}
+
+// waitClone prints the clone's progress until it ends, from the engine's
+// status stream.
+func waitClone(ctx context.Context, c enginev1.EngineServiceClient, out io.Writer) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := c.Watch(ctx, &enginev1.WatchRequest{})
+	if err != nil {
+		return err
+	}
+	last := ""
+	for {
+		st, err := w.Recv()
+		if err != nil {
+			return err
+		}
+		cl := st.GetClone()
+		if cl == nil {
+			continue
+		}
+		if line := cloneLine(cl); line != last {
+			fmt.Fprintln(out, "  "+line)
+			last = line
+		}
+		switch cl.State {
+		case "complete":
+			return nil
+		case "failed":
+			return fmt.Errorf("clone failed: %s", cl.Error)
+		}
+	}
+}
+
 // statusLine is one Watch message on one line.
 func statusLine(st *enginev1.VolumeStatus) string {
 	var b strings.Builder
@@ -249,6 +313,9 @@ func statusLine(st *enginev1.VolumeStatus) string {
 		if r.State == "in-progress" {
 			fmt.Fprintf(&b, "; rebuild %s", rebuildLine(r))
 		}
+	}
+	if cl := st.GetClone(); cl != nil && cl.State == "in-progress" {
+		b.WriteString("; " + cloneLine(cl))
 	}
 	b.WriteString("; snapshots")
 	if len(st.Snapshots) == 0 {
