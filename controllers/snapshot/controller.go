@@ -39,7 +39,7 @@ import (
 
 // Finalizer keeps a Snapshot until its data is deleted from every replica
 // its volume's engine holds (or the volume is gone, and its data with it).
-const Finalizer = "storage.cairn.io/snapshot"
+const Finalizer = volumes.SnapshotFinalizer
 
 // Event reasons.
 const (

@@ -132,6 +132,7 @@ type scope struct {
 	// whether without a device (runTarget).
 	node        string
 	maintenance bool
+	targeted    bool
 }
 
 // EngineName is the name of a volume's Engine.

@@ -36,6 +36,9 @@ func computeStatus(s *scope) {
 		cond(v1.VolumeConditionScheduled, false, v1.ReasonReconciling, fmt.Sprintf("%d of %d replicas placed", scheduled, want))
 	}
 
+	if !s.targeted {
+		s.target() // a phase failed before attachOrDetach: as it would have
+	}
 	e := s.engine
 	// Only a user's engine attaches the volume: a maintenance engine has
 	// no device, and one runs on the user's node while a clone is copied.

@@ -100,7 +100,7 @@ func (r *Reconciler) observeWork(ctx context.Context, s *scope) error {
 	for _, sn := range snaps.Items {
 		switch {
 		case !Cloned(s.v):
-		case !sn.DeletionTimestamp.IsZero() && len(sn.Finalizers) > 0:
+		case !sn.DeletionTimestamp.IsZero() && slices.Contains(sn.Finalizers, volumes.SnapshotFinalizer):
 			del = append(del, sn.Name)
 		case sn.DeletionTimestamp.IsZero() && !sn.Status.ReadyToUse:
 			take = append(take, sn.Name)
@@ -156,6 +156,7 @@ func (s *scope) target() {
 		in.engineNode, in.engineMaintenance = s.engine.Spec.NodeName, s.engine.Spec.Maintenance
 	}
 	s.node, s.maintenance = runTarget(in)
+	s.targeted = true
 }
 
 // planClone works out this volume's copy from spec.dataSource while it is

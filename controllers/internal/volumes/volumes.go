@@ -19,6 +19,10 @@ const LabelVolume = "storage.cairn.io/volume"
 // source with the name of the clone; it is deleted once the copy is done.
 const LabelCloneFor = "storage.cairn.io/clone-for"
 
+// SnapshotFinalizer keeps a Snapshot until its data is deleted from
+// every replica its volume's engine holds.
+const SnapshotFinalizer = "storage.cairn.io/snapshot"
+
 // EngineName is the name of a volume's Engine.
 func EngineName(v *v1.Volume) string { return v.Name + "-e" }
 
