@@ -286,6 +286,12 @@ func TestClones(t *testing.T) {
 	waitState(t, g, skey, v1.VolumeStateDetached)
 	c2 := mk("from-volume", &v1.VolumeDataSource{Volume: src.Name}, "cl-c")
 	c2key := client.ObjectKeyFromObject(c2)
+	// A snapshot of the clone asked for at once is taken only once the
+	// clone is filled.
+	createSnapshot(g, "from-volume-s", c2.Name)
+	g.Eventually(func() bool { return getSnapshot(g, "from-volume-s").Status.ReadyToUse }, timeout, 100*time.Millisecond).Should(BeTrue())
+	g.Expect(meta.IsStatusConditionTrue(getVolume(g, c2key).Status.Conditions, v1.VolumeConditionCloned)).To(BeTrue(),
+		"a snapshot of a clone is taken after the copy")
 	v = waitAttached(t, g, c2key)
 	g.Expect(v.Status.Clone.Snapshot).To(Equal(CloneSnapshotName(c2)))
 	qemuIO(t, c2.Name, v.Status.Endpoint, "read -P 0x22 0 1M", "read -P 0x11 1M 1M", "read -P 0x33 12M 64k")
@@ -331,7 +337,9 @@ func TestClones(t *testing.T) {
 // snapshot of a detached volume (as soon as its reconciler has seen it)
 // and inside a clone's copy (as soon as the clone reports a state), and
 // starts a new one: the snapshot is taken once and is on every replica,
-// the clone completes, attaches and reads the snapshot's data.
+// the clone completes, attaches and reads the snapshot's data. The
+// snapshot, deleted as soon as the clone was created, goes only after
+// the copy, from every replica.
 func TestSnapshotAndCloneAcrossManagerRestart(t *testing.T) {
 	if _, err := exec.LookPath("qemu-io"); err != nil {
 		t.Skip("qemu-io is not installed (make test-tools installs it)")
@@ -366,13 +374,7 @@ func TestSnapshotAndCloneAcrossManagerRestart(t *testing.T) {
 	g.Eventually(func() bool { return getSnapshot(g, "rs-snap").Status.ReadyToUse }, timeout, 100*time.Millisecond).Should(BeTrue(),
 		func() string { return describeKey(skey) })
 
-	c := mk("rs-clone", &v1.VolumeDataSource{Volume: src.Name, Snapshot: "rs-snap"}, "rs-b")
-	ckey := client.ObjectKeyFromObject(c)
-	restartWhen("the clone's state", func() bool { return getVolume(g, ckey).Status.Clone != nil })
-	v := waitAttached(t, g, ckey)
-	qemuIO(t, c.Name, v.Status.Endpoint, "read -P 0x5a 0 64M", "read -P 0 64M 64M")
-
-	// The source is attached again: the snapshot is on both replicas once.
+	// The source attached: the snapshot is on both replicas, once.
 	setNode(g, skey, "rs-a")
 	waitAttached(t, g, skey)
 	for name, snaps := range replicaSnapshots(t, g, src) {
@@ -384,4 +386,15 @@ func TestSnapshotAndCloneAcrossManagerRestart(t *testing.T) {
 		}
 		g.Expect(n).To(Equal(1), "replica %s: %v", name, snaps)
 	}
+
+	// A clone of it, and the snapshot deleted at once: the deletion waits
+	// for the copy, which completes across a restart.
+	c := mk("rs-clone", &v1.VolumeDataSource{Volume: src.Name, Snapshot: "rs-snap"}, "rs-b")
+	ckey := client.ObjectKeyFromObject(c)
+	g.Expect(k8sClient.Delete(ctx, getSnapshot(g, "rs-snap"))).To(Succeed())
+	restartWhen("the clone's state", func() bool { return getVolume(g, ckey).Status.Clone != nil })
+	v := waitAttached(t, g, ckey)
+	qemuIO(t, c.Name, v.Status.Endpoint, "read -P 0x5a 0 64M", "read -P 0 64M 64M")
+	g.Eventually(snapshotGone("rs-snap"), timeout, 100*time.Millisecond).Should(BeTrue())
+	g.Expect(everyReplicaHas(replicaSnapshots(t, g, src), "rs-snap", false)).To(BeTrue())
 }

@@ -223,8 +223,11 @@ func (r *Reconciler) planClone(ctx context.Context, s *scope) error {
 	switch {
 	case sn.Spec.Volume != ds.Volume:
 		return fail("snapshot %s captures volume %s, not %s: name the snapshot's own volume in spec.dataSource (delete this volume and create it again)", snapName, sn.Spec.Volume, ds.Volume)
-	case !sn.DeletionTimestamp.IsZero():
-		return fail("snapshot %s is being deleted: the copy cannot be made; delete this volume", snapName)
+	case !sn.DeletionTimestamp.IsZero() && !sn.Status.ReadyToUse:
+		return fail("snapshot %s is being deleted and was never taken: the copy cannot be made; delete this volume", snapName)
+	// A taken snapshot being deleted is still copied: its deletion waits
+	// for the clones copying it (the Snapshot reconciler), so it stays on
+	// the source's replicas until this copy is done.
 	case !sn.Status.ReadyToUse:
 		msg := "it is being taken"
 		if c := meta.FindStatusCondition(sn.Status.Conditions, v1.SnapshotConditionReady); c != nil {
