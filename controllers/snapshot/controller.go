@@ -184,6 +184,14 @@ func (r *Reconciler) take(ctx context.Context, s *v1.Snapshot, vol *v1.Volume) e
 		return fmt.Errorf("snapshot %s was taken but volume %s's engine does not list it", s.Name, vol.Name)
 	}
 	taken := list.GetSnapshots()[i]
+	if !taken.GetUserCreated() {
+		// The engine's own snapshot for a rebuild (rebuild-EPOCH-N) has
+		// this name; it goes when the rebuild ends and is no user's.
+		msg := fmt.Sprintf("volume %s holds a snapshot of Cairn's own (a rebuild's) named %s: create the Snapshot under another name", vol.Name, s.Name)
+		setReady(s, false, v1.SnapshotReasonFailed, msg)
+		objects.Event(r.Recorder, s, true, EventFailed, "Snapshot", "%s", msg)
+		return reconcile.TerminalError(errors.New(msg))
+	}
 	s.Status.ReadyToUse = true
 	s.Status.CreationTime = &metav1.Time{Time: time.Unix(0, taken.GetCreatedUnixNano())}
 	size := vol.Spec.Size.DeepCopy()
