@@ -76,7 +76,8 @@ func computeStatus(s *scope) {
 		if !Cloned(v) {
 			why = strings.Join(slices.DeleteFunc([]string{"copying from the data source", s.work}, func(x string) bool { return x == "" }), "; ")
 		}
-		cond(v1.ConditionReady, false, v1.VolumeReasonDetached, fmt.Sprintf("not attached to any node; its replicas and an engine without a device run on %s for %s, and stop when that is done", s.node, why))
+		cond(v1.ConditionReady, false, v1.VolumeReasonDetached, fmt.Sprintf("not attached to any node; its replicas and an engine without a device are run on %s for %s (%d of %d scheduled replicas running, engine %s), and stopped when that is done",
+			s.node, why, running, scheduled, engineState(e)))
 	case anyProcess:
 		st.State = v1.VolumeStateDetaching
 		cond(v1.ConditionReady, false, ReasonDetaching, "stopping the engine, then the replicas")
