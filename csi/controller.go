@@ -46,7 +46,6 @@ var controllerCaps = []csipb.ControllerServiceCapability_RPC_Type{
 	csipb.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
 	csipb.ControllerServiceCapability_RPC_CLONE_VOLUME,
 	csipb.ControllerServiceCapability_RPC_EXPAND_VOLUME,
-	csipb.ControllerServiceCapability_RPC_PUBLISH_READONLY,
 	csipb.ControllerServiceCapability_RPC_GET_VOLUME,
 	csipb.ControllerServiceCapability_RPC_VOLUME_CONDITION,
 	csipb.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,

@@ -1,0 +1,180 @@
+package csi
+
+import (
+	"strings"
+	"testing"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	. "github.com/onsi/gomega"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+)
+
+func TestParseParams(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		in     map[string]string
+		want   volumeParams
+		code   codes.Code
+		errHas string
+	}{
+		{name: "empty", in: nil},
+		{name: "all", in: map[string]string{"numberOfReplicas": "2", "frontend": "nbd", "fsType": "xfs", "diskSelector": "ssd, fast,"},
+			want: volumeParams{replicas: 2, frontend: v1.FrontendNBD, fsType: "xfs", diskSelector: []string{"ssd", "fast"}}},
+		{name: "provisioner metadata", in: map[string]string{paramPVCName: "data", paramPVCNamespace: "db", paramPVName: "pvc-1", "csi.storage.k8s.io/fstype": "ext4"},
+			want: volumeParams{pvc: "db/data", pv: "pvc-1"}},
+		{name: "unknown", in: map[string]string{"replicas": "3"}, code: codes.InvalidArgument, errHas: `unknown StorageClass parameter "replicas"`},
+		{name: "zero replicas", in: map[string]string{"numberOfReplicas": "0"}, code: codes.InvalidArgument, errHas: "from 1 to 10"},
+		{name: "eleven replicas", in: map[string]string{"numberOfReplicas": "11"}, code: codes.InvalidArgument, errHas: "from 1 to 10"},
+		{name: "replicas not a number", in: map[string]string{"numberOfReplicas": "three"}, code: codes.InvalidArgument},
+		{name: "bad frontend", in: map[string]string{"frontend": "iscsi"}, code: codes.InvalidArgument, errHas: "fuse"},
+		{name: "bad fs", in: map[string]string{"fsType": "btrfs"}, code: codes.InvalidArgument, errHas: "btrfs"},
+		{name: "long tag", in: map[string]string{"diskSelector": strings.Repeat("x", 64)}, code: codes.InvalidArgument},
+		{name: "too many tags", in: map[string]string{"diskSelector": strings.Repeat("a,", 17)}, code: codes.InvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			got, err := parseParams(tc.in)
+			g.Expect(status.Code(err)).To(Equal(tc.code), "%v", err)
+			if tc.code != codes.OK {
+				g.Expect(err.Error()).To(ContainSubstring(tc.errHas))
+				return
+			}
+			g.Expect(got).To(Equal(tc.want))
+		})
+	}
+}
+
+func TestVolumeSize(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		req, lim int64
+		min      int64
+		want     int64
+		code     codes.Code
+	}{
+		{name: "unset is the smallest volume", want: 1 << 20},
+		{name: "rounded up to 4 KiB", req: 10<<20 + 1, want: 10<<20 + 4096},
+		{name: "exact", req: 8 << 20, lim: 8 << 20, want: 8 << 20},
+		{name: "below 1 MiB grows to it", req: 4096, want: 1 << 20},
+		{name: "source size is the floor", min: 32 << 20, want: 32 << 20},
+		{name: "limit below rounded size", req: 10<<20 + 1, lim: 10<<20 + 10, code: codes.OutOfRange},
+		{name: "limit below 1 MiB", lim: 4096, code: codes.OutOfRange},
+		{name: "required above limit", req: 2 << 20, lim: 1 << 20, code: codes.InvalidArgument},
+		{name: "negative", req: -1, code: codes.InvalidArgument},
+		{name: "absurd", req: 1<<62 + 1, code: codes.OutOfRange},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			got, err := volumeSize(&csipb.CapacityRange{RequiredBytes: tc.req, LimitBytes: tc.lim}, tc.min)
+			g.Expect(status.Code(err)).To(Equal(tc.code), "%v", err)
+			if tc.code == codes.OK {
+				g.Expect(got).To(Equal(tc.want))
+			}
+		})
+	}
+}
+
+func capOf(mode csipb.VolumeCapability_AccessMode_Mode, block bool, fs string) *csipb.VolumeCapability {
+	c := &csipb.VolumeCapability{AccessMode: &csipb.VolumeCapability_AccessMode{Mode: mode}}
+	if block {
+		c.AccessType = &csipb.VolumeCapability_Block{Block: &csipb.VolumeCapability_BlockVolume{}}
+	} else {
+		c.AccessType = &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{FsType: fs}}
+	}
+	return c
+}
+
+func TestCheckCapability(t *testing.T) {
+	m := csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+	for _, tc := range []struct {
+		name   string
+		c      *csipb.VolumeCapability
+		errHas string
+	}{
+		{name: "mount ext4", c: capOf(m, false, "ext4")},
+		{name: "mount xfs", c: capOf(m, false, "xfs")},
+		{name: "mount default fs", c: capOf(m, false, "")},
+		{name: "block", c: capOf(m, true, "")},
+		{name: "single writer", c: capOf(csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER, true, "")},
+		{name: "multi node", c: capOf(csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER, false, ""), errHas: "share manager"},
+		{name: "multi node reader", c: capOf(csipb.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY, false, ""), errHas: "one node at a time"},
+		{name: "no mode", c: capOf(csipb.VolumeCapability_AccessMode_UNKNOWN, false, ""), errHas: "no access mode"},
+		{name: "btrfs", c: capOf(m, false, "btrfs"), errHas: "btrfs"},
+		{name: "no access type", c: &csipb.VolumeCapability{AccessMode: &csipb.VolumeCapability_AccessMode{Mode: m}}, errHas: "neither block nor mount"},
+		{name: "nil", c: nil, errHas: "empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			err := checkCapability(tc.c)
+			if tc.errHas == "" {
+				g.Expect(err).NotTo(HaveOccurred())
+				return
+			}
+			g.Expect(err).To(MatchError(ContainSubstring(tc.errHas)))
+		})
+	}
+}
+
+func TestObjectName(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(objectName("vol-", "pvc-0b5e6a1c-1d2f-4a55-9d8e-2f7c1e3b4a5d")).To(Equal("pvc-0b5e6a1c-1d2f-4a55-9d8e-2f7c1e3b4a5d"))
+	hashed := objectName("vol-", "Sanity Volume/1")
+	g.Expect(hashed).To(HavePrefix("vol-"))
+	g.Expect(dnsLabel.MatchString(hashed)).To(BeTrue())
+	g.Expect(objectName("vol-", "Sanity Volume/1")).To(Equal(hashed), "the same name gives the same object")
+	g.Expect(objectName("vol-", "Sanity Volume/2")).NotTo(Equal(hashed))
+	g.Expect(objectName("vol-", strings.Repeat("a", 64))).To(HaveLen(44), "too long for a label: hashed")
+}
+
+func TestPage(t *testing.T) {
+	g := NewWithT(t)
+	names := []string{"c", "a", "d", "b"}
+	p, next, err := page(names, "", 2)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(p).To(Equal([]string{"a", "b"}))
+	g.Expect(next).To(Equal("after:b"))
+	// b deleted between pages: the next page still starts after it.
+	p, next, err = page([]string{"a", "c", "d"}, next, 2)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(p).To(Equal([]string{"c", "d"}))
+	g.Expect(next).To(BeEmpty())
+	p, _, err = page([]string{"a"}, "", 0)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(p).To(Equal([]string{"a"}))
+	_, _, err = page(names, "invalid-token", 0)
+	g.Expect(status.Code(err)).To(Equal(codes.Aborted))
+	_, _, err = page(names, "", -1)
+	g.Expect(status.Code(err)).To(Equal(codes.InvalidArgument))
+}
+
+func TestStripSecrets(t *testing.T) {
+	g := NewWithT(t)
+	req := &csipb.NodeStageVolumeRequest{VolumeId: "v1", Secrets: map[string]string{"password": "hunter2"},
+		VolumeContext: map[string]string{"fsType": "ext4"}}
+	out := stripSecrets(req)
+	g.Expect(out).NotTo(ContainSubstring("hunter2"))
+	g.Expect(out).To(ContainSubstring("stripped"))
+	g.Expect(out).To(ContainSubstring("v1"))
+	g.Expect(req.Secrets["password"]).To(Equal("hunter2"), "the request itself is left alone")
+}
+
+func TestParseEndpoint(t *testing.T) {
+	g := NewWithT(t)
+	for in, want := range map[string][2]string{
+		"unix:///csi/csi.sock":  {"unix", "/csi/csi.sock"},
+		"unix:/csi/csi.sock":    {"unix", "/csi/csi.sock"},
+		"/csi/csi.sock":         {"unix", "/csi/csi.sock"},
+		"tcp://127.0.0.1:10000": {"tcp", "127.0.0.1:10000"},
+	} {
+		n, a, err := parseEndpoint(in)
+		g.Expect(err).NotTo(HaveOccurred(), in)
+		g.Expect([2]string{n, a}).To(Equal(want), in)
+	}
+	for _, bad := range []string{"http://x", "unix://", "tcp://"} {
+		_, _, err := parseEndpoint(bad)
+		g.Expect(err).To(HaveOccurred(), bad)
+	}
+}

@@ -1,0 +1,96 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cairn-io/cairn/controllers/harness"
+)
+
+// The tests run the driver against the whole control plane: envtest, the
+// manager with every reconciler, and real instance managers on loopback
+// whose engines serve real loop devices (the fuse frontend), which the
+// node service formats and mounts for real (as root).
+var cluster *harness.Cluster
+
+const testNamespace = "cairn-system"
+
+func TestMain(m *testing.M) {
+	c, err := harness.Start(harness.Options{Namespace: testNamespace})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cluster = c
+	code := m.Run()
+	c.Stop()
+	os.Exit(code)
+}
+
+// needRoot skips a test that mounts, formats or uses loop devices.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: formats and mounts loop devices")
+	}
+}
+
+// driver is a running driver on a unix socket, and clients of it.
+type driver struct {
+	*Driver
+	sock       string
+	conn       *grpc.ClientConn
+	identity   csipb.IdentityClient
+	controller csipb.ControllerClient
+	node       csipb.NodeClient
+}
+
+// startDriver serves a driver (every service, node service on node) on a
+// socket in a fresh directory until t ends.
+func startDriver(t *testing.T, node string) *driver {
+	t.Helper()
+	d, err := New(Options{Mode: ModeAll, Version: "test", Client: cluster.Client, Namespace: testNamespace, NodeID: node,
+		Logger: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "cairn-csi-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "csi.sock")
+	l, err := Listen("unix://" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := d.NewServer()
+	go srv.Serve(l)
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &driver{Driver: d, sock: sock, conn: conn, identity: csipb.NewIdentityClient(conn),
+		controller: csipb.NewControllerClient(conn), node: csipb.NewNodeClient(conn)}
+}
+
+// callCtx bounds one CSI call as the sidecars do.
+func callCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var _ net.Listener
