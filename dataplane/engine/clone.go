@@ -27,8 +27,8 @@ type CloneSource interface {
 // CloneStatus reports the engine's clone copy (CloneFrom).
 type CloneStatus struct {
 	Source, Snapshot string
-	// State: in-progress, complete (copied and verified) or failed
-	// (cancelled when the engine closed during the copy).
+	// State: in-progress, complete (copied and verified) or failed (also
+	// when the engine was closed during the copy).
 	State RebuildState
 	// BytesDone and BytesTotal measure progress through the range copied,
 	// then through the verification.
@@ -202,6 +202,9 @@ func (e *Engine) copyClone(ctx context.Context, c *clone, src CloneSource, snaps
 	return e.verifyClone(ctx, c, src, snapshot, regions)
 }
 
+// castagnoli is the CRC-32C table replicas checksum with.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 // verifyClone reads every chunk back from each RW replica (its own data
 // connection, not the engine's read path, which asks one of them) and
 // compares the CRC-32C with the source's.
@@ -223,7 +226,7 @@ func (e *Engine) verifyClone(ctx context.Context, c *clone, src CloneSource, sna
 			if err := m.data.ReadAt(detach(ctx), buf[:n], off); err != nil {
 				return fmt.Errorf("verify: read %s at %d: %w", m.addr, off, err)
 			}
-			if got := crc32.Checksum(buf[:n], crc32.MakeTable(crc32.Castagnoli)); got != want {
+			if got := crc32.Checksum(buf[:n], castagnoli); got != want {
 				return fmt.Errorf("verify: bytes %d..%d on %s differ from the source's snapshot %s (%08x vs %08x)", off, off+n, m.addr, snapshot, got, want)
 			}
 		}
