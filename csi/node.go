@@ -156,7 +156,14 @@ func (s *NodeServer) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVo
 	}
 	// If we crash after formatting but before mounting, the retry finds
 	// the filesystem and mounts it without formatting again.
-	if err := s.mounter.FormatAndMount(dev, staging, fsType, c.GetMount().GetMountFlags()); err != nil {
+	opts := c.GetMount().GetMountFlags()
+	if fsType == fsXFS {
+		// A clone or a restored snapshot carries its source's XFS UUID,
+		// and XFS refuses to mount a second filesystem with a UUID already
+		// mounted on the node.
+		opts = append(opts, "nouuid")
+	}
+	if err := s.mounter.FormatAndMount(dev, staging, fsType, opts); err != nil {
 		return nil, status.Errorf(codes.Internal, "mount volume %s (%s) at %s as %s: %v; a device holding another filesystem is never reformatted: use that filesystem's fsType", id, dev, staging, fsType, err)
 	}
 	return &csipb.NodeStageVolumeResponse{}, nil

@@ -148,11 +148,13 @@ func (s *ControllerServer) ControllerUnpublishVolume(ctx context.Context, req *c
 		if err != nil {
 			return false, "", err
 		}
-		cur := v.Status.CurrentNodeName
-		if cur == "" || (node != "" && cur != node && v.Spec.NodeName != node) {
+		// Detached means the engine has stopped, which flushed every
+		// acknowledged write to the replicas. A volume since published to
+		// another node is detached from this one before it attaches there.
+		if v.Status.State == v1.VolumeStateDetached || (v.Spec.NodeName != "" && v.Spec.NodeName != node && node != "") {
 			return true, "", nil
 		}
-		return false, fmt.Sprintf("it is %s on node %s", orUnknown(string(v.Status.State)), cur), nil
+		return false, fmt.Sprintf("it is %s", orUnknown(string(v.Status.State))), nil
 	})
 	if err != nil {
 		return nil, err

@@ -2,7 +2,6 @@ package csi
 
 import (
 	"context"
-	"fmt"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -144,7 +143,7 @@ func (s *ControllerServer) ListSnapshots(ctx context.Context, req *csipb.ListSna
 	var names []string
 	for i := range l.Items {
 		sn := &l.Items[i]
-		if sn.DeletionTimestamp != nil ||
+		if _, internal := sn.Labels[labelCloneFor]; internal || sn.DeletionTimestamp != nil ||
 			(req.GetSnapshotId() != "" && sn.Name != req.GetSnapshotId()) ||
 			(req.GetSourceVolumeId() != "" && sn.Spec.Volume != req.GetSourceVolumeId()) {
 			continue
@@ -163,4 +162,6 @@ func (s *ControllerServer) ListSnapshots(ctx context.Context, req *csipb.ListSna
 	return out, nil
 }
 
-var _ = fmt.Sprintf
+// labelCloneFor marks the Snapshots the Volume reconciler takes for a
+// whole-volume clone and deletes after the copy: not the CO's, not listed.
+const labelCloneFor = "storage.cairn.io/clone-for"

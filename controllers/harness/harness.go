@@ -24,6 +24,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
 	"github.com/cairn-io/cairn/controllers/internal/suite"
 	"github.com/cairn-io/cairn/controllers/replica"
+	"github.com/cairn-io/cairn/controllers/snapshot"
 	"github.com/cairn-io/cairn/controllers/storagenode"
 	"github.com/cairn-io/cairn/controllers/volume"
 )
@@ -64,6 +65,7 @@ func Start(opts Options) (*Cluster, error) {
 			(&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 			(&engine.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 			(&volume.Reconciler{Client: c, ReplenishmentWait: opts.ReplenishmentWait}).SetupWithManager,
+			(&snapshot.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		} {
 			if err := setup(mgr); err != nil {
 				return err
