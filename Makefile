@@ -141,8 +141,11 @@ fuzz: ## Fuzz the dataconn decoder and a live dataconn server, $(FUZZTIME) each 
 ##@ Build
 
 .PHONY: build
-build: ## Build bin/cairn-manager and bin/cairn-data.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+build: ## Build bin/cairn-manager, bin/cairn-csi and bin/cairn-data.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(LOCALBIN)/cairn-manager ./cmd/manager
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(LOCALBIN)/cairn-csi ./cmd/cairn-csi
 	cd dataplane && CGO_ENABLED=0 $(GO) build -trimpath -o $(LOCALBIN)/cairn-data ./cmd/cairn-data
 
 .PHONY: run

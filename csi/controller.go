@@ -557,7 +557,7 @@ func freeSpace(n *v1.StorageNode, selector []string) []int64 {
 		if !containsAll(t, selector) || d.Available == nil {
 			continue
 		}
-		if c := meta.FindStatusCondition(d.Conditions, "Schedulable"); c != nil && c.Status != metav1.ConditionTrue {
+		if c := meta.FindStatusCondition(d.Conditions, v1.StorageNodeConditionSchedulable); c != nil && c.Status != metav1.ConditionTrue {
 			continue
 		}
 		out = append(out, d.Available.Value())

@@ -144,3 +144,29 @@ func TestVolumeCondition(t *testing.T) {
 	g.Expect(volumeCondition(v).GetAbnormal()).To(BeTrue())
 	g.Expect(volumeCondition(v).GetMessage()).To(ContainSubstring("no disk with tag ssd"))
 }
+
+// TestGetCapacity: the free space of the disks a StorageClass allows,
+// shared by the replicas; none for a tag no disk carries.
+func TestGetCapacity(t *testing.T) {
+	g := NewWithT(t)
+	for _, n := range []string{"cap-a", "cap-b"} {
+		cluster.AddNode(t, n)
+	}
+	d := startDriver(t, "cap-a")
+	ctx := callCtx(t)
+	var one, two int64
+	g.Eventually(func() int64 {
+		r, err := d.controller.GetCapacity(ctx, &csipb.GetCapacityRequest{Parameters: map[string]string{ParamNumberOfReplicas: "1"}})
+		g.Expect(err).NotTo(HaveOccurred())
+		one = r.GetAvailableCapacity()
+		return r.GetMaximumVolumeSize().GetValue()
+	}, 30*time.Second, 100*time.Millisecond).Should(BeNumerically(">", 0), "the disks report their space")
+	r, err := d.controller.GetCapacity(ctx, &csipb.GetCapacityRequest{Parameters: map[string]string{ParamNumberOfReplicas: "2"}})
+	g.Expect(err).NotTo(HaveOccurred())
+	two = r.GetAvailableCapacity()
+	g.Expect(two).To(BeNumerically("<", one), "two replicas take twice the space")
+	r, err = d.controller.GetCapacity(ctx, &csipb.GetCapacityRequest{Parameters: map[string]string{ParamDiskSelector: "no-disk-has-this"}})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(r.GetAvailableCapacity()).To(BeZero())
+	g.Expect(r.GetMaximumVolumeSize().GetValue()).To(BeZero())
+}
