@@ -9,11 +9,17 @@ SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
 
-# Image of the manager and the data plane.
-IMG ?= cairn:dev
-# Base image our images are built FROM (a build argument). Use `scratch` or a
-# locally imported image on machines that cannot pull.
-BASE_IMAGE ?= gcr.io/distroless/static:nonroot
+# Images: the manager, the data plane (instance manager, engine, replica)
+# and the CSI driver.
+IMG ?= cairn-manager:dev
+DATA_IMG ?= cairn-data:dev
+CSI_IMG ?= cairn-csi:dev
+# Bases the images are built FROM (build arguments): the manager's
+# (distroless by default) and the node-side images' (Debian bookworm).
+# Empty picks the public default, or kind-offline's local Debian where it
+# has been built (hack/docker-build.sh).
+BASE_IMAGE ?=
+NODE_BASE_IMAGE ?=
 CONTAINER_TOOL ?= docker
 KUBECTL ?= kubectl
 
@@ -80,9 +86,9 @@ lint: vet ## go vet plus a gofmt check (fails on unformatted files).
 .PHONY: verify
 verify: $(CONTROLLER_GEN) $(KUSTOMIZE) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate code and manifests and fail if that changes anything; build kustomizations.
 	CONTROLLER_GEN=$(CONTROLLER_GEN) hack/verify-generated.sh
-	@for k in config/crd config/rbac config/samples config/default; do \
+	@for k in config/crd config/rbac config/samples config/default config/storage config/csi config/instance-manager; do \
 	  $(KUSTOMIZE) build $$k >/dev/null || { echo "kustomize build $$k failed"; exit 1; }; done
-	@echo "kustomize: config/{crd,rbac,samples,default} build"
+	@echo "kustomize: config/{crd,rbac,samples,default,storage,csi,instance-manager} build"
 	@for m in . dataplane; do (cd $$m && GOWORK=off $(GO) mod tidy -diff >/dev/null) || { \
 	  echo "go.mod/go.sum in $$m are not tidy: run 'cd $$m && GOWORK=off go mod tidy' and commit"; exit 1; }; done
 	@echo "go mod tidy: both modules tidy"
@@ -153,12 +159,13 @@ run: manifests generate fmt vet ## Run the manager on this machine against the c
 	$(GO) run ./cmd/manager
 
 .PHONY: docker-build
-docker-build: build ## Build the image $(IMG) FROM $(BASE_IMAGE) with the binaries from `make build`.
-	$(CONTAINER_TOOL) build --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMG) .
+docker-build: build ## Build the images $(IMG), $(DATA_IMG) and $(CSI_IMG) with the binaries from `make build`.
+	CONTAINER_TOOL=$(CONTAINER_TOOL) IMG=$(IMG) DATA_IMG=$(DATA_IMG) CSI_IMG=$(CSI_IMG) \
+	  BASE_IMAGE=$(BASE_IMAGE) NODE_BASE_IMAGE=$(NODE_BASE_IMAGE) hack/docker-build.sh
 
 .PHONY: docker-push
-docker-push: ## Push the image $(IMG).
-	$(CONTAINER_TOOL) push $(IMG)
+docker-push: ## Push the images.
+	for i in $(IMG) $(DATA_IMG) $(CSI_IMG); do $(CONTAINER_TOOL) push $$i; done
 
 ##@ Deployment
 
@@ -171,12 +178,20 @@ uninstall: manifests $(KUSTOMIZE) ## Remove the CRDs (and every Cairn object) fr
 	$(KUSTOMIZE) build config/crd | $(KUBECTL) delete --ignore-not-found -f -
 
 .PHONY: deploy
-deploy: manifests $(KUSTOMIZE) ## Deploy the manager, with image $(IMG), to the cluster in KUBECONFIG.
+deploy: manifests $(KUSTOMIZE) ## Deploy Cairn (manager, instance managers, CSI driver, StorageClasses) with images $(IMG), $(DATA_IMG), $(CSI_IMG) to the cluster in KUBECONFIG.
 	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
+	cd config/instance-manager && $(KUSTOMIZE) edit set image cairn-data=$(DATA_IMG)
+	cd config/csi && $(KUSTOMIZE) edit set image cairn-csi=$(CSI_IMG)
 	$(KUSTOMIZE) build config/default | $(KUBECTL) apply --server-side -f -
+	$(KUSTOMIZE) build config/storage | $(KUBECTL) apply --server-side -f -
+	if $(KUBECTL) get crd volumesnapshotclasses.snapshot.storage.k8s.io >/dev/null 2>&1; then \
+	  $(KUBECTL) apply --server-side -f config/storage/volumesnapshotclass.yaml; \
+	else echo "deploy: no VolumeSnapshot CRDs in this cluster: no VolumeSnapshotClass (install the CRDs and snapshot-controller, then make deploy again)"; fi
 
 .PHONY: undeploy
-undeploy: $(KUSTOMIZE) ## Remove what `make deploy` created.
+undeploy: $(KUSTOMIZE) ## Remove what `make deploy` created (delete your PVCs first: their volumes' data goes with the CRDs).
+	-$(KUBECTL) delete --ignore-not-found -f config/storage/volumesnapshotclass.yaml
+	$(KUSTOMIZE) build config/storage | $(KUBECTL) delete --ignore-not-found -f -
 	$(KUSTOMIZE) build config/default | $(KUBECTL) delete --ignore-not-found -f -
 
 ##@ Tools
