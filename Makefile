@@ -86,9 +86,9 @@ lint: vet ## go vet plus a gofmt check (fails on unformatted files).
 .PHONY: verify
 verify: $(CONTROLLER_GEN) $(KUSTOMIZE) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate code and manifests and fail if that changes anything; build kustomizations.
 	CONTROLLER_GEN=$(CONTROLLER_GEN) hack/verify-generated.sh
-	@for k in config/crd config/rbac config/samples config/default config/storage config/csi config/instance-manager; do \
+	@for k in config/crd config/rbac config/samples config/default config/storage config/csi config/instance-manager config/snapshot-controller; do \
 	  $(KUSTOMIZE) build $$k >/dev/null || { echo "kustomize build $$k failed"; exit 1; }; done
-	@echo "kustomize: config/{crd,rbac,samples,default,storage,csi,instance-manager} build"
+	@echo "kustomize: config/{crd,rbac,samples,default,storage,csi,instance-manager,snapshot-controller} build"
 	@for m in . dataplane; do (cd $$m && GOWORK=off $(GO) mod tidy -diff >/dev/null) || { \
 	  echo "go.mod/go.sum in $$m are not tidy: run 'cd $$m && GOWORK=off go mod tidy' and commit"; exit 1; }; done
 	@echo "go mod tidy: both modules tidy"
@@ -187,6 +187,14 @@ deploy: manifests $(KUSTOMIZE) ## Deploy Cairn (manager, instance managers, CSI 
 	if $(KUBECTL) get crd volumesnapshotclasses.snapshot.storage.k8s.io >/dev/null 2>&1; then \
 	  $(KUBECTL) apply --server-side -f config/storage/volumesnapshotclass.yaml; \
 	else echo "deploy: no VolumeSnapshot CRDs in this cluster: no VolumeSnapshotClass (install the CRDs and snapshot-controller, then make deploy again)"; fi
+
+SNAPSHOTTER_VERSION ?= v8.7.0
+
+.PHONY: deploy-snapshot-controller
+deploy-snapshot-controller: $(KUSTOMIZE) ## For clusters without VolumeSnapshot support (kind): the snapshot CRDs (from the external-snapshotter client module) and snapshot-controller.
+	crds="$$($(GO) mod download -json github.com/kubernetes-csi/external-snapshotter/client/v8@$(SNAPSHOTTER_VERSION) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')/config/crd"; \
+	  $(KUBECTL) apply --server-side -k "$$crds"
+	$(KUSTOMIZE) build config/snapshot-controller | $(KUBECTL) apply --server-side -f -
 
 .PHONY: undeploy
 undeploy: $(KUSTOMIZE) ## Remove what `make deploy` created (delete your PVCs first: their volumes' data goes with the CRDs).
