@@ -24,12 +24,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -37,6 +39,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
+	"github.com/cairn-io/cairn/controllers/internal/volumes"
 	"github.com/cairn-io/cairn/controllers/replica"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
@@ -77,6 +80,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=engines,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=engines/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=engines/finalizers,verbs=update
+// +kubebuilder:rbac:groups=storage.cairn.io,resources=replicas,verbs=get;list;watch
 
 // Reconcile drives one engine's process toward spec.desiredState.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -321,6 +325,22 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1.InstanceManager{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return objects.OnNode(ctx, mgr.GetClient(), &v1.EngineList{}, o.GetNamespace(), o.(*v1.InstanceManager).Spec.NodeName,
 				func(e *v1.Engine) string { return e.Spec.NodeName })
+		})).
+		// A failed replica is given back once the Volume reconciler has
+		// recorded its failure and its process runs at the address the
+		// spec gives (replicaGivenBack): either may come last.
+		Watches(&v1.Replica{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			rep := o.(*v1.Replica)
+			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: rep.Namespace, Name: volumes.EngineNameOf(rep.Spec.VolumeName)}}}
+		}), builder.WithPredicates(predicate.Funcs{
+			CreateFunc:  func(event.CreateEvent) bool { return false },
+			DeleteFunc:  func(event.DeleteEvent) bool { return false },
+			GenericFunc: func(event.GenericEvent) bool { return false },
+			UpdateFunc: func(ev event.UpdateEvent) bool {
+				a, b := ev.ObjectOld.(*v1.Replica), ev.ObjectNew.(*v1.Replica)
+				return (a.Spec.FailedAt == nil) != (b.Spec.FailedAt == nil) || a.Status.InstanceState != b.Status.InstanceState ||
+					a.Status.Address != b.Status.Address || a.Status.ControlAddress != b.Status.ControlAddress
+			},
 		})).
 		Named("engine").
 		WithOptions(controller.Options{MaxConcurrentReconciles: objects.Workers}).

@@ -1,8 +1,12 @@
 package engine
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,4 +116,87 @@ func TestEngineNotRunnable(t *testing.T) {
 	g.Eventually(func() string { return readyReason(g, bad) }, timeout, 50*time.Millisecond).Should(Equal(v1.ReasonInvalidSpec))
 	g.Eventually(func() string { return readyReason(g, nowhere) }, timeout, 50*time.Millisecond).Should(Equal(ReasonNotPlaced))
 	g.Eventually(func() string { return readyReason(g, ghost) }, timeout, 50*time.Millisecond).Should(Equal(ReasonNoInstanceManager))
+}
+
+// TestEngineGivesBackRecordedFailures: a replica process killed comes back
+// at the address it had (the instance manager hands out the lowest free
+// ports), which the engine's spec still names. The engine holds it ERR
+// and does not add it again on its own: only once its failure is recorded
+// (spec.failedAt, the Volume reconciler's mark) is it given back, and
+// rebuilt to RW. Adding it earlier would rebuild it before anyone saw the
+// failure.
+func TestEngineGivesBackRecordedFailures(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	im := imtest.Start(t, "node-g", "", t.TempDir())
+	g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-g", Namespace: "default"},
+		Spec: v1.InstanceManagerSpec{NodeName: "node-g", Address: im.Addr}})).To(Succeed())
+	addrs := map[string]v1.ReplicaAddress{}
+	var reps []*v1.Replica
+	for _, n := range []string{"vol-g-r1", "vol-g-r2"} {
+		rep := &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "default"}, Spec: v1.ReplicaSpec{
+			VolumeName: "vol-g", NodeName: "node-g", DiskName: "default", DiskPath: im.DataDir, DataDirectoryName: n,
+			Size: resource.MustParse("16Mi"), DesiredState: v1.DesiredInstanceStateRunning}}
+		g.Expect(k8sClient.Create(ctx, rep)).To(Succeed())
+		g.Eventually(func() string {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(rep), rep)).To(Succeed())
+			return rep.Status.ControlAddress
+		}, timeout, 50*time.Millisecond).ShouldNot(BeEmpty())
+		addrs[n] = v1.ReplicaAddress{Data: rep.Status.Address, Control: rep.Status.ControlAddress}
+		reps = append(reps, rep)
+	}
+	e := &v1.Engine{ObjectMeta: metav1.ObjectMeta{Name: "vol-g-e", Namespace: "default"}, Spec: v1.EngineSpec{
+		VolumeName: "vol-g", NodeName: "node-g", DesiredState: v1.DesiredInstanceStateRunning, Size: resource.MustParse("16Mi"),
+		Frontend: v1.FrontendNBD, ReplicaAddresses: addrs}}
+	g.Expect(k8sClient.Create(ctx, e)).To(Succeed())
+	defer func() {
+		g.Expect(k8sClient.Delete(ctx, e)).To(Succeed())
+		for _, rep := range reps {
+			g.Expect(k8sClient.Delete(ctx, rep)).To(Succeed())
+		}
+	}()
+	mode := func(n string) v1.ReplicaMode {
+		out := &v1.Engine{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(e), out)).To(Succeed())
+		return out.Status.ReplicaModeMap[n]
+	}
+	g.Eventually(func() []v1.ReplicaMode { return []v1.ReplicaMode{mode("vol-g-r1"), mode("vol-g-r2")} }, timeout, 50*time.Millisecond).
+		Should(Equal([]v1.ReplicaMode{v1.ReplicaModeRW, v1.ReplicaModeRW}))
+
+	victim := reps[1]
+	g.Expect(syscall.Kill(replicaPID(t, replica.DataDir(victim)), syscall.SIGKILL)).To(Succeed())
+	g.Eventually(func() v1.ReplicaMode { return mode(victim.Name) }, timeout, 50*time.Millisecond).Should(Equal(v1.ReplicaModeERR))
+	// The Replica reconciler restarts the process at the spec's address.
+	g.Eventually(func() v1.ReplicaAddress {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(victim), victim)).To(Succeed())
+		if victim.Status.InstanceState != v1.InstanceStateRunning {
+			return v1.ReplicaAddress{}
+		}
+		return v1.ReplicaAddress{Data: victim.Status.Address, Control: victim.Status.ControlAddress}
+	}, timeout, 50*time.Millisecond).Should(Equal(addrs[victim.Name]), "the restarted replica serves where it did")
+	g.Consistently(func() v1.ReplicaMode { return mode(victim.Name) }, 3*time.Second, 100*time.Millisecond).Should(Equal(v1.ReplicaModeERR),
+		"not given back before its failure is recorded")
+
+	before := victim.DeepCopy()
+	victim.Spec.FailedAt = &metav1.Time{Time: time.Now()}
+	g.Expect(k8sClient.Patch(ctx, victim, client.MergeFrom(before))).To(Succeed())
+	g.Eventually(func() v1.ReplicaMode { return mode(victim.Name) }, timeout, 50*time.Millisecond).Should(Equal(v1.ReplicaModeRW))
+}
+
+// replicaPID is the pid of the replica process serving dataDir.
+func replicaPID(t *testing.T, dataDir string) int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmd, []byte("\x00replica\x00")) && bytes.Contains(cmd, []byte("\x00--dir\x00"+dataDir+"\x00")) {
+			return pid
+		}
+	}
+	t.Fatalf("no replica process serves %s", dataDir)
+	return 0
 }

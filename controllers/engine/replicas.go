@@ -8,8 +8,10 @@ import (
 	"time"
 
 	grpcstatus "google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
@@ -112,10 +114,19 @@ func needsClone(e *v1.Engine, c *enginev1.Clone) bool {
 const cloneRetryWait = 5 * time.Second
 
 // replicaChanges is what a running engine must do to serve exactly the
-// replicas of spec.replicaAddresses: add the ones it lacks (or holds as
-// ERR: a failed replica given back), remove the ones the spec dropped.
-// A replica being rebuilt is left to its rebuild.
-func replicaChanges(spec map[string]v1.ReplicaAddress, vs *enginev1.VolumeStatus) (add, remove []string) {
+// replicas of spec.replicaAddresses: add the ones it lacks, or holds as
+// ERR when givenBack says the Volume reconciler gave that failed replica
+// back; remove the ones the spec dropped. A replica being rebuilt is left
+// to its rebuild.
+//
+// An ERR member whose address the spec still names is not by itself a
+// replica given back: the Volume reconciler may not have seen the failure
+// yet, and a replica process restarted after a crash often gets the very
+// ports it had (the instance manager hands out the lowest free ones).
+// Adding it then would rebuild it before the failure was ever recorded
+// (no failedAt, no ReplicaFailed event, no rebuild limit), and the spec's
+// address might by then belong to another process.
+func replicaChanges(spec map[string]v1.ReplicaAddress, vs *enginev1.VolumeStatus, givenBack func(name string) bool) (add, remove []string) {
 	modes := map[string]string{}
 	for _, r := range vs.GetReplicas() {
 		modes[r.GetAddress()] = r.GetMode()
@@ -127,10 +138,11 @@ func replicaChanges(spec map[string]v1.ReplicaAddress, vs *enginev1.VolumeStatus
 		}
 	}
 	want := map[string]bool{}
-	for _, a := range spec {
+	for name, a := range spec {
 		addr := ReplicaAddress(a)
 		want[addr] = true
-		if m, ok := modes[addr]; (ok && m != string(v1.ReplicaModeERR)) || rebuilding[addr] {
+		m, ok := modes[addr]
+		if (ok && m != string(v1.ReplicaModeERR)) || rebuilding[addr] || (ok && !givenBack(name)) {
 			continue
 		}
 		add = append(add, addr)
@@ -159,13 +171,17 @@ func (r *Reconciler) syncRunning(ctx context.Context, e *v1.Engine, c *Conn, vs 
 		return nil
 	}
 	var errs []error
-	add, remove := replicaChanges(e.Spec.ReplicaAddresses, vs)
+	back, err := r.givenBack(ctx, e)
+	if err != nil {
+		return err
+	}
+	add, remove := replicaChanges(e.Spec.ReplicaAddresses, vs, back)
 	if len(add)+len(remove) > 0 {
 		// The stream's status may predate our own last change (its next
 		// sample comes later): decide from the engine's answer now, so an
 		// add is not sent twice.
 		if fresh, err := freshMembers(ctx, c); err == nil {
-			add, remove = replicaChanges(e.Spec.ReplicaAddresses, fresh)
+			add, remove = replicaChanges(e.Spec.ReplicaAddresses, fresh, back)
 		}
 	}
 	for _, addr := range add {
@@ -221,6 +237,35 @@ func (r *Reconciler) syncRunning(ctx context.Context, e *v1.Engine, c *Conn, vs 
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// givenBack reports, for each Replica the spec names, whether the Volume
+// reconciler gave it back after a failure (replicaChanges): see
+// replicaGivenBack.
+func (r *Reconciler) givenBack(ctx context.Context, e *v1.Engine) (func(name string) bool, error) {
+	back := map[string]bool{}
+	for name, a := range e.Spec.ReplicaAddresses {
+		rep := &v1.Replica{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: e.Namespace, Name: name}, rep); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, err
+		}
+		back[name] = replicaGivenBack(rep, a)
+	}
+	return func(name string) bool { return back[name] }, nil
+}
+
+// replicaGivenBack: a replica the engine holds as ERR is added again only
+// once the Volume reconciler has recorded its failure (spec.failedAt; it
+// is cleared when the replica is RW again) and its process runs at the
+// address the spec gives. The Volume reconciler keeps a failed replica in
+// the spec only when it gives it back; until it has seen the failure the
+// spec's entry is merely the old one.
+func replicaGivenBack(rep *v1.Replica, a v1.ReplicaAddress) bool {
+	return rep.Spec.FailedAt != nil && rep.DeletionTimestamp.IsZero() && rep.Status.InstanceState == v1.InstanceStateRunning &&
+		rep.Status.Address == a.Data && rep.Status.ControlAddress == a.Control
 }
 
 // freshMembers asks the engine for its replicas and rebuilds now.

@@ -3,6 +3,9 @@ package engine
 import (
 	"slices"
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
@@ -16,14 +19,18 @@ func TestReplicaChanges(t *testing.T) {
 		spec        map[string]v1.ReplicaAddress
 		members     map[string]string // address -> mode
 		rebuilding  []string
+		givenBack   []string // Replica names the Volume reconciler gave back
 		add, remove []string
 	}{
-		{"in step", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW", s("y"): "WO"}, nil, nil, nil},
-		{"new replica added", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW"}, nil, []string{s("y")}, nil},
-		{"ERR replica in the spec given back", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW", s("y"): "ERR"}, nil, []string{s("y")}, nil},
-		{"ERR replica being rebuilt left alone", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW", s("y"): "ERR"}, []string{s("y")}, nil, nil},
-		{"replica at a new address: old one removed, new one added", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("z")}, map[string]string{s("x"): "RW", s("y"): "ERR"}, nil, []string{s("z")}, []string{s("y")}},
-		{"dropped from the spec: removed", map[string]v1.ReplicaAddress{"r1": a("x")}, map[string]string{s("x"): "RW", s("y"): "RW"}, nil, nil, []string{s("y")}},
+		{"in step", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW", s("y"): "WO"}, nil, nil, nil, nil},
+		{"new replica added", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW"}, nil, nil, []string{s("y")}, nil},
+		{"ERR replica in the spec given back", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW", s("y"): "ERR"}, nil, []string{"r2"}, []string{s("y")}, nil},
+		// Its failure not yet recorded: the spec's entry is the old one,
+		// even if a restarted process serves at the same address again.
+		{"ERR replica not given back left alone", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW", s("y"): "ERR"}, nil, nil, nil, nil},
+		{"ERR replica being rebuilt left alone", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("y")}, map[string]string{s("x"): "RW", s("y"): "ERR"}, []string{s("y")}, []string{"r2"}, nil, nil},
+		{"replica at a new address: old one removed, new one added", map[string]v1.ReplicaAddress{"r1": a("x"), "r2": a("z")}, map[string]string{s("x"): "RW", s("y"): "ERR"}, nil, nil, []string{s("z")}, []string{s("y")}},
+		{"dropped from the spec: removed", map[string]v1.ReplicaAddress{"r1": a("x")}, map[string]string{s("x"): "RW", s("y"): "RW"}, nil, nil, nil, []string{s("y")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vs := &enginev1.VolumeStatus{}
@@ -33,7 +40,7 @@ func TestReplicaChanges(t *testing.T) {
 			for _, addr := range tc.rebuilding {
 				vs.Rebuilds = append(vs.Rebuilds, &enginev1.Rebuild{Replica: addr, State: "in-progress"})
 			}
-			add, remove := replicaChanges(tc.spec, vs)
+			add, remove := replicaChanges(tc.spec, vs, func(name string) bool { return slices.Contains(tc.givenBack, name) })
 			if !slices.Equal(add, tc.add) || !slices.Equal(remove, tc.remove) {
 				t.Fatalf("add %v remove %v, want %v %v", add, remove, tc.add, tc.remove)
 			}
@@ -87,6 +94,32 @@ func TestNeedsClone(t *testing.T) {
 		e := &v1.Engine{Spec: v1.EngineSpec{Maintenance: tc.maint, CloneFrom: tc.from}}
 		if got := needsClone(e, tc.st); got != tc.want {
 			t.Errorf("%s: needsClone = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestReplicaGivenBack(t *testing.T) {
+	addr := v1.ReplicaAddress{Data: "h:1", Control: "h:2"}
+	failed := &metav1.Time{Time: time.Unix(1, 0)}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*v1.Replica)
+		want   bool
+	}{
+		{"failure recorded, running at the spec's address", func(*v1.Replica) {}, true},
+		{"failure not recorded yet (the spec's entry is the old one)", func(r *v1.Replica) { r.Spec.FailedAt = nil }, false},
+		{"not running", func(r *v1.Replica) {
+			r.Status.InstanceState, r.Status.Address, r.Status.ControlAddress = v1.InstanceStateError, "", ""
+		}, false},
+		{"running at another data address", func(r *v1.Replica) { r.Status.Address = "h:3" }, false},
+		{"running at another control address", func(r *v1.Replica) { r.Status.ControlAddress = "h:3" }, false},
+		{"being deleted", func(r *v1.Replica) { r.DeletionTimestamp = failed }, false},
+	} {
+		rep := &v1.Replica{Spec: v1.ReplicaSpec{FailedAt: failed},
+			Status: v1.ReplicaStatus{InstanceState: v1.InstanceStateRunning, Address: "h:1", ControlAddress: "h:2"}}
+		tc.mutate(rep)
+		if got := replicaGivenBack(rep, addr); got != tc.want {
+			t.Errorf("%s: replicaGivenBack = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -135,7 +135,7 @@ func testRestarts(t *testing.T, prefix string, stop func(), start func() error) 
 	// new one.
 	restartWhen := func(what string, cond func() bool) {
 		t.Helper()
-		g.Eventually(cond, timeout, 5*time.Millisecond).Should(BeTrue(), what)
+		g.Eventually(cond, timeout, 5*time.Millisecond).Should(BeTrue(), func() string { return what + describe(ctx, get()) })
 		stop()
 		t.Logf("manager stopped at: %s", what)
 		g.Expect(start()).To(Succeed())

@@ -24,7 +24,10 @@ const LabelCloneFor = "storage.cairn.io/clone-for"
 const SnapshotFinalizer = "storage.cairn.io/snapshot"
 
 // EngineName is the name of a volume's Engine.
-func EngineName(v *v1.Volume) string { return v.Name + "-e" }
+func EngineName(v *v1.Volume) string { return EngineNameOf(v.Name) }
+
+// EngineNameOf is the name of the Engine of the volume named volume.
+func EngineNameOf(volume string) string { return volume + "-e" }
 
 // AnnotationCloned records, on a Volume whose copy from its data source
 // is complete and verified, the source snapshot copied
