@@ -129,6 +129,10 @@ demo: build ## See it work: 3 replicas + engine on loopback, snapshot, kill one,
 	hack/install-test-tools.sh
 	hack/demo.sh
 
+.PHONY: demo-kind
+demo-kind: build ## Cairn on a three-node kind cluster: deploy, a PVC written by a pod, a replica's node stopped and back, the repair shown live, the data verified.
+	hack/demo-kind.sh
+
 .PHONY: bench-replica
 bench-replica: ## 4 KiB random I/O through dataconn to one replica vs the raw file (ratio), and index memory per TiB.
 	cd dataplane && $(GO) test -run '^$$' -bench . -benchtime 1x ./replica/...
