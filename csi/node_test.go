@@ -154,18 +154,18 @@ func TestGetCapacity(t *testing.T) {
 	}
 	d := startDriver(t, "cap-a")
 	ctx := callCtx(t)
-	var one, two int64
-	g.Eventually(func() int64 {
-		r, err := d.controller.GetCapacity(ctx, &csipb.GetCapacityRequest{Parameters: map[string]string{ParamNumberOfReplicas: "1"}})
+	capacity := func(replicas string) *csipb.GetCapacityResponse {
+		r, err := d.controller.GetCapacity(ctx, &csipb.GetCapacityRequest{Parameters: map[string]string{ParamNumberOfReplicas: replicas}})
 		g.Expect(err).NotTo(HaveOccurred())
-		one = r.GetAvailableCapacity()
-		return r.GetMaximumVolumeSize().GetValue()
-	}, 30*time.Second, 100*time.Millisecond).Should(BeNumerically(">", 0), "the disks report their space")
-	r, err := d.controller.GetCapacity(ctx, &csipb.GetCapacityRequest{Parameters: map[string]string{ParamNumberOfReplicas: "2"}})
-	g.Expect(err).NotTo(HaveOccurred())
-	two = r.GetAvailableCapacity()
+		return r
+	}
+	// Both nodes' disks reported: a two-replica volume fits somewhere.
+	g.Eventually(func() int64 { return capacity("2").GetMaximumVolumeSize().GetValue() },
+		30*time.Second, 100*time.Millisecond).Should(BeNumerically(">", 0), "the disks report their space")
+	one, two := capacity("1").GetAvailableCapacity(), capacity("2").GetAvailableCapacity()
 	g.Expect(two).To(BeNumerically("<", one), "two replicas take twice the space")
-	r, err = d.controller.GetCapacity(ctx, &csipb.GetCapacityRequest{Parameters: map[string]string{ParamDiskSelector: "no-disk-has-this"}})
+	g.Expect(capacity("3").GetMaximumVolumeSize().GetValue()).To(BeZero(), "three replicas need three disks; there are two")
+	r, err := d.controller.GetCapacity(ctx, &csipb.GetCapacityRequest{Parameters: map[string]string{ParamDiskSelector: "no-disk-has-this"}})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(r.GetAvailableCapacity()).To(BeZero())
 	g.Expect(r.GetMaximumVolumeSize().GetValue()).To(BeZero())
