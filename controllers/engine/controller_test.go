@@ -150,10 +150,17 @@ func TestEngineGivesBackRecordedFailures(t *testing.T) {
 		Frontend: v1.FrontendNBD, ReplicaAddresses: addrs}}
 	g.Expect(k8sClient.Create(ctx, e)).To(Succeed())
 	defer func() {
-		g.Expect(k8sClient.Delete(ctx, e)).To(Succeed())
-		for _, rep := range reps {
-			g.Expect(k8sClient.Delete(ctx, rep)).To(Succeed())
+		// Everything goes before the instance manager their finalizers
+		// need, so the test runs again under -count.
+		objs := []client.Object{e, reps[0], reps[1]}
+		for _, o := range objs {
+			g.Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, o))).To(Succeed())
 		}
+		for _, o := range objs {
+			g.Eventually(func() bool { return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(o), o)) }, timeout, 50*time.Millisecond).
+				Should(BeTrue(), "%s deleted", o.GetName())
+		}
+		g.Expect(k8sClient.Delete(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-g", Namespace: "default"}})).To(Succeed())
 	}()
 	mode := func(n string) v1.ReplicaMode {
 		out := &v1.Engine{}
