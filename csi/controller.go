@@ -322,12 +322,23 @@ func (s *ControllerServer) DeleteVolume(ctx context.Context, req *csipb.DeleteVo
 		if v.Spec.NodeName != "" {
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is attached to node %s: it must be unpublished (its pod stopped) before it is deleted", id, v.Spec.NodeName)
 		}
-		snaps, err := s.snapshotsOf(ctx, id)
+		// A whole-volume clone of this volume copies from a snapshot the
+		// Volume reconciler takes and deletes once the copy is done: wait
+		// for those to go. The user's own snapshots refuse the deletion.
+		err := waitFor(ctx, "the snapshots clones of volume "+id+" copy from to be deleted", func() (bool, string, error) {
+			user, internal, err := s.snapshotsOf(ctx, id)
+			switch {
+			case err != nil:
+				return false, "", err
+			case len(user) > 0:
+				return false, "", status.Errorf(codes.FailedPrecondition, "volume %s has %d snapshot(s) (%s), which live in its replicas: delete them (their VolumeSnapshots) first", id, len(user), strings.Join(user, ", "))
+			case len(internal) > 0:
+				return false, fmt.Sprintf("a clone is being copied from it, or its snapshot %s is being deleted", strings.Join(internal, ", ")), nil
+			}
+			return true, "", nil
+		})
 		if err != nil {
 			return nil, err
-		}
-		if len(snaps) > 0 {
-			return nil, status.Errorf(codes.FailedPrecondition, "volume %s has %d snapshot(s) (%s), which live in its replicas: delete them (their VolumeSnapshots) first", id, len(snaps), strings.Join(snaps, ", "))
 		}
 		if err := s.c.Delete(ctx, v); err != nil && !apierrors.IsNotFound(err) {
 			return nil, apiError(err)
@@ -349,20 +360,25 @@ func (s *ControllerServer) DeleteVolume(ctx context.Context, req *csipb.DeleteVo
 	return &csipb.DeleteVolumeResponse{}, nil
 }
 
-// snapshotsOf names the Snapshots of a volume.
-func (s *ControllerServer) snapshotsOf(ctx context.Context, volumeID string) ([]string, error) {
+// snapshotsOf names the Snapshots of a volume: the CO's, and those the
+// Volume reconciler takes for whole-volume clones.
+func (s *ControllerServer) snapshotsOf(ctx context.Context, volumeID string) (user, internal []string, err error) {
 	var l v1.SnapshotList
 	if err := s.c.List(ctx, &l, client.InNamespace(s.ns)); err != nil {
-		return nil, apiError(err)
+		return nil, nil, apiError(err)
 	}
-	var out []string
 	for _, sn := range l.Items {
-		if sn.Spec.Volume == volumeID {
-			out = append(out, sn.Name)
+		switch {
+		case sn.Spec.Volume != volumeID:
+		case sn.Labels[labelCloneFor] != "":
+			internal = append(internal, sn.Name)
+		default:
+			user = append(user, sn.Name)
 		}
 	}
-	slices.Sort(out)
-	return out, nil
+	slices.Sort(user)
+	slices.Sort(internal)
+	return user, internal, nil
 }
 
 // ValidateVolumeCapabilities confirms the capabilities Cairn supports.
