@@ -129,6 +129,10 @@ demo: build ## See it work: 3 replicas + engine on loopback, snapshot, kill one,
 	hack/install-test-tools.sh
 	hack/demo.sh
 
+.PHONY: test-e2e
+test-e2e: build ## The e2e suite (test/e2e) on a three-node kind cluster with Cairn deployed from this tree; KEEP=1 keeps the cluster.
+	hack/test-e2e.sh
+
 .PHONY: demo-kind
 demo-kind: build ## Cairn on a three-node kind cluster: deploy, a PVC written by a pod, a replica's node stopped and back, the repair shown live, the data verified.
 	hack/demo-kind.sh

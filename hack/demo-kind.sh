@@ -7,48 +7,9 @@
 # kind node image and the CSI sidecars first: minutes the first time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CLUSTER=${CLUSTER:-cairn}
-OFFLINE=../shared/tools/kind-offline
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-if [[ -d $OFFLINE ]]; then
-  export KIND_OFFLINE_CACHE=${KIND_OFFLINE_CACHE:-/var/cache/kind-offline}
-  export PATH=$KIND_OFFLINE_CACHE/bin:$PATH
-  say "docker and the kind node image (built from Go modules and Debian packages; the first run takes 15 to 40 minutes, later ones seconds; log: $KIND_OFFLINE_CACHE/build.log)"
-  "$OFFLINE/setup-docker.sh" >/dev/null
-  "$OFFLINE/build-node-image.sh" >"$KIND_OFFLINE_CACHE/build.log" 2>&1 &
-  build=$!
-  while kill -0 $build 2>/dev/null; do sleep 15; echo "   ... $(tail -1 "$KIND_OFFLINE_CACHE/build.log" | cut -c1-100)"; done
-  wait $build || { echo "node image build failed: see $KIND_OFFLINE_CACHE/build.log" >&2; exit 1; }
-  NODE_IMAGE=${NODE_IMAGE:-kindest/node:v1.35.4-offline}
-fi
-for t in docker kind kubectl; do command -v $t >/dev/null || { echo "demo-kind: $t is needed" >&2; exit 1; }; done
+source hack/kind-up.sh
 k() { kubectl --context "kind-$CLUSTER" "$@"; }
-
-say "cluster $CLUSTER: three schedulable nodes"
-if ! kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
-  kind create cluster --name "$CLUSTER" ${NODE_IMAGE:+--image "$NODE_IMAGE"} --config test/e2e/kind-config.yaml --wait 5m
-fi
-k get nodes
-
-say "images: make docker-build, loaded into the nodes"
-make -s docker-build >/dev/null
-if [[ -d $OFFLINE ]]; then
-  "$OFFLINE/load-images.sh" "$CLUSTER" cairn-manager:dev cairn-data:dev cairn-csi:dev >/dev/null
-else
-  kind load docker-image --name "$CLUSTER" cairn-manager:dev cairn-data:dev cairn-csi:dev >/dev/null
-fi
-
-say "deploy Cairn"
-export KUBECONFIG=${KUBECONFIG:-$HOME/.kube/config}
-kubectl config use-context "kind-$CLUSTER" >/dev/null
-k get crd volumesnapshots.snapshot.storage.k8s.io >/dev/null 2>&1 || make -s deploy-snapshot-controller >/dev/null
-make -s deploy >/dev/null
-k -n cairn-system rollout status ds/cairn-instance-manager --timeout=3m
-k -n cairn-system rollout status ds/cairn-csi-node --timeout=3m
-k -n cairn-system rollout status deploy/cairn-manager deploy/cairn-csi-controller --timeout=3m 2>/dev/null || \
-  { k -n cairn-system rollout status deploy/cairn-manager --timeout=3m; k -n cairn-system rollout status deploy/cairn-csi-controller --timeout=3m; }
-k -n cairn-system get pods -o wide
 
 say "a PVC (StorageClass cairn: 3 replicas, ext4) and a pod writing 64 MiB with its checksum"
 # The app (so the engine) runs where the manager runs, if that is a worker:

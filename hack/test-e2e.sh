@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# test-e2e.sh: the e2e suite (test/e2e, build tag e2e) on a three-node kind
+# cluster with Cairn deployed from this tree (hack/kind-up.sh). The cluster
+# is deleted afterwards unless KEEP=1. On failure, every Cairn object and
+# the logs of Cairn's pods go to $ARTIFACTS (default _artifacts/e2e).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CLUSTER=${CLUSTER:-cairn-e2e}
+ARTIFACTS=${ARTIFACTS:-_artifacts/e2e}
+# kubelet in the kind nodes changes these host-wide sysctls; put them back.
+saved=$(sysctl -n kernel.panic kernel.panic_on_oops vm.overcommit_memory 2>/dev/null | tr '\n' ' ' || true)
+cleanup() {
+  if [[ ${KEEP:-0} != 1 ]]; then
+    kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+    if [[ -n $saved && $(id -u) == 0 ]]; then
+      read -r p o m <<<"$saved"
+      sysctl -qw kernel.panic="$p" kernel.panic_on_oops="$o" vm.overcommit_memory="$m" || true
+    fi
+  else
+    echo "KEEP=1: cluster $CLUSTER kept (kubectl --context kind-$CLUSTER ...; kind delete cluster --name $CLUSTER)"
+  fi
+}
+trap cleanup EXIT
+source hack/kind-up.sh
+
+say "e2e suite"
+rc=0
+go test -tags e2e -count=1 -timeout 40m ./test/e2e -args -ginkgo.v || rc=$?
+if [[ $rc != 0 ]]; then
+  mkdir -p "$ARTIFACTS"
+  k() { kubectl --context "kind-$CLUSTER" "$@"; }
+  k get all,pvc,pv,volumeattachments,volumesnapshots -A -o wide >"$ARTIFACTS/get.txt" 2>&1 || true
+  k -n cairn-system get volumes,engines,replicas,snapshots,instancemanagers,storagenodes -o yaml >"$ARTIFACTS/cairn.yaml" 2>&1 || true
+  k get events -A --sort-by=.lastTimestamp >"$ARTIFACTS/events.txt" 2>&1 || true
+  for p in $(k -n cairn-system get pods -o name); do
+    k -n cairn-system logs "$p" --all-containers --prefix >"$ARTIFACTS/$(basename "$p").log" 2>&1 || true
+  done
+  echo "e2e failed: objects and logs in $ARTIFACTS" >&2
+fi
+exit $rc
