@@ -505,6 +505,69 @@ func TestInstanceManagerTLS(t *testing.T) {
 	}
 }
 
+// TestInstanceManagerTLSReload: when the certificate files change (the
+// manager renewed them or rotated the CA, kubelet replaced the mounted
+// Secret's files), the next handshake uses them, with no restart: a client
+// of the new CA gets through, one of the old CA no longer does; a set of
+// files that cannot be loaded keeps the previous configuration.
+func TestInstanceManagerTLSReload(t *testing.T) {
+	dir := t.TempDir()
+	files := func(ca *x509.Certificate, caKey *ecdsa.PrivateKey) {
+		// Written beside and renamed into place, as kubelet swaps a
+		// Secret volume's files atomically.
+		srv, srvKey := issue(t, ca, caKey, "instance-manager", true)
+		writePEM(t, filepath.Join(dir, "ca.new"), "CERTIFICATE", ca.Raw)
+		writePEM(t, filepath.Join(dir, "srv.new"), "CERTIFICATE", srv.Raw)
+		writeKey(t, filepath.Join(dir, "key.new"), srvKey)
+		for from, to := range map[string]string{"ca.new": "ca.pem", "srv.new": "srv.pem", "key.new": "srv.key"} {
+			if err := os.Rename(filepath.Join(dir, from), filepath.Join(dir, to)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ca1, ca1Key := newCA(t)
+	files(ca1, ca1Key)
+	im := start(t, "instance-manager", "--listen", "127.0.0.1:0", "--node", "n", "--log-dir", filepath.Join(dir, "logs"),
+		"--port-range", freePortRange(t, 2), "--tls-cert", filepath.Join(dir, "srv.pem"), "--tls-key", filepath.Join(dir, "srv.key"),
+		"--tls-client-ca", filepath.Join(dir, "ca.pem"))
+	// call connects afresh as a client of ca (trusting it for the server
+	// too) and returns the error of one RPC.
+	call := func(ca *x509.Certificate, caKey *ecdsa.PrivateKey) error {
+		pool := x509.NewCertPool()
+		pool.AddCert(ca)
+		c, k := issue(t, ca, caKey, "cairn-manager", false)
+		cc, err := grpc.NewClient(im.control, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool,
+			ServerName: "instance-manager", Certificates: []tls.Certificate{{Certificate: [][]byte{c.Raw}, PrivateKey: k}}})))
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err = imv1.NewInstanceManagerServiceClient(cc).NodeInfo(ctx, &imv1.NodeInfoRequest{})
+		return err
+	}
+	if err := call(ca1, ca1Key); err != nil {
+		t.Fatalf("client of the first CA: %v", err)
+	}
+	ca2, ca2Key := newCA(t)
+	files(ca2, ca2Key)
+	if err := call(ca2, ca2Key); err != nil {
+		t.Fatalf("client of the new CA after the files changed: %v", err)
+	}
+	if err := call(ca1, ca1Key); err == nil {
+		t.Fatal("a client of the replaced CA still got through")
+	}
+	// A broken set (the key file emptied) is not taken: the last good
+	// configuration keeps serving.
+	if err := os.WriteFile(filepath.Join(dir, "srv.key"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := call(ca2, ca2Key); err != nil {
+		t.Fatalf("after an unloadable change the previous files should still serve: %v", err)
+	}
+}
+
 func newCA(t *testing.T) (*x509.Certificate, *ecdsa.PrivateKey) {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
