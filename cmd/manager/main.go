@@ -6,6 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -20,6 +24,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	storagev1alpha1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/certs"
 	"github.com/cairn-io/cairn/controllers/engine"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
@@ -36,6 +41,7 @@ func main() {
 		leaderElection bool
 		vr             volume.Reconciler
 		disc           discovery
+		pki            pkiFlags
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the metrics endpoint binds to; \"0\" disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the health and readiness probes bind to.")
@@ -51,6 +57,12 @@ func main() {
 	flag.BoolVar(&disc.enabled, "discover-instance-managers", true,
 		"Keep an InstanceManager (and a StorageNode) per node where an instance-manager pod is ready; off where instance managers are registered by hand.")
 	flag.StringVar(&disc.selector, "instance-manager-selector", instancemanager.DefaultPodSelector, "Label selector of the instance-manager DaemonSet's pods.")
+	flag.BoolVar(&pki.enabled, "instance-manager-tls", true,
+		"Talk to instance managers over mutual TLS with certificates this manager issues (CA in --ca-secret, the instance managers' in --instance-manager-tls-secret); "+
+			"off only for instance managers started with --insecure.")
+	flag.StringVar(&pki.caSecret, "ca-secret", certs.DefaultCASecret, "Secret (in --namespace) holding Cairn's CA; made on first start. Annotate it "+certs.AnnotationRotate+"=<new value> to rotate the CA.")
+	flag.StringVar(&pki.servingSecret, "instance-manager-tls-secret", certs.DefaultServingSecret, "Secret (in --namespace) the manager keeps the instance managers' serving certificate and trust bundle in.")
+	flag.DurationVar(&pki.validity, "certificate-validity", certs.DefaultValidity, "Lifetime of the issued certificates; each is renewed when a third of it is left.")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -60,7 +72,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "cairn-manager: --replenishment-wait, --concurrent-rebuild-limit and --over-provisioning-percent must be positive")
 		os.Exit(2)
 	}
-	if err := run(metricsAddr, probeAddr, leaderElection, &vr, disc); err != nil {
+	if pki.validity < 3*time.Hour {
+		fmt.Fprintln(os.Stderr, "cairn-manager: --certificate-validity must be at least 3h (certificates are renewed with a third of it left; kubelet takes up to a few minutes to hand renewed files to the instance managers)")
+		os.Exit(2)
+	}
+	if err := run(metricsAddr, probeAddr, leaderElection, &vr, disc, pki); err != nil {
 		fmt.Fprintln(os.Stderr, "cairn-manager:", err)
 		os.Exit(1)
 	}
@@ -73,6 +89,14 @@ type discovery struct {
 	selector  string
 }
 
+// pkiFlags say whether and how the manager authenticates to instance
+// managers.
+type pkiFlags struct {
+	enabled                 bool
+	caSecret, servingSecret string
+	validity                time.Duration
+}
+
 func envOr(key, def string) string {
 	if v := os.Getenv(key); v != "" {
 		return v
@@ -80,7 +104,7 @@ func envOr(key, def string) string {
 	return def
 }
 
-func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconciler, disc discovery) error {
+func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconciler, disc discovery, pki pkiFlags) error {
 	sel, err := labels.Parse(disc.selector)
 	if err != nil {
 		return fmt.Errorf("--instance-manager-selector %q: %w", disc.selector, err)
@@ -114,9 +138,23 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return fmt.Errorf("add ready check: %w", err)
 	}
-	// One connection per instance manager, shared by every reconciler.
+	// One connection per instance manager, shared by every reconciler;
+	// mutual TLS with certificates from Cairn's own CA.
+	poolOpts := imclient.Options{Logger: ctrl.Log.WithName("imclient")}
+	if pki.enabled {
+		ca := certs.New(certs.Options{Namespace: disc.namespace, CASecret: pki.caSecret, ServingSecret: pki.servingSecret,
+			Validity: pki.validity, Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Logger: ctrl.Log.WithName("certs")})
+		if err := mgr.Add(ca); err != nil {
+			return fmt.Errorf("add the certificate authority: %w", err)
+		}
+		if err := mgr.AddReadyzCheck("certificates", ca.Ready); err != nil {
+			return fmt.Errorf("add ready check: %w", err)
+		}
+		poolOpts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(ca.ClientTLS()))}
+	}
 	imr := instancemanager.NewReconciler(mgr.GetClient(), nil)
-	pool := imclient.New(imclient.Options{OnChange: imr.Changed, Logger: ctrl.Log.WithName("imclient")})
+	poolOpts.OnChange = imr.Changed
+	pool := imclient.New(poolOpts)
 	defer pool.Close()
 	imr.Pool = pool
 	if err := imr.SetupWithManager(mgr); err != nil {

@@ -54,6 +54,8 @@ func TestManagerRestartConverges(t *testing.T) {
 		var cmd *exec.Cmd
 		start := func() error {
 			cmd = exec.Command(bin, "--kubeconfig", kubeconfig, "--discover-instance-managers=false", "--namespace", "default",
+				// The test's instance managers serve loopback without TLS.
+				"--instance-manager-tls=false",
 				"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--replenishment-wait", replenishmentWait.String())
 			cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 			return cmd.Start()

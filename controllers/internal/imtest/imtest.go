@@ -50,14 +50,16 @@ type IM struct {
 }
 
 // Start runs an instance manager for node on addr ("" picks a free
-// address), with DataDir as its data directory, until the test ends.
-func Start(t testing.TB, node, addr, dataDir string) *IM {
+// address), with DataDir as its data directory, until the test ends;
+// extra flags (e.g. --tls-cert ...) are added to its command line.
+func Start(t testing.TB, node, addr, dataDir string, extra ...string) *IM {
 	t.Helper()
 	if addr == "" {
 		addr = FreeAddr(t)
 	}
 	cmd := exec.Command(Binary(t), "instance-manager", "--listen", addr, "--node", node, "--data-dir", dataDir,
 		"--log-dir", filepath.Join(dataDir, ".logs"), "--port-range", FreeRange(t, 64), "--stop-grace", "5s")
+	cmd.Args = append(cmd.Args, extra...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
