@@ -148,9 +148,11 @@ bench-control: envtest ## Control plane: create -> attached latency (1 and 20 vo
 	  CAIRN_BENCH_CONTROL=1 $(GO) test -v -count=1 -timeout 30m -run '^TestBenchControl$$' ./controllers/volume/
 
 .PHONY: fuzz
-fuzz: ## Fuzz the dataconn decoder and a live dataconn server, $(FUZZTIME) each (new crashers land in dataplane/dataconn/testdata/fuzz).
+fuzz: ## Fuzz the dataconn decoder, a live dataconn server and the authentication handshake, $(FUZZTIME) each (new crashers land in dataplane/dataconn/testdata/fuzz).
 	cd dataplane && $(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./dataconn
 	cd dataplane && $(GO) test -run '^$$' -fuzz '^FuzzServer$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 200x ./dataconn
+	cd dataplane && $(GO) test -run '^$$' -fuzz '^FuzzServerHandshake$$' -fuzztime $(FUZZTIME) ./dataconn
+	cd dataplane && $(GO) test -run '^$$' -fuzz '^FuzzAuthDecode$$' -fuzztime $(FUZZTIME) ./dataconn
 
 ##@ Build
 

@@ -141,6 +141,7 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 	// One connection per instance manager, shared by every reconciler;
 	// mutual TLS with certificates from Cairn's own CA.
 	poolOpts := imclient.Options{Logger: ctrl.Log.WithName("imclient")}
+	var keys certs.VolumeKeys
 	if pki.enabled {
 		ca := certs.New(certs.Options{Namespace: disc.namespace, CASecret: pki.caSecret, ServingSecret: pki.servingSecret,
 			Validity: pki.validity, Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Logger: ctrl.Log.WithName("certs")})
@@ -151,6 +152,9 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 			return fmt.Errorf("add ready check: %w", err)
 		}
 		poolOpts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(ca.ClientTLS()))}
+		// Each volume's engine and replicas authenticate their data
+		// connections with a key derived from the CA Secret's master.
+		keys = ca
 	}
 	imr := instancemanager.NewReconciler(mgr.GetClient(), nil)
 	poolOpts.OnChange = imr.Changed
@@ -169,8 +173,8 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 	}
 	for kind, setup := range map[string]func(ctrl.Manager) error{
 		"StorageNode": (&storagenode.Reconciler{Client: c, Pool: pool}).SetupWithManager,
-		"Replica":     (&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,
-		"Engine":      (&engine.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+		"Replica":     (&replica.Reconciler{Client: c, Pool: pool, Keys: keys}).SetupWithManager,
+		"Engine":      (&engine.Reconciler{Client: c, Pool: pool, Keys: keys}).SetupWithManager,
 		"Volume":      func(mgr ctrl.Manager) error { vr.Client = c; return vr.SetupWithManager(mgr) },
 		"Snapshot":    (&snapshot.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 	} {

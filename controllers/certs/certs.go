@@ -20,6 +20,7 @@ package certs
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -102,6 +103,7 @@ type Authority struct {
 	// the current CA's first: during a rotation an instance manager that
 	// has not yet seen the new bundle still gets one it accepts.
 	clients []*tls.Certificate
+	master  MasterKey     // volume keys are derived from it
 	synced  chan struct{} // closed after the first successful Sync
 	lastErr error
 }
@@ -182,10 +184,9 @@ func (a *Authority) sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cur, err := parseCA(caSecret.Data[KeyCACert], caSecret.Data[KeyCAKey])
+	cur, err := a.parseCA(caSecret)
 	if err != nil {
-		return fmt.Errorf("Secret %s/%s: %s and %s do not hold a usable CA (%v); "+
-			"delete the Secret to have the manager make a new CA", a.opts.Namespace, a.opts.CASecret, KeyCACert, KeyCAKey, err)
+		return err
 	}
 	cas := []*ca{cur}
 	if prev, err := parseCA(caSecret.Data[KeyPreviousCert], caSecret.Data[KeyPreviousKey]); err == nil {
@@ -209,6 +210,7 @@ func (a *Authority) sync(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.roots = roots
+	a.master = MasterKey(bytes.Clone(caSecret.Data[KeyVolumeMaster]))
 	var clients []*tls.Certificate
 	for _, c := range cas {
 		var have *tls.Certificate
@@ -240,6 +242,23 @@ func (a *Authority) sync(ctx context.Context) error {
 	return nil
 }
 
+func (a *Authority) parseCA(s *corev1.Secret) (*ca, error) {
+	c, err := parseCA(s.Data[KeyCACert], s.Data[KeyCAKey])
+	if err != nil {
+		return nil, fmt.Errorf("Secret %s/%s: %s and %s do not hold a usable CA (%v); "+
+			"delete the Secret to have the manager make a new CA", a.opts.Namespace, a.opts.CASecret, KeyCACert, KeyCAKey, err)
+	}
+	return c, nil
+}
+
+func newMaster() []byte {
+	b := make([]byte, masterKeySize)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return b
+}
+
 // ensureCA returns the CA Secret, creating it, rotating its CA or
 // dropping an expired previous CA as needed.
 func (a *Authority) ensureCA(ctx context.Context, now time.Time) (*corev1.Secret, error) {
@@ -255,7 +274,7 @@ func (a *Authority) ensureCA(ctx context.Context, now time.Time) (*corev1.Secret
 			ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace,
 				Labels: map[string]string{"app.kubernetes.io/name": "cairn", "app.kubernetes.io/component": "ca"}},
 			Type: corev1.SecretTypeOpaque,
-			Data: map[string][]byte{KeyCACert: c.certPEM, KeyCAKey: c.keyPEM},
+			Data: map[string][]byte{KeyCACert: c.certPEM, KeyCAKey: c.keyPEM, KeyVolumeMaster: newMaster()},
 		}
 		// Two managers starting at once: one Create wins, the other
 		// reads the winner's CA.
@@ -272,7 +291,19 @@ func (a *Authority) ensureCA(ctx context.Context, now time.Time) (*corev1.Secret
 		return nil, fmt.Errorf("get Secret %s: %w", key, err)
 	}
 
+	// An unusable CA is the operator's to fix: nothing is written to it.
+	if _, err := a.parseCA(s); err != nil {
+		return nil, err
+	}
 	changed := false
+	if len(s.Data[KeyVolumeMaster]) < masterKeySize {
+		// A CA Secret from before volume keys, or one an operator made.
+		if s.Data == nil {
+			s.Data = map[string][]byte{}
+		}
+		s.Data[KeyVolumeMaster] = newMaster()
+		changed = true
+	}
 	ann := s.Annotations
 	if want := ann[AnnotationRotate]; want != "" && want != ann[annotationRotated] {
 		c, err := newCA(now, a.opts.CAValidity)

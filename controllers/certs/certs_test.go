@@ -137,6 +137,16 @@ func TestAuthorityWithInstanceManager(t *testing.T) {
 	g.Expect(secret(t, ns, DefaultCASecret).ResourceVersion).To(Equal(caSecret.ResourceVersion))
 	g.Expect(secret(t, ns, DefaultServingSecret).ResourceVersion).To(Equal(serving.ResourceVersion))
 
+	// Volume keys: the same for every manager, different per volume.
+	k1, err := a.VolumeKey("default", "v1")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(k1).To(HaveLen(32))
+	g.Expect(b.VolumeKey("default", "v1")).To(Equal(k1))
+	g.Expect(a.VolumeKey("default", "v2")).NotTo(Equal(k1))
+	g.Expect(a.VolumeKey("other", "v1")).NotTo(Equal(k1))
+	_, err = New(Options{Namespace: ns}).VolumeKey("default", "v1")
+	g.Expect(err).To(HaveOccurred(), "no key before the CA Secret is read")
+
 	dir := t.TempDir()
 	tlsDir := filepath.Join(dir, "tls")
 	g.Expect(os.Mkdir(tlsDir, 0o700)).To(Succeed())
@@ -183,6 +193,7 @@ func TestAuthorityWithInstanceManager(t *testing.T) {
 	g.Expect(string(serving.Data[KeyCACert])).To(Equal(string(ca2.certPEM)+string(ca1.certPEM)), "the bundle trusts both")
 	g.Expect(a.Sync(ctx)).To(Succeed())
 	g.Expect(secret(t, ns, DefaultCASecret).ResourceVersion).To(Equal(caSecret.ResourceVersion), "one rotation per annotation value")
+	g.Expect(a.VolumeKey("default", "v1")).To(Equal(k1), "volume keys survive a CA rotation (running volumes keep theirs)")
 
 	// The instance manager still has the old files: a new connection gets
 	// in with the manager's client certificate of the old CA.
@@ -236,7 +247,7 @@ func TestAuthorityRefusesABrokenCA(t *testing.T) {
 	err := a.Sync(context.Background())
 	g.Expect(err).To(MatchError(ContainSubstring("delete the Secret to have the manager make a new CA")))
 	g.Expect(a.Ready(nil)).To(MatchError(ContainSubstring("no client certificate yet")))
-	g.Expect(secret(t, ns, DefaultCASecret).Data[KeyCACert]).To(Equal([]byte("not a certificate")))
+	g.Expect(secret(t, ns, DefaultCASecret).Data).To(Equal(map[string][]byte{KeyCACert: []byte("not a certificate")}), "nothing written to it")
 	_, err = a.clientCertificate(&tls.CertificateRequestInfo{})
 	g.Expect(err).To(HaveOccurred())
 }

@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/certs"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
@@ -73,6 +74,9 @@ type Reconciler struct {
 	Engines *Watches
 	// Recorder records Events (nil: none).
 	Recorder events.EventRecorder
+	// Keys gives each volume's data-port key, sent with the engine's spec
+	// (nil: none, for instance managers on loopback in tests).
+	Keys certs.VolumeKeys
 
 	changes chan event.GenericEvent
 }
@@ -205,6 +209,14 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.R
 	}
 	switch {
 	case !exists:
+		if r.Keys != nil {
+			key, err := r.Keys.VolumeKey(e.Namespace, e.Spec.VolumeName)
+			if err != nil {
+				ready(false, ReasonProcessFailed, err.Error())
+				return ctrl.Result{}, fmt.Errorf("the key of volume %s: %w", e.Spec.VolumeName, err)
+			}
+			want.AuthKey = key
+		}
 		// If we crash after the create, the next reconcile finds the
 		// process by name.
 		_, err := conn.Client.ProcessCreate(cctx, &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Engine{Engine: want}})

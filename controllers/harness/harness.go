@@ -6,6 +6,7 @@
 package harness
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/certs"
 	"github.com/cairn-io/cairn/controllers/engine"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
@@ -56,14 +58,17 @@ func Start(opts Options) (*Cluster, error) {
 		opts.ReplenishmentWait = 10 * time.Second
 	}
 	imr := instancemanager.NewReconciler(nil, nil)
+	// Every volume's engine and replicas authenticate their data
+	// connections with the volume's key, as in a cluster.
+	keys := certs.MasterKey(bytes.Repeat([]byte("harness!"), 4))
 	env, err := suite.Start(func(mgr ctrl.Manager, pool *imclient.Pool) error {
 		imr.Client, imr.Pool = mgr.GetClient(), pool
 		c := mgr.GetClient()
 		for _, setup := range []func(ctrl.Manager) error{
 			imr.SetupWithManager,
 			(&storagenode.Reconciler{Client: c, Pool: pool, Resync: time.Second}).SetupWithManager,
-			(&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,
-			(&engine.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+			(&replica.Reconciler{Client: c, Pool: pool, Keys: keys}).SetupWithManager,
+			(&engine.Reconciler{Client: c, Pool: pool, Keys: keys}).SetupWithManager,
 			(&volume.Reconciler{Client: c, ReplenishmentWait: opts.ReplenishmentWait}).SetupWithManager,
 			(&snapshot.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		} {

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/certs"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
@@ -49,6 +50,9 @@ const callTimeout = 10 * time.Second
 type Reconciler struct {
 	client.Client
 	Pool *imclient.Pool
+	// Keys gives each volume's data-port key, sent with the replica's
+	// spec (nil: none, for instance managers on loopback in tests).
+	Keys certs.VolumeKeys
 }
 
 // ProcessName is the instance-manager process name of a Replica or Engine:
@@ -141,8 +145,15 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, rep *v1.Replica) (ctr
 	case !exists:
 		// If we crash after this create and before the status patch, the
 		// next reconcile finds the process by its name.
-		_, err := conn.Client.ProcessCreate(cctx, &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Replica{
-			Replica: &imv1.ReplicaSpec{DataDir: DataDir(rep), SizeBytes: rep.Spec.Size.Value()}}})
+		spec := &imv1.ReplicaSpec{DataDir: DataDir(rep), SizeBytes: rep.Spec.Size.Value()}
+		if r.Keys != nil {
+			key, err := r.Keys.VolumeKey(rep.Namespace, rep.Spec.VolumeName)
+			if err != nil {
+				return ctrl.Result{}, fmt.Errorf("the key of volume %s: %w", rep.Spec.VolumeName, err)
+			}
+			spec.AuthKey = key
+		}
+		_, err := conn.Client.ProcessCreate(cctx, &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Replica{Replica: spec}})
 		switch grpcstatus.Code(err) {
 		case codes.OK, codes.AlreadyExists:
 			st.InstanceState = v1.InstanceStateStarting

@@ -57,6 +57,12 @@ type ClientOptions struct {
 	// bytes cross no wire). A server that refuses it gets plain writes.
 	// The region must outlive the client.
 	Shared *shm.Region
+	// Key, when set, is the volume's key: Dial runs the authentication
+	// handshake (auth.go) on every connection before any frame.
+	Key []byte
+	// HandshakeTimeout bounds each handshake. Default
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
 }
 
 func (o *ClientOptions) setDefaults() {
@@ -65,6 +71,9 @@ func (o *ClientOptions) setDefaults() {
 	}
 	if o.MaxPayload == 0 {
 		o.MaxPayload = DefaultMaxPayload
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = DefaultHandshakeTimeout
 	}
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = 10 * time.Second
@@ -165,6 +174,15 @@ func Dial(ctx context.Context, network, addr string, opts ClientOptions) (*Clien
 	conns := make([]net.Conn, 0, opts.Conns)
 	for range opts.Conns {
 		nc, err := d.DialContext(ctx, network, addr)
+		if err == nil && opts.Key != nil {
+			timeout := opts.HandshakeTimeout
+			if dl, ok := ctx.Deadline(); ok {
+				timeout = min(timeout, time.Until(dl))
+			}
+			if err = ClientHandshake(nc, opts.Key, timeout); err != nil {
+				nc.Close()
+			}
+		}
 		if err != nil {
 			for _, c := range conns {
 				c.Close()

@@ -57,6 +57,17 @@ type ServerOptions struct {
 	MaxPayload uint32
 	// Logger receives connection-level events. Default: discard.
 	Logger logr.Logger
+	// Key, when set (KeySize bytes), is the volume's key: every
+	// connection Serve accepts must pass the authentication handshake
+	// (auth.go) before a frame is read; one that does not is closed.
+	Key []byte
+	// HandshakeTimeout bounds each handshake. Default
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// MaxHandshakes bounds the handshakes in progress at once; a
+	// connection beyond it is closed at once (a flood of idle connections
+	// cannot hold the server's memory). Default 64.
+	MaxHandshakes int
 }
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -75,6 +86,7 @@ type Server struct {
 	done      chan struct{} // closed when closing is set
 	listeners map[net.Listener]struct{}
 	conns     map[*serverConn]struct{}
+	pending   map[net.Conn]struct{} // connections in their handshake
 	connsWG   sync.WaitGroup
 	workersWG sync.WaitGroup
 	stopOnce  sync.Once
@@ -103,6 +115,12 @@ func NewServer(b Backend, opts ServerOptions) *Server {
 	if opts.MaxPayload == 0 {
 		opts.MaxPayload = DefaultMaxPayload
 	}
+	if opts.HandshakeTimeout <= 0 {
+		opts.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if opts.MaxHandshakes <= 0 {
+		opts.MaxHandshakes = 64
+	}
 	s := &Server{
 		backend:   b,
 		opts:      opts,
@@ -112,6 +130,7 @@ func NewServer(b Backend, opts ServerOptions) *Server {
 		done:      make(chan struct{}),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*serverConn]struct{}{},
+		pending:   map[net.Conn]struct{}{},
 	}
 	s.workersWG.Add(opts.Workers)
 	for range opts.Workers {
@@ -152,8 +171,38 @@ func (s *Server) Serve(l net.Listener) error {
 			}
 			return err
 		}
-		s.ServeConn(nc)
+		if s.opts.Key == nil {
+			s.ServeConn(nc)
+			continue
+		}
+		s.mu.Lock()
+		full := len(s.pending) >= s.opts.MaxHandshakes || s.closing
+		if !full {
+			s.pending[nc] = struct{}{}
+		}
+		s.mu.Unlock()
+		if full {
+			s.log.Info("connection closed: too many handshakes in progress", "peer", nc.RemoteAddr().String(), "max", s.opts.MaxHandshakes)
+			nc.Close()
+			continue
+		}
+		go s.authenticate(nc)
 	}
+}
+
+// authenticate runs the handshake on an accepted connection and serves it
+// if the client proves it holds the volume's key.
+func (s *Server) authenticate(nc net.Conn) {
+	err := ServerHandshake(nc, s.opts.Key, s.opts.HandshakeTimeout)
+	s.mu.Lock()
+	delete(s.pending, nc)
+	s.mu.Unlock()
+	if err != nil {
+		s.log.Info("connection refused: authentication failed", "peer", nc.RemoteAddr().String(), "error", err.Error())
+		nc.Close()
+		return
+	}
+	s.ServeConn(nc)
 }
 
 // ServeConn serves one established stream in the background until it fails,
@@ -243,6 +292,9 @@ func (s *Server) closeConns() {
 	defer s.mu.Unlock()
 	for sc := range s.conns {
 		sc.nc.Close()
+	}
+	for nc := range s.pending {
+		nc.Close()
 	}
 }
 

@@ -69,6 +69,10 @@ type EngineSpec struct {
 	// ReplicaTimeout fails a replica that does not answer a request in
 	// this time; 0 takes the engine's default.
 	ReplicaTimeout time.Duration
+	// AuthKey is the volume's key (AuthKeySize bytes, or empty for none):
+	// the engine authenticates every data connection to its replicas
+	// with it. It reaches the child through a pipe, never its arguments.
+	AuthKey string
 }
 
 // ReplicaSpec is a replica to run.
@@ -83,6 +87,47 @@ type ReplicaSpec struct {
 	// UnixSocket serves data on a unix socket (for an engine on this
 	// node) instead of a TCP port.
 	UnixSocket bool
+	// AuthKey is the volume's key (AuthKeySize bytes, or empty for none):
+	// the replica serves only data connections that prove they hold it.
+	AuthKey string
+}
+
+// AuthKeySize is the size of a volume's key.
+const AuthKeySize = 32
+
+// authKeyOf is a spec's key, or "".
+func authKeyOf(s Spec) string {
+	switch s := s.(type) {
+	case EngineSpec:
+		return s.AuthKey
+	case ReplicaSpec:
+		return s.AuthKey
+	}
+	return ""
+}
+
+// redacted is s without its key, for messages and logs.
+func redacted(s Spec) Spec {
+	switch s := s.(type) {
+	case EngineSpec:
+		if s.AuthKey != "" {
+			s.AuthKey = "(redacted)"
+		}
+		return s
+	case ReplicaSpec:
+		if s.AuthKey != "" {
+			s.AuthKey = "(redacted)"
+		}
+		return s
+	}
+	return s
+}
+
+func validKey(k string) error {
+	if k != "" && len(k) != AuthKeySize {
+		return fmt.Errorf("%w: auth key of %d bytes: give %d, or none", ErrInvalid, len(k), AuthKeySize)
+	}
+	return nil
 }
 
 // Bounds on what a spec may ask for: every field comes from the network.
@@ -108,6 +153,9 @@ func (EngineSpec) Kind() Kind { return KindEngine }
 func (ReplicaSpec) Kind() Kind { return KindReplica }
 
 func (e EngineSpec) validate([]string) error {
+	if err := validKey(e.AuthKey); err != nil {
+		return err
+	}
 	if !labelRE.MatchString(e.VolumeName) {
 		return fmt.Errorf("%w: engine volume name %q: use a DNS label (lowercase letters, digits and '-', at most 63)", ErrInvalid, e.VolumeName)
 	}
@@ -143,6 +191,9 @@ func (e EngineSpec) validate([]string) error {
 }
 
 func (r ReplicaSpec) validate(dataDirs []string) error {
+	if err := validKey(r.AuthKey); err != nil {
+		return err
+	}
 	if r.SizeBytes <= 0 || r.SizeBytes > maxVolumeSize || r.SizeBytes%4096 != 0 {
 		return fmt.Errorf("%w: replica size %d: give a multiple of 4096 up to 64 TiB", ErrInvalid, r.SizeBytes)
 	}
@@ -204,12 +255,16 @@ type placement struct {
 	ports  []int
 	name   string
 	readyF int // the descriptor number of the ready pipe in the child
+	keyF   int // the descriptor number of the key pipe in the child
 }
 
 // args is the command line (after the subcommand) for a spec.
 func args(s Spec, p placement) []string {
 	addr := func(i int) string { return joinHostPort(p.host, p.ports[i]) }
 	ready := []string{"--ready-fd", strconv.Itoa(p.readyF)}
+	if authKeyOf(s) != "" {
+		ready = append(ready, "--auth-key-fd", strconv.Itoa(p.keyF))
+	}
 	switch s := s.(type) {
 	case ReplicaSpec:
 		out := []string{"--dir", s.DataDir, "--size", strconv.FormatInt(s.SizeBytes, 10)}

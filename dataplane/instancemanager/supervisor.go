@@ -85,6 +85,10 @@ type Options struct {
 	StateDir string
 	// Env is the children's whole environment. Default: only PATH.
 	Env []string
+	// RequireAuthKey refuses specs without a volume key: set when the
+	// children serve a network address, where anyone could otherwise
+	// reach their data ports.
+	RequireAuthKey bool
 	// StartTimeout: a process that has not reported ready by then is
 	// killed and put in error. Default 60s.
 	StartTimeout time.Duration
@@ -163,8 +167,11 @@ type spawnReq struct {
 }
 
 // readyFD is the descriptor number of the ready pipe in a child (the
-// first of exec.Cmd.ExtraFiles).
-const readyFD = 3
+// first of exec.Cmd.ExtraFiles), keyFD that of the key pipe (the second).
+const (
+	readyFD = 3
+	keyFD   = 4
+)
 
 // New returns a Supervisor, first killing any child a previous instance
 // manager left running (see docs/instance-manager.md, "Restarts").
@@ -260,6 +267,9 @@ func (s *Supervisor) Create(name string, spec Spec) (Process, error) {
 		return Process{}, fmt.Errorf("%w: give an engine or a replica spec", ErrInvalid)
 	}
 	spec = withDefaults(spec)
+	if s.opts.RequireAuthKey && authKeyOf(spec) == "" {
+		return Process{}, fmt.Errorf("%w: no auth key: this instance manager's processes serve %s, a network address, so each needs its volume's key (the manager sends it; a test setup on loopback needs none)", ErrInvalid, s.opts.Host)
+	}
 	if err := spec.validate(s.opts.DataDirs); err != nil {
 		return Process{}, err
 	}
@@ -272,7 +282,7 @@ func (s *Supervisor) Create(name string, spec Spec) (Process, error) {
 		snap := p.snapshot()
 		s.mu.Unlock()
 		if !sameSpec(p.Spec, spec) {
-			return snap, fmt.Errorf("%w: process %s exists with another spec (%+v); delete it first", ErrConflict, name, p.Spec)
+			return snap, fmt.Errorf("%w: process %s exists with another spec (%+v); delete it first", ErrConflict, name, redacted(p.Spec))
 		}
 		return snap, fmt.Errorf("%w: %s", ErrExists, name)
 	}
@@ -287,7 +297,7 @@ func (s *Supervisor) Create(name string, spec Spec) (Process, error) {
 		return Process{}, fmt.Errorf("%w: %d contiguous ports wanted in %d-%d", ErrNoPorts, n, s.opts.PortMin, s.opts.PortMax)
 	}
 	p := &proc{Process: Process{Name: name, Kind: spec.Kind(), Spec: spec, State: StateStarting, Ports: ports,
-		Args: args(spec, placement{host: s.opts.Host, runDir: s.opts.RunDir, ports: ports, name: name, readyF: readyFD})},
+		Args: args(spec, placement{host: s.opts.Host, runDir: s.opts.RunDir, ports: ports, name: name, readyF: readyFD, keyF: keyFD})},
 		started: make(chan struct{}), exited: make(chan struct{})}
 	defer close(p.started)
 	s.procs[name] = p // reserve the name: concurrent creates see it
@@ -338,6 +348,26 @@ func (s *Supervisor) launch(p *proc) (*os.File, error) {
 	p.cmd.Stdout, p.cmd.Stderr = lg, lg
 	p.cmd.Env = s.opts.Env
 	p.cmd.ExtraFiles = []*os.File{readyW}
+	if key := authKeyOf(p.Spec); key != "" {
+		// The key goes through a pipe the child reads once: not in its
+		// arguments or environment, which other users of the node can
+		// read in /proc. 32 bytes fit in any pipe's buffer, so the write
+		// does not wait for the child.
+		keyR, keyW, err := os.Pipe()
+		if err != nil {
+			readyR.Close()
+			return nil, err
+		}
+		_, err = keyW.WriteString(key)
+		keyW.Close()
+		if err != nil {
+			keyR.Close()
+			readyR.Close()
+			return nil, err
+		}
+		defer keyR.Close() // the child has its copy
+		p.cmd.ExtraFiles = append(p.cmd.ExtraFiles, keyR)
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	done := make(chan error, 1)
 	s.spawn <- spawnReq{cmd: p.cmd, done: done}

@@ -60,6 +60,7 @@ type engineFlags struct {
 	shared         int64
 	replicaTimeout time.Duration
 	readyFD        int
+	key            []byte
 }
 
 // parseEngineFlags parses and checks the command line; with a nil result
@@ -80,6 +81,7 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 	fs.StringVar(&c.listen, "listen", "", "host:port for the gRPC control API (default: none)")
 	sharedFlag := fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for NBD writes to reach them without a socket copy; 0 turns it off")
 	fs.DurationVar(&c.replicaTimeout, "replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
+	keyFD := fs.Int("auth-key-fd", -1, "read the volume's key (32 bytes) from this inherited descriptor and authenticate every data connection to the replicas with it (-1: none)")
 	fs.IntVar(&c.readyFD, "ready-fd", -1, "once serving, write a JSON report (endpoint and its kind, control address, size) to this inherited descriptor and close it (-1: none)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: cairn-data engine --name NAME --replica HOST:PORT ... --frontend nbd|fuse [--nbd-socket PATH [--nbd-kernel auto|on|off] | --fuse-dir DIR] [--listen HOST:PORT]")
@@ -124,6 +126,11 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 	if err := checkReadyFD(c.readyFD); err != nil {
 		return fail("%v", err)
 	}
+	key, err := readKey(*keyFD)
+	if err != nil {
+		return fail("%v", err)
+	}
+	c.key = key
 	shared, err := parseSize(*sharedFlag)
 	if err != nil || shared < 0 || shared > 1<<31 {
 		return fail("--shared-memory %q: give a size up to 2Gi, e.g. 32Mi, or 0 for none", *sharedFlag)
@@ -229,7 +236,7 @@ func openEngine(ctx context.Context, c *engineFlags, region *shm.Region, unsafeE
 	defer cancel()
 	return engine.Open(octx, engine.Options{
 		Name: c.name, Size: c.size, Replicas: c.replicas, Wanted: c.wanted, Logger: log, UnsafeAckEarly: unsafeEarly,
-		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: c.replicaTimeout, Logger: log, Shared: region}}),
+		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: c.replicaTimeout, Logger: log, Shared: region, Key: c.key}}),
 	})
 }
 
@@ -334,4 +341,29 @@ func checkReadyFD(fd int) error {
 		return fmt.Errorf("--ready-fd %d: not an open descriptor: %w", fd, err)
 	}
 	return nil
+}
+
+// readKey reads a volume's key from an inherited descriptor (the instance
+// manager's key pipe: the key never appears in the arguments or the
+// environment) and closes it; fd -1 means no key.
+func readKey(fd int) ([]byte, error) {
+	if fd < 0 {
+		return nil, nil
+	}
+	if fd <= 2 {
+		return nil, fmt.Errorf("--auth-key-fd %d: give a descriptor of 3 or more (0, 1 and 2 are stdin, stdout and stderr)", fd)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+		return nil, fmt.Errorf("--auth-key-fd %d: not an open descriptor: %w", fd, err)
+	}
+	f := os.NewFile(uintptr(fd), "auth-key")
+	defer f.Close()
+	key, err := io.ReadAll(io.LimitReader(f, dataconn.KeySize+1))
+	if err != nil {
+		return nil, fmt.Errorf("--auth-key-fd %d: %w", fd, err)
+	}
+	if err := dataconn.ValidKey(key); err != nil {
+		return nil, fmt.Errorf("--auth-key-fd %d: %w", fd, err)
+	}
+	return key, nil
 }

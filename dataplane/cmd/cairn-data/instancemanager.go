@@ -161,7 +161,7 @@ func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Wr
 	certFile := fs.String("tls-cert", "", "server certificate (PEM); with --tls-key and --tls-client-ca enables mutual TLS")
 	keyFile := fs.String("tls-key", "", "server private key (PEM)")
 	caFile := fs.String("tls-client-ca", "", "CA (PEM) that signs the client certificates to accept")
-	insecure := fs.Bool("insecure", false, "serve without TLS on a non-loopback address (anyone who reaches the port can run processes: tests only)")
+	insecure := fs.Bool("insecure", false, "serve without TLS on a non-loopback address, and start processes without a volume key there (anyone who reaches the ports can run processes and read or write data: tests only)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: cairn-data instance-manager --listen HOST:PORT --node NAME --data-dir DIR... --port-range A-B --log-dir DIR [--process-host HOST] [--tls-cert F --tls-key F --tls-client-ca F]")
 		fs.PrintDefaults()
@@ -231,7 +231,10 @@ func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Wr
 	}
 	log := newLogger(stderr, "instance-manager")
 	sup, err := instancemanager.New(instancemanager.Options{Binary: *binary, PortMin: lo, PortMax: hi, LogDir: *logDir,
-		StateDir: *stateDir, RunDir: *runDir, Host: host, DataDirs: dataDirs, Env: env, StartTimeout: *startTimeout, StopGrace: *grace, Logger: log})
+		StateDir: *stateDir, RunDir: *runDir, Host: host, DataDirs: dataDirs, Env: env, StartTimeout: *startTimeout, StopGrace: *grace, Logger: log,
+		// Children on a network address serve data only to holders of
+		// their volume's key (--insecure and loopback test setups aside).
+		RequireAuthKey: !*insecure && !isLoopback(net.JoinHostPort(host, "0"))})
 	if err != nil {
 		return fail("%v", err)
 	}

@@ -1,19 +1,23 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -614,4 +618,124 @@ func writeKey(t *testing.T, path string, key *ecdsa.PrivateKey) {
 		t.Fatal(err)
 	}
 	writePEM(t, path, "EC PRIVATE KEY", der)
+}
+
+// TestInstanceManagerVolumeKey: a replica and an engine started with their
+// volume's key. The key reaches the processes through a pipe: it is not in
+// their arguments, their environment or the instance manager's reports. The
+// replica's data port serves only clients that hold the key: with none,
+// with another volume's, or without the handshake a client is refused and
+// the replica's data stays as it was; the engine with the key opens it; an
+// engine with another key cannot. An instance manager on a network address
+// refuses a spec without a key.
+func TestInstanceManagerVolumeKey(t *testing.T) {
+	im := startIM(t, freePortRange(t, 8))
+	key, other := bytes.Repeat([]byte{7}, 32), bytes.Repeat([]byte{9}, 32)
+	req := replicaReq("ns/v-r", filepath.Join(im.dir, "v-r"))
+	req.GetReplica().AuthKey = key
+	if _, err := im.c.ProcessCreate(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	r := waitState(t, im.c, "ns/v-r", imv1.ProcessState_PROCESS_STATE_RUNNING)
+	if len(r.GetReplica().GetAuthKey()) != 0 {
+		t.Fatal("the instance manager reported the key back")
+	}
+	for _, f := range []string{"cmdline", "environ"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", r.Pid, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, key) {
+			t.Fatalf("the key is in the replica's /proc/PID/%s", f)
+		}
+	}
+	if !slices.Contains(r.Args, "--auth-key-fd") {
+		t.Fatalf("args %v: no --auth-key-fd", r.Args)
+	}
+	ctx := context.Background()
+	dial := func(k []byte) (*dataconn.Client, error) {
+		return dataconn.Dial(ctx, "tcp", r.DataAddress, dataconn.ClientOptions{Conns: 1, Key: k, RequestTimeout: 2 * time.Second})
+	}
+	good, err := dial(key)
+	if err != nil {
+		t.Fatalf("the volume's key: %v", err)
+	}
+	pattern := bytes.Repeat([]byte("cairn!"), 4096/6+1)[:4096]
+	if err := good.WriteAt(ctx, pattern, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	sum := func() [32]byte {
+		b := make([]byte, 1<<20)
+		if err := good.ReadAt(ctx, b, 0); err != nil {
+			t.Fatal(err)
+		}
+		return sha256.Sum256(b)
+	}
+	before := sum()
+	if _, err := dial(other); !errors.Is(err, dataconn.ErrAuthRefused) {
+		t.Fatalf("another volume's key: %v", err)
+	}
+	if c, err := dial(nil); err == nil {
+		if c.WriteAt(ctx, make([]byte, 4096), 0, true) == nil {
+			t.Fatal("a client without the handshake wrote")
+		}
+		c.Close()
+	}
+	if sum() != before {
+		t.Fatal("the replica's data changed under refused clients")
+	}
+
+	engine := func(name string, k []byte) *imv1.ProcessCreateRequest {
+		return &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Engine{Engine: &imv1.EngineSpec{
+			VolumeName: "v", Replicas: []*imv1.ReplicaAddress{{Data: r.DataAddress, Control: r.ControlAddress}},
+			Frontend: imv1.Frontend_FRONTEND_NBD, NbdKernel: imv1.NBDKernel_NBD_KERNEL_OFF, AuthKey: k}}}
+	}
+	if _, err := im.c.ProcessCreate(ctx, engine("ns/v-wrong", other)); err != nil {
+		t.Fatal(err)
+	}
+	wrong := waitState(t, im.c, "ns/v-wrong", imv1.ProcessState_PROCESS_STATE_ERROR)
+	if !strings.Contains(wrong.Error+strings.Join(wrong.LogTail, "\n"), "authentication") {
+		t.Fatalf("the engine with another key failed, but not saying why: %s %v", wrong.Error, wrong.LogTail)
+	}
+	if _, err := im.c.ProcessCreate(ctx, engine("ns/v-e", key)); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, im.c, "ns/v-e", imv1.ProcessState_PROCESS_STATE_RUNNING)
+	good.Close()
+
+	// A key of the wrong size is refused with the reason.
+	bad := replicaReq("ns/v-bad", filepath.Join(im.dir, "v-bad"))
+	bad.GetReplica().AuthKey = []byte("short")
+	if _, err := im.c.ProcessCreate(ctx, bad); grpcstatus.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a 5-byte key: %v", err)
+	}
+}
+
+// TestInstanceManagerRequiresKeysOnTheNetwork: an instance manager whose
+// processes serve a network address refuses a spec without a key.
+func TestInstanceManagerRequiresKeysOnTheNetwork(t *testing.T) {
+	dir := t.TempDir()
+	ca, caKey := newCA(t)
+	writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", ca.Raw)
+	srvCert, srvKey := issue(t, ca, caKey, "instance-manager", true)
+	writePEM(t, filepath.Join(dir, "srv.pem"), "CERTIFICATE", srvCert.Raw)
+	writeKey(t, filepath.Join(dir, "srv.key"), srvKey)
+	// The rule looks at the address the processes serve and report
+	// (--process-host): a name that is not loopback is enough to test it.
+	im := start(t, "instance-manager", "--listen", "127.0.0.1:0", "--process-host", "cairn-test-node.invalid", "--node", "n",
+		"--log-dir", filepath.Join(dir, "logs"), "--data-dir", dir, "--port-range", freePortRange(t, 2),
+		"--tls-cert", filepath.Join(dir, "srv.pem"), "--tls-key", filepath.Join(dir, "srv.key"), "--tls-client-ca", filepath.Join(dir, "ca.pem"))
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	cc, ck := issue(t, ca, caKey, "cairn-manager", false)
+	conn, err := grpc.NewClient(im.control, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool,
+		ServerName: "instance-manager", Certificates: []tls.Certificate{{Certificate: [][]byte{cc.Raw}, PrivateKey: ck}}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, err = imv1.NewInstanceManagerServiceClient(conn).ProcessCreate(context.Background(), replicaReq("ns/r", filepath.Join(dir, "r")))
+	if grpcstatus.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "key") {
+		t.Fatalf("a replica without a key on a network address: %v", err)
+	}
 }

@@ -84,6 +84,7 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	direct := fs.Bool("direct-io", false, "read and write the data files with O_DIRECT, bypassing this node's page cache")
 	workers := fs.Int("workers", 0, "concurrent I/O requests against the disk (default 4 x CPUs)")
 	readyFD := fs.Int("ready-fd", -1, "once serving, write the ready report (JSON: addresses, size) to this descriptor and close it (the instance manager's contract)")
+	keyFD := fs.Int("auth-key-fd", -1, "read the volume's key (32 bytes) from this inherited descriptor; data connections must then prove they hold it (-1: none, anyone who reaches --listen is served)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: cairn-data replica --dir DIR --size SIZE --listen HOST:PORT|unix:PATH [--control-listen HOST:PORT] [--direct-io]")
 		fs.PrintDefaults()
@@ -105,6 +106,10 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if size, err = parseSize(*sizeFlag); err != nil {
 			return fail("--size: %v", err)
 		}
+	}
+	key, err := readKey(*keyFD)
+	if err != nil {
+		return fail("%v", err)
 	}
 	log := newLogger(stderr, "replica")
 	r, err := replica.Open(*dir, replica.Options{Size: size, Logger: log, DirectIO: *direct})
@@ -137,7 +142,7 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		controlShown = addrString(cl)
 	}
-	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: *workers, Logger: log})
+	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: *workers, Key: key, Logger: log})
 	fmt.Fprintf(stdout, "ready data=%s control=%s size=%d\n", addrString(dl), controlShown, r.Size())
 	rep := ready.Report{Data: addrString(dl), Size: r.Size()}
 	if cl != nil {

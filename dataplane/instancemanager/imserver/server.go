@@ -84,14 +84,15 @@ func specFromProto(req *imv1.ProcessCreateRequest) (im.Spec, error) {
 	switch spec := req.GetSpec().(type) {
 	case *imv1.ProcessCreateRequest_Replica:
 		r := spec.Replica
-		return im.ReplicaSpec{DataDir: r.GetDataDir(), SizeBytes: r.GetSizeBytes(), DirectIO: r.GetDirectIo(), UnixSocket: r.GetUnixSocket()}, nil
+		return im.ReplicaSpec{DataDir: r.GetDataDir(), SizeBytes: r.GetSizeBytes(), DirectIO: r.GetDirectIo(), UnixSocket: r.GetUnixSocket(),
+			AuthKey: string(r.GetAuthKey())}, nil
 	case *imv1.ProcessCreateRequest_Engine:
 		e := spec.Engine
 		if len(e.GetReplicas()) > im.MaxReplicas {
 			return nil, fmt.Errorf("engine with %d replicas: give 1 to %d", len(e.GetReplicas()), im.MaxReplicas)
 		}
 		out := im.EngineSpec{VolumeName: e.GetVolumeName(), SizeBytes: e.GetSizeBytes(), Wanted: int(e.GetWanted()),
-			ReplicaTimeout: time.Duration(e.GetReplicaTimeoutMs()) * time.Millisecond}
+			ReplicaTimeout: time.Duration(e.GetReplicaTimeoutMs()) * time.Millisecond, AuthKey: string(e.GetAuthKey())}
 		if e.GetReplicaTimeoutMs() < 0 || e.GetReplicaTimeoutMs() > int64(time.Hour/time.Millisecond) {
 			return nil, fmt.Errorf("replica timeout %d ms: use 0 (the default) up to 600000", e.GetReplicaTimeoutMs())
 		}

@@ -27,6 +27,9 @@ type Options struct {
 	Control net.Listener
 	// Workers bounds concurrent I/O (see dataconn.ServerOptions).
 	Workers int
+	// Key, when set, is the volume's key: data connections must prove
+	// they hold it (dataconn.ServerOptions.Key).
+	Key []byte
 	Logger  logr.Logger
 }
 
@@ -49,7 +52,7 @@ func Start(r *replica.Replica, opts Options) *Running {
 	var once sync.Once
 	stop := func() { once.Do(func() { close(done) }) }
 	run := &Running{Replica: r, log: opts.Logger, Done: done,
-		data: dataconn.NewServer(Backend{Replica: r}, dataconn.ServerOptions{Workers: opts.Workers, Logger: opts.Logger.WithName("dataconn")})}
+		data: dataconn.NewServer(Backend{Replica: r}, dataconn.ServerOptions{Workers: opts.Workers, Key: opts.Key, Logger: opts.Logger.WithName("dataconn")})}
 	go func() {
 		if err := run.data.Serve(opts.Data); err != nil && !errors.Is(err, dataconn.ErrServerClosed) {
 			opts.Logger.Error(err, "data listener failed")

@@ -425,8 +425,14 @@ type EngineSpec struct {
 	// replica_timeout_ms fails a replica that does not answer a request in
 	// this time; 0 takes the engine's default (8 s).
 	ReplicaTimeoutMs int64 `protobuf:"varint,7,opt,name=replica_timeout_ms,json=replicaTimeoutMs,proto3" json:"replica_timeout_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// auth_key is the volume's key (32 bytes): the engine proves it to its
+	// replicas, and checks their proof, on every data connection. Handed to
+	// the process through an inherited pipe, never on its command line;
+	// never reported back. Required when the instance manager serves a
+	// network address.
+	AuthKey       []byte `protobuf:"bytes,8,opt,name=auth_key,json=authKey,proto3" json:"auth_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EngineSpec) Reset() {
@@ -508,6 +514,13 @@ func (x *EngineSpec) GetReplicaTimeoutMs() int64 {
 	return 0
 }
 
+func (x *EngineSpec) GetAuthKey() []byte {
+	if x != nil {
+		return x.AuthKey
+	}
+	return nil
+}
+
 // ReplicaSpec is a replica to run on this node.
 type ReplicaSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -520,7 +533,10 @@ type ReplicaSpec struct {
 	DirectIo bool `protobuf:"varint,3,opt,name=direct_io,json=directIo,proto3" json:"direct_io,omitempty"`
 	// unix_socket serves data on a unix socket the instance manager picks,
 	// for an engine on the same node, instead of a TCP port.
-	UnixSocket    bool `protobuf:"varint,4,opt,name=unix_socket,json=unixSocket,proto3" json:"unix_socket,omitempty"`
+	UnixSocket bool `protobuf:"varint,4,opt,name=unix_socket,json=unixSocket,proto3" json:"unix_socket,omitempty"`
+	// auth_key is the volume's key (32 bytes): the replica serves only data
+	// connections that prove they hold it. As EngineSpec.auth_key.
+	AuthKey       []byte `protobuf:"bytes,5,opt,name=auth_key,json=authKey,proto3" json:"auth_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -581,6 +597,13 @@ func (x *ReplicaSpec) GetUnixSocket() bool {
 		return x.UnixSocket
 	}
 	return false
+}
+
+func (x *ReplicaSpec) GetAuthKey() []byte {
+	if x != nil {
+		return x.AuthKey
+	}
+	return nil
 }
 
 // Endpoint is where a running engine serves its volume on the node.
@@ -1601,7 +1624,7 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"(instancemanager/v1/instancemanager.proto\x12\x18cairn.instancemanager.v1\">\n" +
 	"\x0eReplicaAddress\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\tR\x04data\x12\x18\n" +
-	"\acontrol\x18\x02 \x01(\tR\acontrol\"\xdc\x02\n" +
+	"\acontrol\x18\x02 \x01(\tR\acontrol\"\xf7\x02\n" +
 	"\n" +
 	"EngineSpec\x12\x1f\n" +
 	"\vvolume_name\x18\x01 \x01(\tR\n" +
@@ -1613,14 +1636,16 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\bfrontend\x18\x05 \x01(\x0e2\".cairn.instancemanager.v1.FrontendR\bfrontend\x12B\n" +
 	"\n" +
 	"nbd_kernel\x18\x06 \x01(\x0e2#.cairn.instancemanager.v1.NBDKernelR\tnbdKernel\x12,\n" +
-	"\x12replica_timeout_ms\x18\a \x01(\x03R\x10replicaTimeoutMs\"\x85\x01\n" +
+	"\x12replica_timeout_ms\x18\a \x01(\x03R\x10replicaTimeoutMs\x12\x19\n" +
+	"\bauth_key\x18\b \x01(\fR\aauthKey\"\xa0\x01\n" +
 	"\vReplicaSpec\x12\x19\n" +
 	"\bdata_dir\x18\x01 \x01(\tR\adataDir\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\x12\x1b\n" +
 	"\tdirect_io\x18\x03 \x01(\bR\bdirectIo\x12\x1f\n" +
 	"\vunix_socket\x18\x04 \x01(\bR\n" +
-	"unixSocket\"\x8e\x01\n" +
+	"unixSocket\x12\x19\n" +
+	"\bauth_key\x18\x05 \x01(\fR\aauthKey\"\x8e\x01\n" +
 	"\bEndpoint\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12:\n" +
 	"\x04kind\x18\x02 \x01(\x0e2&.cairn.instancemanager.v1.EndpointKindR\x04kind\x12\x16\n" +
