@@ -142,6 +142,7 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 	// mutual TLS with certificates from Cairn's own CA.
 	poolOpts := imclient.Options{Logger: ctrl.Log.WithName("imclient")}
 	var keys certs.VolumeKeys
+	var engineDial []grpc.DialOption
 	if pki.enabled {
 		ca := certs.New(certs.Options{Namespace: disc.namespace, CASecret: pki.caSecret, ServingSecret: pki.servingSecret,
 			Validity: pki.validity, Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Logger: ctrl.Log.WithName("certs")})
@@ -155,6 +156,9 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 		// Each volume's engine and replicas authenticate their data
 		// connections with a key derived from the CA Secret's master.
 		keys = ca
+		// Engines serve their control API with their instance manager's
+		// certificate.
+		engineDial = poolOpts.DialOptions
 	}
 	imr := instancemanager.NewReconciler(mgr.GetClient(), nil)
 	poolOpts.OnChange = imr.Changed
@@ -174,9 +178,9 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 	for kind, setup := range map[string]func(ctrl.Manager) error{
 		"StorageNode": (&storagenode.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		"Replica":     (&replica.Reconciler{Client: c, Pool: pool, Keys: keys}).SetupWithManager,
-		"Engine":      (&engine.Reconciler{Client: c, Pool: pool, Keys: keys}).SetupWithManager,
+		"Engine":      (&engine.Reconciler{Client: c, Pool: pool, Keys: keys, DialOptions: engineDial}).SetupWithManager,
 		"Volume":      func(mgr ctrl.Manager) error { vr.Client = c; return vr.SetupWithManager(mgr) },
-		"Snapshot":    (&snapshot.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+		"Snapshot":    (&snapshot.Reconciler{Client: c, Pool: pool, DialOptions: engineDial}).SetupWithManager,
 	} {
 		if err := setup(mgr); err != nil {
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)

@@ -2,9 +2,14 @@ package certs
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"os"
 	"path/filepath"
 	"testing"
@@ -266,6 +271,19 @@ func TestLeafNeedsRenewal(t *testing.T) {
 	fresh, freshKey, _ := c.issue(ServerName, serverAuth, now, 3*time.Hour)
 	byOther, byOtherKey, _ := other.issue(ServerName, serverAuth, now, 3*time.Hour)
 	_, otherKey, _ := c.issue(ServerName, serverAuth, now, 3*time.Hour)
+	// A serving certificate without client use, as issued before engines
+	// presented theirs to replicas.
+	serverOnly, serverOnlyKey := func() ([]byte, []byte) {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), NotBefore: now.Add(-time.Minute), NotAfter: now.Add(3 * time.Hour),
+			DNSNames: []string{ServerName}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kd, _ := x509.MarshalECPrivateKey(key)
+		return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})
+	}()
 	for _, tc := range []struct {
 		name      string
 		cert, key []byte
@@ -279,6 +297,7 @@ func TestLeafNeedsRenewal(t *testing.T) {
 		{"another CA's", byOther, byOtherKey, now, true},
 		{"key of another certificate", fresh, otherKey, now, true},
 		{"garbage", []byte("x"), []byte("y"), now, true},
+		{"server use only", serverOnly, serverOnlyKey, now, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got, why := leafNeedsRenewal(tc.cert, tc.key, c, tc.at, 3*time.Hour); got != tc.want {

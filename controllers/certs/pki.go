@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"slices"
 	"time"
 )
 
@@ -117,7 +118,9 @@ func (c *ca) issue(name string, u usage, now time.Time, validity time.Duration) 
 	}
 	switch u {
 	case serverAuth:
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		// Client use too: an engine presents its node's certificate to
+		// the replicas' control ports.
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 		tmpl.DNSNames = []string{name}
 	case clientAuth:
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
@@ -152,6 +155,9 @@ func leafNeedsRenewal(certPEM, keyPEM []byte, c *ca, now time.Time, validity tim
 	}
 	if err := cert.CheckSignatureFrom(c.cert); err != nil {
 		return true, "not signed by the current CA"
+	}
+	if !slices.Contains(cert.ExtKeyUsage, x509.ExtKeyUsageClientAuth) {
+		return true, "not usable by a client (an engine to its replicas)"
 	}
 	if left := cert.NotAfter.Sub(now); left < validity/3 {
 		return true, fmt.Sprintf("expires in %s", left.Round(time.Second))

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -77,6 +78,10 @@ type Reconciler struct {
 	// Keys gives each volume's data-port key, sent with the engine's spec
 	// (nil: none, for instance managers on loopback in tests).
 	Keys certs.VolumeKeys
+	// DialOptions for the engines' control API, used by the Watches
+	// SetupWithManager makes (default: no transport security, loopback
+	// tests; a cluster gives mutual TLS).
+	DialOptions []grpc.DialOption
 
 	changes chan event.GenericEvent
 }
@@ -319,7 +324,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, e *v1.Engine) (ctrl.Re
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.changes = make(chan event.GenericEvent, 1024)
 	if r.Engines == nil {
-		r.Engines = NewWatches(WatchOptions{OnChange: r.Changed, Logger: mgr.GetLogger().WithName("engine-watch")})
+		r.Engines = NewWatches(WatchOptions{DialOptions: r.DialOptions, OnChange: r.Changed, Logger: mgr.GetLogger().WithName("engine-watch")})
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 			<-ctx.Done()
 			r.Engines.Close()

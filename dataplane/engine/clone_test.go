@@ -44,7 +44,7 @@ func TestCloneFromSnapshot(t *testing.T) {
 	}
 
 	dst, dstReps := cluster(t, 3, size)
-	source, err := replicaclient.DialSource(srcReps[1].ctl, 5*time.Second)
+	source, err := replicaclient.DialSource(srcReps[1].ctl, 5*time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestCloneFromSnapshot(t *testing.T) {
 	}
 
 	// Asked again (a controller retrying): the completed copy stands.
-	again, err := replicaclient.DialSource(srcReps[1].ctl, 5*time.Second)
+	again, err := replicaclient.DialSource(srcReps[1].ctl, 5*time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestCloneFromMissingSnapshotFails(t *testing.T) {
 	ctx := context.Background()
 	_, srcReps := cluster(t, 1, size)
 	dst, _ := cluster(t, 1, size)
-	source, err := replicaclient.DialSource(srcReps[0].ctl, 5*time.Second)
+	source, err := replicaclient.DialSource(srcReps[0].ctl, 5*time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestCloneRefusesSourceBiggerThanVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst, _ := cluster(t, 1, 4<<20)
-	source, err := replicaclient.DialSource(srcReps[0].ctl, 5*time.Second)
+	source, err := replicaclient.DialSource(srcReps[0].ctl, 5*time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,6 +89,9 @@ type Options struct {
 	// children serve a network address, where anyone could otherwise
 	// reach their data ports.
 	RequireAuthKey bool
+	// ChildArgs are added to every child's command line (the mutual-TLS
+	// files its control port serves with).
+	ChildArgs []string
 	// StartTimeout: a process that has not reported ready by then is
 	// killed and put in error. Default 60s.
 	StartTimeout time.Duration
@@ -297,7 +300,7 @@ func (s *Supervisor) Create(name string, spec Spec) (Process, error) {
 		return Process{}, fmt.Errorf("%w: %d contiguous ports wanted in %d-%d", ErrNoPorts, n, s.opts.PortMin, s.opts.PortMax)
 	}
 	p := &proc{Process: Process{Name: name, Kind: spec.Kind(), Spec: spec, State: StateStarting, Ports: ports,
-		Args: args(spec, placement{host: s.opts.Host, runDir: s.opts.RunDir, ports: ports, name: name, readyF: readyFD, keyF: keyFD})},
+		Args: append(args(spec, placement{host: s.opts.Host, runDir: s.opts.RunDir, ports: ports, name: name, readyF: readyFD, keyF: keyFD}), s.opts.ChildArgs...)},
 		started: make(chan struct{}), exited: make(chan struct{})}
 	defer close(p.started)
 	s.procs[name] = p // reserve the name: concurrent creates see it

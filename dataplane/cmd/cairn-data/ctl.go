@@ -8,10 +8,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	"github.com/cairn-io/cairn/dataplane/internal/tlsfiles"
 )
 
 func human(n int64) string {
@@ -26,7 +29,11 @@ func human(n int64) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-const ctlUsage = `usage: cairn-data ctl --engine HOST:PORT <command> [args]
+const ctlUsage = `usage: cairn-data ctl --engine HOST:PORT [--tls-cert F --tls-key F --tls-client-ca F] <command> [args]
+
+An engine started by an instance manager with mutual TLS serves its control
+API only to holders of a certificate of Cairn's CA: inside the instance
+manager's pod, give its files (/etc/cairn/tls/tls.crt, tls.key, ca.crt).
 
 commands:
   info                       size, frontend, endpoint and its kind, robustness, epoch
@@ -49,6 +56,10 @@ func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cairn-data ctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("engine", "", "the engine's control address (its --listen)")
+	var files tlsfiles.Files
+	fs.StringVar(&files.Cert, "tls-cert", "", "client certificate (PEM) of Cairn's CA, for an engine serving mutual TLS")
+	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
+	fs.StringVar(&files.CA, "tls-client-ca", "", "CA bundle (PEM) the engine's certificate must chain to")
 	fs.Usage = func() { fmt.Fprint(stderr, ctlUsage) }
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -58,7 +69,20 @@ func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if err := files.Check(); err != nil {
+		fmt.Fprintln(stderr, "cairn-data ctl:", err)
+		return 2
+	}
+	if files.Set() {
+		src, err := tlsfiles.New(files, logr.Discard())
+		if err != nil {
+			fmt.Fprintln(stderr, "cairn-data ctl:", err)
+			return 1
+		}
+		creds = credentials.NewTLS(src.Client())
+	}
+	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		fmt.Fprintln(stderr, "cairn-data ctl:", err)
 		return 1

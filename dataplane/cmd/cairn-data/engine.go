@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
@@ -22,6 +24,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/frontend/nbd"
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
+	"github.com/cairn-io/cairn/dataplane/internal/tlsfiles"
 )
 
 // stringList is a repeatable string flag.
@@ -61,6 +64,7 @@ type engineFlags struct {
 	replicaTimeout time.Duration
 	readyFD        int
 	key            []byte
+	tls            *tlsfiles.Source // mutual TLS of the control ports, or nil
 }
 
 // parseEngineFlags parses and checks the command line; with a nil result
@@ -81,6 +85,10 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 	fs.StringVar(&c.listen, "listen", "", "host:port for the gRPC control API (default: none)")
 	sharedFlag := fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for NBD writes to reach them without a socket copy; 0 turns it off")
 	fs.DurationVar(&c.replicaTimeout, "replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
+	var files tlsfiles.Files
+	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with and presents to the replicas' control APIs; with --tls-key and --tls-client-ca enables mutual TLS on both")
+	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
+	fs.StringVar(&files.CA, "tls-client-ca", "", "CA bundle (PEM) the peers' certificates must chain to")
 	keyFD := fs.Int("auth-key-fd", -1, "read the volume's key (32 bytes) from this inherited descriptor and authenticate every data connection to the replicas with it (-1: none)")
 	fs.IntVar(&c.readyFD, "ready-fd", -1, "once serving, write a JSON report (endpoint and its kind, control address, size) to this inherited descriptor and close it (-1: none)")
 	fs.Usage = func() {
@@ -131,6 +139,14 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 		return fail("%v", err)
 	}
 	c.key = key
+	if err := files.Check(); err != nil {
+		return fail("%v", err)
+	}
+	if files.Set() {
+		if c.tls, err = tlsfiles.New(files, newLogger(stderr, "engine")); err != nil {
+			return fail("%v", err)
+		}
+	}
 	shared, err := parseSize(*sharedFlag)
 	if err != nil || shared < 0 || shared > 1<<31 {
 		return fail("--shared-memory %q: give a size up to 2Gi, e.g. 32Mi, or 0 for none", *sharedFlag)
@@ -236,7 +252,8 @@ func openEngine(ctx context.Context, c *engineFlags, region *shm.Region, unsafeE
 	defer cancel()
 	return engine.Open(octx, engine.Options{
 		Name: c.name, Size: c.size, Replicas: c.replicas, Wanted: c.wanted, Logger: log, UnsafeAckEarly: unsafeEarly,
-		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: c.replicaTimeout, Logger: log, Shared: region, Key: c.key}}),
+		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: c.replicaTimeout, Logger: log, Shared: region, Key: c.key},
+			ControlTLS: c.clientTLS()}),
 	})
 }
 
@@ -273,11 +290,15 @@ func serveControl(c *engineFlags, e *engine.Engine, f *frontend) (string, func()
 	if err != nil {
 		return "", nil, err
 	}
-	gs := grpc.NewServer()
+	var opts []grpc.ServerOption
+	if c.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(c.tls.Server())))
+	}
+	gs := grpc.NewServer(opts...)
 	enginev1.RegisterEngineServiceServer(gs, &engineserver.Server{E: e, Name: c.name, Frontend: c.frontend, Endpoint: f.endpoint,
 		EndpointKind: f.kind, Socket: f.socket, Fallback: f.fallback, InUse: f.inUse, Resize: f.resize,
 		DialSource: func(_ context.Context, addr string) (engine.CloneSource, error) {
-			return replicaclient.DialSource(addr, 0)
+			return replicaclient.DialSource(addr, 0, c.clientTLS())
 		}})
 	go gs.Serve(l)
 	return addrString(l), gs.Stop, nil
@@ -366,4 +387,13 @@ func readKey(fd int) ([]byte, error) {
 		return nil, fmt.Errorf("--auth-key-fd %d: %w", fd, err)
 	}
 	return key, nil
+}
+
+// clientTLS is the engine's TLS as a client of replicas' control APIs, or
+// nil without --tls-*.
+func (c *engineFlags) clientTLS() *tls.Config {
+	if c.tls == nil {
+		return nil
+	}
+	return c.tls.Client()
 }

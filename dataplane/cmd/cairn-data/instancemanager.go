@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,10 +12,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -25,99 +21,8 @@ import (
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 	"github.com/cairn-io/cairn/dataplane/instancemanager"
 	"github.com/cairn-io/cairn/dataplane/instancemanager/imserver"
+	"github.com/cairn-io/cairn/dataplane/internal/tlsfiles"
 )
-
-// serverTLS serves mutual TLS from three PEM files: the server's
-// certificate and key, and the CA bundle that client certificates must
-// chain to. The files are read again on the first handshake after any of
-// them changes (kubelet replaces a mounted Secret's files when the
-// manager renews the certificate or rotates the CA), so certificates are
-// renewed without restarting the instance manager or its processes. A
-// change that cannot be loaded (say, a half-written set) is logged and
-// the previous configuration is kept.
-type serverTLS struct {
-	certFile, keyFile, caFile string
-	log                       logr.Logger
-
-	mu    sync.Mutex
-	stamp [3]fileStamp
-	cfg   *tls.Config
-}
-
-// fileStamp tells whether a file was replaced or rewritten.
-type fileStamp struct {
-	fi os.FileInfo
-}
-
-func (a fileStamp) same(b os.FileInfo) bool {
-	return a.fi != nil && b != nil && os.SameFile(a.fi, b) && a.fi.ModTime().Equal(b.ModTime()) && a.fi.Size() == b.Size()
-}
-
-// newServerTLS loads the files once; an error there is fatal (the flags
-// name files that do not hold what they should).
-func newServerTLS(certFile, keyFile, caFile string, log logr.Logger) (*serverTLS, error) {
-	s := &serverTLS{certFile: certFile, keyFile: keyFile, caFile: caFile, log: log}
-	if _, err := s.config(); err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
-func (s *serverTLS) load() (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(s.certFile, s.keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
-	}
-	pem, err := os.ReadFile(s.caFile)
-	if err != nil {
-		return nil, fmt.Errorf("--tls-client-ca: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--tls-client-ca %s: no PEM certificate in it", s.caFile)
-	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool,
-		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}, nil
-}
-
-// config returns the configuration for the files as they are now.
-func (s *serverTLS) config() (*tls.Config, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var now [3]os.FileInfo
-	changed := s.cfg == nil
-	for i, f := range []string{s.certFile, s.keyFile, s.caFile} {
-		now[i], _ = os.Stat(f)
-		if !s.stamp[i].same(now[i]) {
-			changed = true
-		}
-	}
-	if !changed {
-		return s.cfg, nil
-	}
-	cfg, err := s.load()
-	if err != nil {
-		if s.cfg == nil {
-			return nil, err
-		}
-		s.log.Error(err, "new TLS files not loaded; serving with the previous ones")
-	} else {
-		if s.cfg != nil {
-			s.log.Info("TLS certificate and client CA reloaded", "cert", s.certFile)
-		}
-		s.cfg = cfg
-	}
-	// Stamped even on failure, so a bad set is reported once, not on every
-	// handshake; the next change of any file is tried again.
-	for i := range now {
-		s.stamp[i] = fileStamp{fi: now[i]}
-	}
-	return s.cfg, nil
-}
-
-// GetConfigForClient is the tls.Config hook that serves each handshake
-// from the current files.
-func (s *serverTLS) GetConfigForClient(*tls.ClientHelloInfo) (*tls.Config, error) { return s.config() }
 
 func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
@@ -182,21 +87,27 @@ func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Wr
 		return fail("--port-range %v", err)
 	}
 	var opts []grpc.ServerOption
-	tlsFlags := 0
-	for _, f := range []string{*certFile, *keyFile, *caFile} {
-		if f != "" {
-			tlsFlags++
-		}
-	}
-	switch {
-	case tlsFlags == 3:
-		st, err := newServerTLS(*certFile, *keyFile, *caFile, newLogger(stderr, "instance-manager"))
+	files := tlsfiles.Files{Cert: *certFile, Key: *keyFile, CA: *caFile}
+	var childArgs []string
+	switch err := files.Check(); {
+	case err != nil:
+		return fail("%v", err)
+	case files.Set():
+		src, err := tlsfiles.New(files, newLogger(stderr, "instance-manager"))
 		if err != nil {
 			return fail("%v", err)
 		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, GetConfigForClient: st.GetConfigForClient})))
-	case tlsFlags != 0:
-		return fail("mutual TLS needs all three of --tls-cert, --tls-key and --tls-client-ca")
+		opts = append(opts, grpc.Creds(credentials.NewTLS(src.Server())))
+		// The engines and replicas serve their control ports with the same
+		// files, and the engines use them as clients of the replicas.
+		for i, f := range []*string{&files.Cert, &files.Key, &files.CA} {
+			abs, err := filepath.Abs(*f)
+			if err != nil {
+				return fail("TLS file %d: %v", i, err)
+			}
+			*f = abs
+		}
+		childArgs = files.Args()
 	case !isLoopback(*listenAddr) && !*insecure:
 		return fail("refusing to serve without TLS on %s: anyone who can reach it could run processes on this node. "+
 			"Give --tls-cert, --tls-key and --tls-client-ca (see docs/security.md), listen on loopback, or pass --insecure for a test setup", *listenAddr)
@@ -234,7 +145,7 @@ func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Wr
 		StateDir: *stateDir, RunDir: *runDir, Host: host, DataDirs: dataDirs, Env: env, StartTimeout: *startTimeout, StopGrace: *grace, Logger: log,
 		// Children on a network address serve data only to holders of
 		// their volume's key (--insecure and loopback test setups aside).
-		RequireAuthKey: !*insecure && !isLoopback(net.JoinHostPort(host, "0"))})
+		RequireAuthKey: !*insecure && !isLoopback(net.JoinHostPort(host, "0")), ChildArgs: childArgs})
 	if err != nil {
 		return fail("%v", err)
 	}

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	grpcstatus "google.golang.org/grpc/status"
 
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
@@ -593,7 +594,9 @@ func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, name str
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		// As the manager issues a node's certificate: engines present it
+		// to replicas too.
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 		tmpl.DNSNames = []string{name}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
@@ -737,5 +740,110 @@ func TestInstanceManagerRequiresKeysOnTheNetwork(t *testing.T) {
 	_, err = imv1.NewInstanceManagerServiceClient(conn).ProcessCreate(context.Background(), replicaReq("ns/r", filepath.Join(dir, "r")))
 	if grpcstatus.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "key") {
 		t.Fatalf("a replica without a key on a network address: %v", err)
+	}
+}
+
+// TestChildrenServeMutualTLS: an instance manager with mutual TLS hands
+// its certificate files to its engines and replicas. Their control ports
+// then refuse a client without a certificate of the CA (nothing can be
+// read or written through the replica's control API), and serve the
+// manager; the engine, a client of its replicas' control ports with the
+// node's certificate, opens a replica, adds a second one and rebuilds it
+// (the rebuild reads and writes over those ports) to RW.
+func TestChildrenServeMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, caKey := newCA(t)
+	writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", ca.Raw)
+	srvCert, srvKey := issue(t, ca, caKey, "cairn-instance-manager", true)
+	writePEM(t, filepath.Join(dir, "srv.pem"), "CERTIFICATE", srvCert.Raw)
+	writeKey(t, filepath.Join(dir, "srv.key"), srvKey)
+	im := startIM(t, freePortRange(t, 8), "--tls-cert", filepath.Join(dir, "srv.pem"), "--tls-key", filepath.Join(dir, "srv.key"),
+		"--tls-client-ca", filepath.Join(dir, "ca.pem"))
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	mc, mk := issue(t, ca, caKey, "cairn-manager", false)
+	manager := &tls.Config{RootCAs: pool, ServerName: "cairn-instance-manager",
+		Certificates: []tls.Certificate{{Certificate: [][]byte{mc.Raw}, PrivateKey: mk}}}
+	conn, err := grpc.NewClient(im.p.control, grpc.WithTransportCredentials(credentials.NewTLS(manager)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	imc := imv1.NewInstanceManagerServiceClient(conn)
+	ctx := context.Background()
+	key := bytes.Repeat([]byte{3}, 32)
+	var reps []*imv1.Process
+	for _, n := range []string{"ns/v-r0", "ns/v-r1"} {
+		req := replicaReq(n, filepath.Join(im.dir, strings.TrimPrefix(n, "ns/")))
+		req.GetReplica().AuthKey = key
+		if _, err := imc.ProcessCreate(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		reps = append(reps, waitState(t, imc, n, imv1.ProcessState_PROCESS_STATE_RUNNING))
+	}
+
+	// Nobody without a certificate of the CA reaches the replica's
+	// control API.
+	noCert := &tls.Config{RootCAs: pool, ServerName: "cairn-instance-manager"}
+	for _, creds := range []credentials.TransportCredentials{insecure.NewCredentials(), credentials.NewTLS(noCert)} {
+		cc, err := grpc.NewClient(reps[0].ControlAddress, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = replicav1.NewReplicaServiceClient(cc).Info(cctx, &replicav1.InfoRequest{})
+		cancel()
+		cc.Close()
+		if err == nil {
+			t.Fatal("the replica's control API answered a client without a certificate")
+		}
+	}
+
+	if _, err := imc.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "ns/v-e", Spec: &imv1.ProcessCreateRequest_Engine{Engine: &imv1.EngineSpec{
+		VolumeName: "v", Replicas: []*imv1.ReplicaAddress{{Data: reps[0].DataAddress, Control: reps[0].ControlAddress}},
+		Frontend: imv1.Frontend_FRONTEND_NBD, NbdKernel: imv1.NBDKernel_NBD_KERNEL_OFF, AuthKey: key}}}); err != nil {
+		t.Fatal(err)
+	}
+	e := waitState(t, imc, "ns/v-e", imv1.ProcessState_PROCESS_STATE_RUNNING)
+	engineAPI := func(cfg *tls.Config) (enginev1.EngineServiceClient, func()) {
+		cc, err := grpc.NewClient(e.ControlAddress, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return enginev1.NewEngineServiceClient(cc), func() { cc.Close() }
+	}
+	rogue, done := engineAPI(noCert)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err = rogue.ReplicaList(cctx, &enginev1.ReplicaListRequest{})
+	cancel()
+	done()
+	if err == nil {
+		t.Fatal("the engine's control API answered a client without a certificate")
+	}
+	ec, done := engineAPI(manager)
+	defer done()
+	second := reps[1].DataAddress + "," + reps[1].ControlAddress
+	if _, err := ec.ReplicaAdd(ctx, &enginev1.ReplicaAddRequest{Address: second}); err != nil {
+		t.Fatalf("add a replica through the engine: %v", err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		l, err := ec.ReplicaList(ctx, &enginev1.ReplicaListRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rw := 0
+		for _, r := range l.Replicas {
+			if r.Mode == "RW" {
+				rw++
+			}
+		}
+		if rw == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the second replica never became RW: %v", l.Replicas)
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval
 	}
 }

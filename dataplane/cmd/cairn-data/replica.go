@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/cairn-io/cairn/dataplane/dataconn"
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
+	"github.com/cairn-io/cairn/dataplane/internal/tlsfiles"
 	"github.com/cairn-io/cairn/dataplane/replica"
 	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
 )
@@ -84,6 +86,10 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	direct := fs.Bool("direct-io", false, "read and write the data files with O_DIRECT, bypassing this node's page cache")
 	workers := fs.Int("workers", 0, "concurrent I/O requests against the disk (default 4 x CPUs)")
 	readyFD := fs.Int("ready-fd", -1, "once serving, write the ready report (JSON: addresses, size) to this descriptor and close it (the instance manager's contract)")
+	var files tlsfiles.Files
+	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with; with --tls-key and --tls-client-ca the control API requires a client certificate of that CA")
+	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
+	fs.StringVar(&files.CA, "tls-client-ca", "", "CA bundle (PEM) the clients' certificates must chain to")
 	keyFD := fs.Int("auth-key-fd", -1, "read the volume's key (32 bytes) from this inherited descriptor; data connections must then prove they hold it (-1: none, anyone who reaches --listen is served)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: cairn-data replica --dir DIR --size SIZE --listen HOST:PORT|unix:PATH [--control-listen HOST:PORT] [--direct-io]")
@@ -110,6 +116,17 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	key, err := readKey(*keyFD)
 	if err != nil {
 		return fail("%v", err)
+	}
+	if err := files.Check(); err != nil {
+		return fail("%v", err)
+	}
+	var controlTLS *tls.Config
+	if files.Set() {
+		src, err := tlsfiles.New(files, newLogger(stderr, "replica"))
+		if err != nil {
+			return fail("%v", err)
+		}
+		controlTLS = src.Server()
 	}
 	log := newLogger(stderr, "replica")
 	r, err := replica.Open(*dir, replica.Options{Size: size, Logger: log, DirectIO: *direct})
@@ -142,7 +159,7 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		controlShown = addrString(cl)
 	}
-	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: *workers, Key: key, Logger: log})
+	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: *workers, Key: key, ControlTLS: controlTLS, Logger: log})
 	fmt.Fprintf(stdout, "ready data=%s control=%s size=%d\n", addrString(dl), controlShown, r.Size())
 	rep := ready.Report{Data: addrString(dl), Size: r.Size()}
 	if cl != nil {

@@ -12,6 +12,7 @@ package replicaclient
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -49,6 +51,17 @@ type Options struct {
 	// hold it. Default: one made up per Dialer (per Dial when dialing
 	// directly) from the host name, the process ID and random bytes.
 	Owner string
+	// ControlTLS, when set, is the mutual TLS of the replicas' control
+	// API; default: none (loopback tests).
+	ControlTLS *tls.Config
+}
+
+// controlCreds are the transport credentials of a control connection.
+func controlCreds(cfg *tls.Config) grpc.DialOption {
+	if cfg == nil {
+		return grpc.WithTransportCredentials(insecure.NewCredentials())
+	}
+	return grpc.WithTransportCredentials(credentials.NewTLS(cfg))
 }
 
 // Errors. Callers test them with errors.Is.
@@ -134,7 +147,7 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc, err := grpc.NewClient(ctlAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc, err := grpc.NewClient(ctlAddr, controlCreds(opts.ControlTLS),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)))
 	if err != nil {
 		return nil, fmt.Errorf("control %s: %w", ctlAddr, err)

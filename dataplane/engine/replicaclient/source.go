@@ -2,11 +2,11 @@ package replicaclient
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/engine"
@@ -24,13 +24,14 @@ type Source struct {
 
 var _ engine.CloneSource = (*Source)(nil)
 
-// DialSource connects to the replica control API at controlAddr. Each call
-// is bounded by timeout (default 30 s).
-func DialSource(controlAddr string, timeout time.Duration) (*Source, error) {
+// DialSource connects to the replica control API at controlAddr, with
+// mutual TLS when tlsCfg is set. Each call is bounded by timeout (default
+// 30 s).
+func DialSource(controlAddr string, timeout time.Duration, tlsCfg *tls.Config) (*Source, error) {
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
-	cc, err := grpc.NewClient(controlAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc, err := grpc.NewClient(controlAddr, controlCreds(tlsCfg),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)))
 	if err != nil {
 		return nil, fmt.Errorf("control %s: %w", controlAddr, err)

@@ -2,6 +2,7 @@ package replicaserver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
@@ -30,7 +32,9 @@ type Options struct {
 	// Key, when set, is the volume's key: data connections must prove
 	// they hold it (dataconn.ServerOptions.Key).
 	Key []byte
-	Logger  logr.Logger
+	// ControlTLS, when set, serves the control API with it (mutual TLS).
+	ControlTLS *tls.Config
+	Logger     logr.Logger
 }
 
 // Running is a replica being served.
@@ -60,7 +64,11 @@ func Start(r *replica.Replica, opts Options) *Running {
 		}
 	}()
 	if opts.Control != nil {
-		run.gs = grpc.NewServer(grpc.MaxRecvMsgSize(MaxControlMessage), grpc.MaxSendMsgSize(MaxControlMessage))
+		sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxControlMessage), grpc.MaxSendMsgSize(MaxControlMessage)}
+		if opts.ControlTLS != nil {
+			sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.ControlTLS)))
+		}
+		run.gs = grpc.NewServer(sopts...)
 		replicav1.RegisterReplicaServiceServer(run.gs, &Control{Replica: r, DataAddress: opts.Data.Addr().String(), OnClose: stop})
 		go func() {
 			if err := run.gs.Serve(opts.Control); err != nil {
