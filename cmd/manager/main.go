@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	storagev1alpha1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -28,6 +29,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/engine"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
+	cairnmetrics "github.com/cairn-io/cairn/controllers/metrics"
 	"github.com/cairn-io/cairn/controllers/replica"
 	"github.com/cairn-io/cairn/controllers/snapshot"
 	"github.com/cairn-io/cairn/controllers/storagenode"
@@ -175,10 +177,11 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 			return fmt.Errorf("set up instance-manager discovery: %w", err)
 		}
 	}
+	er := &engine.Reconciler{Client: c, Pool: pool, Keys: keys, DialOptions: engineDial}
 	for kind, setup := range map[string]func(ctrl.Manager) error{
 		"StorageNode": (&storagenode.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		"Replica":     (&replica.Reconciler{Client: c, Pool: pool, Keys: keys}).SetupWithManager,
-		"Engine":      (&engine.Reconciler{Client: c, Pool: pool, Keys: keys, DialOptions: engineDial}).SetupWithManager,
+		"Engine":      er.SetupWithManager,
 		"Volume":      func(mgr ctrl.Manager) error { vr.Client = c; return vr.SetupWithManager(mgr) },
 		"Snapshot":    (&snapshot.Reconciler{Client: c, Pool: pool, DialOptions: engineDial}).SetupWithManager,
 	} {
@@ -186,6 +189,16 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)
 		}
 	}
+	// Prometheus metrics of volumes, replicas, disks and instance
+	// managers, and each running engine's I/O, read at scrape time and
+	// served with controller-runtime's own on --metrics-bind-address.
+	ctrlmetrics.Registry.MustRegister(&cairnmetrics.Collector{Client: c, Logger: ctrl.Log.WithName("metrics"),
+		Engines: func() cairnmetrics.Engines {
+			if er.Engines == nil {
+				return nil
+			}
+			return er.Engines
+		}})
 	ctrl.Log.WithName("setup").Info("starting cairn-manager")
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

@@ -80,6 +80,20 @@ func (c *Conn) Status() (st *enginev1.VolumeStatus, current bool, err error) {
 	return c.status, c.current, c.lastErr
 }
 
+// Each calls fn with every engine followed now (without the lock held, so
+// fn may call the engine).
+func (w *Watches) Each(fn func(key types.NamespacedName, c *Conn)) {
+	w.mu.Lock()
+	conns := make(map[types.NamespacedName]*Conn, len(w.m))
+	for k, c := range w.m {
+		conns[k] = c
+	}
+	w.mu.Unlock()
+	for k, c := range conns {
+		fn(k, c)
+	}
+}
+
 // Ensure returns the connection to the engine key at addr, starting its
 // watch the first time, and replacing it when the engine's address
 // changed (a new process).

@@ -24,6 +24,9 @@ import (
 var (
 	k8sClient client.Client
 	testEnv   *suite.Env
+	// engines is the running manager's Engine reconciler (its Watches
+	// follow the running engines).
+	engines *engine.Reconciler
 )
 
 // replenishmentWait is short here: long enough for a killed replica
@@ -36,11 +39,12 @@ func TestMain(m *testing.M) {
 	env, err := suite.Start(func(mgr ctrl.Manager, pool *imclient.Pool) error {
 		imr.Client, imr.Pool = mgr.GetClient(), pool
 		c := mgr.GetClient()
+		engines = &engine.Reconciler{Client: c, Pool: pool}
 		for _, setup := range []func(ctrl.Manager) error{
 			imr.SetupWithManager,
 			(&storagenode.Reconciler{Client: c, Pool: pool, Resync: time.Second}).SetupWithManager,
 			(&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,
-			(&engine.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+			engines.SetupWithManager,
 			(&Reconciler{Client: c, ReplenishmentWait: replenishmentWait}).SetupWithManager,
 			(&snapshot.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		} {
