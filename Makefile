@@ -159,10 +159,11 @@ fuzz: ## Fuzz the dataconn decoder, a live dataconn server and the authenticatio
 .PHONY: build
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-build: ## Build bin/cairn-manager, bin/cairn-csi and bin/cairn-data (static, stripped: -s -w keeps function names in stack traces, drops the symbol table and DWARF).
+build: ## Build bin/cairn-manager, bin/cairn-csi, bin/cairn-data and bin/kubectl-cairn (static, stripped: -s -w keeps function names in stack traces, drops the symbol table and DWARF).
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/cairn-manager ./cmd/manager
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(LOCALBIN)/cairn-csi ./cmd/cairn-csi
 	cd dataplane && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/cairn-data ./cmd/cairn-data
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/kubectl-cairn ./cmd/kubectl-cairn
 
 .PHONY: run
 run: manifests generate fmt vet ## Run the manager on this machine against the cluster in KUBECONFIG.

@@ -1,0 +1,145 @@
+// Command kubectl-cairn is the kubectl plugin for Cairn (`kubectl cairn
+// ...` once it is on the PATH): what a volume is made of, rebuilds in
+// progress, snapshots, and why a volume is not attached or not healthy.
+// It reads the objects through the API server with the user's kubeconfig
+// and changes nothing.
+//
+//	go install github.com/cairn-io/cairn/cmd/kubectl-cairn@latest
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+)
+
+const usage = `kubectl cairn: look into Cairn volumes
+
+usage: kubectl cairn [flags] COMMAND [ARGS]
+
+commands:
+  volumes              every volume with its engine and replicas (node, mode, health), as a tree
+  rebuilds [--watch]   replicas being rebuilt, with progress bars (--watch: until none is left)
+  snapshots [VOLUME]   snapshots, of one volume or all
+  doctor VOLUME        why a volume is not attached or not healthy, and what to do
+
+flags:
+  -n, --namespace NS   where Cairn's objects are (default cairn-system)
+  -o, --output FORMAT  table (default), json or yaml (volumes, rebuilds, snapshots)
+  --kubeconfig FILE    as kubectl (default $KUBECONFIG or ~/.kube/config)
+  --context NAME       a context of the kubeconfig
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil))
+}
+
+// run is the whole command; c is the client to use (tests), or nil to
+// build one from the kubeconfig.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, c client.Client) int {
+	fs := flag.NewFlagSet("kubectl-cairn", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage) }
+	var o options
+	fs.StringVar(&o.namespace, "namespace", "cairn-system", "")
+	fs.StringVar(&o.namespace, "n", "cairn-system", "")
+	fs.StringVar(&o.output, "output", "table", "")
+	fs.StringVar(&o.output, "o", "table", "")
+	kubeconfig := fs.String("kubeconfig", "", "")
+	kubecontext := fs.String("context", "", "")
+	fs.BoolVar(&o.watch, "watch", false, "")
+	fs.DurationVar(&o.interval, "interval", 2*time.Second, "")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	rest := fs.Args()
+	// Flags after the command (kubectl cairn rebuilds --watch) too.
+	if len(rest) > 1 {
+		if err := fs.Parse(rest[1:]); err != nil {
+			return 2
+		}
+		rest = append(rest[:1], fs.Args()...)
+	}
+	if len(rest) == 0 {
+		fs.Usage()
+		return 2
+	}
+	switch o.output {
+	case "table", "json", "yaml":
+	default:
+		fmt.Fprintf(stderr, "kubectl cairn: -o %s: use table, json or yaml\n", o.output)
+		return 2
+	}
+	if c == nil {
+		var err error
+		if c, err = newClient(*kubeconfig, *kubecontext); err != nil {
+			fmt.Fprintln(stderr, "kubectl cairn:", err)
+			return 1
+		}
+	}
+	o.c, o.out = c, stdout
+	var err error
+	switch cmd := rest[0]; cmd {
+	case "volumes":
+		err = o.volumes(ctx)
+	case "rebuilds":
+		err = o.rebuilds(ctx)
+	case "snapshots":
+		vol := ""
+		if len(rest) > 1 {
+			vol = rest[1]
+		}
+		err = o.snapshots(ctx, vol)
+	case "doctor":
+		if len(rest) != 2 {
+			fmt.Fprintln(stderr, "kubectl cairn: doctor needs one VOLUME (a Volume's name: the PV's name for a claim)")
+			return 2
+		}
+		var healthy bool
+		healthy, err = o.doctor(ctx, rest[1])
+		if err == nil && !healthy {
+			return 3
+		}
+	default:
+		fmt.Fprintf(stderr, "kubectl cairn: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "kubectl cairn:", err)
+		return 1
+	}
+	return 0
+}
+
+func newClient(kubeconfig, kubecontext string) (client.Client, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if kubeconfig != "" {
+		rules.ExplicitPath = kubeconfig
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
+		&clientcmd.ConfigOverrides{CurrentContext: kubecontext}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no cluster to talk to (set KUBECONFIG or --kubeconfig): %w", err)
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := v1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	return client.New(cfg, client.Options{Scheme: scheme})
+}

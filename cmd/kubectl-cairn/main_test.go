@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+)
+
+// The plugin runs against a real API server (envtest) holding the objects
+// a cluster would: a healthy attached volume, a degraded one with a
+// replica being rebuilt and one whose node is gone, an unschedulable one,
+// snapshots and an event.
+func TestPlugin(t *testing.T) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Skip("KUBEBUILDER_ASSETS is not set: run make test")
+	}
+	_, file, _, _ := runtime.Caller(0)
+	scheme := kruntime.NewScheme()
+	clientgoscheme.AddToScheme(scheme)
+	v1.AddToScheme(scheme)
+	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join(filepath.Dir(file), "..", "..", "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true, Scheme: scheme}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Stop()
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const ns = "cairn-system"
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	// create makes o and then sets its status to what status does to it.
+	create := func(o client.Object, status func()) {
+		t.Helper()
+		must(c.Create(ctx, o))
+		if status != nil {
+			status()
+			must(c.Status().Update(ctx, o))
+		}
+	}
+	cond := func(typ string, ok bool, reason, msg string) metav1.Condition {
+		s := metav1.ConditionFalse
+		if ok {
+			s = metav1.ConditionTrue
+		}
+		return metav1.Condition{Type: typ, Status: s, Reason: reason, Message: msg, LastTransitionTime: metav1.Now()}
+	}
+	size := resource.MustParse("1Gi")
+	for _, n := range []string{"a", "b"} {
+		im := &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-" + n, Namespace: ns}, Spec: v1.InstanceManagerSpec{NodeName: n, Address: "10.0.0.1:8500"}}
+		create(im, func() { im.Status.State = v1.InstanceManagerStateRunning })
+	}
+	imC := &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-c", Namespace: ns}, Spec: v1.InstanceManagerSpec{NodeName: "c"}}
+	create(imC, func() { imC.Status.State = v1.InstanceManagerStateUnknown })
+
+	volume := func(name, node string, status func(*v1.Volume)) {
+		v := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: v1.VolumeSpec{Size: size, NumberOfReplicas: 3, NodeName: node}}
+		create(v, func() { status(v) })
+	}
+	engine := func(vol, node string, modes map[string]v1.ReplicaMode, rebuild map[string]v1.RebuildStatus) {
+		e := &v1.Engine{ObjectMeta: metav1.ObjectMeta{Name: vol + "-e", Namespace: ns}, Spec: v1.EngineSpec{VolumeName: vol, NodeName: node,
+			DesiredState: v1.DesiredInstanceStateRunning, Size: size}}
+		create(e, func() {
+			e.Status.InstanceState = v1.InstanceStateRunning
+			e.Status.InstanceManagerName = "im-" + node
+			e.Status.ReplicaModeMap, e.Status.RebuildStatus = modes, rebuild
+			e.Status.Conditions = []metav1.Condition{cond(v1.ConditionReady, true, "AsExpected", "serving")}
+		})
+	}
+	replica := func(name, vol, node string, state v1.InstanceState, ready metav1.Condition) {
+		r := &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: v1.ReplicaSpec{VolumeName: vol, NodeName: node,
+			Size: size, DesiredState: v1.DesiredInstanceStateRunning}}
+		if node == "" {
+			r.Spec.DesiredState = v1.DesiredInstanceStateStopped
+		}
+		create(r, func() {
+			r.Status.InstanceState = state
+			r.Status.Conditions = []metav1.Condition{ready}
+		})
+	}
+	running := cond(v1.ConditionReady, true, "AsExpected", "running")
+
+	volume("good", "a", func(v *v1.Volume) {
+		v.Status.State, v.Status.Robustness, v.Status.CurrentNodeName = v1.VolumeStateAttached, v1.VolumeRobustnessHealthy, "a"
+		v.Status.Conditions = []metav1.Condition{cond(v1.VolumeConditionScheduled, true, "AsExpected", "all placed")}
+	})
+	engine("good", "a", map[string]v1.ReplicaMode{"good-r-0": v1.ReplicaModeRW, "good-r-1": v1.ReplicaModeRW}, nil)
+	replica("good-r-0", "good", "a", v1.InstanceStateRunning, running)
+	replica("good-r-1", "good", "b", v1.InstanceStateRunning, running)
+
+	volume("sick", "a", func(v *v1.Volume) {
+		v.Status.State, v.Status.Robustness, v.Status.CurrentNodeName = v1.VolumeStateAttached, v1.VolumeRobustnessDegraded, "a"
+		v.Status.Conditions = []metav1.Condition{cond(v1.VolumeConditionRebuilding, true, "InProgress", "sick-r-1: 25%")}
+	})
+	engine("sick", "a", map[string]v1.ReplicaMode{"sick-r-0": v1.ReplicaModeRW, "sick-r-1": v1.ReplicaModeWO},
+		map[string]v1.RebuildStatus{"sick-r-1": {State: v1.RebuildStateInProgress, SourceReplica: "sick-r-0", BytesDone: 256 << 20, BytesTotal: 1 << 30, DirtyOnly: true}})
+	replica("sick-r-0", "sick", "a", v1.InstanceStateRunning, running)
+	replica("sick-r-1", "sick", "b", v1.InstanceStateRunning, running)
+	replica("sick-r-2", "sick", "c", v1.InstanceStateUnknown, cond(v1.ConditionReady, false, "InstanceManagerNotCurrent", "the instance manager on c does not answer"))
+
+	volume("homeless", "", func(v *v1.Volume) {
+		v.Status.State, v.Status.Robustness = v1.VolumeStateDetached, v1.VolumeRobustnessUnknown
+		v.Status.Conditions = []metav1.Condition{cond(v1.VolumeConditionScheduled, false, "NoDisk", "2 of 3 replicas unplaced: no disk with 1Gi free")}
+	})
+	replica("homeless-r-0", "homeless", "", v1.InstanceStateStopped, cond(v1.ConditionReady, false, "Unscheduled", "no disk"))
+
+	snap := &v1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: ns}, Spec: v1.SnapshotSpec{Volume: "good"}}
+	create(snap, func() {
+		snap.Status.ReadyToUse = true
+		q := resource.MustParse("1Gi")
+		snap.Status.Size = &q
+		snap.Status.CreationTime = &metav1.Time{Time: metav1.Now().Time}
+	})
+	must(c.Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "sick.1", Namespace: ns},
+		InvolvedObject: corev1.ObjectReference{Kind: "Volume", Name: "sick", Namespace: ns}, Type: corev1.EventTypeWarning,
+		Reason: "ReplicaFailed", Message: "replica sick-r-2 failed: connection refused", LastTimestamp: metav1.Now()}))
+
+	kc := func(args ...string) (string, int) {
+		var out, errb bytes.Buffer
+		code := run(ctx, args, &out, &errb, c)
+		return out.String() + errb.String(), code
+	}
+	contains := func(out string, want ...string) {
+		t.Helper()
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				t.Errorf("output lacks %q:\n%s", w, out)
+			}
+		}
+	}
+
+	out, code := kc("volumes")
+	if code != 0 {
+		t.Fatalf("volumes: %d %s", code, out)
+	}
+	contains(out, "NAME", "good", "attached", "healthy", "├─ engine/good-e", "replica/good-r-1", "└─ replica/sick-r-2", "rebuilding", "unscheduled")
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "replica/good-r-1") && !(strings.Contains(line, " b ") && strings.Contains(line, "RW") && strings.Contains(line, "healthy")) {
+			t.Errorf("good-r-1's line: %q", line)
+		}
+	}
+
+	out, code = kc("-o", "json", "volumes")
+	var vs []volumeView
+	if code != 0 || json.Unmarshal([]byte(out), &vs) != nil || len(vs) != 3 || vs[0].Name != "good" || len(vs[0].Replicas) != 2 {
+		t.Fatalf("volumes -o json: %d %s", code, out)
+	}
+	out, _ = kc("volumes", "-o", "yaml")
+	contains(out, "- engine:", "name: good-e", "robustness: degraded")
+
+	out, code = kc("rebuilds")
+	if code != 0 {
+		t.Fatalf("rebuilds: %d %s", code, out)
+	}
+	contains(out, "sick", "sick-r-1", "sick-r-0", "changed regions", "in-progress", "[#####...............]  25%", "256.0 MiB / 1.0 GiB")
+
+	out, _ = kc("snapshots", "good")
+	contains(out, "nightly", "good", "true", "1Gi")
+	out, _ = kc("snapshots", "homeless")
+	contains(out, "No snapshots")
+
+	out, code = kc("doctor", "good")
+	if code != 0 {
+		t.Fatalf("doctor good: %d %s", code, out)
+	}
+	contains(out, "Nothing wrong found")
+	out, code = kc("doctor", "sick")
+	if code != 3 {
+		t.Fatalf("doctor sick exits %d, want 3 (not healthy):\n%s", code, out)
+	}
+	contains(out, "degraded", "a replica is being rebuilt", "rebuilds --watch", "replica sick-r-2 on c is unknown",
+		"instance manager im-c on c is unknown", "ReplicaFailed: replica sick-r-2 failed")
+	out, code = kc("doctor", "homeless")
+	contains(out, "not every replica has a disk: 2 of 3 replicas unplaced", "add nodes or disks")
+	if code != 3 {
+		t.Fatalf("doctor homeless exits %d", code)
+	}
+	out, code = kc("doctor", "nope")
+	if code != 1 || !strings.Contains(out, "no volume nope in cairn-system") {
+		t.Fatalf("doctor of a missing volume: %d %s", code, out)
+	}
+	out, code = kc("-n", "elsewhere", "volumes")
+	contains(out, "No volumes in elsewhere")
+	if _, code = kc("frobnicate"); code != 2 {
+		t.Fatal("an unknown command should exit 2")
+	}
+	if _, code = kc("-o", "xml", "volumes"); code != 2 {
+		t.Fatal("-o xml should exit 2")
+	}
+}
