@@ -86,9 +86,9 @@ lint: vet ## go vet plus a gofmt check (fails on unformatted files).
 .PHONY: verify
 verify: $(CONTROLLER_GEN) $(KUSTOMIZE) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate code and manifests and fail if that changes anything; build kustomizations.
 	CONTROLLER_GEN=$(CONTROLLER_GEN) hack/verify-generated.sh
-	@for k in config/crd config/rbac config/samples config/default config/storage config/csi config/instance-manager config/snapshot-controller; do \
+	@for k in config/crd config/rbac config/samples config/default config/storage config/csi config/instance-manager config/snapshot-controller config/monitoring; do \
 	  $(KUSTOMIZE) build $$k >/dev/null || { echo "kustomize build $$k failed"; exit 1; }; done
-	@echo "kustomize: config/{crd,rbac,samples,default,storage,csi,instance-manager,snapshot-controller} build"
+	@echo "kustomize: config/{crd,rbac,samples,default,storage,csi,instance-manager,snapshot-controller,monitoring} build"
 	@for m in . dataplane; do (cd $$m && GOWORK=off $(GO) mod tidy -diff >/dev/null) || { \
 	  echo "go.mod/go.sum in $$m are not tidy: run 'cd $$m && GOWORK=off go mod tidy' and commit"; exit 1; }; done
 	@echo "go mod tidy: both modules tidy"
