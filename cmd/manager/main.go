@@ -3,8 +3,10 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"time"
 
@@ -33,6 +35,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/replica"
 	"github.com/cairn-io/cairn/controllers/snapshot"
 	"github.com/cairn-io/cairn/controllers/storagenode"
+	"github.com/cairn-io/cairn/controllers/ui"
 	"github.com/cairn-io/cairn/controllers/volume"
 )
 
@@ -40,6 +43,7 @@ func main() {
 	var (
 		metricsAddr    string
 		probeAddr      string
+		uiAddr         string
 		leaderElection bool
 		vr             volume.Reconciler
 		disc           discovery
@@ -47,6 +51,7 @@ func main() {
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the metrics endpoint binds to; \"0\" disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the health and readiness probes bind to.")
+	flag.StringVar(&uiAddr, "ui-bind-address", ":8082", "Address of the read-only web page (reach it with kubectl port-forward); \"0\" disables it.")
 	flag.BoolVar(&leaderElection, "leader-elect", false, "Elect a leader so that only one manager reconciles at a time.")
 	flag.DurationVar(&vr.ReplenishmentWait, "replenishment-wait", volume.DefaultReplenishmentWait,
 		"How long a failed replica may take to come back (and resync only what it missed) before a replacement is built on another node.")
@@ -78,7 +83,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "cairn-manager: --certificate-validity must be at least 3h (certificates are renewed with a third of it left; kubelet takes up to a few minutes to hand renewed files to the instance managers)")
 		os.Exit(2)
 	}
-	if err := run(metricsAddr, probeAddr, leaderElection, &vr, disc, pki); err != nil {
+	if err := run(metricsAddr, probeAddr, uiAddr, leaderElection, &vr, disc, pki); err != nil {
 		fmt.Fprintln(os.Stderr, "cairn-manager:", err)
 		os.Exit(1)
 	}
@@ -106,7 +111,7 @@ func envOr(key, def string) string {
 	return def
 }
 
-func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconciler, disc discovery, pki pkiFlags) error {
+func run(metricsAddr, probeAddr, uiAddr string, leaderElection bool, vr *volume.Reconciler, disc discovery, pki pkiFlags) error {
 	sel, err := labels.Parse(disc.selector)
 	if err != nil {
 		return fmt.Errorf("--instance-manager-selector %q: %w", disc.selector, err)
@@ -192,13 +197,48 @@ func run(metricsAddr, probeAddr string, leaderElection bool, vr *volume.Reconcil
 	// Prometheus metrics of volumes, replicas, disks and instance
 	// managers, and each running engine's I/O, read at scrape time and
 	// served with controller-runtime's own on --metrics-bind-address.
-	ctrlmetrics.Registry.MustRegister(&cairnmetrics.Collector{Client: c, Logger: ctrl.Log.WithName("metrics"),
-		Engines: func() cairnmetrics.Engines {
-			if er.Engines == nil {
-				return nil
-			}
-			return er.Engines
-		}})
+	runningEngines := func() cairnmetrics.Engines {
+		if er.Engines == nil {
+			return nil
+		}
+		return er.Engines
+	}
+	ctrlmetrics.Registry.MustRegister(&cairnmetrics.Collector{Client: c, Logger: ctrl.Log.WithName("metrics"), Engines: runningEngines})
+	if uiAddr != "0" {
+		// The read-only page: volumes, replicas by node, rebuilds, disks,
+		// events, and I/O sparklines from its own samples of the engines.
+		page := &ui.Server{Client: c, Events: mgr.GetAPIReader(), Namespace: disc.namespace, Engines: runningEngines,
+			Logger: ctrl.Log.WithName("ui")}
+		if err := mgr.Add(page); err != nil {
+			return fmt.Errorf("add the web page's sampler: %w", err)
+		}
+		if err := mgr.Add(&httpServer{addr: uiAddr, handler: page}); err != nil {
+			return fmt.Errorf("add the web page: %w", err)
+		}
+	}
 	ctrl.Log.WithName("setup").Info("starting cairn-manager")
 	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// httpServer serves handler on addr while the manager runs (in every
+// replica, leader or not).
+type httpServer struct {
+	addr    string
+	handler http.Handler
+}
+
+func (h *httpServer) NeedLeaderElection() bool { return false }
+
+func (h *httpServer) Start(ctx context.Context) error {
+	srv := &http.Server{Addr: h.addr, Handler: h.handler, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	case err := <-errc:
+		return fmt.Errorf("web page on %s: %w", h.addr, err)
+	}
 }

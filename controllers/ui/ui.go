@@ -1,0 +1,389 @@
+// Package ui is Cairn's read-only web page, served by the manager
+// (--ui-bind-address) for `kubectl port-forward`: volumes with their
+// health and I/O sparklines, replicas by node, rebuild progress, disks and
+// recent events. It is rendered on the server (no script), from the
+// manager's cache, an uncached read of the events of its namespace, and a
+// short history of each running engine's I/O counters that it samples
+// itself.
+package ui
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"html/template"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/engine"
+	"github.com/cairn-io/cairn/controllers/metrics"
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+)
+
+//go:embed page.html
+var files embed.FS
+
+var page = template.Must(template.New("page.html").Funcs(template.FuncMap{
+	"pct": func(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) },
+}).ParseFS(files, "page.html"))
+
+// historyLen is how many samples a sparkline shows.
+const historyLen = 60
+
+// Server serves the page.
+type Server struct {
+	// Client reads Cairn's objects (the manager's cache).
+	Client client.Reader
+	// Events reads the namespace's events without a cache (the
+	// manager's APIReader); nil: no events shown.
+	Events client.Reader
+	// Namespace holds Cairn's objects and events.
+	Namespace string
+	// Engines gives the running engines to sample; nil: no I/O.
+	Engines func() metrics.Engines
+	// Interval between I/O samples (default 5 s).
+	Interval time.Duration
+	Logger   logr.Logger
+
+	mu      sync.Mutex
+	history map[types.NamespacedName]*series // by Engine
+}
+
+// series is an engine's recent I/O: counters at each sample, and the
+// rates between them.
+type series struct {
+	last       time.Time
+	reads      uint64
+	writes     uint64
+	readRates  []float64
+	writeRates []float64
+	seen       bool
+}
+
+// NeedLeaderElection: every manager replica serves its page.
+func (s *Server) NeedLeaderElection() bool { return false }
+
+// Start samples the engines every Interval until ctx ends.
+func (s *Server) Start(ctx context.Context) error {
+	iv := s.Interval
+	if iv <= 0 {
+		iv = 5 * time.Second
+	}
+	t := time.NewTicker(iv)
+	defer t.Stop()
+	for {
+		s.Sample(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Sample reads every running engine's counters once and appends the
+// rates since the previous sample to its history.
+func (s *Server) Sample(ctx context.Context) {
+	if s.Engines == nil {
+		return
+	}
+	es := s.Engines()
+	if es == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	type result struct {
+		key          types.NamespacedName
+		reads, write uint64
+	}
+	var mu sync.Mutex
+	var got []result
+	var wg sync.WaitGroup
+	es.Each(func(key types.NamespacedName, c *engine.Conn) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := c.Client.Metrics(ctx, &enginev1.MetricsRequest{})
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			got = append(got, result{key, m.GetRead().GetOps(), m.GetWrite().GetOps()})
+			mu.Unlock()
+		}()
+	})
+	wg.Wait()
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.history == nil {
+		s.history = map[types.NamespacedName]*series{}
+	}
+	live := map[types.NamespacedName]bool{}
+	for _, r := range got {
+		live[r.key] = true
+		h := s.history[r.key]
+		if h == nil {
+			h = &series{}
+			s.history[r.key] = h
+		}
+		// A counter that went down is a restarted engine: start over.
+		if h.seen && r.reads >= h.reads && r.write >= h.writes {
+			dt := now.Sub(h.last).Seconds()
+			if dt > 0 {
+				h.readRates = appendCapped(h.readRates, float64(r.reads-h.reads)/dt)
+				h.writeRates = appendCapped(h.writeRates, float64(r.write-h.writes)/dt)
+			}
+		}
+		h.last, h.reads, h.writes, h.seen = now, r.reads, r.write, true
+	}
+	for k := range s.history {
+		if !live[k] {
+			delete(s.history, k)
+		}
+	}
+}
+
+func appendCapped(xs []float64, x float64) []float64 {
+	xs = append(xs, x)
+	if len(xs) > historyLen {
+		xs = xs[len(xs)-historyLen:]
+	}
+	return xs
+}
+
+// Spark is a sparkline: an SVG polyline's points and the last value.
+type Spark struct {
+	Points string
+	Last   float64
+	Max    float64
+}
+
+func spark(xs []float64) Spark {
+	if len(xs) == 0 {
+		return Spark{}
+	}
+	peak := 1.0
+	for _, x := range xs {
+		peak = max(peak, x)
+	}
+	var b strings.Builder
+	const w, h = 120.0, 24.0
+	step := w / float64(historyLen-1)
+	off := float64(historyLen - len(xs))
+	for i, x := range xs {
+		fmt.Fprintf(&b, "%.1f,%.1f ", (off+float64(i))*step, h-1-(h-2)*x/peak)
+	}
+	return Spark{Points: strings.TrimSpace(b.String()), Last: xs[len(xs)-1], Max: peak}
+}
+
+// The page's data.
+type (
+	pageData struct {
+		Namespace string
+		Generated string
+		Volumes   []volumeRow
+		Nodes     []nodeRow
+		Rebuilds  []rebuildRow
+		Events    []eventRow
+		Counts    map[string]int
+	}
+	volumeRow struct {
+		Name, State, Robustness, Size, Node string
+		Replicas, RW                        int
+		Reads, Writes                       Spark
+		Message                             string
+	}
+	nodeRow struct {
+		Name     string
+		Disks    []diskRow
+		Replicas []replicaRow
+	}
+	diskRow struct {
+		Name                           string
+		Capacity, Available, Scheduled string
+		Used, ScheduledFrac            float64
+	}
+	replicaRow struct{ Name, Volume, Mode, State string }
+	rebuildRow struct {
+		Volume, Replica, Source, State, Kind, Done, Total string
+		Progress                                          float64
+	}
+	eventRow struct{ Time, Type, Object, Reason, Message string }
+)
+
+func human(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// ServeHTTP renders the page.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/" {
+		http.NotFound(w, r)
+		return
+	}
+	d, err := s.data(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	if err := page.Execute(w, d); err != nil {
+		s.Logger.Error(err, "ui: render")
+	}
+}
+
+func (s *Server) data(ctx context.Context) (*pageData, error) {
+	in := client.InNamespace(s.Namespace)
+	var vols v1.VolumeList
+	var engs v1.EngineList
+	var reps v1.ReplicaList
+	var nodes v1.StorageNodeList
+	for _, l := range []client.ObjectList{&vols, &engs, &reps, &nodes} {
+		if err := s.Client.List(ctx, l, in); err != nil {
+			return nil, fmt.Errorf("list %T: %w", l, err)
+		}
+	}
+	d := &pageData{Namespace: s.Namespace, Generated: time.Now().UTC().Format(time.RFC3339), Counts: map[string]int{}}
+	engineOf := map[string]*v1.Engine{}
+	for i := range engs.Items {
+		e := &engs.Items[i]
+		if cur, ok := engineOf[e.Spec.VolumeName]; !ok || cur.Spec.Maintenance {
+			engineOf[e.Spec.VolumeName] = e
+		}
+	}
+	s.mu.Lock()
+	hist := map[types.NamespacedName]series{}
+	for k, v := range s.history {
+		hist[k] = *v
+	}
+	s.mu.Unlock()
+	for _, v := range vols.Items {
+		row := volumeRow{Name: v.Name, State: string(v.Status.State), Robustness: string(v.Status.Robustness),
+			Size: v.Spec.Size.String(), Node: v.Status.CurrentNodeName}
+		if row.Robustness == "" {
+			row.Robustness = "unknown"
+		}
+		d.Counts[row.Robustness]++
+		if e := engineOf[v.Name]; e != nil {
+			for _, m := range e.Status.ReplicaModeMap {
+				if m == v1.ReplicaModeRW {
+					row.RW++
+				}
+			}
+			if h, ok := hist[types.NamespacedName{Namespace: e.Namespace, Name: e.Name}]; ok {
+				row.Reads, row.Writes = spark(h.readRates), spark(h.writeRates)
+			}
+		}
+		for _, c := range v.Status.Conditions {
+			if c.Status != "True" && c.Message != "" && row.Message == "" && c.Type != v1.VolumeConditionRebuilding {
+				row.Message = c.Message
+			}
+		}
+		d.Volumes = append(d.Volumes, row)
+	}
+	byNode := map[string]*nodeRow{}
+	nodeOf := func(n string) *nodeRow {
+		if byNode[n] == nil {
+			byNode[n] = &nodeRow{Name: n}
+		}
+		return byNode[n]
+	}
+	for _, n := range nodes.Items {
+		name := n.Spec.NodeName
+		if name == "" {
+			name = n.Name
+		}
+		nr := nodeOf(name)
+		for _, disk := range n.Status.Disks {
+			dr := diskRow{Name: disk.Name}
+			var capacity, avail, sched int64
+			if disk.Capacity != nil {
+				capacity = disk.Capacity.Value()
+			}
+			if disk.Available != nil {
+				avail = disk.Available.Value()
+			}
+			if disk.Scheduled != nil {
+				sched = disk.Scheduled.Value()
+			}
+			dr.Capacity, dr.Available, dr.Scheduled = human(capacity), human(avail), human(sched)
+			if capacity > 0 {
+				dr.Used = float64(capacity-avail) / float64(capacity)
+				dr.ScheduledFrac = min(float64(sched)/float64(capacity), 1)
+			}
+			nr.Disks = append(nr.Disks, dr)
+		}
+	}
+	for _, r := range reps.Items {
+		if r.Spec.NodeName == "" {
+			continue
+		}
+		mode := ""
+		if e := engineOf[r.Spec.VolumeName]; e != nil {
+			mode = string(e.Status.ReplicaModeMap[r.Name])
+		}
+		nr := nodeOf(r.Spec.NodeName)
+		nr.Replicas = append(nr.Replicas, replicaRow{Name: r.Name, Volume: r.Spec.VolumeName, Mode: mode, State: string(r.Status.InstanceState)})
+	}
+	for _, nr := range byNode {
+		sort.Slice(nr.Replicas, func(i, j int) bool { return nr.Replicas[i].Name < nr.Replicas[j].Name })
+		d.Nodes = append(d.Nodes, *nr)
+	}
+	sort.Slice(d.Nodes, func(i, j int) bool { return d.Nodes[i].Name < d.Nodes[j].Name })
+	for _, e := range engs.Items {
+		for rep, st := range e.Status.RebuildStatus {
+			rr := rebuildRow{Volume: e.Spec.VolumeName, Replica: rep, Source: st.SourceReplica, State: string(st.State),
+				Kind: "full", Done: human(st.BytesDone), Total: human(st.BytesTotal)}
+			if st.DirtyOnly {
+				rr.Kind = "changed regions"
+			}
+			if st.BytesTotal > 0 {
+				rr.Progress = float64(st.BytesDone) / float64(st.BytesTotal)
+			}
+			d.Rebuilds = append(d.Rebuilds, rr)
+		}
+	}
+	sort.Slice(d.Rebuilds, func(i, j int) bool { return d.Rebuilds[i].Volume+d.Rebuilds[i].Replica < d.Rebuilds[j].Volume+d.Rebuilds[j].Replica })
+	if s.Events != nil {
+		var evs corev1.EventList
+		if err := s.Events.List(ctx, &evs, in); err != nil {
+			s.Logger.V(1).Info("ui: events not listed", "error", err.Error())
+		}
+		sort.Slice(evs.Items, func(i, j int) bool { return eventTime(evs.Items[i]).After(eventTime(evs.Items[j])) })
+		for _, ev := range evs.Items[:min(len(evs.Items), 20)] {
+			d.Events = append(d.Events, eventRow{Time: eventTime(ev).UTC().Format("15:04:05"), Type: ev.Type,
+				Object: strings.ToLower(ev.InvolvedObject.Kind) + "/" + ev.InvolvedObject.Name, Reason: ev.Reason, Message: ev.Message})
+		}
+	}
+	return d, nil
+}
+
+func eventTime(ev corev1.Event) time.Time {
+	for _, t := range []time.Time{ev.LastTimestamp.Time, ev.EventTime.Time, ev.CreationTimestamp.Time} {
+		if !t.IsZero() {
+			return t
+		}
+	}
+	return time.Time{}
+}
