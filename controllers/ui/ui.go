@@ -364,7 +364,9 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 			d.Rebuilds = append(d.Rebuilds, rr)
 		}
 	}
-	sort.Slice(d.Rebuilds, func(i, j int) bool { return d.Rebuilds[i].Volume+d.Rebuilds[i].Replica < d.Rebuilds[j].Volume+d.Rebuilds[j].Replica })
+	sort.Slice(d.Rebuilds, func(i, j int) bool {
+		return d.Rebuilds[i].Volume+d.Rebuilds[i].Replica < d.Rebuilds[j].Volume+d.Rebuilds[j].Replica
+	})
 	if s.Events != nil {
 		var evs corev1.EventList
 		if err := s.Events.List(ctx, &evs, in); err != nil {

@@ -87,7 +87,7 @@ func TestUI(t *testing.T) {
 	g.Expect(row).To(MatchRegexp(`<svg class="spark reads"[^>]*><polyline points="[0-9., ]+"`), "a read sparkline")
 	g.Expect(row).To(MatchRegexp(`<svg class="spark writes"[^>]*><polyline points="[0-9., ]+"`), "a write sparkline")
 	for _, n := range []string{"ui-a", "ui-b"} {
-		node := regexp.MustCompile(`(?s)<div class="node" data-node="`+n+`">.*?</table>`).FindString(dom)
+		node := regexp.MustCompile(`(?s)<div class="node" data-node="` + n + `">.*?</table>`).FindString(dom)
 		g.Expect(node).To(ContainSubstring(`<span class="badge RW">RW</span>`), "a replica of the volume in RW on %s", n)
 		g.Expect(node).To(ContainSubstring("shown"))
 		g.Expect(node).To(MatchRegexp(`free of [0-9.]+ [KMGT]iB`), "the disk of %s", n)
