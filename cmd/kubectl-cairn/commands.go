@@ -28,6 +28,7 @@ type options struct {
 	output    string
 	watch     bool
 	interval  time.Duration
+	yes       bool
 }
 
 // emit writes v as JSON or YAML when asked; it reports whether it did.
@@ -494,4 +495,98 @@ func (o *options) imFix(ctx context.Context, imName, node string) string {
 			im.Name, node, orDash(string(im.Status.State)), o.namespace)
 	}
 	return "its instance manager " + im.Name + " runs; the process's log is in the instance-manager pod on " + node + " under /var/lib/cairn/logs"
+}
+
+// salvage explains what a faulted volume's salvage waits for and, when
+// told which replicas are lost for good (and --yes), deletes them so that
+// the manager salvages from the others.
+func (o *options) salvage(ctx context.Context, name string, giveUp []string) error {
+	v := &v1.Volume{}
+	if err := o.c.Get(ctx, client.ObjectKey{Namespace: o.namespace, Name: name}, v); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("no volume %s in %s", name, o.namespace)
+		}
+		return err
+	}
+	if v.Status.Robustness != v1.VolumeRobustnessFaulted {
+		fmt.Fprintf(o.out, "Volume %s is %s, not faulted: nothing to salvage.\n", name, orDash(string(v.Status.Robustness)))
+		if len(giveUp) > 0 {
+			return fmt.Errorf("refusing to delete replicas of a volume that is not faulted")
+		}
+		return nil
+	}
+	objs, err := o.load(ctx, false)
+	if err != nil {
+		return err
+	}
+	reps := objs.replicasOf(name)
+	fmt.Fprintf(o.out, "Volume %s is faulted: no replica is RW. The manager salvages it once every replica that may hold\n"+
+		"the newest data runs again, keeping the replicas with the newest epoch.\n\n", name)
+	if c := meta.FindStatusCondition(v.Status.Conditions, v1.ConditionReady); c != nil && c.Message != "" {
+		fmt.Fprintf(o.out, "Ready: %s\n\n", c.Message)
+	}
+	tw := tabwriter.NewWriter(o.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "REPLICA\tNODE\tSTATE\tINSTANCE MANAGER")
+	var down []string
+	for _, r := range reps {
+		im := "-"
+		if r.Spec.NodeName != "" {
+			im = o.imState(ctx, r.Status.InstanceManagerName, r.Spec.NodeName)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name, orDash(r.Spec.NodeName), orDash(string(r.Status.InstanceState)), im)
+		if r.Status.InstanceState != v1.InstanceStateRunning {
+			down = append(down, r.Name)
+		}
+	}
+	tw.Flush()
+	if len(giveUp) == 0 {
+		if len(down) == 0 {
+			fmt.Fprintln(o.out, "\nEvery replica runs: the salvage is under way.")
+			return nil
+		}
+		fmt.Fprintf(o.out, "\nBring back the nodes of %s if you can. If a disk is lost for good, give up on its replica:\n"+
+			"  kubectl cairn salvage %s --give-up %s --yes\n"+
+			"Its data is deleted; if it held the newest writes, those are lost.\n", strings.Join(down, ", "), name, strings.Join(down, ","))
+		return nil
+	}
+	known := map[string]bool{}
+	for _, r := range reps {
+		known[r.Name] = true
+	}
+	for _, g := range giveUp {
+		if !known[g] {
+			return fmt.Errorf("%s is not a replica of %s", g, name)
+		}
+	}
+	if len(giveUp) == len(reps) {
+		return fmt.Errorf("refusing to give up on every replica of %s: nothing would be left to salvage from", name)
+	}
+	if !o.yes {
+		fmt.Fprintf(o.out, "\nWould delete %s (and its data). Run again with --yes to do it.\n", strings.Join(giveUp, ", "))
+		return nil
+	}
+	for _, g := range giveUp {
+		r := &v1.Replica{}
+		r.Namespace, r.Name = o.namespace, g
+		if err := o.c.Delete(ctx, r); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete replica %s: %w", g, err)
+		}
+		fmt.Fprintf(o.out, "\nreplica %s deleted", g)
+	}
+	fmt.Fprintf(o.out, "\nThe manager salvages %s from the remaining replicas once they run; `kubectl cairn doctor %s` follows it.\n", name, name)
+	return nil
+}
+
+// imState says in a few words how a node's instance manager is.
+func (o *options) imState(ctx context.Context, imName, node string) string {
+	var ims v1.InstanceManagerList
+	if err := o.c.List(ctx, &ims, client.InNamespace(o.namespace)); err != nil {
+		return "?"
+	}
+	for _, im := range ims.Items {
+		if im.Name == imName || imName == "" && im.Spec.NodeName == node {
+			return im.Name + " " + orDash(string(im.Status.State))
+		}
+	}
+	return "none on " + node
 }

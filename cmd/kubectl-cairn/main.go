@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -33,6 +34,10 @@ commands:
   rebuilds [--watch]   replicas being rebuilt, with progress bars (--watch: until none is left)
   snapshots [VOLUME]   snapshots, of one volume or all
   doctor VOLUME        why a volume is not attached or not healthy, and what to do
+  salvage VOLUME [--give-up REPLICA,... --yes]
+                       a faulted volume: which replicas its salvage waits for; with
+                       --give-up and --yes, delete replicas whose disks are lost for
+                       good so that it salvages from the others (their data is lost)
 
 flags:
   -n, --namespace NS   where Cairn's objects are (default cairn-system)
@@ -62,16 +67,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, c client.
 	kubecontext := fs.String("context", "", "")
 	fs.BoolVar(&o.watch, "watch", false, "")
 	fs.DurationVar(&o.interval, "interval", 2*time.Second, "")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	rest := fs.Args()
-	// Flags after the command (kubectl cairn rebuilds --watch) too.
-	if len(rest) > 1 {
-		if err := fs.Parse(rest[1:]); err != nil {
+	giveUp := fs.String("give-up", "", "")
+	fs.BoolVar(&o.yes, "yes", false, "")
+	// Flags may come anywhere (kubectl cairn salvage VOL --give-up R), as
+	// with kubectl: parse, take the next argument, parse the rest.
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
 			return 2
 		}
-		rest = append(rest[:1], fs.Args()...)
+		if fs.NArg() == 0 {
+			break
+		}
+		rest = append(rest, fs.Arg(0))
+		args = fs.Args()[1:]
 	}
 	if len(rest) == 0 {
 		fs.Usage()
@@ -113,6 +122,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, c client.
 		if err == nil && !healthy {
 			return 3
 		}
+	case "salvage":
+		if len(rest) != 2 {
+			fmt.Fprintln(stderr, "kubectl cairn: salvage needs one VOLUME")
+			return 2
+		}
+		var giveUps []string
+		if *giveUp != "" {
+			giveUps = strings.Split(*giveUp, ",")
+		}
+		err = o.salvage(ctx, rest[1], giveUps)
 	default:
 		fmt.Fprintf(stderr, "kubectl cairn: unknown command %q\n\n%s", cmd, usage)
 		return 2

@@ -128,6 +128,13 @@ func TestPlugin(t *testing.T) {
 	})
 	replica("homeless-r-0", "homeless", "", v1.InstanceStateStopped, cond(v1.ConditionReady, false, "Unscheduled", "no disk"))
 
+	volume("dead", "a", func(v *v1.Volume) {
+		v.Status.State, v.Status.Robustness = v1.VolumeStateAttaching, v1.VolumeRobustnessFaulted
+		v.Status.Conditions = []metav1.Condition{cond(v1.ConditionReady, false, "Faulted", "no replica is RW; salvage waits for every replica that held the volume's data to run again (dead-r-1)")}
+	})
+	replica("dead-r-0", "dead", "a", v1.InstanceStateRunning, running)
+	replica("dead-r-1", "dead", "c", v1.InstanceStateUnknown, cond(v1.ConditionReady, false, "InstanceManagerNotCurrent", "gone"))
+
 	snap := &v1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: ns}, Spec: v1.SnapshotSpec{Volume: "good"}}
 	create(snap, func() {
 		snap.Status.ReadyToUse = true
@@ -166,7 +173,7 @@ func TestPlugin(t *testing.T) {
 
 	out, code = kc("-o", "json", "volumes")
 	var vs []volumeView
-	if code != 0 || json.Unmarshal([]byte(out), &vs) != nil || len(vs) != 3 || vs[0].Name != "good" || len(vs[0].Replicas) != 2 {
+	if code != 0 || json.Unmarshal([]byte(out), &vs) != nil || len(vs) != 4 || vs[1].Name != "good" || len(vs[1].Replicas) != 2 {
 		t.Fatalf("volumes -o json: %d %s", code, out)
 	}
 	out, _ = kc("volumes", "-o", "yaml")
@@ -203,6 +210,36 @@ func TestPlugin(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "no volume nope in cairn-system") {
 		t.Fatalf("doctor of a missing volume: %d %s", code, out)
 	}
+	// Salvage: what it waits for; giving up on a replica needs --yes and
+	// a real replica of the volume; a healthy volume is left alone.
+	out, code = kc("salvage", "dead")
+	if code != 0 {
+		t.Fatalf("salvage dead: %d %s", code, out)
+	}
+	contains(out, "faulted", "salvage waits for", "dead-r-1", "im-c unknown", "kubectl cairn salvage dead --give-up dead-r-1 --yes")
+	exists := func(name string) bool {
+		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &v1.Replica{}) == nil
+	}
+	out, _ = kc("salvage", "dead", "--give-up", "dead-r-1")
+	contains(out, "Would delete dead-r-1")
+	if !exists("dead-r-1") {
+		t.Fatal("deleted without --yes")
+	}
+	if out, code = kc("salvage", "dead", "--give-up", "good-r-0", "--yes"); code != 1 || !strings.Contains(out, "not a replica of dead") {
+		t.Fatalf("another volume's replica: %d %s", code, out)
+	}
+	if out, code = kc("salvage", "dead", "--give-up", "dead-r-0,dead-r-1", "--yes"); code != 1 || !strings.Contains(out, "every replica") {
+		t.Fatalf("every replica: %d %s", code, out)
+	}
+	if out, code = kc("salvage", "good", "--give-up", "good-r-0", "--yes"); code != 1 || !exists("good-r-0") {
+		t.Fatalf("a healthy volume's replica: %d %s", code, out)
+	}
+	out, code = kc("salvage", "dead", "--give-up", "dead-r-1", "--yes")
+	if code != 0 || exists("dead-r-1") || !exists("dead-r-0") {
+		t.Fatalf("salvage --give-up --yes: %d %s", code, out)
+	}
+	contains(out, "replica dead-r-1 deleted")
+
 	out, code = kc("-n", "elsewhere", "volumes")
 	contains(out, "No volumes in elsewhere")
 	if _, code = kc("frobnicate"); code != 2 {
