@@ -84,6 +84,11 @@ type member struct {
 	since     time.Time
 	err       error
 	stats     stats
+	// reading counts the member's reads in flight, readNs is its recent
+	// read latency (an exponentially weighted average, ns; 0 before the
+	// first read): pickRead chooses by them.
+	reading atomic.Int64
+	readNs  atomic.Int64
 }
 
 // controller is what the engine calls on a member outside the I/O path.

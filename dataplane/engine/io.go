@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 )
@@ -17,8 +18,9 @@ func (e *Engine) checkRange(off, n int64) error {
 	return nil
 }
 
-// ReadAt reads from one RW replica (round robin), trying the next if it
-// fails; a replica that fails a read is moved to ERR.
+// ReadAt reads from one RW replica (pickRead: the one likely to answer
+// first), trying the others if it fails; a replica that fails a read is
+// moved to ERR.
 func (e *Engine) ReadAt(ctx context.Context, p []byte, off int64) error {
 	ctx = detach(ctx)
 	if err := e.checkRange(off, int64(len(p))); err != nil {
@@ -47,13 +49,20 @@ func (e *Engine) readAt(ctx context.Context, p []byte, off int64) error {
 	rs := e.readable()
 	failed := false
 	var err error = fmt.Errorf("%w: no RW replica to read from", ErrNoReplica)
-	start := int(e.rr.Add(1))
+	start := 0
+	if len(rs) > 0 {
+		start = pickRead(rs, e.rr.Add(1))
+	}
 	for i := range rs {
 		m := rs[(start+i)%len(rs)]
 		t := time.Now()
+		m.reading.Add(1)
 		rerr := m.data.ReadAt(ctx, p, off)
-		m.stats.record(opRead, len(p), time.Since(t), rerr)
+		m.reading.Add(-1)
+		took := time.Since(t)
+		m.stats.record(opRead, len(p), took, rerr)
 		if rerr == nil {
+			m.observeRead(took)
 			err = nil
 			break
 		}
@@ -330,4 +339,49 @@ func (e *Engine) Unmap(ctx context.Context, off, length int64) error {
 func (e *Engine) Flush(ctx context.Context) error {
 	ctx = detach(ctx)
 	return e.mutate(ctx, opFlush, 0, 0, func(m *member) error { return m.data.Flush(ctx) })
+}
+
+// readProbeEvery: one read in this many goes round robin instead of to the
+// replica pickRead expects to be fastest, so that every RW replica is read
+// regularly (a failing one is noticed by a read, and its latency figure
+// stays current).
+const readProbeEvery = 8
+
+// pickRead returns the index in rs of the replica the n-th read goes to:
+// the one expected to answer first, by its recent read latency times one
+// more than its reads in flight. That prefers a replica on the engine's
+// node (a unix socket, no network) and steers reads off a slow or busy
+// one; a replica not read yet is tried first. Every readProbeEvery-th read
+// takes the replicas in turn instead.
+func pickRead(rs []*member, n uint64) int {
+	if n%readProbeEvery == 0 {
+		return int(n/readProbeEvery) % len(rs)
+	}
+	best, bestScore := 0, math.MaxFloat64
+	for i, m := range rs {
+		lat := m.readNs.Load()
+		if lat == 0 {
+			return i
+		}
+		if score := float64(lat) * float64(1+m.reading.Load()); score < bestScore {
+			best, bestScore = i, score
+		}
+	}
+	return best
+}
+
+// observeRead folds a successful read's latency into the member's
+// average (weight 1/8: a few slow reads move it, one does not dominate).
+func (m *member) observeRead(took time.Duration) {
+	ns := max(took.Nanoseconds(), 1)
+	for {
+		old := m.readNs.Load()
+		next := ns
+		if old != 0 {
+			next = old + (ns-old)/8
+		}
+		if m.readNs.CompareAndSwap(old, max(next, 1)) {
+			return
+		}
+	}
 }
