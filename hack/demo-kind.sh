@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# demo-kind.sh: Cairn on a real three-node kind cluster. Brings the cluster
+# demo-kind.sh (`make demo`): Cairn on a real three-node kind cluster. Brings the cluster
 # up (reused if it exists), builds and loads the images, deploys Cairn, has
 # a pod write data to a three-replica PVC, fails a replica's node, shows
 # the repair live, and verifies the data. Where ../shared/tools/kind-offline
