@@ -330,7 +330,7 @@ var _ = Describe("a replica's instance manager lost", func() {
 		Eventually(result, 3*time.Minute, time.Second).Should(Equal("ok"), fioOut)
 		// The last pass's blocks, read through a new engine on another node.
 		deletePod("fio-a")
-		startPod("fio-b", n[0], "fio", false, fioImage, "fio "+fioJob+" --verify_only --output=/tmp/fio.out")
+		startPod("fio-b", n[0], "fio", false, fioImage, "fio "+fioJob+" --verify_only")
 		waitPod("fio-b", 4*time.Minute)
 	})
 })
