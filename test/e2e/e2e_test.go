@@ -38,9 +38,9 @@ var fioImage = envOr("E2E_FIO_IMAGE", "cairn-e2e-fio:local")
 // outOfService is the taint of Kubernetes' non-graceful node shutdown: an
 // operator's word that the node is off, so its pods and volume attachments
 // may go.
-// fioJob writes 32 MiB of random 4 KiB blocks with O_DIRECT and verifies
+// fioJob writes 16 MiB of random 4 KiB blocks with O_DIRECT and verifies
 // each block's crc32c; --verify_only checks a previous run's blocks.
-const fioJob = "--name=v --filename=/data/fio --size=32m --bs=4k --rw=randwrite --ioengine=libaio --iodepth=8 --direct=1 --verify=crc32c --verify_fatal=1"
+const fioJob = "--name=v --filename=/data/fio --size=16m --bs=4k --rw=randwrite --ioengine=libaio --iodepth=8 --direct=1 --verify=crc32c --verify_fatal=1"
 
 const outOfService = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
 
@@ -295,7 +295,7 @@ var _ = Describe("a replica's instance manager lost", func() {
 	It("keeps fio's verified writes correct while it is lost and repaired", func() {
 		n := nodes()
 		pvc("fio", "cairn", "256Mi", false, "")
-		// fio writes 32 MiB in random 4 KiB blocks with O_DIRECT, then reads
+		// fio writes 16 MiB in random 4 KiB blocks with O_DIRECT, then reads
 		// every block back and checks its crc32c, again and again until
 		// /tmp/stop exists; /tmp/fio.passes counts the passes that verified.
 		loop := "(n=0; while [ ! -f /tmp/stop ]; do fio " + fioJob + " --output=/tmp/fio.out || { echo failed > /tmp/fio.rc; exit 1; }; " +
