@@ -382,6 +382,13 @@ var _ = Describe("a replica's node stopped and started again", func() {
 		pod("ns-a", app, "ns", false, "cd /data && dd if=/dev/urandom of=f bs=1M count=64 conv=fsync status=none && sha256sum f > sum && sync")
 		vol := volumeOf("ns")
 		rep := replicaOn(vol, victim)
+		// A replica's write-intent bitmap clears a region's bit at the
+		// second flush at least 5 s (replica.DefaultClearDelay) after the
+		// region's last write, and only then. mkfs's discard and the 64
+		// MiB above marked nearly every region: without two such flushes
+		// the resync would copy the whole volume. These waits are about
+		// that time constant, not about an event.
+		podExec("ns-a", "cd /data && for i in 1 2; do sleep 6 && dd if=/dev/zero of=tick bs=4k count=1 conv=fsync status=none; done")
 		stopNode(victim)
 		// Written while the node is away: the engine finds the replica
 		// gone, and these are the regions it misses.
@@ -390,6 +397,7 @@ var _ = Describe("a replica's node stopped and started again", func() {
 		restartNode(victim)
 		Eventually(robustness(vol), 4*time.Minute, time.Second).Should(Equal("healthy"))
 		rb := rebuildOf(vol, rep)
+		GinkgoWriter.Printf("the rebuild of %s: %+v\n", rep, rb)
 		Expect(rb.State).To(Equal("complete"), "%+v", rb)
 		Expect(rb.DirtyOnly).To(BeTrue(), "a delta resync, not a full copy: %+v", rb)
 		// At least the 8 MiB written while away, and less than the 64 MiB
