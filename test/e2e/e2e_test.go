@@ -466,7 +466,17 @@ var _ = Describe("the manager deleted while claims are provisioned", func() {
 // on the control-plane node, which no spec stops, so a stopped worker
 // takes only the node's own processes with it (as when an operator keeps
 // the control components on dedicated nodes).
+//
+// The manager also gets --replenishment-wait=3m (default 60 s): a worker
+// stopped and started again takes 30 to 60 s to serve again on the CI
+// machine, and a replica failed for longer than the wait is never given
+// back (planRepair), even when, as here with three nodes, its replacement
+// has nowhere to go; the volume would stay degraded.
 var _ = BeforeSuite(func() {
+	if args, _ := kubectl("", "-n", ns, "get", "deployment", "cairn-manager", "-o", "jsonpath={.spec.template.spec.containers[0].args}"); !strings.Contains(args, "--replenishment-wait") {
+		must("", "-n", ns, "patch", "deployment", "cairn-manager", "--type=json",
+			"-p", `[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--replenishment-wait=3m"}]`)
+	}
 	pin := `{"spec":{"template":{"spec":{"nodeSelector":{"node-role.kubernetes.io/control-plane":""}}}}}`
 	for _, d := range [][2]string{{ns, "cairn-manager"}, {ns, "cairn-csi-controller"}, {"kube-system", "snapshot-controller"}} {
 		if _, err := kubectl("", "-n", d[0], "get", "deployment", d[1]); err != nil {
