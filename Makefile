@@ -192,7 +192,7 @@ deploy: manifests $(KUSTOMIZE) ## Deploy Cairn (manager, instance managers, CSI 
 	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
 	cd config/instance-manager && $(KUSTOMIZE) edit set image cairn-data=$(DATA_IMG)
 	cd config/csi && $(KUSTOMIZE) edit set image cairn-csi=$(CSI_IMG)
-	$(KUSTOMIZE) build config/default | $(KUBECTL) apply --server-side -f -
+	$(KUSTOMIZE) build config/default | $(KUBECTL) apply --server-side --force-conflicts -f -
 	$(KUSTOMIZE) build config/storage | $(KUBECTL) apply --server-side -f -
 	if $(KUBECTL) get crd volumesnapshotclasses.snapshot.storage.k8s.io >/dev/null 2>&1; then \
 	  $(KUBECTL) apply --server-side -f config/storage/volumesnapshotclass.yaml; \
