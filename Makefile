@@ -124,18 +124,20 @@ chaos: ## Randomized fault schedules against real processes: make chaos SCHEDULE
 	cd dataplane && $(GO) test -v -count=1 -timeout 0 -run '^TestChaos$$' ./test/chaos -args \
 	  -chaos.schedules=$(SCHEDULES) -chaos.seed=$(SEED) $(if $(FAULTS),-chaos.faults=$(FAULTS)) $(if $(UNSAFE),-chaos.unsafe-engine)
 
-.PHONY: demo
-demo: build ## See it work: 3 replicas + engine on loopback, snapshot, kill one, rebuild, verify every byte, revert (no Kubernetes).
-	hack/install-test-tools.sh
-	hack/demo.sh
-
 .PHONY: test-e2e
 test-e2e: build ## The e2e suite (test/e2e) on a three-node kind cluster with Cairn deployed from this tree; KEEP=1 keeps the cluster.
 	hack/test-e2e.sh
 
-.PHONY: demo-kind
-demo-kind: build ## Cairn on a three-node kind cluster: deploy, a PVC written by a pod, a replica's node stopped and back, the repair shown live, the data verified.
+.PHONY: demo demo-kind
+demo: build ## See it work on Kubernetes: a three-node kind cluster (node image built offline the first time: minutes), Cairn deployed, a PVC written by a pod, a replica's node stopped and back, the repair shown live, the data verified.
 	hack/demo-kind.sh
+
+demo-kind: demo ## The same as demo (its former name).
+
+.PHONY: demo-dataplane
+demo-dataplane: build ## The data plane alone, no Kubernetes: 3 replicas + engine on loopback, snapshot, kill one, rebuild, verify every byte, revert.
+	hack/install-test-tools.sh
+	hack/demo.sh
 
 .PHONY: bench-replica
 bench-replica: ## 4 KiB random I/O through dataconn to one replica vs the raw file (ratio), and index memory per TiB.
@@ -193,7 +195,7 @@ deploy: manifests $(KUSTOMIZE) ## Deploy Cairn (manager, instance managers, CSI 
 	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
 	cd config/instance-manager && $(KUSTOMIZE) edit set image cairn-data=$(DATA_IMG)
 	cd config/csi && $(KUSTOMIZE) edit set image cairn-csi=$(CSI_IMG)
-	$(KUSTOMIZE) build config/default | $(KUBECTL) apply --server-side -f -
+	$(KUSTOMIZE) build config/default | $(KUBECTL) apply --server-side --force-conflicts -f -
 	$(KUSTOMIZE) build config/storage | $(KUBECTL) apply --server-side -f -
 	if $(KUBECTL) get crd volumesnapshotclasses.snapshot.storage.k8s.io >/dev/null 2>&1; then \
 	  $(KUBECTL) apply --server-side -f config/storage/volumesnapshotclass.yaml; \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# demo.sh: Cairn's data plane on one machine, no Kubernetes needed.
+# demo.sh (`make demo-dataplane`): Cairn's data plane on one machine, no Kubernetes needed.
 # Three replicas and an engine on loopback; data written and verified with
 # qemu-io through the NBD frontend; a replica killed; a fresh one rebuilt
 # while the volume keeps serving; every byte checked from the rebuilt

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # kind-up.sh: a three-node kind cluster ($CLUSTER) with Cairn deployed from
-# images built from this tree: what `make demo-kind` and `make test-e2e`
+# images built from this tree: what `make demo` and `make test-e2e`
 # start from. The cluster is reused if it exists. Where
 # ../shared/tools/kind-offline sits beside the clone (machines without
 # registry access) it builds the kind node image and the CSI sidecars
 # first: minutes the first time. Source it or run it; it leaves the
-# kubectl context kind-$CLUSTER current.
+# kubectl context kind-$CLUSTER current. The images are $IMG, $DATA_IMG and
+# $CSI_IMG (default the :dev tags, as in the Makefile): give other tags to
+# keep a second cluster's images apart from another run's. `make deploy`
+# writes them into config/*/kustomization.yaml; do not commit other tags.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CLUSTER=${CLUSTER:-cairn}
+export IMG=${IMG:-cairn-manager:dev} DATA_IMG=${DATA_IMG:-cairn-data:dev} CSI_IMG=${CSI_IMG:-cairn-csi:dev}
 OFFLINE=../shared/tools/kind-offline
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -23,7 +27,7 @@ if [[ -d $OFFLINE ]]; then
   wait $build || { echo "node image build failed: see $KIND_OFFLINE_CACHE/build.log" >&2; exit 1; }
   NODE_IMAGE=${NODE_IMAGE:-kindest/node:v1.35.4-offline}
 fi
-for t in docker kind kubectl; do command -v $t >/dev/null || { echo "demo-kind: $t is needed" >&2; exit 1; }; done
+for t in docker kind kubectl; do command -v $t >/dev/null || { echo "kind-up: $t is needed" >&2; exit 1; }; done
 k() { kubectl --context "kind-$CLUSTER" "$@"; }
 
 say "cluster $CLUSTER: three schedulable nodes"
@@ -33,18 +37,18 @@ fi
 k get nodes
 
 say "images: make docker-build, loaded into the nodes"
-make -s docker-build >/dev/null
+make -s docker-build IMG="$IMG" DATA_IMG="$DATA_IMG" CSI_IMG="$CSI_IMG" >/dev/null
 if [[ -d $OFFLINE ]]; then
-  "$OFFLINE/load-images.sh" "$CLUSTER" cairn-manager:dev cairn-data:dev cairn-csi:dev >/dev/null
+  "$OFFLINE/load-images.sh" "$CLUSTER" "$IMG" "$DATA_IMG" "$CSI_IMG" >/dev/null
 else
-  kind load docker-image --name "$CLUSTER" cairn-manager:dev cairn-data:dev cairn-csi:dev >/dev/null
+  kind load docker-image --name "$CLUSTER" "$IMG" "$DATA_IMG" "$CSI_IMG" >/dev/null
 fi
 
 say "deploy Cairn"
 export KUBECONFIG=${KUBECONFIG:-$HOME/.kube/config}
 kubectl config use-context "kind-$CLUSTER" >/dev/null
 k get crd volumesnapshots.snapshot.storage.k8s.io >/dev/null 2>&1 || make -s deploy-snapshot-controller >/dev/null
-make -s deploy >/dev/null
+make -s deploy IMG="$IMG" DATA_IMG="$DATA_IMG" CSI_IMG="$CSI_IMG" >/dev/null
 k -n cairn-system rollout status ds/cairn-instance-manager --timeout=3m
 k -n cairn-system rollout status ds/cairn-csi-node --timeout=3m
 k -n cairn-system rollout status deploy/cairn-manager deploy/cairn-csi-controller --timeout=3m 2>/dev/null || \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test-e2e.sh: the e2e suite (test/e2e, build tag e2e) on a three-node kind
 # cluster with Cairn deployed from this tree (hack/kind-up.sh). The cluster
-# is deleted afterwards unless KEEP=1. On failure, every Cairn object and
+# is deleted afterwards unless KEEP=1. Some specs stop a worker node
+# (docker stop) and start it again; none stops the control plane. On failure, every Cairn object and
 # the logs of Cairn's pods go to $ARTIFACTS (default _artifacts/e2e).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,9 +24,17 @@ cleanup() {
 trap cleanup EXIT
 source hack/kind-up.sh
 
+# The suite's pods run $E2E_APP_IMAGE; its fio spec runs that image with
+# Debian's fio added (hack/e2e-fio), built here and loaded into the nodes.
+export E2E_APP_IMAGE=${E2E_APP_IMAGE:-kind-offline/e2e-tools:local} E2E_FIO_IMAGE=${E2E_FIO_IMAGE:-cairn-e2e-fio:local}
+say "fio image $E2E_FIO_IMAGE (FROM $E2E_APP_IMAGE)"
+docker build -q --build-arg BASE_IMAGE="$E2E_APP_IMAGE" -t "$E2E_FIO_IMAGE" hack/e2e-fio >/dev/null
+kind load docker-image --name "$CLUSTER" "$E2E_FIO_IMAGE" >/dev/null
+
 say "e2e suite"
 rc=0
-go test -tags e2e -count=1 -timeout 40m ./test/e2e -args -ginkgo.v || rc=$?
+# -v streams the specs' progress (ginkgo -v) to the log as they run.
+go test -v -tags e2e -count=1 -timeout 40m ./test/e2e -args -ginkgo.v || rc=$?
 if [[ $rc != 0 ]]; then
   mkdir -p "$ARTIFACTS"
   k() { kubectl --context "kind-$CLUSTER" "$@"; }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
@@ -170,6 +171,20 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.R
 		ready(false, ReasonNotPlaced, "spec.nodeName is empty: the engine runs nowhere")
 		return ctrl.Result{}, nil
 	}
+	// A node an operator declared shut down (the out-of-service taint)
+	// runs no engine: it is reported stopped, so its volume can detach
+	// and attach elsewhere, and nothing is called there. If the node
+	// comes back before the taint goes, its instance manager is not asked
+	// to start anything until then.
+	out, err := objects.OutOfService(ctx, r.Client, e.Spec.NodeName)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if out {
+		reset(v1.InstanceStateStopped)
+		ready(false, objects.ReasonNodeOutOfService, fmt.Sprintf("node %s has the %s taint: it is shut down, and the engine with it", e.Spec.NodeName, corev1.TaintNodeOutOfService))
+		return ctrl.Result{}, nil
+	}
 	conn, im, err := r.Pool.ForNode(ctx, r.Client, e.Namespace, e.Spec.NodeName)
 	if err != nil {
 		reset(v1.InstanceStateUnknown)
@@ -301,7 +316,12 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, e *v1.Engine) (ctrl.Re
 	if !controllerutil.ContainsFinalizer(e, Finalizer) {
 		return ctrl.Result{}, nil
 	}
-	if e.Spec.NodeName != "" {
+	out, err := objects.OutOfService(ctx, r.Client, e.Spec.NodeName)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	// On a node that is out of service the engine is not running.
+	if e.Spec.NodeName != "" && !out {
 		conn, _, err := r.Pool.ForNode(ctx, r.Client, e.Namespace, e.Spec.NodeName)
 		if err != nil && !errors.Is(err, imclient.ErrNoInstanceManager) {
 			return ctrl.Result{}, err
@@ -343,6 +363,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return objects.OnNode(ctx, mgr.GetClient(), &v1.EngineList{}, o.GetNamespace(), o.(*v1.InstanceManager).Spec.NodeName,
 				func(e *v1.Engine) string { return e.Spec.NodeName })
 		})).
+		// The out-of-service taint set or lifted on a node stops, or lets
+		// start again, what runs there.
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return objects.OnNode(ctx, mgr.GetClient(), &v1.EngineList{}, "", o.GetName(), func(e *v1.Engine) string { return e.Spec.NodeName })
+		}), builder.WithPredicates(objects.OutOfServiceChanged)).
 		// A failed replica is given back once the Volume reconciler has
 		// recorded its failure and its process runs at the address the
 		// spec gives (replicaGivenBack): either may come last.

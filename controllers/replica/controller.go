@@ -13,7 +13,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -101,6 +103,18 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, rep *v1.Replica) (ctr
 	if rep.Spec.NodeName == "" || rep.Spec.DiskPath == "" || rep.Spec.DataDirectoryName == "" {
 		st.InstanceState, st.Address, st.ControlAddress = v1.InstanceStateStopped, "", ""
 		ready(false, ReasonNotScheduled, "the replica has no node, disk path and data directory yet")
+		return ctrl.Result{}, nil
+	}
+	// A node an operator declared shut down (the out-of-service taint)
+	// runs no replica: it is reported stopped, and nothing is started
+	// there until the taint goes. Its data stays on the node's disk.
+	out, err := objects.OutOfService(ctx, r.Client, rep.Spec.NodeName)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if out {
+		st.InstanceState, st.Address, st.ControlAddress = v1.InstanceStateStopped, "", ""
+		ready(false, objects.ReasonNodeOutOfService, fmt.Sprintf("node %s has the %s taint: it is shut down, and the replica process with it", rep.Spec.NodeName, corev1.TaintNodeOutOfService))
 		return ctrl.Result{}, nil
 	}
 	conn, im, err := r.Pool.ForNode(ctx, r.Client, rep.Namespace, rep.Spec.NodeName)
@@ -211,7 +225,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, rep *v1.Replica) (ctrl
 }
 
 // SetupWithManager registers the reconciler: a Replica is reconciled when
-// it changes and when its node's InstanceManager reports a change.
+// it changes, when its node's InstanceManager reports a change, and when
+// its node's out-of-service taint comes or goes.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1.Replica{}).
@@ -219,6 +234,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return objects.OnNode(ctx, mgr.GetClient(), &v1.ReplicaList{}, o.GetNamespace(), o.(*v1.InstanceManager).Spec.NodeName,
 				func(r *v1.Replica) string { return r.Spec.NodeName })
 		})).
+		// The out-of-service taint set or lifted on a node stops, or lets
+		// start again, the replicas there.
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return objects.OnNode(ctx, mgr.GetClient(), &v1.ReplicaList{}, "", o.GetName(), func(r *v1.Replica) string { return r.Spec.NodeName })
+		}), builder.WithPredicates(objects.OutOfServiceChanged)).
 		Named("replica").
 		WithOptions(controller.Options{MaxConcurrentReconciles: objects.Workers}).
 		Complete(r)

@@ -1,6 +1,6 @@
 // Package objects holds what several reconcilers do alike with their
-// objects: set a condition from a verdict, record an event, and find the
-// objects placed on a node.
+// objects: set a condition from a verdict, record an event, find the
+// objects placed on a node, and tell whether a node is out of service.
 package objects
 
 import (
@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
@@ -71,3 +74,46 @@ const Workers = 8
 // not change (a new manager's first watch finds what the old one saw) no
 // event follows, and the object would wait for ever.
 const UnreachableRecheck = 5 * time.Second
+
+// ReasonNodeOutOfService: the Ready reason of an Engine or Replica whose
+// node carries the out-of-service taint (OutOfService).
+const ReasonNodeOutOfService = "NodeOutOfService"
+
+// OutOfService reports whether node carries Kubernetes' out-of-service
+// taint (corev1.TaintNodeOutOfService, non-graceful node shutdown): an
+// operator's word that the node is shut down, after which Kubernetes
+// force-deletes its pods and detaches its volumes. Cairn takes the same
+// word: no engine or replica process of ours runs there, whatever its
+// instance manager last reported (a stopped node's process watch can look
+// current for as long as nothing is sent on it). A node that does not
+// exist is not out of service.
+func OutOfService(ctx context.Context, c client.Reader, node string) (bool, error) {
+	n := &corev1.Node{}
+	if err := c.Get(ctx, client.ObjectKey{Name: node}, n); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return hasOutOfService(n), nil
+}
+
+func hasOutOfService(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == corev1.TaintNodeOutOfService {
+			return true
+		}
+	}
+	return false
+}
+
+// OutOfServiceChanged passes Node updates that add or remove the
+// out-of-service taint, and nothing else: a reconciler watching Nodes
+// with it is not woken by every node heartbeat.
+var OutOfServiceChanged = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return false },
+	DeleteFunc:  func(event.DeleteEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+	UpdateFunc: func(ev event.UpdateEvent) bool {
+		a, okA := ev.ObjectOld.(*corev1.Node)
+		b, okB := ev.ObjectNew.(*corev1.Node)
+		return okA && okB && hasOutOfService(a) != hasOutOfService(b)
+	},
+}
