@@ -536,8 +536,13 @@ func (r *Reconciler) repair(ctx context.Context, s *scope) error {
 		if err := r.Delete(ctx, byName[n]); client.IgnoreNotFound(err) != nil {
 			return err
 		}
-		objects.Event(r.Recorder, s.v, false, EventReplicaDeleted, "Replenish", "replica %s on %s, failed since %s, deleted: the volume is healthy without it",
-			n, byName[n].Spec.NodeName, byName[n].Spec.FailedAt.Format(time.RFC3339))
+		if f := byName[n].Spec.FailedAt; f != nil {
+			objects.Event(r.Recorder, s.v, false, EventReplicaDeleted, "Replenish", "replica %s on %s, failed since %s, deleted: the volume is healthy without it",
+				n, byName[n].Spec.NodeName, f.Format(time.RFC3339))
+		} else {
+			objects.Event(r.Recorder, s.v, false, EventReplicaDeleted, "Replenish", "replica %s, a replacement that never held data, deleted: the replica it replaced is healthy again",
+				n)
+		}
 	}
 	return nil
 }

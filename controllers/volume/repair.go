@@ -84,7 +84,12 @@ func runningAddress(r *v1.Replica) (v1.ReplicaAddress, bool) {
 //   - a replica failed for longer than the wait is given up: a
 //     replacement is created (the scheduler puts it on a node without a
 //     replica of the volume), and the failed one is deleted once the
-//     engine has spec.numberOfReplicas RW replicas again.
+//     engine has spec.numberOfReplicas RW replicas again;
+//   - but while the engine has fewer RW and WO replicas than wanted (the
+//     replacement could not be placed, say: three nodes, three replicas),
+//     a given-up replica that runs again is given back all the same, with
+//     its delta resync; once the engine has enough RW replicas, a
+//     replacement that never held data is deleted as surplus.
 func planRepair(in repairInput) repairPlan {
 	p := repairPlan{addresses: map[string]v1.ReplicaAddress{}}
 	wo := 0
@@ -151,12 +156,26 @@ func planRepair(in repairInput) repairPlan {
 			p.addresses[r.Name] = addr
 		case p.faulted && running:
 			p.addresses[r.Name] = addr
-		case running && !gone && budget > 0:
+		case running && budget > 0 && (!gone || p.rw+wo < in.want):
 			p.addresses[r.Name] = addr
 			budget--
 		}
 	}
 	p.replace = max(0, in.want-active)
+	if p.rw >= in.want {
+		// Surplus: replicas that never held data and the engine does not
+		// hold (a replacement made while a given-up replica was away,
+		// which came back and is RW again).
+		extra := active - in.want
+		for i := len(reps) - 1; i >= 0 && extra > 0; i-- {
+			r := reps[i]
+			if _, held := in.modes[r.Name]; held || r.Spec.HealthyAt != nil || r.Spec.FailedAt != nil || !r.DeletionTimestamp.IsZero() {
+				continue
+			}
+			p.remove = append(p.remove, r.Name)
+			extra--
+		}
+	}
 	if p.rw < in.want {
 		p.remove = nil // the replacements are not RW yet: keep what might still be salvaged
 	}

@@ -102,6 +102,40 @@ func TestPlanRepair(t *testing.T) {
 			}
 		},
 	}, {
+		name: "failed past the wait, its replacement unplaced: given back when it runs again (a delta resync)",
+		in: repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", true, true, 2*time.Minute), rep("c", false, false, 0)},
+			modes: modes{"a": RW}},
+		addrs: []string{"a", "b"},
+		check: func(t *testing.T, p repairPlan) {
+			if p.replace != 0 || len(p.remove) != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name: "the given-back replica RW again: the replacement that never held data is surplus",
+		in: repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", true, true, 0), rep("c", false, false, 0)},
+			modes: modes{"a": RW, "b": RW}},
+		addrs: []string{"a", "b"},
+		check: func(t *testing.T, p repairPlan) {
+			if len(p.remove) != 1 || p.remove[0] != "c" || p.replace != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name: "failed past the wait, running, while its placed replacement rebuilds: not given back",
+		in: repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", true, true, 2*time.Minute), rep("c", true, false, 0)},
+			modes: modes{"a": RW, "c": WO}},
+		addrs: []string{"a", "c"},
+	}, {
+		name:  "a new replica while the engine has fewer RW than wanted is not surplus",
+		in:    repairInput{want: 3, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", true, true, 0), rep("c", false, false, 0)}, modes: modes{"a": RW, "b": RW}},
+		addrs: []string{"a", "b"},
+		check: func(t *testing.T, p repairPlan) {
+			if len(p.remove) != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
 		name:  "failed past the wait, no replacement yet: one is asked for",
 		in:    repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", false, true, 2*time.Minute)}, modes: modes{"a": RW, "b": ERR}},
 		addrs: []string{"a"},
