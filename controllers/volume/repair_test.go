@@ -376,3 +376,75 @@ func updateVolume(g *WithT, key client.ObjectKey, mutate func(*v1.Volume)) {
 func setNode(g *WithT, key client.ObjectKey, node string) {
 	updateVolume(g, key, func(v *v1.Volume) { v.Spec.NodeName = node })
 }
+
+// TestVolumeGivenBackWhenNoReplacementFits: three nodes, three replicas.
+// A node's instance manager is down for longer than the replenishment
+// wait: the replacement has nowhere to go (every node holds a replica of
+// the volume). When the node comes back, its replica is given back with a
+// delta resync, the volume is healthy again with the writes made
+// meanwhile, and the unplaced replacement is deleted.
+func TestVolumeGivenBackWhenNoReplacementFits(t *testing.T) {
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make test-tools installs it)")
+	}
+	g := NewWithT(t)
+	ctx := context.Background()
+	names := []string{"gb-a", "gb-b", "gb-c"}
+	dirs, ims := startNodes(t, g, names...)
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "given-back", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("32Mi"), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
+	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
+	key := client.ObjectKeyFromObject(vol)
+	cleanupVolume(t, vol)
+	engine := func() *v1.Engine {
+		e := &v1.Engine{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
+		return e
+	}
+	robustness := func() v1.VolumeRobustness { return getVolume(g, key).Status.Robustness }
+	setNode(g, key, "gb-a")
+	sock := waitAttached(t, g, key).Status.Endpoint
+	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
+	qemuIO(t, vol.Name, sock, "write -P 0x11 0 4M", "flush")
+	var lost string
+	for _, r := range listReplicas(g, vol) {
+		if r.Spec.NodeName == "gb-c" {
+			lost = r.Name
+		}
+	}
+	g.Expect(lost).NotTo(BeEmpty())
+
+	ims["gb-c"].Kill()
+	qemuIO(t, vol.Name, sock, "write -P 0x22 8M 2M", "flush")
+	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessDegraded))
+	// Past the wait: a replacement is asked for, and stays unplaced.
+	g.Eventually(func() int { return len(listReplicas(g, vol)) }, timeout+replenishmentWait, 100*time.Millisecond).Should(Equal(4))
+	g.Consistently(func() bool {
+		for _, r := range listReplicas(g, vol) {
+			if r.Name != lost && r.Spec.NodeName == "" {
+				return true
+			}
+		}
+		return false
+	}, 2*time.Second, 200*time.Millisecond).Should(BeTrue(), "the replacement has no node to go to")
+
+	ims["gb-c"] = imtest.Start(t, "gb-c", ims["gb-c"].Addr, dirs["gb-c"])
+	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
+	var rb v1.RebuildStatus
+	g.Eventually(func() v1.RebuildState { rb = engine().Status.RebuildStatus[lost]; return rb.State }, timeout, 50*time.Millisecond).Should(Equal(v1.RebuildStateComplete))
+	g.Expect(rb.DirtyOnly).To(BeTrue(), "given back with a delta resync: %+v", rb)
+	g.Eventually(func() []string {
+		var out []string
+		for _, r := range listReplicas(g, vol) {
+			out = append(out, r.Name)
+		}
+		return out
+	}, timeout, 100*time.Millisecond).Should(HaveLen(3), "the unplaced replacement is deleted")
+	g.Expect(engine().Status.ReplicaModeMap[lost]).To(Equal(v1.ReplicaModeRW))
+	qemuIO(t, vol.Name, sock, "read -P 0x11 0 4M", "read -P 0x22 8M 2M")
+
+	// Deleted here, while the restarted instance manager still runs (its
+	// cleanup comes before cleanupVolume's).
+	g.Expect(k8sClient.Delete(ctx, getVolume(g, key))).To(Succeed())
+	g.Eventually(func() bool { return apierrors.IsNotFound(k8sClient.Get(ctx, key, &v1.Volume{})) }, timeout, 100*time.Millisecond).Should(BeTrue())
+}
