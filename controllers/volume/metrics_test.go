@@ -4,7 +4,11 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"regexp"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +24,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/metrics"
+	"github.com/cairn-io/cairn/controllers/replica"
 )
 
 // scrape fetches url as Prometheus does and parses the text format.
@@ -126,4 +131,32 @@ func TestMetrics(t *testing.T) {
 	}
 	g.Expect(rw).To(Equal(2), "both replicas RW")
 	g.Expect(value(fams, "cairn_instance_manager_processes", map[string]string{"node": "mt-a", "kind": "engine", "state": "running"})).To(Equal(1.0))
+
+	// A replica process killed and resynced: its rebuild's progress is
+	// there too. Then every metric the Grafana dashboard queries is in a
+	// scrape of this running system.
+	var victim v1.Replica
+	for _, r := range listReplicas(g, vol) {
+		if r.Spec.NodeName == "mt-b" {
+			victim = r
+		}
+	}
+	g.Expect(syscall.Kill(replicaPID(t, replica.DataDir(&victim)), syscall.SIGKILL)).To(Succeed())
+	qemuIO(t, vol.Name, sock, "write -P 0x5b 8M 1M", "flush")
+	rl := map[string]string{"volume": "metered", "replica": victim.Name}
+	g.Eventually(func() bool {
+		f := scrape(g, srv.URL)
+		done, total := value(f, "cairn_volume_rebuild_bytes_done", rl), value(f, "cairn_volume_rebuild_bytes_total", rl)
+		return total > 0 && done == total
+	}, timeout, 100*time.Millisecond).Should(BeTrue(), "the resync's progress, done")
+	g.Eventually(func() float64 {
+		return value(scrape(g, srv.URL), "cairn_volume_robustness", map[string]string{"volume": "metered", "robustness": "healthy"})
+	}, timeout, 100*time.Millisecond).Should(Equal(1.0))
+	fams = scrape(g, srv.URL)
+	b, err := os.ReadFile("../../config/monitoring/grafana-dashboard.json")
+	g.Expect(err).NotTo(HaveOccurred())
+	for _, name := range regexp.MustCompile(`cairn_[a-z_]+`).FindAllString(string(b), -1) {
+		family := strings.TrimSuffix(name, "_bucket")
+		g.Expect(fams).To(HaveKey(family), "the dashboard queries %s; the running system's scrape has no %s", name, family)
+	}
 }
