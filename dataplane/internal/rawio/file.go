@@ -79,16 +79,23 @@ func (w *File) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // acquireRaw counts a raw write in if fewer than GOMAXPROCS-1 are in
-// progress; the caller then decrements rawWrites when done.
+// progress; the caller then decrements rawWrites when done. The count is
+// taken with compare-and-swap, so it never exceeds the limit even for a
+// moment (an add-then-undo would let a reader see one too many).
 func acquireRaw() bool {
 	if limitChecks.Add(1)%refreshEvery == 0 {
 		refreshLimit()
 	}
-	if rawWrites.Add(1) <= rawLimit.Load() {
-		return true
+	limit := rawLimit.Load()
+	for {
+		n := rawWrites.Load()
+		if n >= limit {
+			return false
+		}
+		if rawWrites.CompareAndSwap(n, n+1) {
+			return true
+		}
 	}
-	rawWrites.Add(-1)
-	return false
 }
 
 // pwrite is one raw pwrite's arguments and results, with the function
