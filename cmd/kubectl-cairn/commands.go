@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/display"
 )
 
 type options struct {
@@ -109,17 +110,14 @@ func (o *options) load(ctx context.Context, snapshots bool) (*objects, error) {
 	return objs, nil
 }
 
-// engineOf is the volume's engine that serves it (not a maintenance one,
-// when there are both).
+// engineOf is the volume's Engine (a volume has one), or nil.
 func (objs *objects) engineOf(vol string) *v1.Engine {
-	var found *v1.Engine
 	for i := range objs.engs {
-		e := &objs.engs[i]
-		if e.Spec.VolumeName == vol && (found == nil || found.Spec.Maintenance) {
-			found = e
+		if objs.engs[i].Spec.VolumeName == vol {
+			return &objs.engs[i]
 		}
 	}
-	return found
+	return nil
 }
 
 func (objs *objects) replicasOf(vol string) []v1.Replica {
@@ -253,19 +251,6 @@ func bar(p float64, width int) string {
 	return "[" + strings.Repeat("#", n) + strings.Repeat(".", width-n) + "]"
 }
 
-func human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
 func (o *options) rebuilds(ctx context.Context) error {
 	for {
 		views, err := o.rebuildViews(ctx)
@@ -287,7 +272,7 @@ func (o *options) rebuilds(ctx context.Context) error {
 				active++
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s %3.0f%% %s / %s\n", r.Volume, r.Replica, orDash(r.Source), kind, orDash(r.State),
-				bar(r.Progress, 20), 100*r.Progress, human(r.BytesDone), human(r.BytesTotal))
+				bar(r.Progress, 20), 100*r.Progress, display.Bytes(r.BytesDone), display.Bytes(r.BytesTotal))
 		}
 		if len(views) == 0 {
 			fmt.Fprintf(o.out, "No rebuilds in %s.\n", o.namespace)
@@ -445,11 +430,11 @@ func (o *options) doctor(ctx context.Context, name string) (bool, error) {
 				warn = append(warn, ev)
 			}
 		}
-		sort.Slice(warn, func(i, j int) bool { return eventTime(warn[i]).After(eventTime(warn[j])) })
+		sort.Slice(warn, func(i, j int) bool { return display.EventTime(warn[i]).After(display.EventTime(warn[j])) })
 		if len(warn) > 0 {
 			fmt.Fprintln(o.out, "\nRecent warnings:")
 			for _, ev := range warn[:min(len(warn), 5)] {
-				fmt.Fprintf(o.out, "  %s  %s: %s\n", eventTime(ev).UTC().Format(time.RFC3339), ev.Reason, ev.Message)
+				fmt.Fprintf(o.out, "  %s  %s: %s\n", display.EventTime(ev).UTC().Format(time.RFC3339), ev.Reason, ev.Message)
 			}
 		}
 	}
@@ -466,15 +451,6 @@ func (o *options) doctor(ctx context.Context, name string) (bool, error) {
 		}
 	}
 	return false, nil
-}
-
-func eventTime(ev corev1.Event) time.Time {
-	for _, t := range []time.Time{ev.LastTimestamp.Time, ev.EventTime.Time, ev.CreationTimestamp.Time} {
-		if !t.IsZero() {
-			return t
-		}
-	}
-	return time.Time{}
 }
 
 // imFix says what to check about a node's instance manager.

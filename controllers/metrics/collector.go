@@ -201,35 +201,47 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// collectIO asks every running engine for its counters, all at once.
-func (c *Collector) collectIO(ctx context.Context, es Engines, volumeOf map[types.NamespacedName]string, ch chan<- prometheus.Metric) {
+// Poll asks every running engine for its counters, all at once, and
+// returns the answers by Engine; an engine that does not answer before ctx
+// ends is left out (logged at V(1)).
+func Poll(ctx context.Context, es Engines, log logr.Logger) map[types.NamespacedName]*enginev1.MetricsResponse {
+	var mu sync.Mutex
+	out := map[types.NamespacedName]*enginev1.MetricsResponse{}
 	var wg sync.WaitGroup
 	es.Each(func(key types.NamespacedName, conn *engine.Conn) {
-		vol, ok := volumeOf[key]
-		if !ok {
-			return
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			m, err := conn.Client.Metrics(ctx, &enginev1.MetricsRequest{})
 			if err != nil {
-				c.Logger.V(1).Info("metrics: engine did not answer; left out of this scrape", "engine", key.String(), "error", err.Error())
+				log.V(1).Info("engine did not answer for its metrics", "engine", key.String(), "error", err.Error())
 				return
 			}
-			bounds := m.GetLatencyBoundsNs()
-			for op, om := range map[string]*enginev1.OpMetrics{"read": m.GetRead(), "write": m.GetWrite(), "flush": m.GetFlush(), "unmap": m.GetUnmap()} {
-				labels := []string{key.Namespace, vol, op}
-				ch <- prometheus.MustNewConstMetric(descOps, prometheus.CounterValue, float64(om.GetOps()), labels...)
-				ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(om.GetBytes()), labels...)
-				ch <- prometheus.MustNewConstMetric(descErrors, prometheus.CounterValue, float64(om.GetErrors()), labels...)
-				if h, ok := histogram(bounds, om.GetLatency(), labels); ok {
-					ch <- h
-				}
-			}
-		}()
+			mu.Lock()
+			out[key] = m
+			mu.Unlock()
+		})
 	})
 	wg.Wait()
+	return out
+}
+
+// collectIO emits every running engine's counters.
+func (c *Collector) collectIO(ctx context.Context, es Engines, volumeOf map[types.NamespacedName]string, ch chan<- prometheus.Metric) {
+	for key, m := range Poll(ctx, es, c.Logger) {
+		vol, ok := volumeOf[key]
+		if !ok {
+			continue
+		}
+		bounds := m.GetLatencyBoundsNs()
+		for op, om := range map[string]*enginev1.OpMetrics{"read": m.GetRead(), "write": m.GetWrite(), "flush": m.GetFlush(), "unmap": m.GetUnmap()} {
+			labels := []string{key.Namespace, vol, op}
+			ch <- prometheus.MustNewConstMetric(descOps, prometheus.CounterValue, float64(om.GetOps()), labels...)
+			ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(om.GetBytes()), labels...)
+			ch <- prometheus.MustNewConstMetric(descErrors, prometheus.CounterValue, float64(om.GetErrors()), labels...)
+			if h, ok := histogram(bounds, om.GetLatency(), labels); ok {
+				ch <- h
+			}
+		}
+	}
 }
 
 // histogram turns the engine's latency buckets (a count per bucket, the

@@ -24,9 +24,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
-	"github.com/cairn-io/cairn/controllers/engine"
+	"github.com/cairn-io/cairn/controllers/display"
 	"github.com/cairn-io/cairn/controllers/metrics"
-	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
 )
 
 //go:embed page.html
@@ -102,53 +101,32 @@ func (s *Server) Sample(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	type result struct {
-		key          types.NamespacedName
-		reads, write uint64
-	}
-	var mu sync.Mutex
-	var got []result
-	var wg sync.WaitGroup
-	es.Each(func(key types.NamespacedName, c *engine.Conn) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m, err := c.Client.Metrics(ctx, &enginev1.MetricsRequest{})
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			got = append(got, result{key, m.GetRead().GetOps(), m.GetWrite().GetOps()})
-			mu.Unlock()
-		}()
-	})
-	wg.Wait()
+	got := metrics.Poll(ctx, es, s.Logger)
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.history == nil {
 		s.history = map[types.NamespacedName]*series{}
 	}
-	live := map[types.NamespacedName]bool{}
-	for _, r := range got {
-		live[r.key] = true
-		h := s.history[r.key]
+	for key, m := range got {
+		reads, writes := m.GetRead().GetOps(), m.GetWrite().GetOps()
+		h := s.history[key]
 		if h == nil {
 			h = &series{}
-			s.history[r.key] = h
+			s.history[key] = h
 		}
 		// A counter that went down is a restarted engine: start over.
-		if h.seen && r.reads >= h.reads && r.write >= h.writes {
+		if h.seen && reads >= h.reads && writes >= h.writes {
 			dt := now.Sub(h.last).Seconds()
 			if dt > 0 {
-				h.readRates = appendCapped(h.readRates, float64(r.reads-h.reads)/dt)
-				h.writeRates = appendCapped(h.writeRates, float64(r.write-h.writes)/dt)
+				h.readRates = appendCapped(h.readRates, float64(reads-h.reads)/dt)
+				h.writeRates = appendCapped(h.writeRates, float64(writes-h.writes)/dt)
 			}
 		}
-		h.last, h.reads, h.writes, h.seen = now, r.reads, r.write, true
+		h.last, h.reads, h.writes, h.seen = now, reads, writes, true
 	}
 	for k := range s.history {
-		if !live[k] {
+		if _, live := got[k]; !live {
 			delete(s.history, k)
 		}
 	}
@@ -222,19 +200,6 @@ type (
 	eventRow struct{ Time, Type, Object, Reason, Message string }
 )
 
-func human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
 // ServeHTTP renders the page.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/" {
@@ -265,12 +230,9 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 		}
 	}
 	d := &pageData{Namespace: s.Namespace, Generated: time.Now().UTC().Format(time.RFC3339), Counts: map[string]int{}}
-	engineOf := map[string]*v1.Engine{}
+	engineOf := map[string]*v1.Engine{} // by volume: a volume has one Engine
 	for i := range engs.Items {
-		e := &engs.Items[i]
-		if cur, ok := engineOf[e.Spec.VolumeName]; !ok || cur.Spec.Maintenance {
-			engineOf[e.Spec.VolumeName] = e
-		}
+		engineOf[engs.Items[i].Spec.VolumeName] = &engs.Items[i]
 	}
 	s.mu.Lock()
 	hist := map[types.NamespacedName]series{}
@@ -327,7 +289,7 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 			if disk.Scheduled != nil {
 				sched = disk.Scheduled.Value()
 			}
-			dr.Capacity, dr.Available, dr.Scheduled = human(capacity), human(avail), human(sched)
+			dr.Capacity, dr.Available, dr.Scheduled = display.Bytes(capacity), display.Bytes(avail), display.Bytes(sched)
 			if capacity > 0 {
 				dr.Used = float64(capacity-avail) / float64(capacity)
 				dr.ScheduledFrac = min(float64(sched)/float64(capacity), 1)
@@ -354,7 +316,7 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 	for _, e := range engs.Items {
 		for rep, st := range e.Status.RebuildStatus {
 			rr := rebuildRow{Volume: e.Spec.VolumeName, Replica: rep, Source: st.SourceReplica, State: string(st.State),
-				Kind: "full", Done: human(st.BytesDone), Total: human(st.BytesTotal)}
+				Kind: "full", Done: display.Bytes(st.BytesDone), Total: display.Bytes(st.BytesTotal)}
 			if st.DirtyOnly {
 				rr.Kind = "changed regions"
 			}
@@ -372,20 +334,11 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 		if err := s.Events.List(ctx, &evs, in); err != nil {
 			s.Logger.V(1).Info("ui: events not listed", "error", err.Error())
 		}
-		sort.Slice(evs.Items, func(i, j int) bool { return eventTime(evs.Items[i]).After(eventTime(evs.Items[j])) })
+		sort.Slice(evs.Items, func(i, j int) bool { return display.EventTime(evs.Items[i]).After(display.EventTime(evs.Items[j])) })
 		for _, ev := range evs.Items[:min(len(evs.Items), 20)] {
-			d.Events = append(d.Events, eventRow{Time: eventTime(ev).UTC().Format("15:04:05"), Type: ev.Type,
+			d.Events = append(d.Events, eventRow{Time: display.EventTime(ev).UTC().Format("15:04:05"), Type: ev.Type,
 				Object: strings.ToLower(ev.InvolvedObject.Kind) + "/" + ev.InvolvedObject.Name, Reason: ev.Reason, Message: ev.Message})
 		}
 	}
 	return d, nil
-}
-
-func eventTime(ev corev1.Event) time.Time {
-	for _, t := range []time.Time{ev.LastTimestamp.Time, ev.EventTime.Time, ev.CreationTimestamp.Time} {
-		if !t.IsZero() {
-			return t
-		}
-	}
-	return time.Time{}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/display"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
 )
 
@@ -162,7 +163,7 @@ func setRebuilding(s *scope, cond func(typ string, ok bool, reason, msg string))
 				kind = "regions written while it was away"
 			}
 			parts = append(parts, fmt.Sprintf("%s from %s: %d%% (%s of %s, %s)", n, rb.SourceReplica, rb.Progress,
-				humanBytes(rb.BytesDone), humanBytes(rb.BytesTotal), kind))
+				display.Bytes(rb.BytesDone), display.Bytes(rb.BytesTotal), kind))
 		}
 	}
 	if len(parts) == 0 {
@@ -170,19 +171,6 @@ func setRebuilding(s *scope, cond func(typ string, ok bool, reason, msg string))
 		return
 	}
 	cond(v1.VolumeConditionRebuilding, true, v1.VolumeReasonRebuildInProgress, "rebuilding "+strings.Join(parts, "; "))
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 func engineState(e *v1.Engine) string {
