@@ -54,6 +54,24 @@ func startNodes(t *testing.T, g *WithT, names ...string) (map[string]string, map
 	return dirs, ims
 }
 
+// getEngine reads a test volume's Engine.
+func getEngine(g *WithT, vol *v1.Volume) *v1.Engine {
+	e := &v1.Engine{}
+	g.Expect(k8sClient.Get(context.Background(), client.ObjectKey{Namespace: vol.Namespace, Name: EngineName(vol)}, e)).To(Succeed())
+	return e
+}
+
+// rwReplicas counts the replicas a test volume's engine reports RW.
+func rwReplicas(g *WithT, vol *v1.Volume) int {
+	rw := 0
+	for _, m := range getEngine(g, vol).Status.ReplicaModeMap {
+		if m == v1.ReplicaModeRW {
+			rw++
+		}
+	}
+	return rw
+}
+
 // getVolume reads a test's Volume.
 func getVolume(g *WithT, key client.ObjectKey) *v1.Volume {
 	out := &v1.Volume{}

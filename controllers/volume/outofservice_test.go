@@ -67,9 +67,7 @@ func TestVolumeNodeOutOfService(t *testing.T) {
 	g.Eventually(func() string { v := get(); return string(v.Status.State) + " on " + v.Status.CurrentNodeName }, timeout, 100*time.Millisecond).
 		Should(Equal("attached on oos-b"))
 	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessDegraded))
-	e := &v1.Engine{}
-	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
-	g.Expect(e.Status.ReplicaModeMap).To(HaveLen(2), "the engine serves from the two replicas that run")
+	g.Expect(getEngine(g, vol).Status.ReplicaModeMap).To(HaveLen(2), "the engine serves from the two replicas that run")
 	for _, rep := range listReplicas(g, vol) {
 		if rep.Spec.NodeName == "oos-a" {
 			g.Expect(rep.Status.InstanceState).To(Equal(v1.InstanceStateStopped))
@@ -87,17 +85,7 @@ func TestVolumeNodeOutOfService(t *testing.T) {
 		node.Spec.Taints = nil
 		return k8sClient.Update(ctx, node)
 	})).To(Succeed())
-	g.Eventually(func() int {
-		e := &v1.Engine{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
-		rw := 0
-		for _, m := range e.Status.ReplicaModeMap {
-			if m == v1.ReplicaModeRW {
-				rw++
-			}
-		}
-		return rw
-	}, timeout+replenishmentWait, 100*time.Millisecond).Should(Equal(3))
+	g.Eventually(func() int { return rwReplicas(g, vol) }, timeout+replenishmentWait, 100*time.Millisecond).Should(Equal(3))
 	qemuIO(t, vol.Name, get().Status.Endpoint, "read -P 0x44 0 4M", "read -P 0x55 12M 1M", "read -P 0x66 20M 1M")
 
 	g.Expect(k8sClient.Delete(ctx, get())).To(Succeed())

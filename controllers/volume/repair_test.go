@@ -80,11 +80,7 @@ func TestVolumeRepair(t *testing.T) {
 		Size: *resource.NewQuantity(size, resource.BinarySI), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
 	get := func() *v1.Volume { return getVolume(g, client.ObjectKeyFromObject(vol)) }
-	engine := func() *v1.Engine {
-		e := &v1.Engine{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
-		return e
-	}
+	engine := func() *v1.Engine { return getEngine(g, vol) }
 	replicas := func() map[string]v1.Replica {
 		out := map[string]v1.Replica{}
 		for _, r := range listReplicas(g, vol) {
@@ -277,17 +273,7 @@ func TestVolumeSalvage(t *testing.T) {
 	ims[first] = imtest.Start(t, first, ims[first].Addr, dirs[first])
 	// Healthy as the restarted engine's own stream reports it: until the
 	// stream has reported, robustness counts running replica processes.
-	g.Eventually(func() int {
-		e := &v1.Engine{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
-		rw := 0
-		for _, m := range e.Status.ReplicaModeMap {
-			if m == v1.ReplicaModeRW {
-				rw++
-			}
-		}
-		return rw
-	}, 2*timeout, 100*time.Millisecond).Should(Equal(2))
+	g.Eventually(func() int { return rwReplicas(g, vol) }, 2*timeout, 100*time.Millisecond).Should(Equal(2))
 	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
 	qemuIO(t, vol.Name, get().Status.Endpoint, "read -P 0x22 0 2M", "read -P 0x11 2M 2M")
 	var evs eventsv1.EventList
@@ -396,11 +382,7 @@ func TestVolumeGivenBackWhenNoReplacementFits(t *testing.T) {
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
 	key := client.ObjectKeyFromObject(vol)
 	cleanupVolume(t, vol)
-	engine := func() *v1.Engine {
-		e := &v1.Engine{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
-		return e
-	}
+	engine := func() *v1.Engine { return getEngine(g, vol) }
 	robustness := func() v1.VolumeRobustness { return getVolume(g, key).Status.Robustness }
 	setNode(g, key, "gb-a")
 	sock := waitAttached(t, g, key).Status.Endpoint

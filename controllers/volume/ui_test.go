@@ -71,7 +71,7 @@ func TestUI(t *testing.T) {
 	sock := waitAttached(t, g, key).Status.Endpoint
 	g.Eventually(func() v1.VolumeRobustness { return getVolume(g, key).Status.Robustness }, timeout, 100*time.Millisecond).
 		Should(Equal(v1.VolumeRobustnessHealthy))
-	g.Eventually(func() int { return len(getEngineModes(g, key)) }, timeout, 100*time.Millisecond).Should(Equal(2))
+	g.Eventually(func() int { return rwReplicas(g, vol) }, timeout, 100*time.Millisecond).Should(Equal(2))
 	page.Sample(ctx)
 	for i, mib := range []string{"2M", "8M", "4M", "12M", "6M"} {
 		qemuIO(t, vol.Name, sock, "write -P 0x4"+string(rune('0'+i))+" 0 "+mib, "read 0 "+mib, "flush")
@@ -95,17 +95,4 @@ func TestUI(t *testing.T) {
 	g.Expect(dom).To(ContainSubstring("volume/shown"), "the volume's events")
 	g.Expect(dom).To(ContainSubstring("Attached"))
 	g.Expect(strings.Count(dom, `class="volume"`)).To(BeNumerically(">=", 1))
-}
-
-// getEngineModes returns the replica modes the volume's engine reports.
-func getEngineModes(g *WithT, key client.ObjectKey) map[string]v1.ReplicaMode {
-	e := &v1.Engine{}
-	g.Expect(k8sClient.Get(context.Background(), client.ObjectKey{Namespace: key.Namespace, Name: EngineName(getVolume(g, key))}, e)).To(Succeed())
-	out := map[string]v1.ReplicaMode{}
-	for r, m := range e.Status.ReplicaModeMap {
-		if m == v1.ReplicaModeRW {
-			out[r] = m
-		}
-	}
-	return out
 }

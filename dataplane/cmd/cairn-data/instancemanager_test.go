@@ -468,16 +468,9 @@ func TestInstanceManagerStopsChildren(t *testing.T) {
 // non-loopback address is refused.
 func TestInstanceManagerTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca, caKey := newCA(t)
-	writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", ca.Raw)
-	srvCert, srvKey := issue(t, ca, caKey, "instance-manager", true)
-	writePEM(t, filepath.Join(dir, "srv.pem"), "CERTIFICATE", srvCert.Raw)
-	writeKey(t, filepath.Join(dir, "srv.key"), srvKey)
-	im := start(t, "instance-manager", "--listen", "127.0.0.1:0", "--node", "n", "--log-dir", filepath.Join(dir, "logs"),
-		"--port-range", freePortRange(t, 2), "--tls-cert", filepath.Join(dir, "srv.pem"), "--tls-key", filepath.Join(dir, "srv.key"),
-		"--tls-client-ca", filepath.Join(dir, "ca.pem"))
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
+	pki := newTestPKI(t, dir, "instance-manager")
+	im := start(t, append([]string{"instance-manager", "--listen", "127.0.0.1:0", "--node", "n", "--log-dir", filepath.Join(dir, "logs"),
+		"--port-range", freePortRange(t, 2)}, pki.flags...)...)
 	call := func(cfg *tls.Config) error {
 		cc, err := grpc.NewClient(im.control, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 		if err != nil {
@@ -489,18 +482,15 @@ func TestInstanceManagerTLS(t *testing.T) {
 		_, err = imv1.NewInstanceManagerServiceClient(cc).NodeInfo(ctx, &imv1.NodeInfoRequest{})
 		return err
 	}
-	if err := call(&tls.Config{RootCAs: pool, ServerName: "instance-manager"}); err == nil {
+	if err := call(pki.client(nil, nil)); err == nil {
 		t.Fatal("a client without a certificate got through")
 	}
 	other, otherKey := newCA(t) // a certificate from some other CA
 	oc, ok := issue(t, other, otherKey, "intruder", false)
-	if err := call(&tls.Config{RootCAs: pool, ServerName: "instance-manager",
-		Certificates: []tls.Certificate{{Certificate: [][]byte{oc.Raw}, PrivateKey: ok}}}); err == nil {
+	if err := call(pki.client(oc, ok)); err == nil {
 		t.Fatal("a client with a certificate from another CA got through")
 	}
-	cc, ck := issue(t, ca, caKey, "cairn-manager", false)
-	if err := call(&tls.Config{RootCAs: pool, ServerName: "instance-manager",
-		Certificates: []tls.Certificate{{Certificate: [][]byte{cc.Raw}, PrivateKey: ck}}}); err != nil {
+	if err := call(pki.manager(t)); err != nil {
 		t.Fatalf("the manager's client was refused: %v", err)
 	}
 	// No TLS on a non-loopback address: refused with the reason.
@@ -571,6 +561,49 @@ func TestInstanceManagerTLSReload(t *testing.T) {
 	if err := call(ca2, ca2Key); err != nil {
 		t.Fatalf("after an unloadable change the previous files should still serve: %v", err)
 	}
+}
+
+// testPKI is a CA and a server certificate of it for a name, written to a
+// directory as an instance manager's TLS files.
+type testPKI struct {
+	ca    *x509.Certificate
+	caKey *ecdsa.PrivateKey
+	name  string
+	// flags are the instance manager's --tls-cert, --tls-key and
+	// --tls-client-ca.
+	flags []string
+}
+
+func newTestPKI(t *testing.T, dir, name string) *testPKI {
+	t.Helper()
+	p := &testPKI{name: name}
+	p.ca, p.caKey = newCA(t)
+	writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", p.ca.Raw)
+	srvCert, srvKey := issue(t, p.ca, p.caKey, name, true)
+	writePEM(t, filepath.Join(dir, "srv.pem"), "CERTIFICATE", srvCert.Raw)
+	writeKey(t, filepath.Join(dir, "srv.key"), srvKey)
+	p.flags = []string{"--tls-cert", filepath.Join(dir, "srv.pem"), "--tls-key", filepath.Join(dir, "srv.key"),
+		"--tls-client-ca", filepath.Join(dir, "ca.pem")}
+	return p
+}
+
+// client is a TLS client that trusts the CA for the server's name and
+// presents cert, if any.
+func (p *testPKI) client(cert *x509.Certificate, key *ecdsa.PrivateKey) *tls.Config {
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca)
+	cfg := &tls.Config{RootCAs: pool, ServerName: p.name}
+	if cert != nil {
+		cfg.Certificates = []tls.Certificate{{Certificate: [][]byte{cert.Raw}, PrivateKey: key}}
+	}
+	return cfg
+}
+
+// manager is a client with a certificate of the CA, as the manager's.
+func (p *testPKI) manager(t *testing.T) *tls.Config {
+	t.Helper()
+	c, k := issue(t, p.ca, p.caKey, "cairn-manager", false)
+	return p.client(c, k)
 }
 
 func newCA(t *testing.T) (*x509.Certificate, *ecdsa.PrivateKey) {
@@ -718,21 +751,12 @@ func TestInstanceManagerVolumeKey(t *testing.T) {
 // processes serve a network address refuses a spec without a key.
 func TestInstanceManagerRequiresKeysOnTheNetwork(t *testing.T) {
 	dir := t.TempDir()
-	ca, caKey := newCA(t)
-	writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", ca.Raw)
-	srvCert, srvKey := issue(t, ca, caKey, "instance-manager", true)
-	writePEM(t, filepath.Join(dir, "srv.pem"), "CERTIFICATE", srvCert.Raw)
-	writeKey(t, filepath.Join(dir, "srv.key"), srvKey)
+	pki := newTestPKI(t, dir, "instance-manager")
 	// The rule looks at the address the processes serve and report
 	// (--process-host): a name that is not loopback is enough to test it.
-	im := start(t, "instance-manager", "--listen", "127.0.0.1:0", "--process-host", "cairn-test-node.invalid", "--node", "n",
-		"--log-dir", filepath.Join(dir, "logs"), "--data-dir", dir, "--port-range", freePortRange(t, 2),
-		"--tls-cert", filepath.Join(dir, "srv.pem"), "--tls-key", filepath.Join(dir, "srv.key"), "--tls-client-ca", filepath.Join(dir, "ca.pem"))
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	cc, ck := issue(t, ca, caKey, "cairn-manager", false)
-	conn, err := grpc.NewClient(im.control, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool,
-		ServerName: "instance-manager", Certificates: []tls.Certificate{{Certificate: [][]byte{cc.Raw}, PrivateKey: ck}}})))
+	im := start(t, append([]string{"instance-manager", "--listen", "127.0.0.1:0", "--process-host", "cairn-test-node.invalid", "--node", "n",
+		"--log-dir", filepath.Join(dir, "logs"), "--data-dir", dir, "--port-range", freePortRange(t, 2)}, pki.flags...)...)
+	conn, err := grpc.NewClient(im.control, grpc.WithTransportCredentials(credentials.NewTLS(pki.manager(t))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -751,19 +775,9 @@ func TestInstanceManagerRequiresKeysOnTheNetwork(t *testing.T) {
 // node's certificate, opens a replica, adds a second one and rebuilds it
 // (the rebuild reads and writes over those ports) to RW.
 func TestChildrenServeMutualTLS(t *testing.T) {
-	dir := t.TempDir()
-	ca, caKey := newCA(t)
-	writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", ca.Raw)
-	srvCert, srvKey := issue(t, ca, caKey, "cairn-instance-manager", true)
-	writePEM(t, filepath.Join(dir, "srv.pem"), "CERTIFICATE", srvCert.Raw)
-	writeKey(t, filepath.Join(dir, "srv.key"), srvKey)
-	im := startIM(t, freePortRange(t, 8), "--tls-cert", filepath.Join(dir, "srv.pem"), "--tls-key", filepath.Join(dir, "srv.key"),
-		"--tls-client-ca", filepath.Join(dir, "ca.pem"))
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	mc, mk := issue(t, ca, caKey, "cairn-manager", false)
-	manager := &tls.Config{RootCAs: pool, ServerName: "cairn-instance-manager",
-		Certificates: []tls.Certificate{{Certificate: [][]byte{mc.Raw}, PrivateKey: mk}}}
+	pki := newTestPKI(t, t.TempDir(), "cairn-instance-manager")
+	im := startIM(t, freePortRange(t, 8), pki.flags...)
+	manager := pki.manager(t)
 	conn, err := grpc.NewClient(im.p.control, grpc.WithTransportCredentials(credentials.NewTLS(manager)))
 	if err != nil {
 		t.Fatal(err)
@@ -784,7 +798,7 @@ func TestChildrenServeMutualTLS(t *testing.T) {
 
 	// Nobody without a certificate of the CA reaches the replica's
 	// control API.
-	noCert := &tls.Config{RootCAs: pool, ServerName: "cairn-instance-manager"}
+	noCert := pki.client(nil, nil)
 	for _, creds := range []credentials.TransportCredentials{insecure.NewCredentials(), credentials.NewTLS(noCert)} {
 		cc, err := grpc.NewClient(reps[0].ControlAddress, grpc.WithTransportCredentials(creds))
 		if err != nil {
