@@ -145,7 +145,7 @@ func TestEngineProcessQemuIO(t *testing.T) {
 			t.Fatalf("replica %d maps the engine's shared memory %d times, want %d", i, got, want)
 		}
 	}
-	if !strings.Contains(v.engine.stderr.String(), "shared memory attached") {
+	if !v.engine.logged("shared memory attached") {
 		t.Fatalf("the engine did not report shared memory with the unix replica:\n%s", v.engine.stderr.String())
 	}
 	qemuIO(t, v.uri, "write -P 0x5a 0 8M", "write -P 0x6b -f 8M 1M", "discard 16M 4M", "flush")
@@ -240,12 +240,8 @@ func TestEngineNBDKernelModes(t *testing.T) {
 	if e.endpoint != sock {
 		t.Fatalf("auto without the driver: endpoint %q, want the socket %q", e.endpoint, sock)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(e.stderr.String(), "serving the NBD socket "+sock+" only") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the engine did not say why there is no /dev/nbdN:\n%s", e.stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !e.logged("serving the NBD socket " + sock + " only") {
+		t.Fatalf("the engine did not say why there is no /dev/nbdN:\n%s", e.stderr.String())
 	}
 	e.cmd.Process.Signal(syscall.SIGTERM)
 	if code := e.waitExit(t); code != 0 {

@@ -87,7 +87,7 @@ func TestNBDKernelEngineRestart(t *testing.T) {
 	dev := eng.endpoint
 	sys := filepath.Join("/sys/block", filepath.Base(dev))
 	mnt := filepath.Join(dir, "mnt")
-	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	detachOnCleanup(t, eng, mnt)
 	sh(t, "mkfs.ext4", "-q", "-F", dev)
 	os.MkdirAll(mnt, 0o755)
 	sh(t, "mount", dev, mnt)
@@ -118,10 +118,11 @@ func TestNBDKernelEngineRestart(t *testing.T) {
 	go func() { held <- writeFiles(mnt, 12, 20) }()
 
 	eng2 := start(t, args...)
+	detachOnCleanup(t, eng2, mnt)
 	if eng2.endpoint != dev {
 		t.Fatalf("the restarted engine's endpoint is %q, want the device it left, %s", eng2.endpoint, dev)
 	}
-	if !strings.Contains(eng2.stderr.String(), "reattached "+dev) {
+	if !eng2.logged("reattached " + dev) {
 		t.Fatalf("the restarted engine did not say it reattached %s:\n%s", dev, eng2.stderr.String())
 	}
 	select {
@@ -143,6 +144,21 @@ func TestNBDKernelEngineRestart(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(sys, "pid")); err == nil {
 		t.Fatalf("%s is still connected after the engine's SIGTERM", dev)
 	}
+}
+
+// detachOnCleanup makes a failed test leave no /dev/nbdN behind for the
+// next: it unmounts mnt and stops eng with SIGTERM, on which the engine
+// detaches its device (a SIGKILL, the default cleanup, leaves it attached
+// for a successor to reattach). It runs before start's own cleanup.
+func detachOnCleanup(t *testing.T, eng *proc, mnt string) {
+	t.Cleanup(func() {
+		exec.Command("umount", "-l", mnt).Run()
+		eng.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-eng.exited:
+		case <-time.After(30 * time.Second):
+		}
+	})
 }
 
 // TestNBDKernelExpand: an engine with --nbd-kernel auto on a host with

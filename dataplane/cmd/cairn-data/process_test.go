@@ -118,6 +118,20 @@ func (p *proc) waitExit(t testing.TB) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
+// logged reports whether the process's stderr says s within 30 s. Its
+// stderr reaches the buffer through a pipe the exec package copies from,
+// so a line logged before the ready line may arrive after it.
+func (p *proc) logged(s string) bool {
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.stderr.String(), s) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
 func dialData(t testing.TB, addr string, epoch uint64) *dataconn.Client {
 	t.Helper()
 	c, err := dataconn.Dial(context.Background(), "tcp", addr, dataconn.ClientOptions{Conns: 2})
