@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/volcrypt"
 )
 
 // Spec is what to run: an EngineSpec or a ReplicaSpec. The instance
@@ -73,6 +75,12 @@ type EngineSpec struct {
 	// the engine authenticates every data connection to its replicas
 	// with it. It reaches the child through a pipe, never its arguments.
 	AuthKey string
+	// EncryptionKey turns on encryption at rest (volcrypt.KeySize bytes,
+	// or empty for none); it reaches the child through a pipe like AuthKey.
+	EncryptionKey string
+	// EncryptionKeyCheck is volcrypt.KeyCheck of the volume's key: the
+	// engine refuses a key with another. Required with EncryptionKey.
+	EncryptionKeyCheck string
 }
 
 // ReplicaSpec is a replica to run.
@@ -112,6 +120,9 @@ func redacted(s Spec) Spec {
 	case EngineSpec:
 		if s.AuthKey != "" {
 			s.AuthKey = "(redacted)"
+		}
+		if s.EncryptionKey != "" {
+			s.EncryptionKey = "(redacted)"
 		}
 		return s
 	case ReplicaSpec:
@@ -155,6 +166,12 @@ func (ReplicaSpec) Kind() Kind { return KindReplica }
 func (e EngineSpec) validate([]string) error {
 	if err := validKey(e.AuthKey); err != nil {
 		return err
+	}
+	if e.EncryptionKey != "" && len(e.EncryptionKey) != volcrypt.KeySize {
+		return fmt.Errorf("%w: encryption key of %d bytes: give %d, or none", ErrInvalid, len(e.EncryptionKey), volcrypt.KeySize)
+	}
+	if (e.EncryptionKey == "") != (e.EncryptionKeyCheck == "") || len(e.EncryptionKeyCheck) > 64 {
+		return fmt.Errorf("%w: give an encryption key and its check together (the check at most 64 characters), or neither", ErrInvalid)
 	}
 	if !labelRE.MatchString(e.VolumeName) {
 		return fmt.Errorf("%w: engine volume name %q: use a DNS label (lowercase letters, digits and '-', at most 63)", ErrInvalid, e.VolumeName)

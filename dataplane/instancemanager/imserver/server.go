@@ -92,7 +92,8 @@ func specFromProto(req *imv1.ProcessCreateRequest) (im.Spec, error) {
 			return nil, fmt.Errorf("engine with %d replicas: give 1 to %d", len(e.GetReplicas()), im.MaxReplicas)
 		}
 		out := im.EngineSpec{VolumeName: e.GetVolumeName(), SizeBytes: e.GetSizeBytes(), Wanted: int(e.GetWanted()),
-			ReplicaTimeout: time.Duration(e.GetReplicaTimeoutMs()) * time.Millisecond, AuthKey: string(e.GetAuthKey())}
+			ReplicaTimeout: time.Duration(e.GetReplicaTimeoutMs()) * time.Millisecond, AuthKey: string(e.GetAuthKey()),
+			EncryptionKey: string(e.GetEncryptionKey()), EncryptionKeyCheck: e.GetEncryptionKeyCheck()}
 		if e.GetReplicaTimeoutMs() < 0 || e.GetReplicaTimeoutMs() > int64(time.Hour/time.Millisecond) {
 			return nil, fmt.Errorf("replica timeout %d ms: use 0 (the default) up to 600000", e.GetReplicaTimeoutMs())
 		}

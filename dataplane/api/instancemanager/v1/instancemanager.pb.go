@@ -430,9 +430,17 @@ type EngineSpec struct {
 	// the process through an inherited pipe, never on its command line;
 	// never reported back. Required when the instance manager serves a
 	// network address.
-	AuthKey       []byte `protobuf:"bytes,8,opt,name=auth_key,json=authKey,proto3" json:"auth_key,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AuthKey []byte `protobuf:"bytes,8,opt,name=auth_key,json=authKey,proto3" json:"auth_key,omitempty"`
+	// encryption_key turns on encryption at rest (64 bytes, AES-256-XTS,
+	// volcrypt.DeriveKey of the user's passphrase); empty: none. Handed to
+	// the process through an inherited pipe like auth_key; never reported.
+	EncryptionKey []byte `protobuf:"bytes,9,opt,name=encryption_key,json=encryptionKey,proto3" json:"encryption_key,omitempty"`
+	// encryption_key_check is volcrypt.KeyCheck of the key the volume was
+	// created with; the engine refuses to start with a key whose check
+	// differs. Required with encryption_key.
+	EncryptionKeyCheck string `protobuf:"bytes,10,opt,name=encryption_key_check,json=encryptionKeyCheck,proto3" json:"encryption_key_check,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *EngineSpec) Reset() {
@@ -519,6 +527,20 @@ func (x *EngineSpec) GetAuthKey() []byte {
 		return x.AuthKey
 	}
 	return nil
+}
+
+func (x *EngineSpec) GetEncryptionKey() []byte {
+	if x != nil {
+		return x.EncryptionKey
+	}
+	return nil
+}
+
+func (x *EngineSpec) GetEncryptionKeyCheck() string {
+	if x != nil {
+		return x.EncryptionKeyCheck
+	}
+	return ""
 }
 
 // ReplicaSpec is a replica to run on this node.
@@ -1624,7 +1646,7 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"(instancemanager/v1/instancemanager.proto\x12\x18cairn.instancemanager.v1\">\n" +
 	"\x0eReplicaAddress\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\tR\x04data\x12\x18\n" +
-	"\acontrol\x18\x02 \x01(\tR\acontrol\"\xf7\x02\n" +
+	"\acontrol\x18\x02 \x01(\tR\acontrol\"\xd0\x03\n" +
 	"\n" +
 	"EngineSpec\x12\x1f\n" +
 	"\vvolume_name\x18\x01 \x01(\tR\n" +
@@ -1637,7 +1659,10 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\n" +
 	"nbd_kernel\x18\x06 \x01(\x0e2#.cairn.instancemanager.v1.NBDKernelR\tnbdKernel\x12,\n" +
 	"\x12replica_timeout_ms\x18\a \x01(\x03R\x10replicaTimeoutMs\x12\x19\n" +
-	"\bauth_key\x18\b \x01(\fR\aauthKey\"\xa0\x01\n" +
+	"\bauth_key\x18\b \x01(\fR\aauthKey\x12%\n" +
+	"\x0eencryption_key\x18\t \x01(\fR\rencryptionKey\x120\n" +
+	"\x14encryption_key_check\x18\n" +
+	" \x01(\tR\x12encryptionKeyCheck\"\xa0\x01\n" +
 	"\vReplicaSpec\x12\x19\n" +
 	"\bdata_dir\x18\x01 \x01(\tR\adataDir\x12\x1d\n" +
 	"\n" +
