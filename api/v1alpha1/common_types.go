@@ -73,6 +73,10 @@ const (
 	// acted on (for example a data source that names a missing volume). The
 	// condition message says what to change.
 	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonEncryptionKeyUnusable means an encrypted volume's engine is
+	// not started: its key Secret is missing or holds another passphrase
+	// than the one the volume was created with. The message says which.
+	ReasonEncryptionKeyUnusable = "EncryptionKeyUnusable"
 	// ReasonReconciling means the object is moving towards its desired state.
 	ReasonReconciling = "Reconciling"
 	// ReasonAsExpected means the observed state matches the spec.

@@ -67,6 +67,11 @@ type EngineSpec struct {
 	// reconciler sets it only until the volume's Cloned condition is True.
 	// +optional
 	CloneFrom *EngineCloneSource `json:"cloneFrom,omitempty"`
+
+	// encryption is the Volume's: the engine encrypts with the key in its
+	// Secret, once the key's check matches.
+	// +optional
+	Encryption *VolumeEncryption `json:"encryption,omitempty"`
 }
 
 // EngineCloneSource is where a clone's data is read from.

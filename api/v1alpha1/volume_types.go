@@ -160,6 +160,7 @@ type CloneStatus struct {
 
 // VolumeSpec is what the user asks of a Volume.
 // +kubebuilder:validation:XValidation:rule="has(self.dataSource) == has(oldSelf.dataSource)",message="dataSource can only be set when the volume is created"
+// +kubebuilder:validation:XValidation:rule="has(self.encryption) == has(oldSelf.encryption)",message="encryption can only be chosen when the volume is created: its data is written encrypted or not from the first byte"
 type VolumeSpec struct {
 	// size is the volume's capacity in bytes, such as 10Gi. It must be at
 	// least 1Mi and a multiple of 4096 (the block size). It may grow, never
@@ -210,7 +211,37 @@ type VolumeSpec struct {
 	// +optional
 	// +kubebuilder:default=ReadWriteOnce
 	AccessMode VolumeAccessMode `json:"accessMode,omitempty"`
+
+	// encryption, when set, encrypts the volume's data at rest: the engine
+	// encrypts every block before it leaves for the replicas, so replicas,
+	// rebuilds and snapshots hold ciphertext only. Chosen at creation.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="encryption is immutable: the data was written with this key"
+	Encryption *VolumeEncryption `json:"encryption,omitempty"`
 }
+
+// VolumeEncryption is where an encrypted volume's key comes from.
+type VolumeEncryption struct {
+	// keySecret names a Secret in the Volume's namespace holding the
+	// passphrase under the key "passphrase" (16 to 4096 bytes). The manager
+	// reads it each time it starts the volume's engine. The CSI driver makes
+	// it from the StorageClass's provisioner secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	KeySecret string `json:"keySecret"`
+
+	// keyCheck identifies the passphrase the volume was created with
+	// without revealing it (32 hex digits, volcrypt.KeyCheck). An engine is
+	// never started with a passphrase whose check differs.
+	// +required
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{32}$`
+	KeyCheck string `json:"keyCheck"`
+}
+
+// EncryptionPassphraseKey is the key of the passphrase in an encrypted
+// volume's Secret (and in the StorageClass's provisioner secret).
+const EncryptionPassphraseKey = "passphrase"
 
 // VolumeStatus is what the Volume reconciler observed.
 type VolumeStatus struct {

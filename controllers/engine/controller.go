@@ -79,6 +79,10 @@ type Reconciler struct {
 	// Keys gives each volume's data-port key, sent with the engine's spec
 	// (nil: none, for instance managers on loopback in tests).
 	Keys certs.VolumeKeys
+	// Secrets reads encrypted volumes' key Secrets, uncached (the manager
+	// keeps no Secret in memory); SetupWithManager takes the manager's API
+	// reader if nil.
+	Secrets client.Reader
 	// DialOptions for the engines' control API, used by the Watches
 	// SetupWithManager makes (default: no transport security, loopback
 	// tests; a cluster gives mutual TLS).
@@ -237,6 +241,16 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.R
 			}
 			want.AuthKey = key
 		}
+		if e.Spec.Encryption != nil {
+			key, msg, err := r.encryptionKey(ctx, e)
+			if key == "" {
+				if msg != "" {
+					ready(false, v1.ReasonEncryptionKeyUnusable, msg)
+				}
+				return ctrl.Result{RequeueAfter: keyRecheck}, err
+			}
+			want.EncryptionKey, want.EncryptionKeyCheck = []byte(key), e.Spec.Encryption.KeyCheck
+		}
 		// If we crash after the create, the next reconcile finds the
 		// process by name.
 		_, err := conn.Client.ProcessCreate(cctx, &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Engine{Engine: want}})
@@ -343,6 +357,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, e *v1.Engine) (ctrl.Re
 // it changes and when its node's InstanceManager reports a change.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.changes = make(chan event.GenericEvent, 1024)
+	if r.Secrets == nil {
+		r.Secrets = mgr.GetAPIReader()
+	}
 	if r.Engines == nil {
 		r.Engines = NewWatches(WatchOptions{DialOptions: r.DialOptions, OnChange: r.Changed, Logger: mgr.GetLogger().WithName("engine-watch")})
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {

@@ -234,7 +234,8 @@ func (r *Reconciler) ensureEngine(ctx context.Context, s *scope) error {
 		return nil
 	}
 	e := &v1.Engine{ObjectMeta: metav1.ObjectMeta{Name: EngineName(s.v), Namespace: s.v.Namespace, Labels: map[string]string{LabelVolume: s.v.Name}},
-		Spec: v1.EngineSpec{VolumeName: s.v.Name, Size: s.v.Spec.Size, Frontend: s.v.Spec.Frontend, DesiredState: v1.DesiredInstanceStateStopped}}
+		Spec: v1.EngineSpec{VolumeName: s.v.Name, Size: s.v.Spec.Size, Frontend: s.v.Spec.Frontend, DesiredState: v1.DesiredInstanceStateStopped,
+			Encryption: s.v.Spec.Encryption}}
 	if err := controllerutil.SetControllerReference(s.v, e, r.Scheme()); err != nil {
 		return err
 	}

@@ -5,6 +5,9 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/display"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
@@ -174,10 +177,22 @@ func setRebuilding(s *scope, cond func(typ string, ok bool, reason, msg string))
 }
 
 func engineState(e *v1.Engine) string {
-	if e == nil || e.Status.InstanceState == "" {
-		return "not started"
+	state := "not started"
+	if e != nil && e.Status.InstanceState != "" {
+		state = string(e.Status.InstanceState)
 	}
-	return string(e.Status.InstanceState)
+	// What only a person can fix is said here, not only on the Engine.
+	if c := engineReady(e); c != nil && c.Status != metav1.ConditionTrue && c.Reason == v1.ReasonEncryptionKeyUnusable {
+		state += ": " + c.Message
+	}
+	return state
+}
+
+func engineReady(e *v1.Engine) *metav1.Condition {
+	if e == nil {
+		return nil
+	}
+	return meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady)
 }
 
 // robustness from the replicas whose processes run, until the engine's
