@@ -129,6 +129,16 @@ func (s *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVo
 	if err != nil {
 		return nil, err
 	}
+	var srcVolume *v1.Volume
+	if source != nil {
+		if srcVolume, err = s.getVolume(ctx, source.Volume); err != nil {
+			return nil, err
+		}
+	}
+	enc, pass, err := encryption(name, params.encrypted, req.GetSecrets(), srcVolume)
+	if err != nil {
+		return nil, err
+	}
 	accessMode := v1.VolumeAccessModeReadWriteOnce
 	for _, c := range req.GetVolumeCapabilities() {
 		if c.GetAccessMode().GetMode() == csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER {
@@ -139,7 +149,7 @@ func (s *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVo
 	want := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns,
 		Annotations: map[string]string{AnnotationCSIName: req.GetName()}},
 		Spec: v1.VolumeSpec{Size: *resource.NewQuantity(size, resource.BinarySI), NumberOfReplicas: params.replicas,
-			Frontend: params.frontend, DataSource: source, DiskSelector: params.diskSelector, AccessMode: accessMode}}
+			Frontend: params.frontend, DataSource: source, DiskSelector: params.diskSelector, AccessMode: accessMode, Encryption: enc}}
 	if params.pvc != "" {
 		want.Annotations[AnnotationPVC] = params.pvc
 	}
@@ -151,6 +161,12 @@ func (s *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVo
 	err = s.c.Get(ctx, client.ObjectKeyFromObject(want), v)
 	switch {
 	case apierrors.IsNotFound(err):
+		// The key is in place before the engine could first start.
+		if enc != nil {
+			if err := s.ensureKeySecret(ctx, name, pass); err != nil {
+				return nil, err
+			}
+		}
 		// If we crash after this create, the CO's retry finds the Volume by
 		// name below and waits for it like this call would have.
 		if err := s.c.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -164,6 +180,14 @@ func (s *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVo
 		return nil, apiError(err)
 	default:
 		if err := compatible(v, want, req.GetCapacityRange()); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.c.Get(ctx, client.ObjectKeyFromObject(want), v); err != nil {
+		return nil, apiError(err)
+	}
+	if v.Spec.Encryption != nil {
+		if err := s.ownKeySecret(ctx, v); err != nil {
 			return nil, err
 		}
 	}
@@ -217,6 +241,15 @@ func compatible(have, want *v1.Volume, r *csipb.CapacityRange) error {
 	hs, ws := have.Spec.DataSource, want.Spec.DataSource
 	if (hs == nil) != (ws == nil) || (hs != nil && *hs != *ws) {
 		diffs = append(diffs, "another content source")
+	}
+	he, we := have.Spec.Encryption, want.Spec.Encryption
+	switch {
+	case he == nil && we != nil:
+		diffs = append(diffs, "no encryption")
+	case he != nil && we == nil:
+		diffs = append(diffs, "encryption")
+	case he != nil && he.KeyCheck != we.KeyCheck:
+		diffs = append(diffs, "another encryption passphrase")
 	}
 	if !slices.Equal(have.Spec.DiskSelector, want.Spec.DiskSelector) {
 		diffs = append(diffs, fmt.Sprintf("diskSelector %v, not %v", have.Spec.DiskSelector, want.Spec.DiskSelector))
@@ -313,6 +346,10 @@ func (s *ControllerServer) DeleteVolume(ctx context.Context, req *csipb.DeleteVo
 	defer unlock()
 	v, err := s.getVolume(ctx, id)
 	if status.Code(err) == codes.NotFound {
+		// A key Secret left by a CreateVolume that stopped early goes too.
+		if err := s.deleteKeySecret(ctx, id); err != nil {
+			return nil, err
+		}
 		return &csipb.DeleteVolumeResponse{}, nil
 	}
 	if err != nil {
@@ -356,6 +393,11 @@ func (s *ControllerServer) DeleteVolume(ctx context.Context, req *csipb.DeleteVo
 	})
 	if err != nil {
 		return nil, err
+	}
+	if v.Spec.Encryption != nil {
+		if err := s.deleteKeySecret(ctx, id); err != nil {
+			return nil, err
+		}
 	}
 	return &csipb.DeleteVolumeResponse{}, nil
 }

@@ -26,7 +26,7 @@ const (
 
 // knownParams are the StorageClass parameters CreateVolume takes, for
 // the error that names an unknown one.
-var knownParams = []string{ParamNumberOfReplicas, ParamFrontend, ParamFSType, ParamDiskSelector}
+var knownParams = []string{ParamNumberOfReplicas, ParamFrontend, ParamFSType, ParamDiskSelector, ParamEncrypted}
 
 // Keys the external-provisioner adds (with --extra-create-metadata) or
 // reserves; they are accepted and recorded, never rejected.
@@ -75,6 +75,7 @@ type volumeParams struct {
 	frontend     v1.Frontend
 	fsType       string
 	diskSelector []string
+	encrypted    bool
 	pvc, pv      string
 }
 
@@ -123,6 +124,12 @@ func parseParams(p map[string]string) (volumeParams, error) {
 			if len(out.diskSelector) > 16 {
 				return out, status.Errorf(codes.InvalidArgument, "StorageClass parameter %s: at most 16 tags, got %d", k, len(out.diskSelector))
 			}
+		case ParamEncrypted:
+			b, err := parseEncrypted(val)
+			if err != nil {
+				return out, err
+			}
+			out.encrypted = b
 		case paramPVCName:
 			out.pvc = p[paramPVCNamespace] + "/" + val
 		case paramPVName:

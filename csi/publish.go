@@ -53,6 +53,9 @@ func (s *ControllerServer) ControllerPublishVolume(ctx context.Context, req *csi
 	if v.DeletionTimestamp != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is being deleted", id)
 	}
+	if err := checkPublishKey(v, req.GetSecrets()); err != nil {
+		return nil, err
+	}
 	if v.Spec.NodeName != "" && v.Spec.NodeName != node {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is attached to node %s; a Cairn volume is attached to one node at a time: stop the pod using it there first", id, v.Spec.NodeName)
 	}
@@ -77,6 +80,9 @@ func (s *ControllerServer) ControllerPublishVolume(ctx context.Context, req *csi
 		if v.Status.State == v1.VolumeStateAttached && v.Status.CurrentNodeName == node && v.Status.Endpoint != "" {
 			endpoint = v.Status.Endpoint
 			return true, "", nil
+		}
+		if msg := keyUnusable(v); msg != "" {
+			return false, "", status.Error(codes.FailedPrecondition, msg)
 		}
 		return false, attachProgress(v), nil
 	})

@@ -72,7 +72,11 @@ func computeStatus(s *scope) {
 		cond(v1.ConditionReady, false, ReasonAttaching, fmt.Sprintf("attaching to %s waits for the copy from the data source to complete: %s", v.Spec.NodeName, msg))
 	case v.Spec.NodeName != "":
 		st.State = v1.VolumeStateAttaching
-		cond(v1.ConditionReady, false, ReasonAttaching, fmt.Sprintf("attaching to %s: %d of %d scheduled replicas running, engine %s", v.Spec.NodeName, running, scheduled, engineState(e)))
+		reason := ReasonAttaching
+		if c := engineReady(e); c != nil && c.Status != metav1.ConditionTrue && c.Reason == v1.ReasonEncryptionKeyUnusable {
+			reason = c.Reason // the CSI driver fails the attach on it
+		}
+		cond(v1.ConditionReady, false, reason, fmt.Sprintf("attaching to %s: %d of %d scheduled replicas running, engine %s", v.Spec.NodeName, running, scheduled, engineState(e)))
 	case s.node != "" && s.maintenance && !userEngineAlive:
 		// No user has the volume; Cairn's own work runs its processes.
 		st.State = v1.VolumeStateDetached
