@@ -73,7 +73,9 @@ func (e *Engine) Clone() (CloneStatus, bool) {
 // source replica (another volume's), named source in reports, and returns.
 // The copy goes through the engine's own write path to every writable
 // replica, only where the source holds data: the volume is new, so it
-// reads zeros everywhere else already. Then every RW replica's data is
+// reads zeros everywhere else already. The source's bytes are written as
+// they are, never encrypted: an encrypted source's ciphertext is copied,
+// and the clone reads it with the same key. Then every RW replica's data is
 // read back and its CRC-32C compared with the source's for each chunk.
 // Only a volume nobody uses may be cloned into: the copy overwrites it.
 //
@@ -185,7 +187,7 @@ func (e *Engine) copyClone(ctx context.Context, c *clone, src CloneSource, snaps
 			return fmt.Errorf("read snapshot %s from the source at %d: %w", snapshot, off, err)
 		}
 		for _, x := range ext {
-			if err := e.WriteAt(ctx, x.Data, x.Offset, false); err != nil {
+			if err := e.write(ctx, x.Data, x.Offset, false, nil); err != nil { // the source's bytes as they are: ciphertext stays ciphertext
 				return fmt.Errorf("write at %d: %w", x.Offset, err)
 			}
 			c.copied.Add(int64(len(x.Data)))

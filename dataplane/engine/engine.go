@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/cairn-io/cairn/dataplane/internal/shm"
+	"github.com/cairn-io/cairn/dataplane/volcrypt"
 )
 
 // Errors.
@@ -62,6 +65,16 @@ type Options struct {
 	// (ErrUnsafeNotBuilt), before contacting a replica. Never set it
 	// outside tests.
 	UnsafeAckEarly bool
+	// Cipher encrypts the volume at rest: every write is encrypted before
+	// it fans out and every read decrypted after it comes back, so the
+	// replicas, and everything copied from them (rebuilds, snapshots,
+	// clones), hold ciphertext only. Nil: data is stored as written.
+	Cipher *volcrypt.Cipher
+	// Buffers hands out the I/O path's scratch buffers (an encrypted
+	// write's ciphertext). cairn-data passes the arena over the memory it
+	// shares with the replicas on its node, so ciphertext reaches them as
+	// plaintext would. Default: an arena on the Go heap.
+	Buffers *shm.Arena
 }
 
 // cand is a replica being considered at open, with what it reported.
@@ -117,6 +130,9 @@ func (m *member) close() {
 type Engine struct {
 	opts Options
 	log  logr.Logger
+	// crypt is Options.Cipher (nil: not encrypted); bufs Options.Buffers.
+	crypt *volcrypt.Cipher
+	bufs  *shm.Arena
 
 	// io is held shared by every data operation and exclusively to pause
 	// I/O (snapshots, epoch changes, mode changes that need a quiet set).
@@ -188,13 +204,21 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		// not fence out the engine that serves the volume.
 		return nil, ErrUnsafeNotBuilt
 	}
+	if opts.UnsafeAckEarly && opts.Cipher != nil {
+		// mutateEarly lets writes run on after they return: the
+		// ciphertext's pooled buffer would be reused under them.
+		return nil, fmt.Errorf("%w: the unsafe early-acknowledgement engine does not encrypt", ErrInvalid)
+	}
+	if opts.Buffers == nil {
+		opts.Buffers = shm.NewArena(nil)
+	}
 	if opts.Wanted <= 0 {
 		opts.Wanted = len(opts.Replicas)
 	}
 	if opts.ControlTimeout <= 0 {
 		opts.ControlTimeout = DefaultControlTimeout
 	}
-	e := &Engine{opts: opts, log: opts.Logger.WithValues("volume", opts.Name), wanted: opts.Wanted,
+	e := &Engine{opts: opts, log: opts.Logger.WithValues("volume", opts.Name), wanted: opts.Wanted, crypt: opts.Cipher, bufs: opts.Buffers,
 		rebuilds: map[string]*rebuild{}, failed: map[string]string{}, doneSnaps: map[string]bool{}}
 	e.stop, e.cancelStop = context.WithCancel(context.Background())
 	cands := e.connect(ctx)
@@ -229,7 +253,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 			go e.watch(m)
 		}
 	}
-	e.log.Info("engine opened", "size", size, "epoch", e.epoch, "rw", e.rwCount(), "wanted", e.wanted)
+	e.log.Info("engine opened", "size", size, "epoch", e.epoch, "rw", e.rwCount(), "wanted", e.wanted, "encrypted", e.crypt != nil)
 	return e, nil
 }
 
@@ -608,6 +632,9 @@ func (e *Engine) selectLocked(a, b Mode) ([]*member, []Mode) {
 
 // Size is the volume size in bytes.
 func (e *Engine) Size() int64 { return e.size.Load() }
+
+// Encrypted reports whether the volume is encrypted at rest (Options.Cipher).
+func (e *Engine) Encrypted() bool { return e.crypt != nil }
 
 // Epoch is the current epoch.
 func (e *Engine) Epoch() uint64 {

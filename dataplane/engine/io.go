@@ -6,6 +6,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/volcrypt"
 )
 
 // The I/O paths: reads, writes, unmaps and flushes as the frontends call
@@ -20,11 +22,14 @@ func (e *Engine) checkRange(off, n int64) error {
 
 // ReadAt reads from one RW replica (pickRead: the one likely to answer
 // first), trying the others if it fails; a replica that fails a read is
-// moved to ERR.
+// moved to ERR. An encrypted volume's data is decrypted into p.
 func (e *Engine) ReadAt(ctx context.Context, p []byte, off int64) error {
 	ctx = detach(ctx)
 	if err := e.checkRange(off, int64(len(p))); err != nil {
 		return err
+	}
+	if e.crypt != nil && !sectorAligned(off, len(p)) {
+		return e.readSectors(ctx, p, off)
 	}
 	for len(p) > MaxIO {
 		if err := e.readAt(ctx, p[:MaxIO], off); err != nil {
@@ -77,6 +82,9 @@ func (e *Engine) readAt(ctx context.Context, p []byte, off int64) error {
 	e.io.RUnlock()
 	if failed {
 		e.afterFailure(ctx)
+	}
+	if err == nil && e.crypt != nil {
+		err = e.crypt.Decrypt(p, off) // whole sectors: ReadAt saw to it
 	}
 	e.io_.record(opRead, len(p), began, err)
 	return err
@@ -230,8 +238,16 @@ func opName(o op) string {
 }
 
 // WriteAt writes p at off to every writable replica; with fua the data is
-// durable on each before it returns.
+// durable on each before it returns. An encrypted volume's replicas get
+// the ciphertext; p is left as it is.
 func (e *Engine) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	return e.write(ctx, p, off, fua, e.crypt)
+}
+
+// write is WriteAt with the cipher p is encrypted with on its way to the
+// replicas: nil writes p as it is (a clone's copy of another replica's
+// data, already in the replicas' form).
+func (e *Engine) write(ctx context.Context, p []byte, off int64, fua bool, c *volcrypt.Cipher) error {
 	ctx = detach(ctx)
 	if err := e.checkRange(off, int64(len(p))); err != nil {
 		return err
@@ -240,7 +256,7 @@ func (e *Engine) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 		chunk := p[:min(len(p), MaxIO)]
 		last := len(chunk) == len(p)
 		// FUA on the last piece makes all durable: its flush covers the others.
-		if err := e.writeChunk(ctx, chunk, off, fua && last); err != nil {
+		if err := e.writeChunk(ctx, chunk, off, fua && last, c); err != nil {
 			return err
 		}
 		if last {
@@ -261,12 +277,17 @@ func detach(ctx context.Context) context.Context { return context.WithoutCancel(
 // blockSize is the unit replicas are written in.
 const blockSize = 4096
 
-// writeChunk writes p at off. Replicas only ever get whole 4 KiB blocks: a
-// write that starts or ends inside a block is merged here with the block's
-// current data, read from an RW replica while the range is locked. (A
-// replica being rebuilt cannot merge a partial block itself: the older
-// data under it may not have been copied in yet.)
-func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool) error {
+// writeChunk writes p at off, encrypted with c unless c is nil. Replicas
+// only ever get whole 4 KiB blocks: a write that starts or ends inside a
+// block is merged here with the block's current data, read from an RW
+// replica while the range is locked. (A replica being rebuilt cannot merge
+// a partial block itself: the older data under it may not have been
+// copied in yet.) With c, the merge decrypts the sectors the write
+// touches, and the whole blocks are encrypted again; an aligned write is
+// encrypted into a pooled buffer before the range is locked. p itself is
+// never changed: callers may reuse it (the NBD frontend's write-zeroes
+// writes one zero buffer again and again).
+func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool, c *volcrypt.Cipher) error {
 	var prepare func() error
 	if off%blockSize != 0 || len(p)%blockSize != 0 {
 		start := off - off%blockSize
@@ -277,13 +298,19 @@ func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool) 
 			var last error = fmt.Errorf("%w: no RW replica to merge a partial block from", ErrNoReplica)
 			for _, m := range e.readable() {
 				if last = m.data.ReadAt(ctx, buf, start); last == nil {
-					copy(buf[at-start:], data)
-					return nil
+					return mergeBlocks(c, buf, start, data, at)
 				}
 			}
 			return last
 		}
 		p, off = buf, start // the whole blocks go to the replicas
+	} else if c != nil {
+		ct := e.bufs.Get(len(p))
+		defer e.bufs.Put(ct) // mutateWith returns once every replica has answered
+		if err := c.Encrypt(ct, p, off); err != nil {
+			return err
+		}
+		p = ct
 	}
 	return e.mutateWith(ctx, opWrite, off, int64(len(p)), prepare,
 		func(m *member) error { return m.data.WriteAt(ctx, p, off, fua) }, startWrite(ctx, p, off, fua))
@@ -303,7 +330,9 @@ func startWrite(ctx context.Context, p []byte, off int64, fua bool) func(*member
 	}
 }
 
-// Unmap discards [off, off+length) on every writable replica.
+// Unmap discards [off, off+length) on every writable replica. On an
+// encrypted volume too the whole blocks are unmapped as they are: their
+// sectors read back as zeros (volcrypt leaves an all-zero sector alone).
 func (e *Engine) Unmap(ctx context.Context, off, length int64) error {
 	ctx = detach(ctx)
 	if err := e.checkRange(off, length); err != nil {
@@ -313,13 +342,13 @@ func (e *Engine) Unmap(ctx context.Context, off, length int64) error {
 	// writeChunk); whole blocks are unmapped.
 	if head := (blockSize - off%blockSize) % blockSize; head > 0 {
 		k := min(head, length)
-		if err := e.writeChunk(ctx, make([]byte, k), off, false); err != nil {
+		if err := e.writeChunk(ctx, make([]byte, k), off, false, e.crypt); err != nil {
 			return err
 		}
 		off, length = off+k, length-k
 	}
 	if tail := length % blockSize; tail > 0 {
-		if err := e.writeChunk(ctx, make([]byte, tail), off+length-tail, false); err != nil {
+		if err := e.writeChunk(ctx, make([]byte, tail), off+length-tail, false, e.crypt); err != nil {
 			return err
 		}
 		length -= tail
