@@ -12,6 +12,7 @@ import (
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -76,6 +77,15 @@ func TestBadInput(t *testing.T) {
 		{"CreateVolume smaller than its source", cv(func(r *csipb.CreateVolumeRequest) {
 			r.VolumeContentSource, r.CapacityRange = volSource(id), &csipb.CapacityRange{RequiredBytes: 4 << 20}
 		}), codes.OutOfRange},
+		{"CreateVolume encrypted without a passphrase", cv(func(r *csipb.CreateVolumeRequest) { r.Parameters = map[string]string{ParamEncrypted: "true"} }), codes.InvalidArgument},
+		{"CreateVolume encrypted=maybe", cv(func(r *csipb.CreateVolumeRequest) { r.Parameters = map[string]string{ParamEncrypted: "maybe"} }), codes.InvalidArgument},
+		{"CreateVolume encrypted with a short passphrase", cv(func(r *csipb.CreateVolumeRequest) {
+			r.Parameters, r.Secrets = map[string]string{ParamEncrypted: "true"}, map[string]string{v1.EncryptionPassphraseKey: "short"}
+		}), codes.InvalidArgument},
+		{"CreateVolume encrypted clone of an unencrypted volume", cv(func(r *csipb.CreateVolumeRequest) {
+			r.Parameters, r.Secrets = map[string]string{ParamEncrypted: "true"}, map[string]string{v1.EncryptionPassphraseKey: "a passphrase long enough"}
+			r.VolumeContentSource = volSource(id)
+		}), codes.InvalidArgument},
 		{"CreateVolume same name, other size", cv(func(r *csipb.CreateVolumeRequest) {
 			r.Name, r.CapacityRange = "bad-input", &csipb.CapacityRange{RequiredBytes: 16 << 20}
 		}), codes.AlreadyExists},
@@ -296,6 +306,11 @@ func objectState(g *WithT) []string {
 	}
 	for _, o := range ss.Items {
 		out = append(out, fmt.Sprintf("snapshot %s %s", o.Name, o.ResourceVersion))
+	}
+	var secrets corev1.SecretList
+	g.Expect(cluster.Client.List(ctx, &secrets, client.InNamespace(testNamespace))).To(Succeed())
+	for _, o := range secrets.Items {
+		out = append(out, fmt.Sprintf("secret %s %s", o.Name, o.ResourceVersion))
 	}
 	var ims v1.InstanceManagerList
 	g.Expect(cluster.Client.List(ctx, &ims, client.InNamespace(testNamespace))).To(Succeed())
