@@ -502,3 +502,44 @@ var _ = AfterSuite(func() {
 		}, time.Minute, 2*time.Second).Should(BeEmpty(), "no replica data on %s", node)
 	}
 })
+
+// replicaDirsContaining lists "node:dir" for each of the volume's replica
+// directories (on the kind nodes) with a file that contains text.
+func replicaDirsContaining(vol, text string) []string {
+	GinkgoHelper()
+	var found []string
+	out := must("", "-n", ns, "get", "replicas.storage.cairn.io", "-l", "storage.cairn.io/volume="+vol,
+		"-o", `jsonpath={range .items[*]}{.spec.nodeName} {.spec.diskPath}/{.spec.dataDirectoryName}{"\n"}{end}`)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	Expect(lines).NotTo(BeEmpty())
+	for _, l := range lines {
+		f := strings.Fields(l)
+		Expect(f).To(HaveLen(2), "replica line %q", l)
+		if docker("exec", f[0], "sh", "-c", fmt.Sprintf("grep -rlF %q %s | head -1", text, f[1])) != "" {
+			found = append(found, f[0]+":"+f[1])
+		}
+	}
+	return found
+}
+
+var _ = Describe("an encrypted volume", func() {
+	It("keeps only ciphertext on every replica's disk and reads back on another node", func() {
+		n := nodes()
+		const text = "cairn-e2e-plaintext-marker"
+		must("", "-n", ns, "create", "secret", "generic", "cairn-encryption", "--from-literal=passphrase=e2e passphrase of the encrypted class")
+		DeferCleanup(func() { kubectl("", "-n", ns, "delete", "secret", "cairn-encryption") })
+		must("", "apply", "-f", "../../config/samples/encrypted_storageclass.yaml")
+		DeferCleanup(func() { kubectl("", "delete", "storageclass", "cairn-encrypted") })
+		pvc("enc", "cairn-encrypted", "128Mi", false, "")
+		pvc("enc-plain", "cairn", "128Mi", false, "")
+		write := fmt.Sprintf("yes %s | head -c 8388608 > /data/m && sha256sum /data/m > /data/sum && sync", text)
+		pod("enc-a", n[1], "enc", false, write)
+		pod("plain-a", n[1], "enc-plain", false, write)
+		vol, plain := volumeOf("enc"), volumeOf("enc-plain")
+		Expect(volumeField(vol, "{.spec.encryption.keyCheck}")).To(MatchRegexp("^[0-9a-f]{32}$"))
+		Expect(replicaDirsContaining(plain, text)).To(HaveLen(3), "every replica of the unencrypted volume holds the text (the scan works)")
+		Expect(replicaDirsContaining(vol, text)).To(BeEmpty(), "no replica of the encrypted volume holds the text")
+		deletePod("enc-a")
+		pod("enc-b", n[2], "enc", false, "sha256sum -c /data/sum")
+	})
+})
