@@ -8,6 +8,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/volcrypt"
 )
 
 const usage = `kubectl cairn: look into Cairn volumes
@@ -38,6 +40,8 @@ commands:
                        a faulted volume: which replicas its salvage waits for; with
                        --give-up and --yes, delete replicas whose disks are lost for
                        good so that it salvages from the others (their data is lost)
+  key-check            the key check (spec.encryption.keyCheck) of the passphrase on stdin,
+                       for an encrypted Volume made by hand; reads no object
 
 flags:
   -n, --namespace NS   where Cairn's objects are (default cairn-system)
@@ -45,6 +49,9 @@ flags:
   --kubeconfig FILE    as kubectl (default $KUBECONFIG or ~/.kube/config)
   --context NAME       a context of the kubeconfig
 `
+
+// stdin is where key-check reads the passphrase.
+var stdin io.Reader = os.Stdin
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -91,6 +98,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, c client.
 	default:
 		fmt.Fprintf(stderr, "kubectl cairn: -o %s: use table, json or yaml\n", o.output)
 		return 2
+	}
+	if rest[0] == "key-check" {
+		return keyCheck(stdin, stdout, stderr)
 	}
 	if c == nil {
 		var err error
@@ -161,4 +171,22 @@ func newClient(kubeconfig, kubecontext string) (client.Client, error) {
 		return nil, err
 	}
 	return client.New(cfg, client.Options{Scheme: scheme})
+}
+
+// keyCheck prints the key check of the passphrase on stdin (one trailing
+// newline dropped, as `echo` adds one).
+func keyCheck(in io.Reader, stdout, stderr io.Writer) int {
+	b, err := io.ReadAll(io.LimitReader(in, volcrypt.MaxPassphrase+2))
+	if err != nil {
+		fmt.Fprintln(stderr, "kubectl cairn: key-check:", err)
+		return 1
+	}
+	b = bytes.TrimSuffix(bytes.TrimSuffix(b, []byte("\n")), []byte("\r"))
+	key, err := volcrypt.DeriveKey(b)
+	if err != nil {
+		fmt.Fprintf(stderr, "kubectl cairn: key-check: %v (got %d bytes on stdin)\n", err, len(b))
+		return 2
+	}
+	fmt.Fprintln(stdout, volcrypt.KeyCheck(key))
+	return 0
 }

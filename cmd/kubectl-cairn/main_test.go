@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/volcrypt"
 )
 
 // The plugin runs against a real API server (envtest) holding the objects
@@ -247,5 +248,27 @@ func TestPlugin(t *testing.T) {
 	}
 	if _, code = kc("-o", "xml", "volumes"); code != 2 {
 		t.Fatal("-o xml should exit 2")
+	}
+}
+
+// TestKeyCheck: key-check prints the check the CSI driver records for a
+// passphrase, with or without echo's newline, and refuses a short one.
+func TestKeyCheck(t *testing.T) {
+	const pass = "correct horse battery staple"
+	key, err := volcrypt.DeriveKey([]byte(pass))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range []string{pass, pass + "\n"} {
+		stdin = strings.NewReader(in)
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), []string{"key-check"}, &out, &errb, nil); code != 0 || strings.TrimSpace(out.String()) != volcrypt.KeyCheck(key) {
+			t.Fatalf("key-check of %q: exit %d, %q (want %s) %s", in, code, out.String(), volcrypt.KeyCheck(key), errb.String())
+		}
+	}
+	stdin = strings.NewReader("too short\n")
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"key-check"}, &out, &errb, nil); code != 2 || out.Len() != 0 || !strings.Contains(errb.String(), "16 to 4096 bytes") {
+		t.Fatalf("a short passphrase: exit %d, %q, %q", code, out.String(), errb.String())
 	}
 }
