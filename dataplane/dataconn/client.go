@@ -2,6 +2,7 @@ package dataconn
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -63,6 +64,10 @@ type ClientOptions struct {
 	// HandshakeTimeout bounds each handshake. Default
 	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
+	// TLS, when set, makes every connection Dial opens a TLS client
+	// connection (before the key's handshake): for a server with
+	// ServerOptions.TLS.
+	TLS *tls.Config
 }
 
 func (o *ClientOptions) setDefaults() {
@@ -174,11 +179,21 @@ func Dial(ctx context.Context, network, addr string, opts ClientOptions) (*Clien
 	conns := make([]net.Conn, 0, opts.Conns)
 	for range opts.Conns {
 		nc, err := d.DialContext(ctx, network, addr)
-		if err == nil && opts.Key != nil {
-			timeout := opts.HandshakeTimeout
-			if dl, ok := ctx.Deadline(); ok {
-				timeout = min(timeout, time.Until(dl))
+		timeout := opts.HandshakeTimeout
+		if dl, ok := ctx.Deadline(); ok {
+			timeout = min(timeout, time.Until(dl))
+		}
+		if err == nil && opts.TLS != nil {
+			tc := tls.Client(nc, opts.TLS)
+			hctx, cancel := context.WithTimeout(ctx, timeout)
+			if err = tc.HandshakeContext(hctx); err != nil {
+				nc.Close()
+				err = fmt.Errorf("TLS: %w", err)
 			}
+			cancel()
+			nc = tc
+		}
+		if err == nil && opts.Key != nil {
 			if err = ClientHandshake(nc, opts.Key, timeout); err != nil {
 				nc.Close()
 			}

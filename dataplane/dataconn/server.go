@@ -2,6 +2,7 @@ package dataconn
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -68,6 +69,12 @@ type ServerOptions struct {
 	// connection beyond it is closed at once (a flood of idle connections
 	// cannot hold the server's memory). Default 64.
 	MaxHandshakes int
+	// TLS, when set, makes every connection Serve accepts a TLS server
+	// connection: its handshake (within HandshakeTimeout, counted in
+	// MaxHandshakes) comes before the key's, and frames travel encrypted.
+	// For data ports on networks the volume's traffic must not be read on;
+	// give it ClientAuth to require the engines' certificates too.
+	TLS *tls.Config
 }
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -171,7 +178,7 @@ func (s *Server) Serve(l net.Listener) error {
 			}
 			return err
 		}
-		if s.opts.Key == nil {
+		if s.opts.Key == nil && s.opts.TLS == nil {
 			s.ServeConn(nc)
 			continue
 		}
@@ -190,10 +197,31 @@ func (s *Server) Serve(l net.Listener) error {
 	}
 }
 
-// authenticate runs the handshake on an accepted connection and serves it
-// if the client proves it holds the volume's key.
+// authenticate runs the handshakes on an accepted connection (TLS's, then
+// the key's) and serves it if the client passes them.
 func (s *Server) authenticate(nc net.Conn) {
-	err := ServerHandshake(nc, s.opts.Key, s.opts.HandshakeTimeout)
+	var err error
+	if s.opts.TLS != nil {
+		tc := tls.Server(nc, s.opts.TLS)
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.HandshakeTimeout)
+		err = tc.HandshakeContext(ctx)
+		cancel()
+		s.mu.Lock()
+		delete(s.pending, nc)
+		if err == nil {
+			s.pending[tc] = struct{}{}
+		}
+		s.mu.Unlock()
+		if err != nil {
+			s.log.Info("connection refused: TLS handshake failed", "peer", nc.RemoteAddr().String(), "error", err.Error())
+			nc.Close()
+			return
+		}
+		nc = tc
+	}
+	if s.opts.Key != nil {
+		err = ServerHandshake(nc, s.opts.Key, s.opts.HandshakeTimeout)
+	}
 	s.mu.Lock()
 	delete(s.pending, nc)
 	s.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -90,6 +91,7 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with; with --tls-key and --tls-client-ca the control API requires a client certificate of that CA")
 	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
 	fs.StringVar(&files.CA, "tls-client-ca", "", "CA bundle (PEM) the clients' certificates must chain to")
+	dataTLS := fs.Bool("data-tls", false, "serve the data port (a TCP --listen) with TLS too, with the --tls-* files, requiring a client certificate of that CA: the volume's traffic is encrypted on the network (an engine with --data-tls)")
 	keyFD := fs.Int("auth-key-fd", -1, "read the volume's key (32 bytes) from this inherited descriptor; data connections must then prove they hold it (-1: none, anyone who reaches --listen is served)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: cairn-data replica --dir DIR --size SIZE --listen HOST:PORT|unix:PATH [--control-listen HOST:PORT] [--direct-io]")
@@ -120,13 +122,18 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err := files.Check(); err != nil {
 		return fail("%v", err)
 	}
-	var controlTLS *tls.Config
+	var controlTLS, dataServerTLS *tls.Config
 	if files.Set() {
 		src, err := tlsfiles.New(files, newLogger(stderr, "replica"))
 		if err != nil {
 			return fail("%v", err)
 		}
 		controlTLS = src.Server()
+		if *dataTLS && !strings.HasPrefix(*listenAddr, "unix:") {
+			dataServerTLS = src.Server()
+		}
+	} else if *dataTLS {
+		return fail("--data-tls needs --tls-cert, --tls-key and --tls-client-ca")
 	}
 	log := newLogger(stderr, "replica")
 	r, err := replica.Open(*dir, replica.Options{Size: size, Logger: log, DirectIO: *direct})
@@ -159,7 +166,7 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		controlShown = addrString(cl)
 	}
-	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: *workers, Key: key, ControlTLS: controlTLS, Logger: log})
+	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: *workers, Key: key, ControlTLS: controlTLS, DataTLS: dataServerTLS, Logger: log})
 	fmt.Fprintf(stdout, "ready data=%s control=%s size=%d\n", addrString(dl), controlShown, r.Size())
 	rep := ready.Report{Data: addrString(dl), Size: r.Size()}
 	if cl != nil {

@@ -34,7 +34,10 @@ type Options struct {
 	Key []byte
 	// ControlTLS, when set, serves the control API with it (mutual TLS).
 	ControlTLS *tls.Config
-	Logger     logr.Logger
+	// DataTLS, when set, serves the data port with it
+	// (dataconn.ServerOptions.TLS): the volume's traffic is encrypted.
+	DataTLS *tls.Config
+	Logger  logr.Logger
 }
 
 // Running is a replica being served.
@@ -56,7 +59,7 @@ func Start(r *replica.Replica, opts Options) *Running {
 	var once sync.Once
 	stop := func() { once.Do(func() { close(done) }) }
 	run := &Running{Replica: r, log: opts.Logger, Done: done,
-		data: dataconn.NewServer(Backend{Replica: r}, dataconn.ServerOptions{Workers: opts.Workers, Key: opts.Key, Logger: opts.Logger.WithName("dataconn")})}
+		data: dataconn.NewServer(Backend{Replica: r}, dataconn.ServerOptions{Workers: opts.Workers, Key: opts.Key, TLS: opts.DataTLS, Logger: opts.Logger.WithName("dataconn")})}
 	go func() {
 		if err := run.data.Serve(opts.Data); err != nil && !errors.Is(err, dataconn.ErrServerClosed) {
 			opts.Logger.Error(err, "data listener failed")
