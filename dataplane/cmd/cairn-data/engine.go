@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -25,6 +27,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
 	"github.com/cairn-io/cairn/dataplane/internal/tlsfiles"
+	"github.com/cairn-io/cairn/dataplane/volcrypt"
 )
 
 // stringList is a repeatable string flag.
@@ -64,6 +67,7 @@ type engineFlags struct {
 	replicaTimeout time.Duration
 	readyFD        int
 	key            []byte
+	cipher         *volcrypt.Cipher // encryption at rest, or nil
 	tls            *tlsfiles.Source // mutual TLS of the control ports, or nil
 }
 
@@ -90,9 +94,11 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
 	fs.StringVar(&files.CA, "tls-client-ca", "", "CA bundle (PEM) the peers' certificates must chain to")
 	keyFD := fs.Int("auth-key-fd", -1, "read the volume's key (32 bytes) from this inherited descriptor and authenticate every data connection to the replicas with it (-1: none)")
+	encKeyFD := fs.Int("encryption-key-fd", -1, "encrypt the volume at rest (AES-256-XTS): read its key (64 bytes) from this inherited descriptor, which is then closed; every write is encrypted before it reaches the replicas and every read decrypted, so replicas, rebuilds, snapshots and clones hold ciphertext only. Needs --encryption-key-check (-1: not encrypted)")
+	encCheck := fs.String("encryption-key-check", "", "the key check (hex) of the key the volume was created with: the engine refuses, before opening any replica, a key whose check differs")
 	fs.IntVar(&c.readyFD, "ready-fd", -1, "once serving, write a JSON report (endpoint and its kind, control address, size) to this inherited descriptor and close it (-1: none)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: cairn-data engine --name NAME --replica HOST:PORT ... --frontend nbd|fuse [--nbd-socket PATH [--nbd-kernel auto|on|off] | --fuse-dir DIR] [--listen HOST:PORT]")
+		fmt.Fprintln(stderr, "usage: cairn-data engine --name NAME --replica HOST:PORT ... --frontend nbd|fuse [--nbd-socket PATH [--nbd-kernel auto|on|off] | --fuse-dir DIR] [--listen HOST:PORT] [--encryption-key-fd N --encryption-key-check HEX]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -139,6 +145,9 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 		return fail("%v", err)
 	}
 	c.key = key
+	if c.cipher, err = encryption(c.name, *encKeyFD, *encCheck); err != nil {
+		return fail("%v", err)
+	}
 	if err := files.Check(); err != nil {
 		return fail("%v", err)
 	}
@@ -175,7 +184,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		defer region.Close() // after the engine and the frontend (deferred later)
 	}
 	buffers := shm.NewArena(region)
-	if region != nil && c.frontend == "nbd" { // the fuse frontend uses no shared buffers
+	if region != nil && (c.frontend == "nbd" || c.cipher != nil) { // only NBD requests and ciphertext use shared buffers
 		go releaseIdle(ctx, buffers, releaseIdleEvery, log)
 	}
 	// The frontend's exclusive parts first: opening the replicas fences
@@ -189,7 +198,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		defer claim.Stop() // releases the claim if the frontend never starts; once started, f.stop did it
 	}
-	e, err := openEngine(ctx, c, region, unsafeEarly, log)
+	e, err := openEngine(ctx, c, region, buffers, unsafeEarly, log)
 	if err != nil {
 		return fail(err)
 	}
@@ -247,11 +256,14 @@ func claimNBD(c *engineFlags, buffers *shm.Arena, log logr.Logger) (*nbd.Fronten
 }
 
 // openEngine opens the replicas (fencing out any engine that had them).
-func openEngine(ctx context.Context, c *engineFlags, region *shm.Region, unsafeEarly bool, log logr.Logger) (*engine.Engine, error) {
+// An encrypted volume's ciphertext is written from buffers (over region),
+// so it reaches local replicas through shared memory.
+func openEngine(ctx context.Context, c *engineFlags, region *shm.Region, buffers *shm.Arena, unsafeEarly bool, log logr.Logger) (*engine.Engine, error) {
 	octx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	return engine.Open(octx, engine.Options{
 		Name: c.name, Size: c.size, Replicas: c.replicas, Wanted: c.wanted, Logger: log, UnsafeAckEarly: unsafeEarly,
+		Cipher: c.cipher, Buffers: buffers,
 		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: c.replicaTimeout, Logger: log, Shared: region, Key: c.key},
 			ControlTLS: c.clientTLS()}),
 	})
@@ -368,25 +380,66 @@ func checkReadyFD(fd int) error {
 // manager's key pipe: the key never appears in the arguments or the
 // environment) and closes it; fd -1 means no key.
 func readKey(fd int) ([]byte, error) {
-	if fd < 0 {
-		return nil, nil
-	}
-	if fd <= 2 {
-		return nil, fmt.Errorf("--auth-key-fd %d: give a descriptor of 3 or more (0, 1 and 2 are stdin, stdout and stderr)", fd)
-	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
-		return nil, fmt.Errorf("--auth-key-fd %d: not an open descriptor: %w", fd, err)
-	}
-	f := os.NewFile(uintptr(fd), "auth-key")
-	defer f.Close()
-	key, err := io.ReadAll(io.LimitReader(f, dataconn.KeySize+1))
-	if err != nil {
-		return nil, fmt.Errorf("--auth-key-fd %d: %w", fd, err)
+	key, err := readKeyFD("--auth-key-fd", fd, dataconn.KeySize)
+	if err != nil || key == nil {
+		return nil, err
 	}
 	if err := dataconn.ValidKey(key); err != nil {
 		return nil, fmt.Errorf("--auth-key-fd %d: %w", fd, err)
 	}
 	return key, nil
+}
+
+// readKeyFD reads a secret of at most size bytes (one more is read, to
+// tell a longer one) from inherited descriptor fd, given by flag, and
+// closes it; fd -1 means none (nil).
+func readKeyFD(flag string, fd, size int) ([]byte, error) {
+	if fd < 0 {
+		return nil, nil
+	}
+	if fd <= 2 {
+		return nil, fmt.Errorf("%s %d: give a descriptor of 3 or more (0, 1 and 2 are stdin, stdout and stderr)", flag, fd)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+		return nil, fmt.Errorf("%s %d: not an open descriptor: %w", flag, fd, err)
+	}
+	f := os.NewFile(uintptr(fd), strings.TrimPrefix(flag, "--"))
+	defer f.Close()
+	key, err := io.ReadAll(io.LimitReader(f, int64(size)+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s %d: %w", flag, fd, err)
+	}
+	return key, nil
+}
+
+// encryption reads volume name's encryption key from fd (-1: the volume
+// is not encrypted, nil) and checks it against check, the key check the
+// volume was created with, before anything is opened: a wrong key would
+// turn every read into noise and every write into data nobody can read.
+// Neither the key nor any part of it is in an error.
+func encryption(name string, fd int, check string) (*volcrypt.Cipher, error) {
+	key, err := readKeyFD("--encryption-key-fd", fd, volcrypt.KeySize)
+	if err != nil {
+		return nil, err
+	}
+	defer clear(key) // the cipher keeps its own expanded keys
+	switch {
+	case key == nil && check == "":
+		return nil, nil
+	case key == nil:
+		return nil, errors.New("--encryption-key-check needs --encryption-key-fd: the key it checks")
+	case check == "":
+		return nil, errors.New("--encryption-key-fd needs --encryption-key-check: the check of the key the volume was created with, so that a wrong key is refused before it is used")
+	case len(key) != volcrypt.KeySize:
+		return nil, fmt.Errorf("--encryption-key-fd %d: read %d bytes of key, want %d", fd, len(key), volcrypt.KeySize)
+	case bytes.Equal(key, make([]byte, volcrypt.KeySize)):
+		return nil, fmt.Errorf("--encryption-key-fd %d: a key of zeros", fd)
+	}
+	if got := volcrypt.KeyCheck(key); !strings.EqualFold(got, check) {
+		return nil, fmt.Errorf("the encryption key given is not the key volume %s was created with (key check %s, want %s): "+
+			"give the volume's own key; data written with another key cannot be read", name, got, check)
+	}
+	return volcrypt.New(key)
 }
 
 // clientTLS is the engine's TLS as a client of replicas' control APIs, or

@@ -29,6 +29,7 @@ func needTool(t *testing.T, tool string) {
 type volume struct {
 	replicas []*proc
 	addrs    []string
+	dirs     []string // the replicas' data directories
 	engine   *proc
 	args     []string // the engine's command line
 	sock     string
@@ -45,6 +46,15 @@ func startVolume(t *testing.T, n int, size string) *volume {
 // any, the last replica with --direct-io.
 func startVolumeUnix(t *testing.T, n, nUnix int, size string) *volume {
 	t.Helper()
+	v := volumeReplicas(t, n, nUnix, size)
+	v.engine = start(t, v.args...)
+	return v
+}
+
+// volumeReplicas is startVolumeUnix without the engine: the replicas run
+// and v.args is the engine's command line.
+func volumeReplicas(t *testing.T, n, nUnix int, size string) *volume {
+	t.Helper()
 	dir := t.TempDir()
 	v := &volume{sock: filepath.Join(dir, "vol.sock")}
 	for i := range n {
@@ -60,13 +70,13 @@ func startVolumeUnix(t *testing.T, n, nUnix int, size string) *volume {
 		p := start(t, args...)
 		v.replicas = append(v.replicas, p)
 		v.addrs = append(v.addrs, p.data+","+p.control)
+		v.dirs = append(v.dirs, args[2])
 	}
 	args := []string{"engine", "--name", "vol", "--frontend", "nbd", "--nbd-socket", v.sock, "--nbd-kernel", "off",
 		"--listen", "127.0.0.1:0", "--replica-timeout", "3s"}
 	for _, a := range v.addrs {
 		args = append(args, "--replica", a)
 	}
-	v.engine = start(t, args...)
 	v.args = args
 	v.uri = "nbd+unix:///vol?socket=" + v.sock
 	return v

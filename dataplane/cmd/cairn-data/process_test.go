@@ -74,7 +74,15 @@ func command(args ...string) *exec.Cmd {
 // start runs cairn-data with args and waits for its "ready" line.
 func start(t testing.TB, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: command(args...), stderr: &syncBuffer{}, exited: make(chan struct{})}
+	return startCmd(t, command(args...))
+}
+
+// startCmd is start with a command made by command (and set up further,
+// e.g. with descriptors to inherit).
+func startCmd(t testing.TB, cmd *exec.Cmd) *proc {
+	t.Helper()
+	args := cmd.Args[1:]
+	p := &proc{cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
