@@ -114,6 +114,14 @@ func authKeyOf(s Spec) string {
 	return ""
 }
 
+// encryptionKeyOf is an engine spec's encryption key, or "".
+func encryptionKeyOf(s Spec) string {
+	if e, ok := s.(EngineSpec); ok {
+		return e.EncryptionKey
+	}
+	return ""
+}
+
 // redacted is s without its key, for messages and logs.
 func redacted(s Spec) Spec {
 	switch s := s.(type) {
@@ -273,6 +281,7 @@ type placement struct {
 	name   string
 	readyF int // the descriptor number of the ready pipe in the child
 	keyF   int // the descriptor number of the key pipe in the child
+	encF   int // the descriptor number of the encryption key pipe in the child
 }
 
 // args is the command line (after the subcommand) for a spec.
@@ -314,6 +323,9 @@ func args(s Spec, p placement) []string {
 		}
 		if s.ReplicaTimeout > 0 {
 			out = append(out, "--replica-timeout", s.ReplicaTimeout.String())
+		}
+		if s.EncryptionKey != "" {
+			out = append(out, "--encryption-key-fd", strconv.Itoa(p.encF), "--encryption-key-check", s.EncryptionKeyCheck)
 		}
 		out = append(out, "--listen", addr(0))
 		return append(out, ready...)

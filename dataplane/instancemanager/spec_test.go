@@ -64,6 +64,15 @@ func TestArgs(t *testing.T) {
 		shortName("ns/v-r-0")+" --listen 10.0.0.5:10000 --ready-fd 3" {
 		t.Fatalf("engine: %s", got)
 	}
+	// An encrypted engine reads its key from descriptor encF; only the
+	// key's public check is on the command line.
+	enc := e.(EngineSpec)
+	enc.EncryptionKey, enc.EncryptionKeyCheck = strings.Repeat("k", 64), "0123abcd"
+	pl.encF = 5
+	got = strings.Join(args(enc, pl), " ")
+	if !strings.Contains(got, " --encryption-key-fd 5 --encryption-key-check 0123abcd ") || strings.Contains(got, "kkkk") {
+		t.Fatalf("encrypted engine: %s", got)
+	}
 	// A spec that spells the defaults out is the same spec.
 	if !sameSpec(e, withDefaults(EngineSpec{VolumeName: "v", Replicas: e.(EngineSpec).Replicas, Frontend: FrontendFUSE, NBDKernel: NBDKernelAuto, Wanted: 2})) {
 		t.Fatal("defaults spelled out make another spec")

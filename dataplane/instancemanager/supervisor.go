@@ -170,10 +170,13 @@ type spawnReq struct {
 }
 
 // readyFD is the descriptor number of the ready pipe in a child (the
-// first of exec.Cmd.ExtraFiles), keyFD that of the key pipe (the second).
+// first of exec.Cmd.ExtraFiles), keyFD that of the key pipe (the second),
+// encKeyFD that of an engine's encryption key pipe (the third; the second
+// is then closed in a child without a key).
 const (
-	readyFD = 3
-	keyFD   = 4
+	readyFD  = 3
+	keyFD    = 4
+	encKeyFD = 5
 )
 
 // New returns a Supervisor, first killing any child a previous instance
@@ -300,7 +303,7 @@ func (s *Supervisor) Create(name string, spec Spec) (Process, error) {
 		return Process{}, fmt.Errorf("%w: %d contiguous ports wanted in %d-%d", ErrNoPorts, n, s.opts.PortMin, s.opts.PortMax)
 	}
 	p := &proc{Process: Process{Name: name, Kind: spec.Kind(), Spec: spec, State: StateStarting, Ports: ports,
-		Args: append(args(spec, placement{host: s.opts.Host, runDir: s.opts.RunDir, ports: ports, name: name, readyF: readyFD, keyF: keyFD}), s.opts.ChildArgs...)},
+		Args: append(args(spec, placement{host: s.opts.Host, runDir: s.opts.RunDir, ports: ports, name: name, readyF: readyFD, keyF: keyFD, encF: encKeyFD}), s.opts.ChildArgs...)},
 		started: make(chan struct{}), exited: make(chan struct{})}
 	defer close(p.started)
 	s.procs[name] = p // reserve the name: concurrent creates see it
@@ -350,26 +353,23 @@ func (s *Supervisor) launch(p *proc) (*os.File, error) {
 	p.cmd = exec.Command(s.opts.Binary, append([]string{string(p.Kind)}, p.Args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = lg, lg
 	p.cmd.Env = s.opts.Env
-	p.cmd.ExtraFiles = []*os.File{readyW}
-	if key := authKeyOf(p.Spec); key != "" {
-		// The key goes through a pipe the child reads once: not in its
-		// arguments or environment, which other users of the node can
-		// read in /proc. 32 bytes fit in any pipe's buffer, so the write
-		// does not wait for the child.
-		keyR, keyW, err := os.Pipe()
+	// Descriptors 3, 4 and 5 of the child: the ready pipe, then the key
+	// pipes (nil: closed in the child).
+	p.cmd.ExtraFiles = []*os.File{readyW, nil, nil}
+	for i, key := range []string{authKeyOf(p.Spec), encryptionKeyOf(p.Spec)} {
+		if key == "" {
+			continue
+		}
+		r, err := keyPipe(key)
 		if err != nil {
 			readyR.Close()
 			return nil, err
 		}
-		_, err = keyW.WriteString(key)
-		keyW.Close()
-		if err != nil {
-			keyR.Close()
-			readyR.Close()
-			return nil, err
-		}
-		defer keyR.Close() // the child has its copy
-		p.cmd.ExtraFiles = append(p.cmd.ExtraFiles, keyR)
+		defer r.Close() // the child has its copy
+		p.cmd.ExtraFiles[1+i] = r
+	}
+	for len(p.cmd.ExtraFiles) > 1 && p.cmd.ExtraFiles[len(p.cmd.ExtraFiles)-1] == nil {
+		p.cmd.ExtraFiles = p.cmd.ExtraFiles[:len(p.cmd.ExtraFiles)-1]
 	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	done := make(chan error, 1)
@@ -379,6 +379,25 @@ func (s *Supervisor) launch(p *proc) (*os.File, error) {
 		return nil, err
 	}
 	return readyR, nil
+}
+
+// keyPipe returns the read end of a pipe holding key, its write end
+// closed. A key goes to a child through such a pipe, which the child reads
+// once: not in its arguments or environment, which other users of the
+// node can read in /proc. A key (32 or 64 bytes) fits in any pipe's
+// buffer, so the write does not wait for the child.
+func keyPipe(key string) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	_, err = w.WriteString(key)
+	w.Close()
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
 }
 
 // dataDirFreeLocked refuses a data directory that a process which has not

@@ -657,8 +657,9 @@ func writeKey(t *testing.T, path string, key *ecdsa.PrivateKey) {
 }
 
 // TestInstanceManagerVolumeKey: a replica and an engine started with their
-// volume's key. The key reaches the processes through a pipe: it is not in
-// their arguments, their environment or the instance manager's reports. The
+// volume's key, the engine also with an encryption key. The keys reach the
+// processes through pipes: they are not in their arguments, their
+// environment or the instance manager's reports. The
 // replica's data port serves only clients that hold the key: with none,
 // with another volume's, or without the handshake a client is refused and
 // the replica's data stays as it was; the engine with the key opens it; an
@@ -733,10 +734,28 @@ func TestInstanceManagerVolumeKey(t *testing.T) {
 	if !strings.Contains(wrong.Error+strings.Join(wrong.LogTail, "\n"), "authentication") {
 		t.Fatalf("the engine with another key failed, but not saying why: %s %v", wrong.Error, wrong.LogTail)
 	}
-	if _, err := im.c.ProcessCreate(ctx, engine("ns/v-e", key)); err != nil {
+	encKey, encCheck := testKey(5)
+	withEnc := engine("ns/v-e", key)
+	withEnc.GetEngine().EncryptionKey, withEnc.GetEngine().EncryptionKeyCheck = encKey, encCheck
+	if _, err := im.c.ProcessCreate(ctx, withEnc); err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, im.c, "ns/v-e", imv1.ProcessState_PROCESS_STATE_RUNNING)
+	e := waitState(t, im.c, "ns/v-e", imv1.ProcessState_PROCESS_STATE_RUNNING)
+	if len(e.GetEngine().GetAuthKey()) != 0 || len(e.GetEngine().GetEncryptionKey()) != 0 {
+		t.Fatal("the instance manager reported a key back")
+	}
+	for _, f := range []string{"cmdline", "environ"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", e.Pid, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, key) || bytes.Contains(b, encKey) {
+			t.Fatalf("a key is in the engine's /proc/PID/%s", f)
+		}
+	}
+	if a := strings.Join(e.Args, " "); !strings.Contains(a, "--auth-key-fd 4") || !strings.Contains(a, "--encryption-key-fd 5 --encryption-key-check "+encCheck) {
+		t.Fatalf("engine args %v: no --auth-key-fd 4, --encryption-key-fd 5 with the check", e.Args)
+	}
 	good.Close()
 
 	// A key of the wrong size is refused with the reason.
@@ -744,6 +763,76 @@ func TestInstanceManagerVolumeKey(t *testing.T) {
 	bad.GetReplica().AuthKey = []byte("short")
 	if _, err := im.c.ProcessCreate(ctx, bad); grpcstatus.Code(err) != codes.InvalidArgument {
 		t.Fatalf("a 5-byte key: %v", err)
+	}
+}
+
+// TestInstanceManagerEncryptedEngine: an engine spec with an encryption
+// key (and no auth key: the encryption key alone on descriptor 5) starts
+// an engine whose volume is encrypted: what is written through its NBD
+// socket reads back, and no replica's files hold the plaintext. A spec
+// whose key check is another key's makes an engine that fails before it
+// opens a replica, the reason in the process's error or log tail, and the
+// running engine is left serving.
+func TestInstanceManagerEncryptedEngine(t *testing.T) {
+	needTool(t, "qemu-io")
+	ctx := context.Background()
+	im := startIM(t, freePortRange(t, 16))
+	var addrs []*imv1.ReplicaAddress
+	var dirs []string
+	for i, unix := range []bool{true, false} {
+		name := fmt.Sprintf("ns/enc-r-%d", i)
+		dirs = append(dirs, filepath.Join(im.dir, fmt.Sprintf("enc-r%d", i)))
+		req := replicaReq(name, dirs[i])
+		req.GetReplica().UnixSocket = unix
+		if _, err := im.c.ProcessCreate(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		p := waitState(t, im.c, name, imv1.ProcessState_PROCESS_STATE_RUNNING)
+		addrs = append(addrs, &imv1.ReplicaAddress{Data: p.DataAddress, Control: p.ControlAddress})
+	}
+	key, check := testKey(6)
+	engine := func(name, check string) *imv1.ProcessCreateRequest {
+		return &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Engine{Engine: &imv1.EngineSpec{
+			VolumeName: "enc", Replicas: addrs, Frontend: imv1.Frontend_FRONTEND_NBD, NbdKernel: imv1.NBDKernel_NBD_KERNEL_OFF,
+			EncryptionKey: key, EncryptionKeyCheck: check}}}
+	}
+	if _, err := im.c.ProcessCreate(ctx, engine("ns/enc-e", check)); err != nil {
+		t.Fatal(err)
+	}
+	e := waitState(t, im.c, "ns/enc-e", imv1.ProcessState_PROCESS_STATE_RUNNING)
+	if a := strings.Join(e.Args, " "); !strings.Contains(a, "--encryption-key-fd 5 --encryption-key-check "+check) || strings.Contains(a, "--auth-key-fd") {
+		t.Fatalf("engine args: %v", e.Args)
+	}
+	pat := filepath.Join(t.TempDir(), "plaintext")
+	if err := os.WriteFile(pat, plaintext(1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	uri := "nbd+unix:///enc?socket=" + e.Endpoint.Socket
+	qemuIO(t, uri, "write -s "+pat+" 1M 1M", "flush")
+	qemuIO(t, uri, "read -P 0 0 1M", "read -P 0 2M 14M")
+	if got := volumeBytes(t, uri); !bytes.Equal(got[1<<20:2<<20], plaintext(1<<20)) {
+		t.Fatal("the encrypted volume does not read back what was written")
+	}
+	if f := filesHolding(t, dirs, []byte(plaintextLine)); len(f) > 0 {
+		t.Fatalf("plaintext on the replicas of an engine given an encryption key: %v", f)
+	}
+
+	_, otherCheck := testKey(7)
+	if _, err := im.c.ProcessCreate(ctx, engine("ns/enc-wrong", otherCheck)); err != nil {
+		t.Fatal(err)
+	}
+	wrong := waitState(t, im.c, "ns/enc-wrong", imv1.ProcessState_PROCESS_STATE_ERROR)
+	why := wrong.Error + "\n" + strings.Join(wrong.LogTail, "\n")
+	if !strings.Contains(why, "the encryption key given is not the key volume enc was created with (key check "+check+", want "+otherCheck+")") ||
+		!strings.Contains(why, "give the volume's own key") {
+		t.Fatalf("the engine with a mismatching key check failed, but not saying why: %s", why)
+	}
+	if strings.Contains(why, "engine opened") {
+		t.Fatalf("the engine with a mismatching key check opened the replicas:\n%s", why)
+	}
+	qemuIO(t, uri, "write -s "+pat+" 4M 1M", "flush")
+	if got := volumeBytes(t, uri); !bytes.Equal(got[4<<20:5<<20], plaintext(1<<20)) {
+		t.Fatal("the running engine stopped serving after the refused one")
 	}
 }
 
