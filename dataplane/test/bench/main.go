@@ -6,6 +6,8 @@
 //	cairn-1-tcp  the same with the replica reached over loopback TCP
 //	cairn-3      the engine with three replicas (all on this one disk): one
 //	             local (unix socket), two over loopback TCP as if remote
+//	cairn-3-enc  cairn-3 encrypting the volume at rest (only in its own
+//	             table unless --targets names it; see encryption.go)
 //
 // for 4 KiB random write and read at QD32, 128 KiB sequential write, and
 // 4 KiB QD1 write latency, and prints a table with ratios: with buffered
@@ -95,7 +97,13 @@ func must(err error) {
 
 // startProc runs cairn-data and returns its ready line's fields.
 func startProc(args ...string) (*exec.Cmd, map[string]string) {
+	return startProcFiles(nil, args...)
+}
+
+// startProcFiles is startProc with files inherited as descriptors 3, 4, ...
+func startProcFiles(files []*os.File, args ...string) (*exec.Cmd, map[string]string) {
 	cmd := exec.Command(*bin, args...)
+	cmd.ExtraFiles = files
 	out, err := cmd.StdoutPipe()
 	must(err)
 	cmd.Stderr = nil
@@ -139,6 +147,12 @@ func stopAll(cmds ...*exec.Cmd) {
 // unix sockets (a replica on the engine's node), the rest over loopback TCP
 // (standing in for replicas on other nodes).
 func cairn(work, name string, n, local int) target {
+	return cairnWith(work, name, n, local, nil)
+}
+
+// cairnWith is cairn with engine arguments and the files they name
+// (descriptors 3, ...).
+func cairnWith(work, name string, n, local int, extra func() ([]string, []*os.File)) target {
 	var procs []*exec.Cmd
 	sock := filepath.Join(work, name+".sock")
 	args := []string{"engine", "--name", "bench", "--frontend", "nbd", "--nbd-socket", sock, "--nbd-kernel", "off", "--listen", "127.0.0.1:0"}
@@ -158,7 +172,15 @@ func cairn(work, name string, n, local int) target {
 		procs = append(procs, c)
 		args = append(args, "--replica", f["data"]+","+f["control"])
 	}
-	e, f := startProc(args...)
+	var files []*os.File
+	if extra != nil {
+		more, fs := extra()
+		args, files = append(args, more...), fs
+	}
+	e, f := startProcFiles(files, args...)
+	for _, fl := range files {
+		fl.Close() // the engine has its copy
+	}
 	return target{name: name, engine: []string{"--ioengine=nbd", "--uri=nbd+unix:///bench?socket=" + sock},
 		control: f["control"], procs: append([]*exec.Cmd{e}, procs...), stop: func() { stopAll(append([]*exec.Cmd{e}, procs...)...) }}
 }
@@ -302,8 +324,6 @@ func table(work, mode string, names []string, targets map[string]func(string) ta
 			os.RemoveAll(tdir)
 		}
 	}
-	ratios := []ratio{{"c1/qemu-nbd", "cairn-1", "qemu-nbd", 1}, {"c1tcp/qemu", "cairn-1-tcp", "qemu-nbd", 1},
-		{"c3/raw", "cairn-3", "raw", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}}
 	title := mode + " I/O"
 	if dev != nil {
 		title = "direct I/O on an emulated device-bound disk (" + dev.String() + ")"
@@ -319,6 +339,11 @@ func table(work, mode string, names []string, targets map[string]func(string) ta
 	printTable(fmt.Sprintf("CPU time per I/O (fio and the target's processes; µs), median of %d rounds", *rounds), names, medians(cpuSamples),
 		func(w workload) string { return strings.TrimSuffix(w.name, " ("+w.unit+")") }, 1, plain)
 }
+
+// ratios are the ratio columns a table shows when both their targets
+// were measured.
+var ratios = []ratio{{"c1/qemu-nbd", "cairn-1", "qemu-nbd", 1}, {"c1tcp/qemu", "cairn-1-tcp", "qemu-nbd", 1},
+	{"c3/raw", "cairn-3", "raw", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}, {"enc/c3", "cairn-3-enc", "cairn-3", 1}}
 
 // ratio is a column dividing one target's figures by another's (by a
 // fraction div of them).
@@ -414,7 +439,8 @@ func main() {
 	targets := map[string]func(string) target{"raw": raw, "qemu-nbd": qemuNBD,
 		"cairn-1":     func(w string) target { return cairn(w, "cairn-1", 1, 1) },
 		"cairn-1-tcp": func(w string) target { return cairn(w, "cairn-1-tcp", 1, 0) },
-		"cairn-3":     func(w string) target { return cairn(w, "cairn-3", 3, 1) }}
+		"cairn-3":     func(w string) target { return cairn(w, "cairn-3", 3, 1) },
+		"cairn-3-enc": encrypted}
 	names := strings.Split(*only, ",")
 	for _, name := range names {
 		if targets[name] == nil {
@@ -435,6 +461,9 @@ func main() {
 	}
 	if *devFlag != "off" {
 		deviceTable(work, names, targets)
+	}
+	if *encTable {
+		encryptionTable(work, targets)
 	}
 	if !*rebuild {
 		return
