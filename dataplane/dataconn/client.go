@@ -64,9 +64,10 @@ type ClientOptions struct {
 	// HandshakeTimeout bounds each handshake. Default
 	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// TLS, when set, makes every connection Dial opens a TLS client
+	// TLS, when set, makes every TCP connection Dial opens a TLS client
 	// connection (before the key's handshake): for a server with
-	// ServerOptions.TLS.
+	// ServerOptions.TLS. Unix connections stay on the node and are not
+	// wrapped (their servers serve them without TLS).
 	TLS *tls.Config
 }
 
@@ -183,7 +184,7 @@ func Dial(ctx context.Context, network, addr string, opts ClientOptions) (*Clien
 		if dl, ok := ctx.Deadline(); ok {
 			timeout = min(timeout, time.Until(dl))
 		}
-		if err == nil && opts.TLS != nil {
+		if err == nil && opts.TLS != nil && network != "unix" {
 			tc := tls.Client(nc, opts.TLS)
 			hctx, cancel := context.WithTimeout(ctx, timeout)
 			if err = tc.HandshakeContext(hctx); err != nil {

@@ -69,6 +69,7 @@ type engineFlags struct {
 	key            []byte
 	cipher         *volcrypt.Cipher // encryption at rest, or nil
 	tls            *tlsfiles.Source // mutual TLS of the control ports, or nil
+	dataTLS        bool             // TLS on the replicas' TCP data ports too
 }
 
 // parseEngineFlags parses and checks the command line; with a nil result
@@ -93,6 +94,7 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with and presents to the replicas' control APIs; with --tls-key and --tls-client-ca enables mutual TLS on both")
 	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
 	fs.StringVar(&files.CA, "tls-client-ca", "", "CA bundle (PEM) the peers' certificates must chain to")
+	fs.BoolVar(&c.dataTLS, "data-tls", false, "connect to the replicas' TCP data ports with TLS too (replicas with --data-tls), presenting the --tls-* certificate: the volume's traffic is encrypted on the network")
 	keyFD := fs.Int("auth-key-fd", -1, "read the volume's key (32 bytes) from this inherited descriptor and authenticate every data connection to the replicas with it (-1: none)")
 	encKeyFD := fs.Int("encryption-key-fd", -1, "encrypt the volume at rest (AES-256-XTS): read its key (64 bytes) from this inherited descriptor, which is then closed; every write is encrypted before it reaches the replicas and every read decrypted, so replicas, rebuilds, snapshots and clones hold ciphertext only. Needs --encryption-key-check (-1: not encrypted)")
 	encCheck := fs.String("encryption-key-check", "", "the key check (hex) of the key the volume was created with: the engine refuses, before opening any replica, a key whose check differs")
@@ -155,6 +157,8 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 		if c.tls, err = tlsfiles.New(files, newLogger(stderr, "engine")); err != nil {
 			return fail("%v", err)
 		}
+	} else if c.dataTLS {
+		return fail("--data-tls needs --tls-cert, --tls-key and --tls-client-ca")
 	}
 	shared, err := parseSize(*sharedFlag)
 	if err != nil || shared < 0 || shared > 1<<31 {
@@ -264,7 +268,7 @@ func openEngine(ctx context.Context, c *engineFlags, region *shm.Region, buffers
 	return engine.Open(octx, engine.Options{
 		Name: c.name, Size: c.size, Replicas: c.replicas, Wanted: c.wanted, Logger: log, UnsafeAckEarly: unsafeEarly,
 		Cipher: c.cipher, Buffers: buffers,
-		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: c.replicaTimeout, Logger: log, Shared: region, Key: c.key},
+		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: c.replicaTimeout, Logger: log, Shared: region, Key: c.key, TLS: c.dataClientTLS()},
 			ControlTLS: c.clientTLS()}),
 	})
 }
@@ -440,6 +444,15 @@ func encryption(name string, fd int, check string) (*volcrypt.Cipher, error) {
 			"give the volume's own key; data written with another key cannot be read", name, got, check)
 	}
 	return volcrypt.New(key)
+}
+
+// dataClientTLS is the engine's TLS as a client of replicas' data ports
+// (--data-tls), or nil.
+func (c *engineFlags) dataClientTLS() *tls.Config {
+	if !c.dataTLS {
+		return nil
+	}
+	return c.clientTLS()
 }
 
 // clientTLS is the engine's TLS as a client of replicas' control APIs, or

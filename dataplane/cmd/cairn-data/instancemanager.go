@@ -66,9 +66,10 @@ func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Wr
 	certFile := fs.String("tls-cert", "", "server certificate (PEM); with --tls-key and --tls-client-ca enables mutual TLS")
 	keyFile := fs.String("tls-key", "", "server private key (PEM)")
 	caFile := fs.String("tls-client-ca", "", "CA (PEM) that signs the client certificates to accept")
+	dataTLS := fs.Bool("data-tls", false, "replicas serve their data ports with TLS and engines use it (with the --tls-* files): volume traffic is encrypted on the network, at a CPU cost (docs/security.md)")
 	insecure := fs.Bool("insecure", false, "serve without TLS on a non-loopback address, and start processes without a volume key there (anyone who reaches the ports can run processes and read or write data: tests only)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: cairn-data instance-manager --listen HOST:PORT --node NAME --data-dir DIR... --port-range A-B --log-dir DIR [--process-host HOST] [--tls-cert F --tls-key F --tls-client-ca F]")
+		fmt.Fprintln(stderr, "usage: cairn-data instance-manager --listen HOST:PORT --node NAME --data-dir DIR... --port-range A-B --log-dir DIR [--process-host HOST] [--tls-cert F --tls-key F --tls-client-ca F [--data-tls]]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -108,6 +109,11 @@ func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Wr
 			*f = abs
 		}
 		childArgs = files.Args()
+		if *dataTLS {
+			childArgs = append(childArgs, "--data-tls")
+		}
+	case *dataTLS:
+		return fail("--data-tls needs --tls-cert, --tls-key and --tls-client-ca")
 	case !isLoopback(*listenAddr) && !*insecure:
 		return fail("refusing to serve without TLS on %s: anyone who can reach it could run processes on this node. "+
 			"Give --tls-cert, --tls-key and --tls-client-ca (see docs/security.md), listen on loopback, or pass --insecure for a test setup", *listenAddr)

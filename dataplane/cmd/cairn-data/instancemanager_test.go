@@ -862,10 +862,23 @@ func TestInstanceManagerRequiresKeysOnTheNetwork(t *testing.T) {
 // read or written through the replica's control API), and serve the
 // manager; the engine, a client of its replicas' control ports with the
 // node's certificate, opens a replica, adds a second one and rebuilds it
-// (the rebuild reads and writes over those ports) to RW.
+// (the rebuild reads and writes over those ports) to RW. With --data-tls
+// the replicas' data ports speak TLS too: a client with the volume's key
+// but no TLS is refused there, one with TLS and the key is served, and
+// the engine's volume reads back what qemu-io wrote through it.
 func TestChildrenServeMutualTLS(t *testing.T) {
+	for _, dataTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("data-tls=%v", dataTLS), func(t *testing.T) { childrenServeMutualTLS(t, dataTLS) })
+	}
+}
+
+func childrenServeMutualTLS(t *testing.T, dataTLS bool) {
 	pki := newTestPKI(t, t.TempDir(), "cairn-instance-manager")
-	im := startIM(t, freePortRange(t, 8), pki.flags...)
+	flags := pki.flags
+	if dataTLS {
+		flags = append(slices.Clone(flags), "--data-tls")
+	}
+	im := startIM(t, freePortRange(t, 8), flags...)
 	manager := pki.manager(t)
 	conn, err := grpc.NewClient(im.p.control, grpc.WithTransportCredentials(credentials.NewTLS(manager)))
 	if err != nil {
@@ -948,5 +961,33 @@ func TestChildrenServeMutualTLS(t *testing.T) {
 			t.Fatalf("the second replica never became RW: %v", l.Replicas)
 		}
 		time.Sleep(50 * time.Millisecond) // poll interval
+	}
+	if !dataTLS {
+		return
+	}
+	needTool(t, "qemu-io")
+	uri := "nbd+unix:///v?socket=" + e.Endpoint.Socket
+	qemuIO(t, uri, "write -P 0x3c 0 1M", "flush")
+	qemuIO(t, uri, "read -P 0x3c 0 1M")
+	plain, err := dataconn.Dial(ctx, "tcp", reps[1].DataAddress, dataconn.ClientOptions{Conns: 1, Key: key, HandshakeTimeout: 5 * time.Second})
+	if err == nil {
+		err = plain.ReadAt(ctx, make([]byte, 4096), 0)
+		plain.Close()
+	}
+	if err == nil {
+		t.Fatal("a replica with --data-tls served a data client without TLS")
+	}
+	tc := pki.manager(t)
+	tc.ServerName = "cairn-instance-manager"
+	c, err := dataconn.Dial(ctx, "tcp", reps[1].DataAddress, dataconn.ClientOptions{Conns: 1, Key: key, TLS: tc})
+	if err != nil {
+		t.Fatalf("a data client with TLS and the key: %v", err)
+	}
+	defer c.Close()
+	// The replica answers (its epoch fence refuses a client that is not
+	// the engine: an answer from the replica, not a dropped connection).
+	var remote *dataconn.RemoteError
+	if err := c.ReadAt(ctx, make([]byte, 4096), 0); !errors.As(err, &remote) || !strings.Contains(err.Error(), "epoch") {
+		t.Fatalf("a read over TLS with the key was not answered by the replica: %v", err)
 	}
 }
