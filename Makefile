@@ -112,7 +112,7 @@ test: verify lint envtest test-tools ## Verify generated code, lint, run every t
 FUZZTIME ?= 60s
 
 .PHONY: bench
-bench: build ## fio: raw file vs qemu-nbd vs the engine with 1 and 3 replicas (tables with ratios; one on an emulated device-bound disk), and a 1 GiB rebuild.
+bench: build ## fio: raw file vs qemu-nbd vs the engine with 1 and 3 replicas (tables with ratios; one on an emulated device-bound disk; encryption at rest; data-port key and TLS), and a 1 GiB rebuild.
 	hack/install-test-tools.sh
 	cd dataplane && $(GO) run ./test/bench --bin $(LOCALBIN)/cairn-data $(BENCHFLAGS)
 

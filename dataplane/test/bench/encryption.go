@@ -28,7 +28,7 @@ func encrypted(work string) target {
 		must(err)
 		w.Close()
 		return []string{"--encryption-key-fd", "3", "--encryption-key-check", volcrypt.KeyCheck(key)}, []*os.File{r}
-	})
+	}, nil)
 }
 
 // encryptionTable measures cairn-3 and cairn-3-enc on the 4 KiB workloads

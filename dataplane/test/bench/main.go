@@ -147,12 +147,12 @@ func stopAll(cmds ...*exec.Cmd) {
 // unix sockets (a replica on the engine's node), the rest over loopback TCP
 // (standing in for replicas on other nodes).
 func cairn(work, name string, n, local int) target {
-	return cairnWith(work, name, n, local, nil)
+	return cairnWith(work, name, n, local, nil, nil)
 }
 
 // cairnWith is cairn with engine arguments and the files they name
 // (descriptors 3, ...).
-func cairnWith(work, name string, n, local int, extra func() ([]string, []*os.File)) target {
+func cairnWith(work, name string, n, local int, extra, replicaExtra func() ([]string, []*os.File)) target {
 	var procs []*exec.Cmd
 	sock := filepath.Join(work, name+".sock")
 	args := []string{"engine", "--name", "bench", "--frontend", "nbd", "--nbd-socket", sock, "--nbd-kernel", "off", "--listen", "127.0.0.1:0"}
@@ -165,7 +165,15 @@ func cairnWith(work, name string, n, local int, extra func() ([]string, []*os.Fi
 		if direct {
 			rargs = append(rargs, "--direct-io")
 		}
-		c, f := startProc(rargs...)
+		var rfiles []*os.File
+		if replicaExtra != nil {
+			more, fs := replicaExtra()
+			rargs, rfiles = append(rargs, more...), fs
+		}
+		c, f := startProcFiles(rfiles, rargs...)
+		for _, fl := range rfiles {
+			fl.Close()
+		}
 		if dev != nil {
 			dev.enter(c.Process.Pid)
 		}
@@ -343,7 +351,8 @@ func table(work, mode string, names []string, targets map[string]func(string) ta
 // ratios are the ratio columns a table shows when both their targets
 // were measured.
 var ratios = []ratio{{"c1/qemu-nbd", "cairn-1", "qemu-nbd", 1}, {"c1tcp/qemu", "cairn-1-tcp", "qemu-nbd", 1},
-	{"c3/raw", "cairn-3", "raw", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}, {"enc/c3", "cairn-3-enc", "cairn-3", 1}}
+	{"c3/raw", "cairn-3", "raw", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}, {"enc/c3", "cairn-3-enc", "cairn-3", 1},
+	{"key/tcp", "cairn-1-key", "cairn-1-tcp", 1}, {"tls/tcp", "cairn-1-tls", "cairn-1-tcp", 1}}
 
 // ratio is a column dividing one target's figures by another's (by a
 // fraction div of them).
@@ -440,7 +449,9 @@ func main() {
 		"cairn-1":     func(w string) target { return cairn(w, "cairn-1", 1, 1) },
 		"cairn-1-tcp": func(w string) target { return cairn(w, "cairn-1-tcp", 1, 0) },
 		"cairn-3":     func(w string) target { return cairn(w, "cairn-3", 3, 1) },
-		"cairn-3-enc": encrypted}
+		"cairn-3-enc": encrypted,
+		"cairn-1-key": func(w string) target { return secured(w, "cairn-1-key", false) },
+		"cairn-1-tls": func(w string) target { return secured(w, "cairn-1-tls", true) }}
 	names := strings.Split(*only, ",")
 	for _, name := range names {
 		if targets[name] == nil {
@@ -464,6 +475,9 @@ func main() {
 	}
 	if *encTable {
 		encryptionTable(work, targets)
+	}
+	if *dataPortTable {
+		dataPort(work, targets)
 	}
 	if !*rebuild {
 		return
