@@ -899,9 +899,12 @@ func childrenServeMutualTLS(t *testing.T, dataTLS bool) {
 	}
 
 	// Nobody without a certificate of the CA reaches the replica's
-	// control API.
+	// control API: not without TLS, not without a certificate, not with
+	// another CA's.
 	noCert := pki.client(nil, nil)
-	for _, creds := range []credentials.TransportCredentials{insecure.NewCredentials(), credentials.NewTLS(noCert)} {
+	otherCA := newTestPKI(t, t.TempDir(), "cairn-instance-manager")
+	otherCert, otherKey := issue(t, otherCA.ca, otherCA.caKey, "cairn-manager", false)
+	for _, creds := range []credentials.TransportCredentials{insecure.NewCredentials(), credentials.NewTLS(noCert), credentials.NewTLS(pki.client(otherCert, otherKey))} {
 		cc, err := grpc.NewClient(reps[0].ControlAddress, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			t.Fatal(err)
@@ -928,13 +931,15 @@ func childrenServeMutualTLS(t *testing.T, dataTLS bool) {
 		}
 		return enginev1.NewEngineServiceClient(cc), func() { cc.Close() }
 	}
-	rogue, done := engineAPI(noCert)
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err = rogue.ReplicaList(cctx, &enginev1.ReplicaListRequest{})
-	cancel()
-	done()
-	if err == nil {
-		t.Fatal("the engine's control API answered a client without a certificate")
+	for _, cfg := range []*tls.Config{noCert, pki.client(otherCert, otherKey)} {
+		rogue, done := engineAPI(cfg)
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = rogue.ReplicaList(cctx, &enginev1.ReplicaListRequest{})
+		cancel()
+		done()
+		if err == nil {
+			t.Fatal("the engine's control API answered a client without a certificate of its CA")
+		}
 	}
 	ec, done := engineAPI(manager)
 	defer done()
