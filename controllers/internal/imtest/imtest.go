@@ -9,8 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -20,12 +22,19 @@ var (
 	buildErr  error
 )
 
-// Binary builds cairn-data once per test binary and returns its path.
+// binDirPrefix names the directories, one per test process, that hold
+// the cairn-data it built: cairn-data-bin-PID in the temporary directory.
+const binDirPrefix = "cairn-data-bin-"
+
+// Binary builds cairn-data once per test binary and returns its path. A
+// test binary has no hook at its exit to remove it, so each one removes
+// the directories of test processes that are gone.
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "cairn-data-bin")
-		if err != nil {
+		sweepBinaries()
+		dir := filepath.Join(os.TempDir(), binDirPrefix+strconv.Itoa(os.Getpid()))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			buildErr = err
 			return
 		}
@@ -40,6 +49,18 @@ func Binary(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return binary
+}
+
+// sweepBinaries removes the binary directories of test processes that
+// have exited (20 MB each).
+func sweepBinaries() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), binDirPrefix+"*"))
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), binDirPrefix))
+		if err == nil && pid > 0 && syscall.Kill(pid, 0) == syscall.ESRCH {
+			os.RemoveAll(d)
+		}
+	}
 }
 
 // IM is a running instance manager.
