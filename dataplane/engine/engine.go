@@ -99,10 +99,17 @@ type member struct {
 	stats     stats
 	// reading counts the member's reads in flight, readNs is its recent
 	// read latency (an exponentially weighted average, ns; 0 before the
-	// first read): pickRead chooses by them.
-	reading atomic.Int64
-	readNs  atomic.Int64
+	// first read), lastRead when it was last given a read (unix ns):
+	// pickRead chooses by them.
+	reading  atomic.Int64
+	readNs   atomic.Int64
+	lastRead atomic.Int64
 }
+
+// onNode reports whether the member is reached over a unix socket: a
+// replica on the engine's node, whose reads cost no network stack (and,
+// with shared memory, no copy through the socket).
+func (m *member) onNode() bool { return strings.HasPrefix(m.addr, "unix:") }
 
 // controller is what the engine calls on a member outside the I/O path.
 type controller interface {
@@ -179,7 +186,6 @@ type Engine struct {
 	bg         sync.WaitGroup
 
 	size atomic.Int64
-	rr   atomic.Uint64
 	io_  ioStats
 	// needBump is set when a replica is failed and cleared once the
 	// survivors' epoch has been bumped. No write is acknowledged while it

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -56,7 +55,7 @@ func (e *Engine) readAt(ctx context.Context, p []byte, off int64) error {
 	var err error = fmt.Errorf("%w: no RW replica to read from", ErrNoReplica)
 	start := 0
 	if len(rs) > 0 {
-		start = pickRead(rs, e.rr.Add(1))
+		start = pickRead(rs, began.UnixNano())
 	}
 	for i := range rs {
 		m := rs[(start+i)%len(rs)]
@@ -370,31 +369,55 @@ func (e *Engine) Flush(ctx context.Context) error {
 	return e.mutate(ctx, opFlush, 0, 0, func(m *member) error { return m.data.Flush(ctx) })
 }
 
-// readProbeEvery: one read in this many goes round robin instead of to the
-// replica pickRead expects to be fastest, so that every RW replica is read
+// readProbeInterval: a RW replica not given a read for this long gets the
+// next one, whatever pickRead would choose, so that every replica is read
 // regularly (a failing one is noticed by a read, and its latency figure
-// stays current).
-const readProbeEvery = 8
+// stays current) at a cost that does not grow with the I/O rate.
+const readProbeInterval = 100 * time.Millisecond
 
-// pickRead returns the index in rs of the replica the n-th read goes to:
-// the one expected to answer first, by its recent read latency times one
-// more than its reads in flight. That prefers a replica on the engine's
-// node (a unix socket, no network) and steers reads off a slow or busy
-// one; a replica not read yet is tried first. Every readProbeEvery-th read
-// takes the replicas in turn instead.
-func pickRead(rs []*member, n uint64) int {
-	if n%readProbeEvery == 0 {
-		return int(n/readProbeEvery) % len(rs)
+// offNodeSlowdown: replicas on the engine's node take every read (probes
+// aside) until their recent read latency is this many times an off-node
+// replica's expected wait. A read over TCP costs CPU on both ends (network
+// stack, payload checksum, a copy) that a unix socket with shared memory
+// does not; on a busy node that CPU is what every other read waits for,
+// so a longer queue at the node's replica is no reason to go elsewhere. A
+// node replica that is slow for its own sake (a failing disk) is.
+const offNodeSlowdown = 16
+
+// pickRead returns the index in rs of the replica a read at now (unix ns)
+// goes to: one not read for readProbeInterval (taken by one read only);
+// a replica not read yet; else a replica on the engine's node, unless
+// offNodeSlowdown says it is too slow; else the one expected to answer
+// first, by its recent read latency times one more than its reads in
+// flight.
+func pickRead(rs []*member, now int64) int {
+	for i, m := range rs {
+		last := m.lastRead.Load()
+		if now-last >= int64(readProbeInterval) && m.lastRead.CompareAndSwap(last, now) {
+			return i
+		}
 	}
-	best, bestScore := 0, math.MaxFloat64
+	on, off := -1, -1
+	var onScore, onLat, offScore float64
 	for i, m := range rs {
 		lat := m.readNs.Load()
 		if lat == 0 {
 			return i
 		}
-		if score := float64(lat) * float64(1+m.reading.Load()); score < bestScore {
-			best, bestScore = i, score
+		score := float64(lat) * float64(1+m.reading.Load())
+		switch {
+		case m.onNode() && (on < 0 || score < onScore):
+			on, onScore, onLat = i, score, float64(lat)
+		case !m.onNode() && (off < 0 || score < offScore):
+			off, offScore = i, score
 		}
+	}
+	best := on
+	if on < 0 || (off >= 0 && onLat > offNodeSlowdown*offScore) {
+		best = off
+	}
+	if now-rs[best].lastRead.Load() > int64(time.Millisecond) { // not a store per read
+		rs[best].lastRead.Store(now)
 	}
 	return best
 }

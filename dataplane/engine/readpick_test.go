@@ -26,8 +26,8 @@ func (s *slowReads) ReadAt(ctx context.Context, p []byte, off int64) error {
 // TestReadsGoWhereTheyAreCheapest: with one replica far slower to read
 // than the other (as a replica over the network is beside one on the
 // engine's node), most reads go to the fast one, and the slow one is still
-// read regularly (a failure there would be noticed); the data read is
-// right either way.
+// read about every readProbeInterval (a failure there would be noticed);
+// the data read is right either way.
 func TestReadsGoWhereTheyAreCheapest(t *testing.T) {
 	var wrapped []*slowReads
 	e, _ := openWrapped(t, 2, func(addr string, r engine.Replica) engine.Replica {
@@ -46,9 +46,10 @@ func TestReadsGoWhereTheyAreCheapest(t *testing.T) {
 	for _, w := range wrapped {
 		w.reads.Store(0)
 	}
-	const n = 400
+	const span = time.Second
 	got := make([]byte, 4096)
-	for range n {
+	n := int64(0)
+	for began := time.Now(); time.Since(began) < span; n++ {
 		if err := e.ReadAt(ctx, got, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -57,14 +58,16 @@ func TestReadsGoWhereTheyAreCheapest(t *testing.T) {
 		}
 	}
 	fast, slow := wrapped[0].reads.Load(), wrapped[1].reads.Load()
-	t.Logf("reads: fast replica %d, slow replica %d", fast, slow)
+	t.Logf("reads in %s: fast replica %d, slow replica %d", span, fast, slow)
 	if fast+slow != n {
 		t.Fatalf("%d reads made, %d counted", n, fast+slow)
 	}
 	if fast < n*3/4 {
 		t.Fatalf("the fast replica served only %d of %d reads", fast, n)
 	}
-	if slow < n/(2*8)-2 {
-		t.Fatalf("the slow replica was read %d times: it must still be read about one read in %d", slow, 2*8)
+	// One probe per interval (100 ms); a loaded machine may stretch the
+	// span's reads but not cut the probes below half.
+	if slow < 5 {
+		t.Fatalf("the slow replica was read %d times in %s: it must still be read about every 100 ms", slow, span)
 	}
 }
