@@ -527,15 +527,28 @@ var _ = Describe("an encrypted volume", func() {
 		n := nodes()
 		const text = "cairn-e2e-plaintext-marker"
 		must("", "-n", ns, "create", "secret", "generic", "cairn-encryption", "--from-literal=passphrase=e2e passphrase of the encrypted class")
-		DeferCleanup(func() { kubectl("", "-n", ns, "delete", "secret", "cairn-encryption") })
 		must("", "apply", "-f", "../../config/samples/encrypted_storageclass.yaml")
-		DeferCleanup(func() { kubectl("", "delete", "storageclass", "cairn-encrypted") })
+		var pv string
+		// The external-attacher detaches and the external-provisioner
+		// deletes an encrypted PV with the StorageClass's secrets: they go
+		// once the PV has (cleanups run last registered first).
+		DeferCleanup(func() {
+			if pv != "" {
+				Eventually(func() string {
+					out, _ := kubectl("", "get", "pv", pv, "--ignore-not-found", "-o", "name")
+					return out
+				}, 4*time.Minute, 2*time.Second).Should(BeEmpty(), "PV %s deleted", pv)
+			}
+			kubectl("", "delete", "storageclass", "cairn-encrypted")
+			kubectl("", "-n", ns, "delete", "secret", "cairn-encryption")
+		})
 		pvc("enc", "cairn-encrypted", "128Mi", false, "")
 		pvc("enc-plain", "cairn", "128Mi", false, "")
 		write := fmt.Sprintf("yes %s | head -c 8388608 > /data/m && sha256sum /data/m > /data/sum && sync", text)
 		pod("enc-a", n[1], "enc", false, write)
 		pod("plain-a", n[1], "enc-plain", false, write)
 		vol, plain := volumeOf("enc"), volumeOf("enc-plain")
+		pv = vol
 		Expect(volumeField(vol, "{.spec.encryption.keyCheck}")).To(MatchRegexp("^[0-9a-f]{32}$"))
 		Expect(replicaDirsContaining(plain, text)).To(HaveLen(3), "every replica of the unencrypted volume holds the text (the scan works)")
 		Expect(replicaDirsContaining(vol, text)).To(BeEmpty(), "no replica of the encrypted volume holds the text")
