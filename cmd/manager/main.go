@@ -51,7 +51,7 @@ func main() {
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the metrics endpoint binds to; \"0\" disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the health and readiness probes bind to.")
-	flag.StringVar(&uiAddr, "ui-bind-address", ":8082", "Address of the read-only web page (reach it with kubectl port-forward); \"0\" disables it.")
+	flag.StringVar(&uiAddr, "ui-bind-address", "127.0.0.1:8082", "Address of the read-only web page; on the pod's loopback (the default) only kubectl port-forward reaches it, through the API server's authentication; \"0\" disables it.")
 	flag.BoolVar(&leaderElection, "leader-elect", false, "Elect a leader so that only one manager reconciles at a time.")
 	flag.DurationVar(&vr.ReplenishmentWait, "replenishment-wait", volume.DefaultReplenishmentWait,
 		"How long a failed replica may take to come back (and resync only what it missed) before a replacement is built on another node.")
