@@ -13,6 +13,7 @@ import (
 
 	"github.com/cairn-io/cairn/controllers/internal/stream"
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	"github.com/cairn-io/cairn/dataplane/grpcalive"
 )
 
 // WatchOptions configure Watches.
@@ -111,7 +112,7 @@ func (w *Watches) Ensure(key types.NamespacedName, addr string) (*Conn, error) {
 		c.cc.Close()
 		delete(w.m, key)
 	}
-	cc, err := grpc.NewClient(addr, w.opts.DialOptions...)
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpcalive.Dial()}, w.opts.DialOptions...)...)
 	if err != nil {
 		return nil, err
 	}

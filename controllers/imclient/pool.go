@@ -21,6 +21,7 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/stream"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/grpcalive"
 )
 
 // Options configure a Pool.
@@ -93,7 +94,7 @@ func (p *Pool) Get(addr string) (*Conn, error) {
 	if p.ctx.Err() != nil {
 		return nil, errors.New("imclient: pool closed")
 	}
-	cc, err := grpc.NewClient(addr, p.opts.DialOptions...)
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpcalive.Dial()}, p.opts.DialOptions...)...)
 	if err != nil {
 		return nil, fmt.Errorf("instance manager %s: %w", addr, err)
 	}

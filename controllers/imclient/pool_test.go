@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/grpcalive"
 )
 
 // TestPoolFollowsWatch: the pool's copy of an instance manager's
@@ -54,4 +56,30 @@ func TestPoolFollowsWatch(t *testing.T) {
 	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, 30*time.Second, 10*time.Millisecond).Should(BeTrue())
 	procs, _, _ := c.Processes()
 	g.Expect(procs).To(BeEmpty(), "the new instance manager killed the old one's children and reports none")
+}
+
+// TestPoolNoticesASilentInstanceManager: an instance manager that stops
+// answering without closing its connection (SIGSTOP: as a node powered
+// off or cut from the network looks) is noticed by keepalive within
+// grpcalive's ping interval and timeout, not when TCP gives up minutes
+// later; when it answers again the copy is current again.
+func TestPoolNoticesASilentInstanceManager(t *testing.T) {
+	g := NewWithT(t)
+	im := imtest.Start(t, "n1", "", t.TempDir())
+	pool := New(Options{MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	defer pool.Close()
+	c, err := pool.Get(im.Addr)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, 20*time.Second, 10*time.Millisecond).Should(BeTrue())
+
+	g.Expect(im.Cmd.Process.Signal(syscall.SIGSTOP)).To(Succeed())
+	t.Cleanup(func() { im.Cmd.Process.Signal(syscall.SIGCONT) })
+	stopped := time.Now()
+	limit := grpcalive.PingEvery + grpcalive.PingTimeout + 10*time.Second
+	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, limit, 50*time.Millisecond).Should(BeFalse(),
+		"a silent instance manager is noticed within %s", limit)
+	t.Logf("noticed after %s", time.Since(stopped).Round(100*time.Millisecond))
+
+	g.Expect(im.Cmd.Process.Signal(syscall.SIGCONT)).To(Succeed())
+	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, 30*time.Second, 50*time.Millisecond).Should(BeTrue())
 }

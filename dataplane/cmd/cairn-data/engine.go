@@ -24,6 +24,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/engine/engineserver"
 	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
 	"github.com/cairn-io/cairn/dataplane/frontend/nbd"
+	"github.com/cairn-io/cairn/dataplane/grpcalive"
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
 	"github.com/cairn-io/cairn/dataplane/internal/tlsfiles"
@@ -306,7 +307,7 @@ func serveControl(c *engineFlags, e *engine.Engine, f *frontend) (string, func()
 	if err != nil {
 		return "", nil, err
 	}
-	var opts []grpc.ServerOption
+	opts := []grpc.ServerOption{grpcalive.Serve()}
 	if c.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(c.tls.Server())))
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cairn-io/cairn/dataplane"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/grpcalive"
 	"github.com/cairn-io/cairn/dataplane/instancemanager"
 	"github.com/cairn-io/cairn/dataplane/instancemanager/imserver"
 	"github.com/cairn-io/cairn/dataplane/internal/tlsfiles"
@@ -160,7 +161,7 @@ func runInstanceManager(ctx context.Context, args []string, stdout, stderr io.Wr
 		sup.Close()
 		return fail("%v", err)
 	}
-	gs := grpc.NewServer(opts...)
+	gs := grpc.NewServer(append(opts, grpcalive.Serve())...)
 	imv1.RegisterInstanceManagerServiceServer(gs, &imserver.Server{S: sup, NodeName: *node, Version: dataplane.Version, DataDirs: dataDirs})
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- gs.Serve(l) }()

@@ -14,6 +14,7 @@ import (
 
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/grpcalive"
 	"github.com/cairn-io/cairn/dataplane/replica"
 )
 
@@ -67,7 +68,7 @@ func Start(r *replica.Replica, opts Options) *Running {
 		}
 	}()
 	if opts.Control != nil {
-		sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxControlMessage), grpc.MaxSendMsgSize(MaxControlMessage)}
+		sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxControlMessage), grpc.MaxSendMsgSize(MaxControlMessage), grpcalive.Serve()}
 		if opts.ControlTLS != nil {
 			sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.ControlTLS)))
 		}
