@@ -67,7 +67,10 @@ func TestVolumeNodeOutOfService(t *testing.T) {
 	g.Eventually(func() string { v := get(); return string(v.Status.State) + " on " + v.Status.CurrentNodeName }, timeout, 100*time.Millisecond).
 		Should(Equal("attached on oos-b"))
 	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessDegraded))
-	g.Expect(getEngine(g, vol).Status.ReplicaModeMap).To(HaveLen(2), "the engine serves from the two replicas that run")
+	// Robustness comes from the running replicas until the engine's status
+	// stream reports their modes: wait for those.
+	g.Eventually(func() map[string]v1.ReplicaMode { return getEngine(g, vol).Status.ReplicaModeMap }, timeout, 100*time.Millisecond).
+		Should(HaveLen(2), "the engine serves from the two replicas that run")
 	for _, rep := range listReplicas(g, vol) {
 		if rep.Spec.NodeName == "oos-a" {
 			g.Expect(rep.Status.InstanceState).To(Equal(v1.InstanceStateStopped))
