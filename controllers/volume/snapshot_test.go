@@ -4,6 +4,7 @@ import (
 	"context"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -239,9 +240,11 @@ func TestClones(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	startNodes(t, g, "cl-a", "cl-b", "cl-c")
+	var encryption *v1.VolumeEncryption // of the next volume mkSized makes
 	mkSized := func(name, size string, ds *v1.VolumeDataSource, node string) *v1.Volume {
 		v := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Spec: v1.VolumeSpec{
-			Size: resource.MustParse(size), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, DataSource: ds, NodeName: node}}
+			Size: resource.MustParse(size), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, DataSource: ds, NodeName: node,
+			Encryption: encryption}}
 		g.Expect(k8sClient.Create(ctx, v)).To(Succeed())
 		cleanupVolume(t, v)
 		return v
@@ -309,17 +312,22 @@ func TestClones(t *testing.T) {
 		return true
 	}, timeout, 100*time.Millisecond).Should(BeTrue(), "the source's processes stop once nothing reads it")
 
-	// Missing sources fail with the cause, and never attach.
+	// Missing or unfit sources fail with the cause, and never attach.
 	for _, tc := range []struct {
 		name, size string
 		ds         v1.VolumeDataSource
+		enc        *v1.VolumeEncryption
 		msg        string
 	}{
-		{"no-source", "16Mi", v1.VolumeDataSource{Volume: "does-not-exist"}, "source volume does-not-exist does not exist"},
-		{"no-snapshot", "16Mi", v1.VolumeDataSource{Volume: src.Name, Snapshot: "nope"}, "snapshot nope does not exist"},
-		{"too-small", "8Mi", v1.VolumeDataSource{Volume: src.Name, Snapshot: "origin-s1"}, "with a size of at least 16Mi"},
+		{"no-source", "16Mi", v1.VolumeDataSource{Volume: "does-not-exist"}, nil, "source volume does-not-exist does not exist"},
+		{"no-snapshot", "16Mi", v1.VolumeDataSource{Volume: src.Name, Snapshot: "nope"}, nil, "snapshot nope does not exist"},
+		{"too-small", "8Mi", v1.VolumeDataSource{Volume: src.Name, Snapshot: "origin-s1"}, nil, "with a size of at least 16Mi"},
+		{"encrypted-from-plain", "16Mi", v1.VolumeDataSource{Volume: src.Name, Snapshot: "origin-s1"},
+			&v1.VolumeEncryption{KeySecret: "k", KeyCheck: strings.Repeat("ab", 16)}, "not encrypted with the same key"},
 	} {
+		encryption = tc.enc
 		c := mkSized(tc.name, tc.size, &tc.ds, "cl-a")
+		encryption = nil
 		ckey := client.ObjectKeyFromObject(c)
 		g.Eventually(func() string { r, _ := clonedCondition(g, ckey); return r }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeReasonCloneFailed))
 		_, msg := clonedCondition(g, ckey)

@@ -119,7 +119,7 @@ func (r *Reconciler) observeWork(ctx context.Context, s *scope) error {
 		// snapshot does not exist, or is too big for it, fails without it.
 		c := &vols.Items[i]
 		sn := ready[CloneSnapshotName(c)]
-		if ClonesFrom(c, s.v.Name, "") && sn != nil && (sn.Status.Size == nil || sn.Status.Size.Cmp(c.Spec.Size) <= 0) {
+		if ClonesFrom(c, s.v.Name, "") && sn != nil && (sn.Status.Size == nil || sn.Status.Size.Cmp(c.Spec.Size) <= 0) && sameEncryption(c, s.v) {
 			clones = append(clones, c.Name)
 		}
 	}
@@ -135,6 +135,13 @@ func (r *Reconciler) observeWork(ctx context.Context, s *scope) error {
 	}
 	s.work = strings.Join(parts, "; ")
 	return nil
+}
+
+// sameEncryption reports whether a clone and its source are encrypted
+// alike: both not, or both with the same key.
+func sameEncryption(a, b *v1.Volume) bool {
+	ae, be := a.Spec.Encryption, b.Spec.Encryption
+	return (ae == nil) == (be == nil) && (ae == nil || ae.KeyCheck == be.KeyCheck)
 }
 
 // target fills s.node and s.maintenance (runTarget).
@@ -200,6 +207,11 @@ func (r *Reconciler) planClone(ctx context.Context, s *scope) error {
 	}
 	if !src.DeletionTimestamp.IsZero() {
 		return fail("source volume %s is being deleted: the copy cannot be made; delete this volume", ds.Volume)
+	}
+	// A clone holds its source's bytes as they are: ciphertext of the
+	// source's key, or plaintext.
+	if !sameEncryption(v, src) {
+		return fail("source volume %s and this volume are not encrypted with the same key (a clone copies the source's bytes as they are, so it must be encrypted exactly when the source is, with the source's key check): delete this volume and create it with the source's spec.encryption", ds.Volume)
 	}
 	sn := &v1.Snapshot{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: v.Namespace, Name: snapName}, sn)
