@@ -8,6 +8,9 @@
 //	             local (unix socket), two over loopback TCP as if remote
 //	cairn-3-enc  cairn-3 encrypting the volume at rest (only in its own
 //	             table unless --targets names it; see encryption.go)
+//	fuse-1, fuse-1-tcp  cairn-1 and cairn-1-tcp through the FUSE frontend's
+//	             loop device (only in their own table unless --targets
+//	             names them; see fuseloop.go)
 //
 // for 4 KiB random write and read at QD32, 128 KiB sequential write, and
 // 4 KiB QD1 write latency, and prints a table with ratios: with buffered
@@ -352,7 +355,8 @@ func table(work, mode string, names []string, targets map[string]func(string) ta
 // were measured.
 var ratios = []ratio{{"c1/qemu-nbd", "cairn-1", "qemu-nbd", 1}, {"c1tcp/qemu", "cairn-1-tcp", "qemu-nbd", 1},
 	{"c3/raw", "cairn-3", "raw", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}, {"enc/c3", "cairn-3-enc", "cairn-3", 1},
-	{"key/tcp", "cairn-1-key", "cairn-1-tcp", 1}, {"tls/tcp", "cairn-1-tls", "cairn-1-tcp", 1}}
+	{"key/tcp", "cairn-1-key", "cairn-1-tcp", 1}, {"tls/tcp", "cairn-1-tls", "cairn-1-tcp", 1},
+	{"f1tcp/c1tcp", "fuse-1-tcp", "cairn-1-tcp", 1}, {"f1/c1", "fuse-1", "cairn-1", 1}}
 
 // ratio is a column dividing one target's figures by another's (by a
 // fraction div of them).
@@ -451,7 +455,9 @@ func main() {
 		"cairn-3":     func(w string) target { return cairn(w, "cairn-3", 3, 1) },
 		"cairn-3-enc": encrypted,
 		"cairn-1-key": func(w string) target { return secured(w, "cairn-1-key", false) },
-		"cairn-1-tls": func(w string) target { return secured(w, "cairn-1-tls", true) }}
+		"cairn-1-tls": func(w string) target { return secured(w, "cairn-1-tls", true) },
+		"fuse-1":      func(w string) target { return fuseLoop(w, "fuse-1", 1, 1) },
+		"fuse-1-tcp":  func(w string) target { return fuseLoop(w, "fuse-1-tcp", 1, 0) }}
 	names := strings.Split(*only, ",")
 	for _, name := range names {
 		if targets[name] == nil {
@@ -478,6 +484,9 @@ func main() {
 	}
 	if *dataPortTable {
 		dataPort(work, targets)
+	}
+	if *fuseLoopTable {
+		fuseLoopCompare(work, targets)
 	}
 	if !*rebuild {
 		return
