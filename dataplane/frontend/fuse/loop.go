@@ -11,24 +11,39 @@ import (
 
 // loopDevice is a loop device attached to a file.
 type loopDevice struct {
-	path string
-	f    *os.File
+	path     string
+	f        *os.File
+	directIO bool // the loop driver reads and writes the file with direct I/O
 }
 
 // attachLoop attaches a free loop device to file with a 4 KiB logical block
 // size, set to clear itself when its last user goes (so a crash of this
-// process cannot leak it once nothing has it mounted).
+// process cannot leak it once nothing has it mounted), with direct I/O
+// if the kernel allows it.
+//
+// Direct I/O (LO_FLAGS_DIRECT_IO, losetup --direct-io=on) is what lets
+// the loop device keep many requests in flight to the engine: without it
+// the loop driver's worker reads and writes the file with one blocking
+// call per block request, so the FUSE server sees one request at a time
+// whatever the queue depth above; with it the worker submits each block
+// request as an asynchronous kiocb and goes on to the next (FUSE then
+// needs asynchronous direct I/O, see initFlags). It also keeps the
+// loop device from caching the file's pages a second time (the file is
+// FOPEN_DIRECT_IO anyway). A kernel that refuses it (EINVAL) gets the
+// device without it.
 func attachLoop(file string) (*loopDevice, error) {
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
 	if err != nil {
 		return nil, fmt.Errorf("loop devices unavailable: %w", err)
 	}
 	defer ctl.Close()
-	backing, err := os.OpenFile(file, os.O_RDWR, 0)
+	// A plain descriptor, not an *os.File, which Go would add to its
+	// epoll set: see disarmPoll.
+	backing, err := unix.Open(file, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open volume file: %w", err)
 	}
-	defer backing.Close() // the loop device keeps its own reference
+	defer unix.Close(backing) // the loop device keeps its own reference
 	for attempt := 0; attempt < 16; attempt++ {
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
@@ -45,10 +60,14 @@ func attachLoop(file string) (*loopDevice, error) {
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", path, err)
 		}
-		cfg := unix.LoopConfig{Fd: uint32(backing.Fd()), Size: 4096}
-		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		cfg := unix.LoopConfig{Fd: uint32(backing), Size: 4096}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
 		copy(cfg.Info.File_name[:], file)
 		err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
+		if errors.Is(err, unix.EINVAL) {
+			cfg.Info.Flags &^= unix.LO_FLAGS_DIRECT_IO // a kernel that cannot do direct I/O on this file
+			err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
+		}
 		if errors.Is(err, unix.EBUSY) {
 			lf.Close() // another process took it between GET_FREE and CONFIGURE
 			continue
@@ -57,7 +76,15 @@ func attachLoop(file string) (*loopDevice, error) {
 			lf.Close()
 			return nil, fmt.Errorf("attach %s to %s: %w", path, file, err)
 		}
-		return &loopDevice{path: path, f: lf}, nil
+		// Older kernels drop the flag silently when they cannot honour
+		// it: ask what the device does.
+		info, err := unix.IoctlLoopGetStatus64(int(lf.Fd()))
+		if err != nil {
+			unix.IoctlSetInt(int(lf.Fd()), unix.LOOP_CLR_FD, 0)
+			lf.Close()
+			return nil, fmt.Errorf("LOOP_GET_STATUS64 on %s: %w", path, err)
+		}
+		return &loopDevice{path: path, f: lf, directIO: info.Flags&unix.LO_FLAGS_DIRECT_IO != 0}, nil
 	}
 	return nil, errors.New("no free loop device after 16 attempts")
 }

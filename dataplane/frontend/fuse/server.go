@@ -1,0 +1,552 @@
+package fuse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/go-logr/logr"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// The FUSE server: the protocol for a mount that holds one file, the
+// volume, spoken on /dev/fuse directly (go-fuse provides the message
+// layouts only). It exists for speed. go-fuse reads /dev/fuse with
+// blocking read(2) calls, so every request wakes a thread parked in the
+// kernel, and the Go runtime hands its processor to another thread while
+// it waits (sysmon polling, futex wake-ups): the loop device's 4 KiB
+// requests cost the engine three times the thread switches of the same
+// requests on the NBD socket. Here /dev/fuse is non-blocking and waits in
+// Go's network poller, like a socket: one goroutine reads requests back to
+// back while there are any and starts a goroutine for each, which
+// answers it with one writev. docs/performance.md has the figures.
+
+const (
+	// maxWrite is the largest READ or WRITE the kernel sends (max_read,
+	// max_write, max_pages): a block request up to 1 MiB goes as one.
+	maxWrite = 1 << 20
+	// bigBuffer holds any request: the kernel wants room for max_write
+	// and the headers before it hands one over.
+	bigBuffer = maxWrite + 4096
+	// smallBuffer holds the requests copied out of the reading buffer
+	// (all but large writes), so that the reader keeps its big one.
+	smallBuffer = 64<<10 + 4096
+
+	// maxBackground is how many asynchronous requests (the loop device's
+	// direct I/O) the kernel keeps in flight to the server, above the
+	// queue depths worth serving, so that the kernel does not queue them
+	// itself.
+	maxBackground = 128
+
+	// ourMinor is the protocol minor version spoken (7.28: max_pages).
+	ourMinor = 28
+
+	rootID = 1 // the mount's directory
+	fileID = 2 // the volume file
+
+	ttl = time.Second // how long the kernel may cache entries and attributes
+)
+
+// initFlags are the capabilities the server asks for, where the kernel
+// offers them. Asynchronous direct I/O is what lets the loop device keep
+// many requests in flight: the loop driver submits each block request as
+// an asynchronous kiocb, which FUSE turns into requests sent without
+// waiting for their answers only with FUSE_ASYNC_DIO; without it the loop
+// worker blocks on each request and the engine sees them one at a time.
+// Those requests count as background requests, capped at max_background.
+const initFlags = gofuse.CAP_ASYNC_READ | gofuse.CAP_BIG_WRITES | gofuse.CAP_ASYNC_DIO | gofuse.CAP_MAX_PAGES
+
+// FUSE opcodes (include/uapi/linux/fuse.h).
+const (
+	opLookup      = 1
+	opForget      = 2
+	opGetattr     = 3
+	opSetattr     = 4
+	opOpen        = 14
+	opRead        = 15
+	opWrite       = 16
+	opStatfs      = 17
+	opRelease     = 18
+	opFsync       = 20
+	opFlush       = 25
+	opInit        = 26
+	opOpendir     = 27
+	opReaddir     = 28
+	opReleasedir  = 29
+	opAccess      = 34
+	opInterrupt   = 36
+	opDestroy     = 38
+	opBatchForget = 42
+	opFallocate   = 43
+
+	notifyInvalInode = 2 // FUSE_NOTIFY_INVAL_INODE, in the header's error field
+)
+
+// server answers one FUSE connection for a file backed by dev.
+type server struct {
+	dev  Device
+	name string // the file's name in the mount
+	log  logr.Logger
+	uid  uint32 // owner of the mount's nodes: the engine's user
+	gid  uint32
+
+	file *os.File // /dev/fuse, non-blocking, in Go's poller
+	conn syscall.RawConn
+
+	done     chan struct{}  // closed when serve returns: the connection ended
+	handlers sync.WaitGroup // requests being answered
+
+	big, small sync.Pool // *[]byte of bigBuffer and smallBuffer bytes
+}
+
+// mountServer mounts a FUSE filesystem holding dev as the file name at
+// dir, answers the kernel's INIT and starts serving.
+func mountServer(dev Device, name, dir string, log logr.Logger) (*server, error) {
+	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open /dev/fuse: %w", err)
+	}
+	s := &server{dev: dev, name: name, log: log, uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), done: make(chan struct{})}
+	s.big.New = func() any { b := make([]byte, bigBuffer); return &b }
+	s.small.New = func() any { b := make([]byte, smallBuffer); return &b }
+	data := fmt.Sprintf("fd=%d,rootmode=%o,user_id=%d,group_id=%d,max_read=%d", fd, unix.S_IFDIR, s.uid, s.gid, maxWrite)
+	if err := unix.Mount("cairn:"+name, dir, "fuse.cairn", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	s.file = os.NewFile(uintptr(fd), "/dev/fuse") // non-blocking: reads wait in the poller
+	if s.conn, err = s.file.SyscallConn(); err == nil {
+		err = s.init()
+	}
+	if err != nil {
+		unix.Unmount(dir, unix.MNT_DETACH)
+		s.file.Close()
+		return nil, err
+	}
+	go s.serve()
+	if err := s.disarmPoll(filepath.Join(dir, name)); err != nil {
+		s.stop(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// disarmPoll has the kernel stop sending FUSE_POLL for the file. The
+// kernel asks the server when someone polls a FUSE file, and Go's
+// os.OpenFile adds every file it opens to the runtime's epoll set: in this
+// process that would deadlock, the epoll_ctl holding the epoll set's lock
+// while it waits for the answer, and the server waiting in that same set
+// to read the request. So the server answers one poll(2) now, from a
+// plain descriptor, with ENOSYS (as to any request it does not serve), and
+// the kernel never asks again on this mount.
+func (s *server) disarmPoll(file string) error {
+	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", file, err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0); err != nil {
+		return fmt.Errorf("poll %s: %w", file, err)
+	}
+	return nil
+}
+
+// read reads one request into buf, waiting in the poller for one.
+func (s *server) read(buf []byte) (int, error) {
+	var n int
+	var err error
+	cerr := s.conn.Read(func(fd uintptr) bool {
+		n, err = unix.Read(int(fd), buf)
+		return err != unix.EAGAIN
+	})
+	if cerr != nil {
+		return 0, cerr
+	}
+	return n, err
+}
+
+// write sends one message (an answer or a notification) to the kernel.
+func (s *server) write(iov [][]byte) error {
+	var err error
+	cerr := s.conn.Write(func(fd uintptr) bool {
+		_, err = unix.Writev(int(fd), iov)
+		return err != unix.EAGAIN
+	})
+	if cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// init answers the INIT the kernel sends when the filesystem is mounted.
+func (s *server) init() error {
+	bp := s.big.Get().(*[]byte)
+	defer s.big.Put(bp)
+	var n int
+	var err error
+	for n, err = s.read(*bp); errors.Is(err, unix.EINTR); n, err = s.read(*bp) {
+	}
+	if err != nil {
+		return fmt.Errorf("reading INIT: %w", err)
+	}
+	req := (*bp)[:n]
+	h, ok := header(req)
+	if !ok || h.Opcode != opInit || n < int(unsafe.Sizeof(gofuse.InHeader{}))+16 {
+		return fmt.Errorf("the kernel's first message is not INIT (%d bytes)", n)
+	}
+	var in gofuse.InitIn // kernels before 7.36 send only major, minor, max_readahead and flags
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in)), req)
+	if in.Major != 7 || in.Minor < 12 {
+		s.reply(h, unix.EPROTO, nil, nil)
+		return fmt.Errorf("FUSE protocol %d.%d: want 7.12 or later", in.Major, in.Minor)
+	}
+	out := gofuse.InitOut{Major: 7, Minor: min(in.Minor, ourMinor), MaxReadAhead: in.MaxReadAhead,
+		Flags: in.Flags & initFlags, MaxBackground: maxBackground, CongestionThreshold: maxBackground * 3 / 4,
+		MaxWrite: maxWrite, TimeGran: 1, MaxPages: maxWrite / 4096}
+	b := bytesOf(&out)
+	if out.Minor <= 22 {
+		b = b[:24] // the layout before 7.23
+	}
+	if err := s.write([][]byte{outHeader(h.Unique, 0, len(b)), b}); err != nil {
+		return fmt.Errorf("answering INIT: %w", err)
+	}
+	return nil
+}
+
+// serve reads requests until the connection ends (the mount is gone) and
+// answers each in a goroutine of its own.
+func (s *server) serve() {
+	defer close(s.done)
+	buf := s.big.Get().(*[]byte)
+	for {
+		n, err := s.read(*buf)
+		switch {
+		case errors.Is(err, unix.EINTR), errors.Is(err, unix.ENOENT): // ENOENT: the request was interrupted before we read it
+			continue
+		case errors.Is(err, unix.ENODEV), errors.Is(err, os.ErrClosed): // unmounted
+			s.big.Put(buf)
+			return
+		case err != nil:
+			s.log.Error(err, "reading /dev/fuse; the FUSE mount stops answering")
+			s.big.Put(buf)
+			return
+		}
+		if n < int(unsafe.Sizeof(gofuse.InHeader{})) {
+			s.log.Error(nil, "a FUSE request shorter than its header; the FUSE mount stops answering", "bytes", n)
+			s.big.Put(buf)
+			return
+		}
+		h, ok := header((*buf)[:n])
+		if !ok {
+			s.reply(h, unix.EIO, nil, nil) // the kernel's length and the read's differ: cannot be parsed
+			continue
+		}
+		switch h.Opcode {
+		case opForget, opBatchForget, opInterrupt:
+			continue // no answer: one inode that never goes; requests are not cancelled
+		}
+		// Large writes keep the buffer they were read into; anything else
+		// is copied out so that the reader keeps it.
+		req, pool := buf, &s.big
+		if n <= smallBuffer {
+			req, pool = s.small.Get().(*[]byte), &s.small
+			copy(*req, (*buf)[:n])
+		} else {
+			buf = s.big.Get().(*[]byte)
+		}
+		s.handlers.Add(1)
+		go func() {
+			defer s.handlers.Done()
+			s.handle((*req)[:n])
+			pool.Put(req)
+		}()
+	}
+}
+
+// header is the request's header (nil if req is shorter than one), and
+// whether req has the length the header says.
+func header(req []byte) (*gofuse.InHeader, bool) {
+	if len(req) < int(unsafe.Sizeof(gofuse.InHeader{})) {
+		return nil, false
+	}
+	h := (*gofuse.InHeader)(unsafe.Pointer(&req[0]))
+	return h, int(h.Length) == len(req)
+}
+
+// in is req's request struct T (which starts with the header), or false if
+// req is too short for one.
+func in[T any](req []byte) (*T, bool) {
+	var t T
+	if len(req) < int(unsafe.Sizeof(t)) {
+		return nil, false
+	}
+	return (*T)(unsafe.Pointer(&req[0])), true
+}
+
+// bytesOf is the memory of *v, for an answer.
+func bytesOf[T any](v *T) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(v)), unsafe.Sizeof(*v))
+}
+
+func outHeader(unique uint64, status int32, payload int) []byte {
+	h := gofuse.OutHeader{Length: uint32(int(unsafe.Sizeof(gofuse.OutHeader{})) + payload), Status: status, Unique: unique}
+	return bytesOf(&h)
+}
+
+// reply answers request h: errno, or success with out and data.
+func (s *server) reply(h *gofuse.InHeader, errno syscall.Errno, out, data []byte) {
+	var iov [][]byte
+	if errno != 0 {
+		iov = [][]byte{outHeader(h.Unique, -int32(errno), 0)}
+	} else {
+		iov = [][]byte{outHeader(h.Unique, 0, len(out)+len(data)), out, data}
+	}
+	err := s.write(iov)
+	// ENOENT: the kernel no longer waits for this answer (interrupted);
+	// ENODEV, closed: the connection ended meanwhile.
+	if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) && !errors.Is(err, os.ErrClosed) {
+		s.log.Error(err, "answering a FUSE request", "opcode", h.Opcode)
+	}
+}
+
+// notifyAttributes has the kernel drop what it cached of the file's
+// attributes (FUSE_NOTIFY_INVAL_INODE, offset -1: not its pages).
+func (s *server) notifyAttributes() error {
+	out := gofuse.NotifyInvalInodeOut{Ino: fileID, Off: -1}
+	b := bytesOf(&out)
+	err := s.write([][]byte{outHeader(0, notifyInvalInode, len(b)), b})
+	if errors.Is(err, unix.ENOENT) {
+		return nil // the kernel holds nothing of the file
+	}
+	return err
+}
+
+// stop unmounts dir and, once the kernel ended the connection, waits for
+// the requests being answered and closes /dev/fuse. If the mount is busy
+// (the loop device still holds the file, as long as a filesystem on it is
+// mounted) it is detached lazily and the server goes on answering until
+// the kernel lets go of it.
+func (s *server) stop(dir string) error {
+	if err := unix.Unmount(dir, 0); err != nil {
+		if derr := unix.Unmount(dir, unix.MNT_DETACH); derr != nil {
+			return fmt.Errorf("unmount %s: %w", dir, errors.Join(err, derr))
+		}
+		return nil
+	}
+	select {
+	case <-s.done:
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("the FUSE connection of %s did not end 30 s after the unmount", dir)
+	}
+	s.handlers.Wait()
+	return s.file.Close()
+}
+
+// handle answers one request.
+func (s *server) handle(req []byte) {
+	h := (*gofuse.InHeader)(unsafe.Pointer(&req[0]))
+	switch h.Opcode {
+	case opLookup:
+		name := req[unsafe.Sizeof(gofuse.InHeader{}):]
+		if len(name) > 0 && name[len(name)-1] == 0 {
+			name = name[:len(name)-1]
+		}
+		if h.NodeId != rootID || string(name) != s.name {
+			s.reply(h, unix.ENOENT, nil, nil)
+			return
+		}
+		out := gofuse.EntryOut{NodeId: fileID, Generation: 1}
+		out.SetEntryTimeout(ttl)
+		out.SetAttrTimeout(ttl)
+		out.Attr = s.attr(fileID)
+		s.reply(h, 0, bytesOf(&out), nil)
+	case opGetattr:
+		s.replyAttr(h)
+	case opSetattr:
+		r, ok := in[gofuse.SetAttrIn](req)
+		if !ok {
+			s.reply(h, unix.EINVAL, nil, nil)
+			return
+		}
+		if sz, ok := r.GetSize(); ok && h.NodeId == fileID && int64(sz) != s.dev.Size() {
+			s.reply(h, unix.EPERM, nil, nil) // the volume's size changes only through the engine
+			return
+		}
+		s.replyAttr(h) // modes, owners and times stay as they are
+	case opOpen:
+		if h.NodeId != fileID {
+			s.reply(h, unix.EISDIR, nil, nil)
+			return
+		}
+		// Direct I/O: no page cache in between, so every write reaches
+		// the engine and a flush from the loop device covers it. Parallel
+		// direct writes: the kernel takes the file's lock shared, not
+		// exclusive, for a write inside the file, so writes are submitted
+		// side by side (the engine orders overlapping ones itself, as for
+		// NBD).
+		out := gofuse.OpenOut{OpenFlags: gofuse.FOPEN_DIRECT_IO | gofuse.FOPEN_PARALLEL_DIRECT_WRITES}
+		s.reply(h, 0, bytesOf(&out), nil)
+	case opOpendir:
+		if h.NodeId != rootID {
+			s.reply(h, unix.ENOTDIR, nil, nil)
+			return
+		}
+		var out gofuse.OpenOut
+		s.reply(h, 0, bytesOf(&out), nil)
+	case opRead:
+		s.handleRead(h, req)
+	case opWrite:
+		s.handleWrite(h, req)
+	case opReaddir:
+		s.handleReaddir(h, req)
+	case opStatfs:
+		out := gofuse.StatfsOut{Blocks: uint64(s.dev.Size()) / 4096, Bsize: 4096, Frsize: 4096, NameLen: 255, Files: 1}
+		s.reply(h, 0, bytesOf(&out), nil)
+	case opFsync:
+		s.reply(h, s.errno("fsync", s.dev.Flush(context.Background())), nil, nil)
+	case opFallocate:
+		r, ok := in[gofuse.FallocateIn](req)
+		if !ok {
+			s.reply(h, unix.EINVAL, nil, nil)
+			return
+		}
+		s.reply(h, s.allocate(h, r), nil, nil)
+	case opRelease, opReleasedir, opFlush, opAccess, opDestroy:
+		s.reply(h, 0, nil, nil)
+	default:
+		s.reply(h, unix.ENOSYS, nil, nil) // xattrs, creating files, locks...: the kernel stops asking for most
+	}
+}
+
+func (s *server) attr(node uint64) gofuse.Attr {
+	a := gofuse.Attr{Ino: node, Owner: gofuse.Owner{Uid: s.uid, Gid: s.gid}, Blksize: 4096}
+	if node == rootID {
+		a.Mode, a.Nlink = syscall.S_IFDIR|0o755, 2
+		return a
+	}
+	a.Mode, a.Nlink = syscall.S_IFREG|0o600, 1
+	a.Size = uint64(s.dev.Size())
+	a.Blocks = a.Size / 512
+	return a
+}
+
+func (s *server) replyAttr(h *gofuse.InHeader) {
+	if h.NodeId != rootID && h.NodeId != fileID {
+		s.reply(h, unix.ENOENT, nil, nil)
+		return
+	}
+	out := gofuse.AttrOut{Attr: s.attr(h.NodeId)}
+	out.SetTimeout(ttl)
+	s.reply(h, 0, bytesOf(&out), nil)
+}
+
+func (s *server) handleRead(h *gofuse.InHeader, req []byte) {
+	r, ok := in[gofuse.ReadIn](req)
+	if !ok || r.Size > maxWrite || h.NodeId != fileID {
+		s.reply(h, unix.EINVAL, nil, nil)
+		return
+	}
+	size := s.dev.Size()
+	off := int64(r.Offset)
+	if off >= size {
+		s.reply(h, 0, nil, nil) // end of file
+		return
+	}
+	n := min(int64(r.Size), size-off)
+	pool := &s.small
+	if n > smallBuffer {
+		pool = &s.big
+	}
+	bp := pool.Get().(*[]byte)
+	defer pool.Put(bp)
+	p := (*bp)[:n]
+	if err := s.dev.ReadAt(context.Background(), p, off); err != nil {
+		s.reply(h, s.errno("read", err), nil, nil)
+		return
+	}
+	s.reply(h, 0, nil, p)
+}
+
+func (s *server) handleWrite(h *gofuse.InHeader, req []byte) {
+	r, ok := in[gofuse.WriteIn](req)
+	data := req[min(len(req), int(unsafe.Sizeof(gofuse.WriteIn{}))):]
+	if !ok || int(r.Size) != len(data) || h.NodeId != fileID {
+		s.reply(h, unix.EINVAL, nil, nil)
+		return
+	}
+	if int64(r.Offset)+int64(len(data)) > s.dev.Size() {
+		s.reply(h, unix.ENOSPC, nil, nil)
+		return
+	}
+	if err := s.dev.WriteAt(context.Background(), data, int64(r.Offset), false); err != nil {
+		s.reply(h, s.errno("write", err), nil, nil)
+		return
+	}
+	out := gofuse.WriteOut{Size: r.Size}
+	s.reply(h, 0, bytesOf(&out), nil)
+}
+
+func (s *server) allocate(h *gofuse.InHeader, r *gofuse.FallocateIn) syscall.Errno {
+	const punchHole, zeroRange = 0x02, 0x10 // FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE
+	if h.NodeId != fileID {
+		return unix.EINVAL
+	}
+	if int64(r.Offset+r.Length) > s.dev.Size() {
+		return unix.ENOSPC
+	}
+	if r.Mode&(punchHole|zeroRange) != 0 {
+		return s.errno("discard", s.dev.Unmap(context.Background(), int64(r.Offset), int64(r.Length))) // unmapped ranges read as zeros
+	}
+	return 0 // plain allocation: replicas allocate on write
+}
+
+// handleReaddir lists ".", ".." and the file, from the entry at the
+// request's offset, as many as fit.
+func (s *server) handleReaddir(h *gofuse.InHeader, req []byte) {
+	r, ok := in[gofuse.ReadIn](req)
+	if !ok || h.NodeId != rootID {
+		s.reply(h, unix.EINVAL, nil, nil)
+		return
+	}
+	entries := []struct {
+		ino  uint64
+		name string
+		typ  uint32
+	}{{rootID, ".", unix.DT_DIR}, {rootID, "..", unix.DT_DIR}, {fileID, s.name, unix.DT_REG}}
+	var out []byte
+	for i := int(min(r.Offset, uint64(len(entries)))); i < len(entries); i++ {
+		e := entries[i]
+		// struct fuse_dirent: ino, off (of the next entry), namelen, type,
+		// name, padded to 8 bytes.
+		size := (24 + len(e.name) + 7) &^ 7
+		if len(out)+size > int(r.Size) {
+			break
+		}
+		d := make([]byte, size)
+		*(*uint64)(unsafe.Pointer(&d[0])) = e.ino
+		*(*uint64)(unsafe.Pointer(&d[8])) = uint64(i + 1)
+		*(*uint32)(unsafe.Pointer(&d[16])) = uint32(len(e.name))
+		*(*uint32)(unsafe.Pointer(&d[20])) = e.typ
+		copy(d[24:], e.name)
+		out = append(out, d...)
+	}
+	s.reply(h, 0, nil, out)
+}
+
+func (s *server) errno(what string, err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, syscall.ENOSPC) {
+		return syscall.ENOSPC
+	}
+	s.log.Info("fuse request failed", "op", what, "error", err.Error())
+	return syscall.EIO
+}
