@@ -33,12 +33,7 @@ func secured(work, name string, tls bool) target {
 		tlsArgs = append(writePKI(filepath.Join(work, name+"-pki")), "--data-tls")
 	}
 	pass := func() ([]string, []*os.File) {
-		r, w, err := os.Pipe()
-		must(err)
-		_, err = w.Write(key)
-		must(err)
-		w.Close()
-		return append([]string{"--auth-key-fd", "3"}, tlsArgs...), []*os.File{r}
+		return append([]string{"--auth-key-fd", "3"}, tlsArgs...), []*os.File{keyPipe(key)}
 	}
 	return cairnWith(work, name, 1, 0, pass, pass)
 }

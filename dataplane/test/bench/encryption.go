@@ -22,13 +22,19 @@ func encrypted(work string) target {
 	return cairnWith(work, "cairn-3-enc", 3, 1, func() ([]string, []*os.File) {
 		key := make([]byte, volcrypt.KeySize)
 		rand.Read(key)
-		r, w, err := os.Pipe()
-		must(err)
-		_, err = w.Write(key)
-		must(err)
-		w.Close()
-		return []string{"--encryption-key-fd", "3", "--encryption-key-check", volcrypt.KeyCheck(key)}, []*os.File{r}
+		return []string{"--encryption-key-fd", "3", "--encryption-key-check", volcrypt.KeyCheck(key)}, []*os.File{keyPipe(key)}
 	}, nil)
+}
+
+// keyPipe is the read end of a pipe holding key, as the instance manager
+// hands a process its keys (the child's descriptor 3).
+func keyPipe(key []byte) *os.File {
+	r, w, err := os.Pipe()
+	must(err)
+	_, err = w.Write(key)
+	must(err)
+	must(w.Close())
+	return r
 }
 
 // encryptionTable measures cairn-3 and cairn-3-enc on the 4 KiB workloads
