@@ -76,6 +76,12 @@ type Conn struct {
 	cc     *grpc.ClientConn
 	cancel context.CancelFunc
 
+	// settled is closed when the first watch has delivered its snapshot
+	// or failed: until then "not current" means "not known yet", not
+	// "unreachable".
+	settled    chan struct{}
+	settleOnce sync.Once
+
 	mu      sync.Mutex
 	current bool // the stream is up and its snapshot arrived
 	procs   map[string]*imv1.Process
@@ -99,7 +105,7 @@ func (p *Pool) Get(addr string) (*Conn, error) {
 		return nil, fmt.Errorf("instance manager %s: %w", addr, err)
 	}
 	ctx, cancel := context.WithCancel(p.ctx)
-	c := &Conn{Addr: addr, Client: imv1.NewInstanceManagerServiceClient(cc), cc: cc, cancel: cancel, procs: map[string]*imv1.Process{}}
+	c := &Conn{Addr: addr, Client: imv1.NewInstanceManagerServiceClient(cc), cc: cc, cancel: cancel, procs: map[string]*imv1.Process{}, settled: make(chan struct{})}
 	p.conns[addr] = c
 	p.wg.Add(1)
 	go func() { defer p.wg.Done(); p.watch(ctx, c) }()
@@ -129,6 +135,27 @@ func (p *Pool) Close() {
 	p.mu.Unlock()
 	p.wg.Wait()
 }
+
+// FirstSyncWait bounds how long WaitSettled waits for a new connection's
+// first process watch.
+const FirstSyncWait = 3 * time.Second
+
+// WaitSettled waits, at most FirstSyncWait or until ctx ends, until the
+// connection's first watch has delivered the processes or failed. A
+// reconciler that reads a new connection (the manager has just started)
+// then reports what the instance manager runs, not "unknown" for the
+// moment the stream takes to come up.
+func (c *Conn) WaitSettled(ctx context.Context) {
+	t := time.NewTimer(FirstSyncWait)
+	defer t.Stop()
+	select {
+	case <-c.settled:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+func (c *Conn) settle() { c.settleOnce.Do(func() { close(c.settled) }) }
 
 // Processes returns a copy of the processes by name, and whether the copy
 // is current. When it is not (the stream is down, or not up yet), err says
@@ -162,6 +189,7 @@ func (p *Pool) watch(ctx context.Context, c *Conn) {
 			wasCurrent := c.current
 			c.current, c.lastErr = false, err
 			c.mu.Unlock()
+			c.settle()
 			if wasCurrent {
 				log.Info("lost the process watch; processes are unknown until it is back", "reason", err.Error())
 				p.opts.OnChange(c.Addr)
@@ -190,6 +218,7 @@ func (p *Pool) watchOnce(ctx context.Context, c *Conn) (gotSnapshot bool, err er
 				c.procs[pr.GetName()] = pr
 			}
 			c.current, c.lastErr, gotSnapshot = true, nil, true
+			c.settle()
 		case imv1.ProcessEvent_TYPE_UPDATE, imv1.ProcessEvent_TYPE_DELETE:
 			if !gotSnapshot || ev.GetSeq() != c.seq+1 {
 				c.mu.Unlock()
@@ -223,6 +252,9 @@ func (p *Pool) ForNode(ctx context.Context, c client.Reader, namespace, node str
 		im := &ims.Items[i]
 		if im.Spec.NodeName == node && im.Spec.Address != "" {
 			conn, err := p.Get(im.Spec.Address)
+			if err == nil {
+				conn.WaitSettled(ctx)
+			}
 			return conn, im, err
 		}
 	}

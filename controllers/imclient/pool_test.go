@@ -83,3 +83,27 @@ func TestPoolNoticesASilentInstanceManager(t *testing.T) {
 	g.Expect(im.Cmd.Process.Signal(syscall.SIGCONT)).To(Succeed())
 	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, 30*time.Second, 50*time.Millisecond).Should(BeTrue())
 }
+
+// TestWaitSettled: on a new connection WaitSettled returns once the first
+// watch has answered: to a running instance manager the copy is then
+// current (a reconciler reports its processes, not "unknown"); to an
+// address nothing listens on, the copy is not current and says why.
+func TestWaitSettled(t *testing.T) {
+	g := NewWithT(t)
+	im := imtest.Start(t, "n1", "", t.TempDir())
+	pool := New(Options{MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	defer pool.Close()
+	c, err := pool.Get(im.Addr)
+	g.Expect(err).NotTo(HaveOccurred())
+	c.WaitSettled(context.Background())
+	_, cur, _ := c.Processes()
+	g.Expect(cur).To(BeTrue(), "the first snapshot is in when WaitSettled returns")
+
+	im.Kill()
+	dead, err := pool.Get("127.0.0.1:1")
+	g.Expect(err).NotTo(HaveOccurred())
+	dead.WaitSettled(context.Background())
+	_, cur, werr := dead.Processes()
+	g.Expect(cur).To(BeFalse())
+	g.Expect(werr).To(HaveOccurred(), "a failed first watch settles with its cause")
+}

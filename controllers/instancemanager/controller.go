@@ -116,6 +116,7 @@ func observe(ctx context.Context, pool *imclient.Pool, im *v1.InstanceManager) {
 		markUnknown(im)
 		return
 	}
+	conn.WaitSettled(ctx)
 	procs, current, werr := conn.Processes()
 	if !current {
 		im.Status.State = v1.InstanceManagerStateUnknown
