@@ -374,7 +374,7 @@ func TestUpdateRules(t *testing.T) {
 // both in the installed CRDs and in real kubectl output.
 func TestPrinterColumns(t *testing.T) {
 	want := map[string][]string{
-		"volumes":          {"State", "Robustness", "Size", "Replicas", "Node", "Frontend", "Endpoint", "Age"},
+		"volumes":          {"State", "Robustness", "Size", "Used", "Replicas", "Node", "Frontend", "Endpoint", "Age"},
 		"engines":          {"State", "Volume", "Node", "Endpoint", "Size", "Age"},
 		"replicas":         {"State", "Volume", "Node", "Disk", "Failed", "Address", "Age"},
 		"instancemanagers": {"State", "Node", "Address", "Age"},

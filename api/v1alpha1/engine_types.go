@@ -233,6 +233,12 @@ type EngineStatus struct {
 	// +optional
 	Size *resource.Quantity `json:"size,omitempty"`
 
+	// actualSize is the data an RW replica holds for the volume, its live
+	// layer and every snapshot (holes take no space), as the engine last
+	// sampled it (at most every 10 s, and after each snapshot change).
+	// +optional
+	ActualSize *resource.Quantity `json:"actualSize,omitempty"`
+
 	// replicaModeMap maps each replica the engine uses to its mode, as the
 	// engine's status stream last reported it. Empty while the engine is
 	// not running or its stream is not connected.

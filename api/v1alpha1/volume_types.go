@@ -271,8 +271,9 @@ type VolumeStatus struct {
 	// +optional
 	Size *resource.Quantity `json:"size,omitempty"`
 
-	// actualSize is the space the volume's data takes on disk in its largest
-	// replica, snapshots included.
+	// actualSize is the data one replica holds for the volume, snapshots
+	// included (holes take no space): the engine's status.actualSize while
+	// attached, its last value while detached.
 	// +optional
 	ActualSize *resource.Quantity `json:"actualSize,omitempty"`
 
@@ -295,6 +296,7 @@ type VolumeStatus struct {
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`,description="Life-cycle phase"
 // +kubebuilder:printcolumn:name="Robustness",type=string,JSONPath=`.status.robustness`,description="Redundancy left"
 // +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.spec.size`,description="Requested capacity"
+// +kubebuilder:printcolumn:name="Used",type=string,JSONPath=`.status.actualSize`,description="Data one replica holds, snapshots included",priority=1
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.numberOfReplicas`,description="Requested replicas"
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.currentNodeName`,description="Node it is attached to"
 // +kubebuilder:printcolumn:name="Frontend",type=string,JSONPath=`.spec.frontend`,priority=1

@@ -237,6 +237,11 @@ func (in *EngineStatus) DeepCopyInto(out *EngineStatus) {
 		x := (*in).DeepCopy()
 		*out = &x
 	}
+	if in.ActualSize != nil {
+		in, out := &in.ActualSize, &out.ActualSize
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.ReplicaModeMap != nil {
 		in, out := &in.ReplicaModeMap, &out.ReplicaModeMap
 		*out = make(map[string]ReplicaMode, len(*in))

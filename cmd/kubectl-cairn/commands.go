@@ -60,6 +60,7 @@ type volumeView struct {
 	State      string        `json:"state"`
 	Robustness string        `json:"robustness"`
 	Size       string        `json:"size"`
+	Used       string        `json:"used,omitempty"`
 	Node       string        `json:"node,omitempty"`
 	Engine     *engineView   `json:"engine,omitempty"`
 	Replicas   []replicaView `json:"replicas"`
@@ -133,6 +134,9 @@ func (objs *objects) replicasOf(vol string) []v1.Replica {
 func view(objs *objects, v *v1.Volume) volumeView {
 	vv := volumeView{Name: v.Name, State: orDash(string(v.Status.State)), Robustness: orDash(string(v.Status.Robustness)),
 		Size: v.Spec.Size.String(), Node: v.Status.CurrentNodeName}
+	if v.Status.ActualSize != nil {
+		vv.Used = v.Status.ActualSize.String()
+	}
 	e := objs.engineOf(v.Name)
 	if e != nil {
 		vv.Engine = &engineView{Name: e.Name, Node: e.Spec.NodeName, State: orDash(string(e.Status.InstanceState))}
@@ -191,23 +195,23 @@ func (o *options) volumes(ctx context.Context) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(o.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tROBUSTNESS\tSIZE\tNODE\tMODE\tHEALTH")
+	fmt.Fprintln(tw, "NAME\tSTATE\tROBUSTNESS\tSIZE\tUSED\tNODE\tMODE\tHEALTH")
 	for _, v := range views {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\t\n", v.Name, v.State, v.Robustness, v.Size, orDash(v.Node))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\t\n", v.Name, v.State, v.Robustness, v.Size, orDash(v.Used), orDash(v.Node))
 		n := len(v.Replicas)
 		if v.Engine != nil {
 			branch := "├─"
 			if n == 0 {
 				branch = "└─"
 			}
-			fmt.Fprintf(tw, "%s engine/%s\t%s\t\t\t%s\t\t\n", branch, v.Engine.Name, v.Engine.State, orDash(v.Engine.Node))
+			fmt.Fprintf(tw, "%s engine/%s\t%s\t\t\t\t%s\t\t\n", branch, v.Engine.Name, v.Engine.State, orDash(v.Engine.Node))
 		}
 		for i, r := range v.Replicas {
 			branch := "├─"
 			if i == n-1 {
 				branch = "└─"
 			}
-			fmt.Fprintf(tw, "%s replica/%s\t%s\t\t\t%s\t%s\t%s\n", branch, r.Name, r.State, orDash(r.Node), orDash(r.Mode), r.Health)
+			fmt.Fprintf(tw, "%s replica/%s\t%s\t\t\t\t%s\t%s\t%s\n", branch, r.Name, r.State, orDash(r.Node), orDash(r.Mode), r.Health)
 		}
 	}
 	return tw.Flush()

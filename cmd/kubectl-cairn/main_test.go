@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -107,6 +108,8 @@ func TestPlugin(t *testing.T) {
 
 	volume("good", "a", func(v *v1.Volume) {
 		v.Status.State, v.Status.Robustness, v.Status.CurrentNodeName = v1.VolumeStateAttached, v1.VolumeRobustnessHealthy, "a"
+		used := resource.MustParse("300Mi")
+		v.Status.ActualSize = &used
 		v.Status.Conditions = []metav1.Condition{cond(v1.VolumeConditionScheduled, true, "AsExpected", "all placed")}
 	})
 	engine("good", "a", map[string]v1.ReplicaMode{"good-r-0": v1.ReplicaModeRW, "good-r-1": v1.ReplicaModeRW}, nil)
@@ -167,6 +170,9 @@ func TestPlugin(t *testing.T) {
 	}
 	contains(out, "NAME", "good", "attached", "healthy", "├─ engine/good-e", "replica/good-r-1", "└─ replica/sick-r-2", "rebuilding", "unscheduled")
 	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "good" && !slices.Equal(f[3:6], []string{"1Gi", "300Mi", "a"}) {
+			t.Errorf("good's line (size, used, node): %q", line)
+		}
 		if strings.Contains(line, "replica/good-r-1") && !(strings.Contains(line, " b ") && strings.Contains(line, "RW") && strings.Contains(line, "healthy")) {
 			t.Errorf("good-r-1's line: %q", line)
 		}

@@ -87,6 +87,9 @@ func applyWatchStatus(e *v1.Engine, vs *enginev1.VolumeStatus) {
 		st.Snapshots[s.GetName()] = info
 	}
 	st.Size = resource.NewQuantity(vs.GetSize(), resource.BinarySI)
+	if vs.ActualSize != nil { // else not sampled yet: keep the last known
+		st.ActualSize = resource.NewQuantity(vs.GetActualSize(), resource.BinarySI)
+	}
 	st.Clone = nil
 	if c := vs.GetClone(); c != nil {
 		st.Clone = &v1.EngineCloneStatus{Address: c.GetSource(), Snapshot: c.GetSnapshot(), State: v1.RebuildState(c.GetState()),

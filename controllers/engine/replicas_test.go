@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -56,7 +57,7 @@ func TestApplyWatchStatus(t *testing.T) {
 			{Replica: "y:1,y:2", Source: "x:1,x:2", State: "failed", StartedUnixNano: 1},
 			{Replica: "y:1,y:2", Source: "x:1,x:2", State: "in-progress", BytesDone: 1 << 20, BytesTotal: 4 << 20, DirtyOnly: true, StartedUnixNano: 2},
 		},
-		Snapshots: []*enginev1.Snapshot{{Name: "s1", UserCreated: true, DataBytes: 4096}}})
+		Snapshots: []*enginev1.Snapshot{{Name: "s1", UserCreated: true, DataBytes: 4096}}, ActualSize: proto.Int64(12288)})
 	st := e.Status
 	if len(st.ReplicaModeMap) != 2 || st.ReplicaModeMap["r1"] != v1.ReplicaModeRW || st.ReplicaModeMap["r2"] != v1.ReplicaModeWO {
 		t.Fatalf("modes %v", st.ReplicaModeMap)
@@ -67,6 +68,14 @@ func TestApplyWatchStatus(t *testing.T) {
 	}
 	if st.Size.Value() != 8<<20 || !st.Snapshots["s1"].UserCreated || st.Snapshots["s1"].Size.Value() != 4096 {
 		t.Fatalf("size %v snapshots %v", st.Size, st.Snapshots)
+	}
+	if st.ActualSize == nil || st.ActualSize.Value() != 12288 {
+		t.Fatalf("actual size %v", st.ActualSize)
+	}
+	// A status without it (not sampled yet) keeps the last one known.
+	applyWatchStatus(e, &enginev1.VolumeStatus{Size: 8 << 20})
+	if e.Status.ActualSize == nil || e.Status.ActualSize.Value() != 12288 {
+		t.Fatalf("actual size after a status without it: %v", e.Status.ActualSize)
 	}
 }
 

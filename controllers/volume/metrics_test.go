@@ -119,6 +119,12 @@ func TestMetrics(t *testing.T) {
 	g.Expect(value(fams, "cairn_volume_operation_bytes_total", map[string]string{"volume": "metered", "op": "read"})).To(BeNumerically(">=", 4<<20))
 	g.Expect(value(fams, "cairn_volume_operation_duration_seconds", writes)).To(BeNumerically(">", 0), "latency histogram")
 	g.Expect(value(fams, "cairn_volume_operation_errors_total", writes)).To(Equal(0.0))
+	// The data written shows in the Volume's actual size (the engine
+	// samples it every 10 s) and its gauge.
+	g.Eventually(func() float64 {
+		return value(scrape(g, srv.URL), "cairn_volume_actual_size_bytes", vl)
+	}, timeout, 200*time.Millisecond).Should(Equal(float64(4 << 20)))
+	g.Expect(getVolume(g, key).Status.ActualSize.Value()).To(Equal(int64(4 << 20)))
 	rw := 0
 	for _, m := range fams["cairn_replica_mode"].GetMetric() {
 		l := map[string]string{}

@@ -62,6 +62,9 @@ func computeStatus(s *scope) {
 	case v.Spec.NodeName != "" && engineRunning:
 		st.State = v1.VolumeStateAttached
 		st.Endpoint, st.CurrentNodeName, st.Size = e.Status.Endpoint, e.Spec.NodeName, e.Status.Size
+		if e.Status.ActualSize != nil {
+			st.ActualSize = e.Status.ActualSize
+		}
 		cond(v1.ConditionReady, true, v1.ReasonAsExpected, "attached to "+e.Spec.NodeName+" at "+e.Status.Endpoint)
 	case v.Spec.NodeName != "" && !Cloned(v) && (s.clone == nil || s.clone.State != v1.CloneStateCompleted):
 		st.State = v1.VolumeStateAttaching

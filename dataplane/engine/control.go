@@ -154,15 +154,22 @@ func (e *Engine) Snapshot(ctx context.Context, name string) error {
 
 // Snapshots lists the snapshots as the first RW replica reports them.
 func (e *Engine) Snapshots(ctx context.Context) ([]SnapshotInfo, error) {
-	rs := e.readable()
-	if len(rs) == 0 {
-		return nil, fmt.Errorf("%w: no RW replica", ErrNoReplica)
-	}
-	info, err := rs[0].ctl.Info(ctx)
+	info, err := e.LayerInfo(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return info.Snapshots, nil
+}
+
+// LayerInfo returns what an RW replica reports of its layers: its
+// snapshots, oldest first, and the data its head layer holds (HeadBytes).
+// The replicas in RW mode hold the same data, so one answers for all.
+func (e *Engine) LayerInfo(ctx context.Context) (ReplicaInfo, error) {
+	rs := e.readable()
+	if len(rs) == 0 {
+		return ReplicaInfo{}, fmt.Errorf("%w: no RW replica", ErrNoReplica)
+	}
+	return rs[0].ctl.Info(ctx)
 }
 
 // ErrSnapshotNotFound is what a Replica returns (wrapped) for a missing

@@ -329,7 +329,7 @@ func waitClone(ctx context.Context, c enginev1.EngineServiceClient, out io.Write
 // statusLine is one Watch message on one line.
 func statusLine(st *enginev1.VolumeStatus) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d: %s, %s, epoch %d; replicas", st.Seq, human(st.Size), st.Robustness, st.Epoch)
+	fmt.Fprintf(&b, "%d: %s (%s of data), %s, epoch %d; replicas", st.Seq, human(st.Size), human(st.GetActualSize()), st.Robustness, st.Epoch)
 	for _, r := range st.Replicas {
 		fmt.Fprintf(&b, " %s %s", r.Mode, r.Address)
 	}

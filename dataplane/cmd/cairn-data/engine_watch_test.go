@@ -114,7 +114,8 @@ func TestEngineWatch(t *testing.T) {
 	w := watchEngine(t, v.engine.control)
 	first := w.next(10*time.Second, "the first status", func(*enginev1.VolumeStatus) bool { return true })
 	if first.Name != "vol" || first.Size != 32<<20 || first.Robustness != "healthy" || len(first.Replicas) != 3 ||
-		first.Endpoint != v.sock || first.EndpointKind != "nbd-socket" || len(first.Snapshots) != 0 || first.Epoch == 0 {
+		first.Endpoint != v.sock || first.EndpointKind != "nbd-socket" || len(first.Snapshots) != 0 || first.Epoch == 0 ||
+		first.GetActualSize() != 16<<20 {
 		t.Fatalf("first status: %v", first)
 	}
 	for _, r := range first.Replicas {
@@ -137,6 +138,13 @@ func TestEngineWatch(t *testing.T) {
 
 	v.ctl(t, "snapshot", "create", "s1")
 	w.next(5*time.Second, "snapshot s1", func(st *enginev1.VolumeStatus) bool { return hasSnapshot(st, "s1") })
+	// The actual size counts the head and every snapshot; a snapshot call
+	// has it sampled at once (not at the next 10 s sample).
+	qemuIO(t, v.uri, "write -P 0x6b 20M 4M", "flush")
+	v.ctl(t, "snapshot", "create", "s2")
+	w.next(5*time.Second, "snapshot s2 and actual size 20Mi", func(st *enginev1.VolumeStatus) bool {
+		return hasSnapshot(st, "s2") && st.GetActualSize() == 20<<20
+	})
 	v.ctl(t, "expand", "64Mi")
 	w.next(5*time.Second, "size 64Mi", func(st *enginev1.VolumeStatus) bool { return st.Size == 64<<20 })
 

@@ -45,7 +45,7 @@ type Server struct {
 	DialSource func(ctx context.Context, address string) (engine.CloneSource, error)
 
 	resizing sync.Mutex // one Resize at a time, to the engine's latest size
-	watch    watchers   // the Watch streams and what they were sent // the Watch streams and what they were sent
+	watch    watchers   // the Watch streams and what they were sent
 }
 
 func grpcErr(err error) error {
@@ -153,12 +153,16 @@ func (s *Server) snapshots(ctx context.Context) ([]*enginev1.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
+	return snapshotsOut(snaps), nil
+}
+
+func snapshotsOut(snaps []engine.SnapshotInfo) []*enginev1.Snapshot {
 	var out []*enginev1.Snapshot
 	for _, x := range snaps {
 		out = append(out, &enginev1.Snapshot{Name: x.Name, Parent: x.Parent,
 			CreatedUnixNano: x.Created.UnixNano(), UserCreated: x.UserCreated, DataBytes: x.DataBytes})
 	}
-	return out, nil
+	return out
 }
 
 func (s *Server) SnapshotDelete(ctx context.Context, req *enginev1.SnapshotDeleteRequest) (*enginev1.SnapshotDeleteResponse, error) {

@@ -25,6 +25,13 @@ const watchInterval = 200 * time.Millisecond
 // sample; when it fails, the status keeps the snapshots it had.
 const snapshotTimeout = 2 * time.Second
 
+// usageInterval is how often a sample takes the replica's data bytes
+// (VolumeStatus.actual_size) anew: they change with nearly every write to
+// a new block, and each change is a status update the reconciler writes
+// to the API server. A call through this server that may change them
+// (snapshot, revert, expand...) has the next sample take them at once.
+const usageInterval = 10 * time.Second
+
 // watchers is what a Server's Watch streams share: the latest status and
 // its seq, and one sampler goroutine while any stream is open.
 type watchers struct {
@@ -35,6 +42,12 @@ type watchers struct {
 	updated  chan struct{}          // closed, and replaced, when latest is
 	poke     chan struct{}          // asks the sampler to look now (one pending at most)
 	sampling sync.Mutex             // one sample at a time
+	// usageAt is when a sample last took the actual size (under
+	// sampling); zeroed by changed.
+	usageAt time.Time
+	// usageStale: a call changed the layers; the next sample takes the
+	// actual size whatever usageAt says.
+	usageStale bool
 }
 
 func (w *watchers) initLocked() {
@@ -112,6 +125,7 @@ func (s *Server) changed() {
 	w := &s.watch
 	w.mu.Lock()
 	poke := w.poke
+	w.usageStale = true
 	w.mu.Unlock()
 	select {
 	case poke <- struct{}{}: // nil (nobody ever watched): never ready
@@ -143,13 +157,34 @@ func (s *Server) sample(ctx context.Context) {
 	st := &enginev1.VolumeStatus{Name: s.Name, Size: s.E.Size(), Frontend: s.Frontend, Endpoint: s.Endpoint,
 		EndpointKind: string(s.EndpointKind), Socket: s.Socket, Fallback: s.Fallback,
 		Robustness: s.E.Robustness(), Epoch: s.E.Epoch(), Replicas: s.replicas(), Rebuilds: s.rebuilds(), Clone: s.cloneStatus()}
+	w.mu.Lock()
+	stale := w.usageStale
+	w.usageStale = false
+	w.mu.Unlock()
 	sctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
-	snaps, err := s.snapshots(sctx)
+	info, err := s.E.LayerInfo(sctx)
 	cancel()
-	if err != nil {
-		snaps = prev.GetSnapshots() // no RW replica to ask, or it did not answer
+	// Without an answer (no RW replica, or it did not answer) the status
+	// keeps what it had.
+	st.Snapshots = prev.GetSnapshots()
+	if prev != nil {
+		st.ActualSize = prev.ActualSize
 	}
-	st.Snapshots = snaps
+	if err == nil {
+		st.Snapshots = snapshotsOut(info.Snapshots)
+		if stale || w.usageAt.IsZero() || time.Since(w.usageAt) >= usageInterval {
+			n := info.HeadBytes
+			for _, sn := range info.Snapshots {
+				n += sn.DataBytes
+			}
+			st.ActualSize = &n
+			w.usageAt = time.Now()
+		}
+	} else if stale {
+		w.mu.Lock()
+		w.usageStale = true // for the next sample that gets an answer
+		w.mu.Unlock()
+	}
 	st.Seq = prev.GetSeq()
 	if prev != nil && proto.Equal(st, prev) {
 		return

@@ -1795,7 +1795,12 @@ type VolumeStatus struct {
 	// no replica is RW.
 	Snapshots []*Snapshot `protobuf:"bytes,13,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
 	// The last CloneFrom's progress; absent if none was asked for.
-	Clone         *Clone `protobuf:"bytes,14,opt,name=clone,proto3" json:"clone,omitempty"`
+	Clone *Clone `protobuf:"bytes,14,opt,name=clone,proto3" json:"clone,omitempty"`
+	// Bytes of data an RW replica holds for the volume, its head layer and
+	// every snapshot: the disk space one replica takes (holes excluded).
+	// Sampled at most every 10 s, and after a snapshot call; absent until
+	// a replica has answered.
+	ActualSize    *int64 `protobuf:"varint,15,opt,name=actual_size,json=actualSize,proto3,oneof" json:"actual_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1928,6 +1933,13 @@ func (x *VolumeStatus) GetClone() *Clone {
 	return nil
 }
 
+func (x *VolumeStatus) GetActualSize() int64 {
+	if x != nil && x.ActualSize != nil {
+		return *x.ActualSize
+	}
+	return 0
+}
+
 var File_engine_v1_engine_proto protoreflect.FileDescriptor
 
 const file_engine_v1_engine_proto_rawDesc = "" +
@@ -2041,7 +2053,7 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x05unmap\x18\x04 \x01(\v2\x1a.cairn.engine.v1.OpMetricsR\x05unmap\x12;\n" +
 	"\breplicas\x18\x05 \x03(\v2\x1f.cairn.engine.v1.ReplicaMetricsR\breplicas\x12*\n" +
 	"\x11latency_bounds_ns\x18\x06 \x03(\x03R\x0flatencyBoundsNs\"\x0e\n" +
-	"\fWatchRequest\"\xe2\x03\n" +
+	"\fWatchRequest\"\x98\x04\n" +
 	"\fVolumeStatus\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -2059,7 +2071,10 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\breplicas\x18\v \x03(\v2\x18.cairn.engine.v1.ReplicaR\breplicas\x124\n" +
 	"\brebuilds\x18\f \x03(\v2\x18.cairn.engine.v1.RebuildR\brebuilds\x127\n" +
 	"\tsnapshots\x18\r \x03(\v2\x19.cairn.engine.v1.SnapshotR\tsnapshots\x12,\n" +
-	"\x05clone\x18\x0e \x01(\v2\x16.cairn.engine.v1.CloneR\x05clone2\xf3\t\n" +
+	"\x05clone\x18\x0e \x01(\v2\x16.cairn.engine.v1.CloneR\x05clone\x12$\n" +
+	"\vactual_size\x18\x0f \x01(\x03H\x00R\n" +
+	"actualSize\x88\x01\x01B\x0e\n" +
+	"\f_actual_size2\xf3\t\n" +
 	"\rEngineService\x12U\n" +
 	"\n" +
 	"VolumeInfo\x12\".cairn.engine.v1.VolumeInfoRequest\x1a#.cairn.engine.v1.VolumeInfoResponse\x12X\n" +
@@ -2184,6 +2199,7 @@ func file_engine_v1_engine_proto_init() {
 	if File_engine_v1_engine_proto != nil {
 		return
 	}
+	file_engine_v1_engine_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
