@@ -44,7 +44,7 @@ func encryptionTable(work string, targets map[string]func(string) target) {
 	defer func() { workloads, direct = saved, savedDirect }()
 	workloads, direct = nil, false
 	for _, w := range saved {
-		if strings.HasPrefix(w.name, "4k ") {
+		if strings.HasPrefix(w.name, "4k ") && !strings.Contains(w.name, "QD16") { // QD32 and QD1 say it
 			workloads = append(workloads, w)
 		}
 	}
