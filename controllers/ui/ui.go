@@ -178,6 +178,7 @@ type (
 	}
 	volumeRow struct {
 		Name, State, Robustness, Size, Node string
+		Used                                string // status.actualSize; "" until reported
 		Replicas, RW                        int
 		Reads, Writes                       Spark
 		Message                             string
@@ -243,6 +244,9 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 	for _, v := range vols.Items {
 		row := volumeRow{Name: v.Name, State: string(v.Status.State), Robustness: string(v.Status.Robustness),
 			Size: v.Spec.Size.String(), Node: v.Status.CurrentNodeName}
+		if v.Status.ActualSize != nil {
+			row.Used = v.Status.ActualSize.String()
+		}
 		if row.Robustness == "" {
 			row.Robustness = "unknown"
 		}

@@ -78,12 +78,22 @@ func TestUI(t *testing.T) {
 		page.Sample(ctx)
 	}
 
+	// The data written (12 MiB at most, from offset 0) as the volume's
+	// actual size, which the engine samples every 10 s.
+	g.Eventually(func() string {
+		if q := getVolume(g, key).Status.ActualSize; q != nil {
+			return q.String()
+		}
+		return ""
+	}, timeout, 200*time.Millisecond).Should(Equal("12Mi"))
+
 	dom := chromium(t, srv.URL, os.Getenv("CAIRN_UI_SCREENSHOT"))
 	row := regexp.MustCompile(`(?s)<tr class="volume" data-volume="shown">.*?</tr>`).FindString(dom)
 	g.Expect(row).NotTo(BeEmpty(), "the volume's row:\n%s", dom)
 	g.Expect(row).To(ContainSubstring(`<span class="badge attached">attached</span>`))
 	g.Expect(row).To(ContainSubstring(`<span class="badge healthy">healthy</span>`))
 	g.Expect(row).To(ContainSubstring("ui-a"))
+	g.Expect(row).To(ContainSubstring(`<td class="used">12Mi</td>`))
 	g.Expect(row).To(MatchRegexp(`<svg class="spark reads"[^>]*><polyline points="[0-9., ]+"`), "a read sparkline")
 	g.Expect(row).To(MatchRegexp(`<svg class="spark writes"[^>]*><polyline points="[0-9., ]+"`), "a write sparkline")
 	for _, n := range []string{"ui-a", "ui-b"} {
