@@ -57,6 +57,10 @@ type rebuild struct {
 	done   atomic.Int64
 	copied atomic.Int64
 	fin    chan struct{}
+	// copyTime (copy and verify) and syncTime are how long each phase of
+	// copyAndVerify took, logged when the rebuild completes; written by
+	// the rebuild's goroutine only.
+	copyTime, syncTime time.Duration
 }
 
 func (rb *rebuild) status() RebuildStatus {
@@ -182,7 +186,8 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 		}
 		e.log.Info("rebuild ended", "replica", dst.addr, "state", string(st), "error", err.Error())
 	} else {
-		e.log.Info("rebuild complete", "replica", dst.addr, "copied", rb.copied.Load())
+		e.log.Info("rebuild complete", "replica", dst.addr, "copied", rb.copied.Load(),
+			"copyAndVerify", rb.copyTime.String(), "sync", rb.syncTime.String())
 	}
 	if rb.st.Snapshot == "" {
 		return
@@ -253,130 +258,162 @@ func (e *Engine) removeDoneSnapshots() {
 }
 
 // copyAndVerify copies into dst what it lacks below the rebuild
-// snapshot, then compares checksums: for a dirty-only rebuild, the dirty
-// regions of the view at each snapshot it missed and at the rebuild
-// snapshot, written whole (zeros included, so none of the target's stale
-// data shows through the source's holes) into that snapshot's layer; for
-// a full one, every layer's own data into the same layer of the target
-// (emptied before it joined).
+// snapshot and compares checksums of every chunk on both sides: for a
+// dirty-only rebuild, the dirty regions of the view at each snapshot it
+// missed and at the rebuild snapshot, written whole (zeros included, so
+// none of the target's stale data shows through the source's holes) into
+// that snapshot's layer; for a full one, every layer's own data into the
+// same layer of the target (emptied before it joined). Then it makes the
+// target's layers durable.
+//
+// A chunk is verified as soon as it is written, not after the whole copy:
+// the layers a rebuild reads cannot change while it runs (they cannot be
+// deleted, and only the rebuild writes the target's), and a chunk of a
+// layer is written by that chunk's copy alone, so the checksums compare
+// what they would at the end. Layers are copied one after the other, so
+// the view at a layer (dirty-only) is complete below it when verified.
+// Making the data durable does not change it: the sync comes last, before
+// the target is promoted.
 func (e *Engine) copyAndVerify(ctx context.Context, rb *rebuild, src, dst *member, regions []span) error {
 	layers := rb.st.Layers
 	if rb.st.DirtyOnly {
 		layers = rb.dirtyLayers
 	}
+	t := time.Now()
 	for _, l := range layers {
 		if err := e.copyLayer(ctx, rb, src, dst, l, regions); err != nil {
 			return err
 		}
 	}
+	rb.copyTime, t = time.Since(t), time.Now()
 	if err := dst.ctl.SyncLayers(ctx); err != nil {
 		return fmt.Errorf("sync %s: %w", dst.addr, err)
 	}
+	rb.syncTime = time.Since(t)
+	return nil
+}
+
+// RebuildInFlight is how many chunks a rebuild copies at once. Each
+// chunk's calls (read from the source, write to the target, checksum on
+// both) run one after the other; several chunks in flight keep both
+// replicas, their disks and the network busy while any one call waits.
+const RebuildInFlight = 4
+
+// copyLayer copies the regions of snapshot layer l from src to dst, and
+// verifies them, RebuildInFlight chunks at a time (copyChunk). The first
+// error stops the others and is returned.
+func (e *Engine) copyLayer(ctx context.Context, rb *rebuild, src, dst *member, l string, regions []span) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		once  sync.Once
+		first error
+		wg    sync.WaitGroup
+	)
+	fail := func(err error) {
+		once.Do(func() { first = err })
+		cancel()
+	}
+	chunks := make(chan span)
+	for range RebuildInFlight {
+		wg.Go(func() {
+			for c := range chunks {
+				if err := e.copyChunk(ctx, rb, src, dst, l, c.off, c.n); err != nil {
+					fail(err)
+					return
+				}
+			}
+		})
+	}
+	err := eachChunk(regions, func(off, n int64) error {
+		select {
+		case chunks <- span{off, n}:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	close(chunks)
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+// copyChunk copies [off, off+n) of layer l from src to dst, the view,
+// filled (dirty-only), or the layer's own extents (full), then compares
+// the checksums of that range on both sides.
+func (e *Engine) copyChunk(ctx context.Context, rb *rebuild, src, dst *member, l string, off, n int64) error {
+	read := src.ctl.ReadLayer
+	if rb.st.DirtyOnly {
+		read = src.ctl.ReadSnapshot
+	}
+	ext, err := read(ctx, l, off, n)
+	if err != nil {
+		return fmt.Errorf("read snapshot %s from %s: %w", l, src.addr, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if e.modeOf(dst) != ModeWO {
+		return errors.New("the replica failed during the rebuild")
+	}
+	if rb.st.DirtyOnly {
+		// The target may hold stale data here, even where the source
+		// has holes: write the whole region, zeros included.
+		buf := make([]byte, n)
+		for _, x := range ext {
+			copy(buf[x.Offset-off:], x.Data)
+		}
+		ext = []Extent{{Offset: off, Data: buf}}
+	}
+	for _, x := range ext {
+		if err := dst.ctl.WriteLayer(ctx, l, x.Data, x.Offset); err != nil {
+			return fmt.Errorf("write snapshot %s to %s: %w", l, dst.addr, err)
+		}
+		rb.copied.Add(int64(len(x.Data)))
+		if !rb.st.DirtyOnly {
+			rb.done.Add(int64(len(x.Data)))
+		}
+	}
+	if err := e.verifyChunk(ctx, rb, src, dst, l, off, n); err != nil {
+		return err
+	}
+	if rb.st.DirtyOnly {
+		rb.done.Add(n)
+	}
+	return nil
+}
+
+// verifyChunk compares the checksums of [off, off+n) of layer l (its own
+// data, full) or of the view at l (dirty-only) on src and dst.
+func (e *Engine) verifyChunk(ctx context.Context, rb *rebuild, src, dst *member, l string, off, n int64) error {
 	sum := func(r Checksummer) func(context.Context, string, int64, int64) (uint32, error) {
 		if rb.st.DirtyOnly {
 			return r.Checksum
 		}
 		return r.LayerChecksum
 	}
-	for _, l := range layers {
-		err := eachChunk(regions, func(off, n int64) error {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			var a uint32
-			var aerr error
-			done := make(chan struct{})
-			go func() { // both sides at once: they are different processes
-				defer close(done)
-				a, aerr = sum(src.ctl)(ctx, l, off, n)
-			}()
-			b, err := sum(dst.ctl)(ctx, l, off, n)
-			<-done
-			if aerr != nil {
-				return fmt.Errorf("verify: checksum on %s: %w", src.addr, aerr)
-			}
-			if err != nil {
-				return fmt.Errorf("verify: checksum on %s: %w", dst.addr, err)
-			}
-			if a != b {
-				return fmt.Errorf("verify: snapshot %s, bytes %d..%d differ after the copy (%08x vs %08x)", l, off, off+n, a, b)
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
+	var a uint32
+	var aerr error
+	done := make(chan struct{})
+	go func() { // both sides at once: they are different processes
+		defer close(done)
+		a, aerr = sum(src.ctl)(ctx, l, off, n)
+	}()
+	b, err := sum(dst.ctl)(ctx, l, off, n)
+	<-done
+	if aerr != nil {
+		return fmt.Errorf("verify: checksum on %s: %w", src.addr, aerr)
+	}
+	if err != nil {
+		return fmt.Errorf("verify: checksum on %s: %w", dst.addr, err)
+	}
+	if a != b {
+		return fmt.Errorf("verify: snapshot %s, bytes %d..%d differ after the copy (%08x vs %08x)", l, off, off+n, a, b)
 	}
 	return nil
-}
-
-// copyLayer copies the regions of snapshot layer l from src to dst: the
-// view, filled (dirty-only), or the layer's own extents (full). The next
-// chunk is read from src while the current one is written to dst.
-func (e *Engine) copyLayer(ctx context.Context, rb *rebuild, src, dst *member, l string, regions []span) error {
-	type chunk struct {
-		off, n int64
-		ext    []Extent
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	chunks := make(chan chunk, 1)
-	readErr := make(chan error, 1)
-	go func() {
-		defer close(chunks)
-		readErr <- func() error {
-			read := src.ctl.ReadLayer
-			if rb.st.DirtyOnly {
-				read = src.ctl.ReadSnapshot
-			}
-			return eachChunk(regions, func(off, n int64) error {
-				ext, err := read(ctx, l, off, n)
-				if err != nil {
-					return fmt.Errorf("read snapshot %s from %s: %w", l, src.addr, err)
-				}
-				select {
-				case chunks <- chunk{off, n, ext}:
-					return nil
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			})
-		}()
-	}()
-	for c := range chunks {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if e.modeOf(dst) != ModeWO {
-			return errors.New("the replica failed during the rebuild")
-		}
-		ext := c.ext
-		if rb.st.DirtyOnly {
-			// The target may hold stale data here, even where the source
-			// has holes: write the whole region, zeros included.
-			buf := make([]byte, c.n)
-			for _, x := range ext {
-				copy(buf[x.Offset-c.off:], x.Data)
-			}
-			ext = []Extent{{Offset: c.off, Data: buf}}
-		}
-		for _, x := range ext {
-			if err := dst.ctl.WriteLayer(ctx, l, x.Data, x.Offset); err != nil {
-				return fmt.Errorf("write snapshot %s to %s: %w", l, dst.addr, err)
-			}
-			rb.copied.Add(int64(len(x.Data)))
-			if !rb.st.DirtyOnly {
-				rb.done.Add(int64(len(x.Data)))
-			}
-		}
-		if rb.st.DirtyOnly {
-			rb.done.Add(c.n)
-		}
-	}
-	if err := <-readErr; err != nil {
-		return err
-	}
-	return ctx.Err()
 }
 
 func (e *Engine) modeOf(m *member) Mode {

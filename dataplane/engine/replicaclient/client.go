@@ -148,7 +148,13 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 		return nil, err
 	}
 	cc, err := grpc.NewClient(ctlAddr, controlCreds(opts.ControlTLS),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20), grpc.ForceCodecV2(newCodec())),
+		// A rebuild moves its data in 4 MiB messages, several at once:
+		// windows that hold them whole, so that no sender waits for a
+		// window update mid-message, and buffers that write and read
+		// them in few system calls.
+		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(32<<20),
+		grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20))
 	if err != nil {
 		return nil, fmt.Errorf("control %s: %w", ctlAddr, err)
 	}

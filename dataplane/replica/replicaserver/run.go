@@ -68,7 +68,13 @@ func Start(r *replica.Replica, opts Options) *Running {
 		}
 	}()
 	if opts.Control != nil {
-		sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxControlMessage), grpc.MaxSendMsgSize(MaxControlMessage), grpcalive.Serve()}
+		sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxControlMessage), grpc.MaxSendMsgSize(MaxControlMessage), grpcalive.Serve(),
+			grpc.ForceServerCodecV2(newCodec()),
+			// A rebuild moves its data in 4 MiB messages, several at
+			// once: windows that hold them whole, so that no sender
+			// waits for a window update mid-message, and buffers that
+			// write and read them in few system calls.
+			grpc.InitialWindowSize(16 << 20), grpc.InitialConnWindowSize(32 << 20), grpc.WriteBufferSize(1 << 20), grpc.ReadBufferSize(1 << 20)}
 		if opts.ControlTLS != nil {
 			sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.ControlTLS)))
 		}
