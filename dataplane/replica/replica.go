@@ -91,6 +91,8 @@ type Replica struct {
 	size  atomic.Int64
 	dirty *dirtyMap
 	rmw   [64]sync.Mutex // read-modify-write of partial blocks, striped by block
+	// sums answers a rebuild's checksum of a chunk it just read.
+	sums sumCache
 }
 
 // Open opens the replica in dir, creating it (and dir) when dir holds no

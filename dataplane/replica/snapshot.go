@@ -227,7 +227,9 @@ func checkName(name string) error {
 func (r *Replica) lockChain(epoch *uint64) (unlock func(), err error) {
 	r.chainMu.Lock()
 	r.mu.Lock()
+	r.sums.changing()
 	unlock = func() {
+		r.sums.changed()
 		r.mu.Unlock()
 		r.chainMu.Unlock()
 	}
@@ -645,6 +647,7 @@ func (r *Replica) readExtents(name string, off, length int64, own bool) ([]Exten
 	if err != nil {
 		return nil, err
 	}
+	gen := r.sums.gen.Load()
 	var out []Extent
 	for b, end := off/BlockSize, (off+length)/BlockSize; b < end; {
 		li, n := r.resolveIn(b, end-b, top, own)
@@ -662,6 +665,7 @@ func (r *Replica) readExtents(name string, off, length int64, own bool) ([]Exten
 		}
 		b += n
 	}
+	r.sums.put(gen, sumKey{name, off, length, own}, out)
 	return out, nil
 }
 
@@ -699,6 +703,7 @@ func (r *Replica) writeLayer(epoch *uint64, name string, p []byte, off int64) er
 			return fmt.Errorf("write %s: %w", l.file, err)
 		}
 		l.idx.set(off/BlockSize, int64(len(p))/BlockSize)
+		r.sums.layerWritten()
 		return nil
 	})
 }
@@ -727,6 +732,9 @@ func (r *Replica) Checksum(name string, off, length int64) (uint32, error) {
 	if err != nil {
 		return 0, err
 	}
+	if crc, ok := r.sums.take(sumKey{name, off, length, false}); ok {
+		return crc, nil
+	}
 	h := crc32.New(castagnoli)
 	buf := make([]byte, min(length, 1<<20))
 	for done := int64(0); done < length; {
@@ -751,6 +759,9 @@ func (r *Replica) LayerChecksum(name string, off, length int64) (uint32, error) 
 	top, err := r.snapshotSpan(name, off, length, "layer checksums")
 	if err != nil {
 		return 0, err
+	}
+	if crc, ok := r.sums.take(sumKey{name, off, length, true}); ok {
+		return crc, nil
 	}
 	l := r.layers[top-1]
 	h := crc32.New(castagnoli)
