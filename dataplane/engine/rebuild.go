@@ -359,6 +359,9 @@ func (e *Engine) copyChunk(ctx context.Context, rb *rebuild, src, dst *member, l
 	if e.modeOf(dst) != ModeWO {
 		return errors.New("the replica failed during the rebuild")
 	}
+	// Every chunk's data is a buffer of its own, never reused: the
+	// replica client sends it without copying, and may still be sending
+	// it after a write that failed.
 	if rb.st.DirtyOnly {
 		// The target may hold stale data here, even where the source
 		// has holes: write the whole region, zeros included.

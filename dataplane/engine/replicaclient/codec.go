@@ -58,7 +58,9 @@ const (
 // marshalLayerWrite encodes m as the proto codec would, less the order of
 // its fields: the others first, then the data (a field may come in any
 // order), which the returned slice references without copying it. The
-// caller does not change m.Data until the call returns.
+// caller must not change m.Data afterwards, not even after a call that
+// failed: the transport may still be sending a cancelled call's frames (a
+// rebuild writes every chunk from a buffer of its own).
 func marshalLayerWrite(m *replicav1.LayerWriteRequest) (mem.BufferSlice, error) {
 	head, err := proto.Marshal(&replicav1.LayerWriteRequest{Snapshot: m.GetSnapshot(), Offset: m.GetOffset(), Epoch: m.GetEpoch()})
 	if err != nil {
