@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cairn-io/cairn/dataplane/internal/uring"
 )
 
 // TestBlockFile writes and reads a layer file, with direct I/O and
@@ -35,6 +37,11 @@ func testBlockFile(t *testing.T, direct bool) {
 	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
 	if err != nil || (fl&unix.O_DIRECT != 0) != direct {
 		t.Fatalf("O_DIRECT is %v, want %v (flags %#x, %v)", fl&unix.O_DIRECT != 0, direct, fl, err)
+	}
+	if _, uerr := uring.Shared(); direct && uerr == nil && f.ring == nil {
+		t.Fatal("a direct file is read and written with plain system calls though the process has an io_uring")
+	} else if direct {
+		t.Logf("direct I/O through %s", DirectIOPath())
 	}
 	model := make([]byte, size)
 	rng := rand.New(rand.NewPCG(1, 2))

@@ -140,6 +140,9 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		return fail("%v", err)
 	}
+	if *direct {
+		log.Info("direct I/O", "through", replica.DirectIOPath())
+	}
 	closeReplica := func() {
 		if err := r.Flush(); err != nil && !errors.Is(err, replica.ErrClosed) {
 			log.Error(err, "final flush failed")
