@@ -1,6 +1,7 @@
 package replicaserver
 
 import (
+	"sync"
 	"unicode/utf8"
 	"unsafe"
 
@@ -38,14 +39,17 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	if m, ok := v.(*replicav1.LayerWriteRequest); ok {
-		// A copy of its own, not a pooled buffer: the request's data
-		// keeps pointing into it after this returns.
-		b := materializeAligned(data)
+		// A copy of its own, not the transport's buffers: the request's
+		// data keeps pointing into it after this returns, until the
+		// handler gives it back (releaseLayerWrite).
+		b, raw := materializeAligned(data)
 		if decodeLayerWrite(b, m) {
+			lend(m.Data, raw)
 			return nil
 		}
+		defer giveBack(raw)
 		proto.Reset(m)
-		return proto.Unmarshal(b, m)
+		return proto.Unmarshal(b, m) // copies what it keeps
 	}
 	return c.proto.Unmarshal(data, v)
 }
@@ -148,22 +152,65 @@ func decodeLayerWrite(b []byte, m *replicav1.LayerWriteRequest) bool {
 // copies the data into an aligned buffer first.
 const dataAlignment = replica.BlockSize
 
-// materializeAligned copies a LayerWriteRequest into one new buffer, placed
-// so that the data field's bytes start on a dataAlignment boundary when
-// the fields before them come first (as the engine sends them) and are
-// short.
-func materializeAligned(data mem.BufferSlice) []byte {
+// materializeAligned copies a LayerWriteRequest into one buffer, placed so
+// that the data field's bytes start on a dataAlignment boundary when the
+// fields before them come first (as the engine sends them) and are
+// short. The buffer is raw, from layerBufs (nil if it is not from there).
+func materializeAligned(data mem.BufferSlice) (b []byte, raw *[]byte) {
 	var head [256]byte
 	at := dataStart(head[:data.CopyTo(head[:])])
-	if at < 0 {
-		return data.Materialize()
-	}
 	n := data.Len()
-	raw := make([]byte, n+dataAlignment)
-	skip := (dataAlignment - int((uintptr(unsafe.Pointer(unsafe.SliceData(raw)))+uintptr(at))%dataAlignment)) % dataAlignment
-	b := raw[skip : skip+n : skip+n]
+	if at < 0 || n+dataAlignment > layerBufSize {
+		return data.Materialize(), nil
+	}
+	raw = layerBufs.Get().(*[]byte)
+	skip := (dataAlignment - int((uintptr(unsafe.Pointer(unsafe.SliceData(*raw)))+uintptr(at))%dataAlignment)) % dataAlignment
+	b = (*raw)[skip : skip+n : skip+n]
 	data.CopyTo(b)
-	return b
+	return b, raw
+}
+
+// layerBufSize fits a rebuild's largest layer write (4 MiB, engine.
+// RebuildChunk) with its fields and room to align it.
+const layerBufSize = 4<<20 + 2*dataAlignment
+
+// layerBufs recycles the buffers LayerWriteRequests are decoded into, so
+// that a rebuild's target does not allocate (and clear) 4 MiB per chunk;
+// lent maps the data of each request being handled to its buffer, until
+// the handler gives it back (the server has no interceptor: a decoded
+// request always reaches its handler).
+var (
+	layerBufs = sync.Pool{New: func() any { b := make([]byte, layerBufSize); return &b }}
+	lent      sync.Map // *byte (a request's data) -> *[]byte
+)
+
+func lend(data []byte, raw *[]byte) {
+	if raw == nil {
+		return
+	}
+	if len(data) == 0 {
+		giveBack(raw)
+		return
+	}
+	lent.Store(unsafe.SliceData(data), raw)
+}
+
+func giveBack(raw *[]byte) {
+	if raw != nil {
+		layerBufs.Put(raw)
+	}
+}
+
+// releaseLayerWrite gives back the buffer a LayerWriteRequest's data was
+// decoded into, once nothing uses the data any more.
+func releaseLayerWrite(req *replicav1.LayerWriteRequest) {
+	if len(req.Data) == 0 {
+		return
+	}
+	if raw, ok := lent.LoadAndDelete(unsafe.SliceData(req.Data)); ok {
+		req.Data = nil
+		layerBufs.Put(raw)
+	}
 }
 
 // dataStart is where the data field's bytes start in a LayerWriteRequest

@@ -100,6 +100,7 @@ func TestCodecLayerWrite(t *testing.T) {
 				if len(got.Data) > 0 && uintptr(unsafe.Pointer(&got.Data[0]))%dataAlignment != 0 {
 					t.Fatalf("%q in frames of %d: data not aligned", m.Snapshot, frame)
 				}
+				releaseLayerWrite(got)
 			}
 		}
 	}
@@ -119,5 +120,42 @@ func TestCodecLayerWrite(t *testing.T) {
 	}
 	if err := c.Unmarshal(split(b[:len(b)-20], 100), &replicav1.LayerWriteRequest{}); err == nil {
 		t.Fatal("a truncated message decoded")
+	}
+}
+
+func lentCount() int {
+	n := 0
+	lent.Range(func(any, any) bool { n++; return true })
+	return n
+}
+
+// TestLayerWriteBufferGivenBack: the buffer a request is decoded into is
+// lent until the handler releases the request, and not kept when the
+// request is empty of data or goes through the proto codec.
+func TestLayerWriteBufferGivenBack(t *testing.T) {
+	c := newCodec()
+	m := &replicav1.LayerWriteRequest{Snapshot: "s", Offset: 8192, Data: data(4 << 20), Epoch: 2}
+	b, _ := proto.Marshal(m)
+	got := &replicav1.LayerWriteRequest{}
+	if err := c.Unmarshal(split(b, 16<<10), got); err != nil || !proto.Equal(got, m) {
+		t.Fatal(err)
+	}
+	if lentCount() != 1 {
+		t.Fatalf("%d buffers lent, want 1", lentCount())
+	}
+	releaseLayerWrite(got)
+	if lentCount() != 0 || got.Data != nil {
+		t.Fatalf("%d buffers lent after the release", lentCount())
+	}
+	releaseLayerWrite(got) // twice: nothing
+	empty, _ := proto.Marshal(&replicav1.LayerWriteRequest{Snapshot: "s"})
+	unknown := protowire.AppendVarint(protowire.AppendTag(bytes.Clone(b), 9, protowire.VarintType), 1)
+	for _, msg := range [][]byte{empty, unknown} {
+		if err := c.Unmarshal(split(msg, 100), &replicav1.LayerWriteRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if lentCount() != 0 {
+		t.Fatalf("%d buffers lent for requests that do not use them", lentCount())
 	}
 }

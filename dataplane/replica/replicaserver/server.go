@@ -218,6 +218,9 @@ func (c *Control) ReplaceChain(_ context.Context, req *replicav1.ReplaceChainReq
 }
 
 func (c *Control) LayerWrite(_ context.Context, req *replicav1.LayerWriteRequest) (*replicav1.LayerWriteResponse, error) {
+	// The replica keeps nothing of the data once written: its buffer can
+	// serve the next request.
+	defer releaseLayerWrite(req)
 	return &replicav1.LayerWriteResponse{}, grpcErr(c.Replica.At(req.GetEpoch()).WriteLayer(req.GetSnapshot(), req.GetData(), req.GetOffset()))
 }
 
