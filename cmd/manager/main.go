@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"net/http"
@@ -42,6 +43,7 @@ import (
 func main() {
 	var (
 		metricsAddr    string
+		metricsSecure  bool
 		probeAddr      string
 		uiAddr         string
 		leaderElection bool
@@ -49,7 +51,9 @@ func main() {
 		disc           discovery
 		pki            pkiFlags
 	)
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the metrics endpoint binds to; \"0\" disables it.")
+	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "Address the metrics endpoint binds to; \"0\" disables it.")
+	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS (a self-signed certificate) and only to callers whose bearer token the API server "+
+		"authenticates and allows to get /metrics (the ClusterRole cairn-metrics-reader); false: plain HTTP to anyone who reaches the port.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the health and readiness probes bind to.")
 	flag.StringVar(&uiAddr, "ui-bind-address", "127.0.0.1:8082", "Address of the read-only web page; on the pod's loopback (the default) only kubectl port-forward reaches it, through the API server's authentication; \"0\" disables it.")
 	flag.BoolVar(&leaderElection, "leader-elect", false, "Elect a leader so that only one manager reconciles at a time.")
@@ -83,7 +87,15 @@ func main() {
 		fmt.Fprintln(os.Stderr, "cairn-manager: --certificate-validity must be at least 3h (certificates are renewed with a third of it left; kubelet takes up to a few minutes to hand renewed files to the instance managers)")
 		os.Exit(2)
 	}
-	if err := run(metricsAddr, probeAddr, uiAddr, leaderElection, &vr, disc, pki); err != nil {
+	metricsOpts := metricsserver.Options{BindAddress: metricsAddr}
+	if metricsSecure {
+		metricsOpts.SecureServing = true
+		metricsOpts.FilterProvider = cairnmetrics.Authenticated
+		// HTTP/1.1 only: HTTP/2's stream resets let one client keep the
+		// server busy (CVE-2023-44487), and a scrape needs nothing more.
+		metricsOpts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	}
+	if err := run(metricsOpts, probeAddr, uiAddr, leaderElection, &vr, disc, pki); err != nil {
 		fmt.Fprintln(os.Stderr, "cairn-manager:", err)
 		os.Exit(1)
 	}
@@ -111,7 +123,7 @@ func envOr(key, def string) string {
 	return def
 }
 
-func run(metricsAddr, probeAddr, uiAddr string, leaderElection bool, vr *volume.Reconciler, disc discovery, pki pkiFlags) error {
+func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElection bool, vr *volume.Reconciler, disc discovery, pki pkiFlags) error {
 	sel, err := labels.Parse(disc.selector)
 	if err != nil {
 		return fmt.Errorf("--instance-manager-selector %q: %w", disc.selector, err)
@@ -126,7 +138,7 @@ func run(metricsAddr, probeAddr, uiAddr string, leaderElection bool, vr *volume.
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		Metrics:                metricsOpts,
 		HealthProbeBindAddress: probeAddr,
 		LeaderElection:         leaderElection,
 		LeaderElectionID:       "cairn-manager.storage.cairn.io",
