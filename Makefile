@@ -140,8 +140,9 @@ demo-dataplane: build ## The data plane alone, no Kubernetes: 3 replicas + engin
 	hack/demo.sh
 
 .PHONY: bench-replica
-bench-replica: ## 4 KiB random I/O through dataconn to one replica vs the raw file (ratio), and index memory per TiB.
+bench-replica: ## 4 KiB random I/O through dataconn to one replica vs the raw file (ratio), index memory per TiB, and direct I/O through io_uring vs pread/pwrite (CPU per I/O).
 	cd dataplane && $(GO) test -run '^$$' -bench . -benchtime 1x ./replica/...
+	cd dataplane && $(GO) test -run '^$$' -bench Direct4K -benchtime 3s ./internal/uring/
 
 .PHONY: bench-control
 bench-control: envtest ## Control plane: create -> attached latency (1 and 20 volumes, ratio to starting the processes directly), reconciles/s, heap at 1,000 volumes.
