@@ -10,7 +10,9 @@
 // with io_uring_enter, which returns as soon as the device has the
 // request; the completion is posted to an eventfd that Go's network
 // poller watches, and one goroutine hands every completion that arrived
-// to its waiter. Completions that finish together cost one wake-up.
+// to its waiter. Completions that finish together cost one wake-up. A
+// request alone in flight is a plain blocking call instead: at queue
+// depth 1 the blocking call is the quicker of the two.
 //
 // Only what the replica needs: read and write at an offset, one buffer
 // each. The ring's layout is the kernel's (linux/io_uring.h); nothing is
@@ -106,6 +108,8 @@ type Ring struct {
 	taken1     sync.Cond  // broadcast after each io_uring_enter
 	oneByOne   bool       // every request enters itself (the benchmark's comparison)
 	requests   atomic.Uint64
+	inflight   atomic.Int32  // requests of Files in progress, through the ring or not
+	ringOnly   bool          // no blocking call for a request alone (tests of the ring's own paths)
 	enters     atomic.Uint64 // io_uring_enter calls, against requests: the batching
 	slots      chan uint32
 	done       [Entries]chan int32 // a request's result, by slot
@@ -304,13 +308,52 @@ func (r *Ring) NewFile(f *os.File) (*File, error) {
 	return &File{r: r, rc: rc}, nil
 }
 
+// run does one request: through the ring, or, when no other request of
+// the ring is in flight, with a plain blocking pread or pwrite. Alone, a
+// request gains nothing from the ring, and the ring's completion costs a
+// round trip through the poller and a goroutine hand-off that a blocking
+// call does not (4 KiB writes at queue depth 1, three replicas: 258 µs
+// through the ring, 197 µs blocking).
+func (f *File) run(op uint8, p []byte, off int64) (int32, error) {
+	if f.r.inflight.Add(1) != 1 || f.r.ringOnly {
+		defer f.r.inflight.Add(-1)
+		return f.r.do(f.rc, op, p, off)
+	}
+	defer f.r.inflight.Add(-1)
+	var n int
+	var err error
+	cerr := f.rc.Control(func(fd uintptr) {
+		for {
+			if op == opRead {
+				n, err = unix.Pread(int(fd), p, off)
+			} else {
+				n, err = unix.Pwrite(int(fd), p, off)
+			}
+			if err != syscall.EINTR {
+				return
+			}
+		}
+	})
+	switch {
+	case cerr != nil:
+		return 0, fmt.Errorf("%w (%v)", os.ErrClosed, cerr)
+	case err != nil:
+		var errno syscall.Errno
+		if !errors.As(err, &errno) {
+			return 0, err
+		}
+		return -int32(errno), nil
+	}
+	return int32(n), nil
+}
+
 // ReadAt reads len(p) bytes at off, as os.File.ReadAt: fewer only at the
 // end of the file, with io.EOF.
 func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	done := 0
 	for done < len(p) {
 		n := min(len(p)-done, maxRequestLength)
-		res, err := f.r.do(f.rc, opRead, p[done:done+n], off+int64(done))
+		res, err := f.run(opRead, p[done:done+n], off+int64(done))
 		switch {
 		case err != nil:
 			return done, err
@@ -329,7 +372,7 @@ func (f *File) WriteAt(p []byte, off int64) (int, error) {
 	done := 0
 	for done < len(p) {
 		n := min(len(p)-done, maxRequestLength)
-		res, err := f.r.do(f.rc, opWrite, p[done:done+n], off+int64(done))
+		res, err := f.run(opWrite, p[done:done+n], off+int64(done))
 		switch {
 		case err != nil:
 			return done, err

@@ -120,9 +120,25 @@ func TestConcurrentAgainstModel(t *testing.T) {
 
 // TestErrorsAndEOF: a read past the end returns what there is and io.EOF,
 // a misaligned O_DIRECT request the kernel's EINVAL, and a write to a
-// file opened read-only EBADF; the ring goes on working after each.
+// file opened read-only EBADF; the ring goes on working after each. Once
+// as the requests go when alone (blocking calls), once through the ring.
 func TestErrorsAndEOF(t *testing.T) {
-	r := ring(t)
+	shared := ring(t)
+	t.Run("alone", func(t *testing.T) { testErrorsAndEOF(t, shared) })
+	r, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ringOnly = true
+	t.Run("ring", func(t *testing.T) {
+		testErrorsAndEOF(t, r)
+		if r.requests.Load() == 0 {
+			t.Fatal("nothing went through the ring")
+		}
+	})
+}
+
+func testErrorsAndEOF(t *testing.T, r *Ring) {
 	f := directFile(t, 2*block)
 	uf, err := r.NewFile(f)
 	if err != nil {
@@ -157,15 +173,22 @@ func TestErrorsAndEOF(t *testing.T) {
 // TestClosedFile: a request on a closed file fails with the os package's
 // error and queues nothing.
 func TestClosedFile(t *testing.T) {
-	r := ring(t)
-	f := directFile(t, block)
-	uf, err := r.NewFile(f)
+	shared := ring(t)
+	only, err := New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Close()
-	if _, err := uf.ReadAt(alignedBuf(block), 0); !errors.Is(err, os.ErrClosed) {
-		t.Fatalf("read of a closed file: %v", err)
+	only.ringOnly = true
+	for _, r := range []*Ring{shared, only} {
+		f := directFile(t, block)
+		uf, err := r.NewFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		if _, err := uf.ReadAt(alignedBuf(block), 0); !errors.Is(err, os.ErrClosed) {
+			t.Fatalf("read of a closed file (ring only %v): %v", r.ringOnly, err)
+		}
 	}
 }
 
