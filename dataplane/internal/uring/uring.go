@@ -41,8 +41,9 @@ const (
 	opRead  = 22 // IORING_OP_READ
 	opWrite = 23 // IORING_OP_WRITE
 
-	registerEventFD  = 4 // IORING_REGISTER_EVENTFD
-	featSingleMmap   = 1 // IORING_FEAT_SINGLE_MMAP
+	registerEventFD  = 4      // IORING_REGISTER_EVENTFD
+	featSingleMmap   = 1      // IORING_FEAT_SINGLE_MMAP
+	featRWCurPos     = 1 << 3 // IORING_FEAT_RW_CUR_POS: Linux 5.6, with IORING_OP_READ and IORING_OP_WRITE
 	offSQRing        = 0
 	offCQRing        = 0x8000000
 	offSQEs          = 0x10000000
@@ -145,6 +146,12 @@ func New() (*Ring, error) {
 	}
 	sqLen := int(p.sqOff.array + p.sqEntries*4)
 	cqLen := int(p.cqOff.cqes + p.cqEntries*cqeSize)
+	if p.features&featRWCurPos == 0 {
+		// Before 5.6 the ring sets up but has no plain READ and WRITE:
+		// every request would fail with EINVAL.
+		unix.Close(r.fd)
+		return nil, errors.New("io_uring: this kernel lacks IORING_OP_READ and IORING_OP_WRITE (Linux 5.6)")
+	}
 	single := p.features&featSingleMmap != 0
 	if single {
 		sqLen = max(sqLen, cqLen)
@@ -176,7 +183,8 @@ func New() (*Ring, error) {
 	if err != nil {
 		return fail("eventfd", err)
 	}
-	if _, _, errno := unix.Syscall6(unix.SYS_IO_URING_REGISTER, uintptr(r.fd), registerEventFD, uintptr(unsafe.Pointer(&efd)), 1, 0, 0); errno != 0 {
+	efd32 := int32(efd) // the kernel reads an __s32
+	if _, _, errno := unix.Syscall6(unix.SYS_IO_URING_REGISTER, uintptr(r.fd), registerEventFD, uintptr(unsafe.Pointer(&efd32)), 1, 0, 0); errno != 0 {
 		unix.Close(efd)
 		return fail("register of the eventfd", errno)
 	}
@@ -220,9 +228,9 @@ func (r *Ring) reap() {
 // result: bytes moved, or -errno.
 //
 // Submission is combined: the goroutine that finds nobody submitting
-// calls io_uring_enter for everything queued, and again while more was
-// queued meanwhile; the others only queue, and wait until the kernel has
-// taken their request. So a burst of requests costs one system call, and
+// calls io_uring_enter once for everything queued; the others only queue,
+// and wait until the kernel has taken their request (one of them enters
+// next if it had not). So a burst of requests costs one system call, and
 // the kernel starts their device I/O together (one doorbell for the
 // device instead of one each).
 func (r *Ring) do(rc syscall.RawConn, op uint8, p []byte, off int64) (int32, error) {
@@ -241,21 +249,22 @@ func (r *Ring) do(rc syscall.RawConn, op uint8, p []byte, off int64) (int32, err
 			len: uint32(len(p)), userData: uint64(slot)}
 		*(*uint32)(unsafe.Add(r.sqArray, uintptr(i)*4)) = i
 		atomic.StoreUint32(r.sqTail, tail+1)
-		if r.submitting && !r.oneByOne {
-			for !r.taken(tail + 1) {
+		// Until the kernel has taken this request: wait while another
+		// goroutine is in io_uring_enter, else enter once for everything
+		// queued and let the next waiter take over. One enter each, so no
+		// submitter is kept from its own answer by a stream of others.
+		for mine := tail + 1; !r.taken(mine); {
+			if r.submitting && !r.oneByOne {
 				r.taken1.Wait()
+				continue
 			}
-			r.mu.Unlock()
-			return
-		}
-		r.submitting = true
-		for !r.taken(*r.sqTail) {
+			r.submitting = true
 			r.mu.Unlock()
 			r.enter()
 			r.mu.Lock()
+			r.submitting = false
 			r.taken1.Broadcast()
 		}
-		r.submitting = false
 		r.mu.Unlock()
 	})
 	if cerr != nil {
@@ -350,6 +359,9 @@ func (f *File) run(op uint8, p []byte, off int64) (int32, error) {
 // ReadAt reads len(p) bytes at off, as os.File.ReadAt: fewer only at the
 // end of the file, with io.EOF.
 func (f *File) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 { // -1 would mean the file position to io_uring
+		return 0, &os.PathError{Op: "read", Path: "io_uring", Err: errors.New("negative offset")}
+	}
 	done := 0
 	for done < len(p) {
 		n := min(len(p)-done, maxRequestLength)
@@ -357,6 +369,9 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 		switch {
 		case err != nil:
 			return done, err
+		case res == -int32(syscall.EAGAIN) || res == -int32(syscall.EINTR):
+			runtime.Gosched() // transient (a device out of request tags, a signal): again
+			continue
 		case res < 0:
 			return done, &os.PathError{Op: "read", Path: "io_uring", Err: syscall.Errno(-res)}
 		case res == 0:
@@ -369,6 +384,9 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 
 // WriteAt writes all of p at off, as os.File.WriteAt.
 func (f *File) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 { // -1 would mean the file position to io_uring
+		return 0, &os.PathError{Op: "write", Path: "io_uring", Err: errors.New("negative offset")}
+	}
 	done := 0
 	for done < len(p) {
 		n := min(len(p)-done, maxRequestLength)
@@ -376,6 +394,9 @@ func (f *File) WriteAt(p []byte, off int64) (int, error) {
 		switch {
 		case err != nil:
 			return done, err
+		case res == -int32(syscall.EAGAIN) || res == -int32(syscall.EINTR):
+			runtime.Gosched() // transient (a device out of request tags, a signal): again
+			continue
 		case res < 0:
 			return done, &os.PathError{Op: "write", Path: "io_uring", Err: syscall.Errno(-res)}
 		case res == 0:

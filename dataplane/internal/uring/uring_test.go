@@ -160,6 +160,12 @@ func testErrorsAndEOF(t *testing.T, r *Ring) {
 	if _, err := urf.WriteAt(p[:block], 0); !errors.Is(err, syscall.EBADF) {
 		t.Fatalf("write to a read-only file: %v, want EBADF", err)
 	}
+	if _, err := uf.ReadAt(p[:block], -1); err == nil {
+		t.Fatal("a read at a negative offset succeeded")
+	}
+	if _, err := uf.WriteAt(p[:block], -block); err == nil {
+		t.Fatal("a write at a negative offset succeeded")
+	}
 	copy(p, bytes.Repeat([]byte{0xa5}, block))
 	if n, err := uf.WriteAt(p[:block], block); n != block || err != nil {
 		t.Fatalf("write after the errors: %d, %v", n, err)
