@@ -20,24 +20,34 @@ import (
 // Authenticated returns a metrics-server filter that serves a request
 // only to a caller the API server vouches for: its bearer token is
 // authenticated with a TokenReview, and the identity must be allowed to
-// get the request's path as a non-resource URL (a SubjectAccessReview;
-// the ClusterRole cairn-metrics-reader grants it for /metrics). Others get
-// 401 (no or bad token) or 403 (not allowed). So the manager's metrics
-// port is no open door on the pod network: Prometheus scrapes it with its
-// service account's token. Answers are kept for a while per token and
-// path (allowed: a minute; refused: ten seconds), so scrapes and bad
-// callers do not each cost two API calls.
+// do the request's method on its path as a non-resource URL (a
+// SubjectAccessReview; the ClusterRole cairn-metrics-reader grants get on
+// /metrics). Others get 401 (no or bad token) or 403 (not allowed). So the
+// manager's metrics port is no open door on the pod network: Prometheus
+// scrapes it with its service account's token.
+//
+// Answers are kept for a while per token, method and path (allowed: a
+// minute; refused: ten seconds), allowed and refused ones apart, so a
+// flood of bad tokens cannot push Prometheus's out. Reviews not answered
+// from there are limited to reviewRate a second (burst reviewBurst),
+// beyond which callers get 429: a stranger sending made-up tokens costs
+// the API server, where the manager's own reconciles queue too, a few
+// calls a second at most.
 func Authenticated(cfg *rest.Config, httpClient *http.Client) (metricsserver.Filter, error) {
 	cs, err := kubernetes.NewForConfigAndClient(cfg, httpClient)
 	if err != nil {
 		return nil, err
 	}
-	a := &authorizer{cs: cs, cache: map[[32]byte]verdict{}}
+	a := &authorizer{cs: cs, allowed: map[[32]byte]verdict{}, refused: map[[32]byte]verdict{}, tokens: reviewBurst}
 	return func(log logr.Logger, next http.Handler) (http.Handler, error) {
+		a.log = log
 		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			code, why := a.check(req)
 			if code != http.StatusOK {
 				log.V(1).Info("metrics request refused", "path", req.URL.Path, "code", code, "reason", why)
+				if code == http.StatusUnauthorized {
+					w.Header().Set("WWW-Authenticate", `Bearer realm="cairn-metrics"`)
+				}
 				http.Error(w, why, code)
 				return
 			}
@@ -49,8 +59,10 @@ func Authenticated(cfg *rest.Config, httpClient *http.Client) (metricsserver.Fil
 const (
 	allowedTTL  = time.Minute
 	refusedTTL  = 10 * time.Second
-	maxVerdicts = 1024 // the cache is emptied when it reaches this
+	maxVerdicts = 1024 // each cache is emptied when it reaches this
 	reviewLimit = 10 * time.Second
+	reviewRate  = 5 // reviews a second, beyond the burst
+	reviewBurst = 20
 )
 
 type verdict struct {
@@ -60,9 +72,13 @@ type verdict struct {
 }
 
 type authorizer struct {
-	cs    kubernetes.Interface
-	mu    sync.Mutex
-	cache map[[32]byte]verdict // by hash of token and path
+	cs  kubernetes.Interface
+	log logr.Logger
+
+	mu               sync.Mutex
+	allowed, refused map[[32]byte]verdict // by hash of method, path and token
+	tokens           float64              // reviews that may start now
+	filled           time.Time            // when tokens was last topped up
 }
 
 func (a *authorizer) check(req *http.Request) (int, string) {
@@ -70,28 +86,43 @@ func (a *authorizer) check(req *http.Request) (int, string) {
 	if !ok || token == "" {
 		return http.StatusUnauthorized, "a bearer token is required (a service account's, allowed to get " + req.URL.Path + ")"
 	}
-	key := sha256.Sum256([]byte(req.URL.Path + "\x00" + token))
+	verb := strings.ToLower(req.Method)
+	key := sha256.Sum256([]byte(verb + "\x00" + req.URL.Path + "\x00" + token))
 	now := time.Now()
 	a.mu.Lock()
-	v, hit := a.cache[key]
-	a.mu.Unlock()
+	v, hit := a.allowed[key]
+	if !hit || !now.Before(v.expires) {
+		v, hit = a.refused[key]
+	}
 	if hit && now.Before(v.expires) {
+		a.mu.Unlock()
 		return v.code, v.why
 	}
-	v = a.review(req.Context(), token, req.URL.Path, strings.ToLower(req.Method))
-	ttl := refusedTTL
+	// A token bucket for the reviews that reach the API server.
+	a.tokens = min(reviewBurst, a.tokens+now.Sub(a.filled).Seconds()*reviewRate)
+	a.filled = now
+	if a.tokens < 1 {
+		a.mu.Unlock()
+		return http.StatusTooManyRequests, "too many requests with tokens not seen lately; try again in a second"
+	}
+	a.tokens--
+	a.mu.Unlock()
+
+	v = a.review(req.Context(), token, req.URL.Path, verb)
+	if v.code == http.StatusInternalServerError { // an API server that did not answer decides nothing
+		return v.code, v.why
+	}
+	cache, ttl := a.refused, refusedTTL
 	if v.code == http.StatusOK {
-		ttl = allowedTTL
+		cache, ttl = a.allowed, allowedTTL
 	}
 	v.expires = now.Add(ttl)
-	if v.code != http.StatusInternalServerError { // an API server that did not answer decides nothing
-		a.mu.Lock()
-		if len(a.cache) >= maxVerdicts {
-			clear(a.cache)
-		}
-		a.cache[key] = v
-		a.mu.Unlock()
+	a.mu.Lock()
+	if len(cache) >= maxVerdicts {
+		clear(cache)
 	}
+	cache[key] = v
+	a.mu.Unlock()
 	return v.code, v.why
 }
 
@@ -102,7 +133,8 @@ func (a *authorizer) review(ctx context.Context, token, path, verb string) verdi
 	defer cancel()
 	tr, err := a.cs.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
 	if err != nil {
-		return verdict{code: http.StatusInternalServerError, why: "the API server did not review the token: " + err.Error()}
+		a.log.Error(err, "TokenReview failed; metrics request refused")
+		return verdict{code: http.StatusInternalServerError, why: "the token could not be reviewed; try again"}
 	}
 	if !tr.Status.Authenticated {
 		return verdict{code: http.StatusUnauthorized, why: "the token is not valid for this cluster"}
@@ -117,7 +149,8 @@ func (a *authorizer) review(ctx context.Context, token, path, verb string) verdi
 		NonResourceAttributes: &authzv1.NonResourceAttributes{Path: path, Verb: verb},
 	}}, metav1.CreateOptions{})
 	if err != nil {
-		return verdict{code: http.StatusInternalServerError, why: "the API server did not review the access: " + err.Error()}
+		a.log.Error(err, "SubjectAccessReview failed; metrics request refused")
+		return verdict{code: http.StatusInternalServerError, why: "the access could not be reviewed; try again"}
 	}
 	if !sar.Status.Allowed {
 		return verdict{code: http.StatusForbidden, why: u.Username + " may not " + verb + " " + path + " (bind it to the ClusterRole cairn-metrics-reader)"}

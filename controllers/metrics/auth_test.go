@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -57,6 +58,7 @@ func TestAuthenticated(t *testing.T) {
 	}
 	srv := httptest.NewServer(h)
 	defer srv.Close()
+	var lastAuthenticate string
 	get := func(path, token string) (int, string) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
@@ -68,6 +70,7 @@ func TestAuthenticated(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
+		lastAuthenticate = resp.Header.Get("WWW-Authenticate")
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
@@ -94,6 +97,9 @@ func TestAuthenticated(t *testing.T) {
 		code, body := get(tc.path, tc.token)
 		if code != tc.code || !strings.Contains(body, tc.says) {
 			t.Errorf("%s: %d %q, want %d saying %q", tc.name, code, body, tc.code, tc.says)
+		}
+		if code == http.StatusUnauthorized && lastAuthenticate != `Bearer realm="cairn-metrics"` {
+			t.Errorf("%s: a 401 without WWW-Authenticate: Bearer (%q)", tc.name, lastAuthenticate)
 		}
 	}
 	if served.Load() != 0 {
@@ -137,5 +143,20 @@ func TestAuthenticated(t *testing.T) {
 	}
 	if code, _ := get("/debug/pprof/", token); code != http.StatusForbidden {
 		t.Fatalf("a path the role does not grant: %d, want 403", code)
+	}
+
+	// A flood of made-up tokens: beyond the burst the caller gets 429
+	// without a review, and the allowed verdict stays.
+	limited := 0
+	for i := range 2 * reviewBurst {
+		if code, _ := get("/metrics", fmt.Sprintf("made-up-%d", i)); code == http.StatusTooManyRequests {
+			limited++
+		}
+	}
+	if limited == 0 {
+		t.Fatalf("%d made-up tokens in a burst were each reviewed", 2*reviewBurst)
+	}
+	if code, _ := get("/metrics", token); code != http.StatusOK {
+		t.Fatalf("the allowed account after a flood of bad tokens: %d", code)
 	}
 }
