@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -81,6 +82,7 @@ type Conn struct {
 	// "unreachable".
 	settled    chan struct{}
 	settleOnce sync.Once
+	waitedOut  atomic.Bool // a WaitSettled ran out of time
 
 	mu      sync.Mutex
 	current bool // the stream is up and its snapshot arrived
@@ -145,12 +147,21 @@ const FirstSyncWait = 3 * time.Second
 // reconciler that reads a new connection (the manager has just started)
 // then reports what the instance manager runs, not "unknown" for the
 // moment the stream takes to come up.
+//
+// Once a wait has run out without an answer (an address that swallows
+// packets: the first watch fails only when gRPC's connect gives up), the
+// connection's next callers do not wait, so reconciles of other nodes are
+// not held up 3 s each meanwhile.
 func (c *Conn) WaitSettled(ctx context.Context) {
+	if c.waitedOut.Load() {
+		return
+	}
 	t := time.NewTimer(FirstSyncWait)
 	defer t.Stop()
 	select {
 	case <-c.settled:
 	case <-t.C:
+		c.waitedOut.Store(true)
 	case <-ctx.Done():
 	}
 }

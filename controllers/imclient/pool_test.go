@@ -2,6 +2,7 @@ package imclient
 
 import (
 	"context"
+	"net"
 	"path/filepath"
 	"sync/atomic"
 	"syscall"
@@ -106,4 +107,40 @@ func TestWaitSettled(t *testing.T) {
 	_, cur, werr := dead.Processes()
 	g.Expect(cur).To(BeFalse())
 	g.Expect(werr).To(HaveOccurred(), "a failed first watch settles with its cause")
+}
+
+// TestWaitSettledGivesUp: an address that accepts connections and never
+// answers keeps the first watch from settling; the first WaitSettled
+// waits FirstSyncWait, and later ones on that connection do not wait.
+func TestWaitSettledGivesUp(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // accept and stay silent
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	pool := New(Options{MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	defer pool.Close()
+	c, err := pool.Get(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	c.WaitSettled(context.Background())
+	if d := time.Since(start); d < FirstSyncWait {
+		t.Fatalf("the first wait on a silent peer returned after %v, before FirstSyncWait", d)
+	}
+	start = time.Now()
+	c.WaitSettled(context.Background())
+	if d := time.Since(start); d >= FirstSyncWait {
+		t.Fatalf("a second wait on the same silent peer waited %v", d)
+	}
 }

@@ -43,7 +43,7 @@ type watchers struct {
 	poke     chan struct{}          // asks the sampler to look now (one pending at most)
 	sampling sync.Mutex             // one sample at a time
 	// usageAt is when a sample last took the actual size (under
-	// sampling); zeroed by changed.
+	// sampling).
 	usageAt time.Time
 	// usageStale: a call changed the layers; the next sample takes the
 	// actual size whatever usageAt says.
