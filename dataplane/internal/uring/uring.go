@@ -359,38 +359,25 @@ func (f *File) run(op uint8, p []byte, off int64) (int32, error) {
 // ReadAt reads len(p) bytes at off, as os.File.ReadAt: fewer only at the
 // end of the file, with io.EOF.
 func (f *File) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 { // -1 would mean the file position to io_uring
-		return 0, &os.PathError{Op: "read", Path: "io_uring", Err: errors.New("negative offset")}
-	}
-	done := 0
-	for done < len(p) {
-		n := min(len(p)-done, maxRequestLength)
-		res, err := f.run(opRead, p[done:done+n], off+int64(done))
-		switch {
-		case err != nil:
-			return done, err
-		case res == -int32(syscall.EAGAIN) || res == -int32(syscall.EINTR):
-			runtime.Gosched() // transient (a device out of request tags, a signal): again
-			continue
-		case res < 0:
-			return done, &os.PathError{Op: "read", Path: "io_uring", Err: syscall.Errno(-res)}
-		case res == 0:
-			return done, io.EOF
-		}
-		done += int(res)
-	}
-	return done, nil
+	return f.all(opRead, "read", io.EOF, p, off)
 }
 
 // WriteAt writes all of p at off, as os.File.WriteAt.
 func (f *File) WriteAt(p []byte, off int64) (int, error) {
+	return f.all(opWrite, "write", io.ErrShortWrite, p, off)
+}
+
+// all moves all of p at off in requests of at most maxRequestLength,
+// retrying transient results; a request that moves nothing ends it with
+// short (io.EOF for reads, io.ErrShortWrite for writes).
+func (f *File) all(op uint8, name string, short error, p []byte, off int64) (int, error) {
 	if off < 0 { // -1 would mean the file position to io_uring
-		return 0, &os.PathError{Op: "write", Path: "io_uring", Err: errors.New("negative offset")}
+		return 0, &os.PathError{Op: name, Path: "io_uring", Err: errors.New("negative offset")}
 	}
 	done := 0
 	for done < len(p) {
 		n := min(len(p)-done, maxRequestLength)
-		res, err := f.run(opWrite, p[done:done+n], off+int64(done))
+		res, err := f.run(op, p[done:done+n], off+int64(done))
 		switch {
 		case err != nil:
 			return done, err
@@ -398,9 +385,9 @@ func (f *File) WriteAt(p []byte, off int64) (int, error) {
 			runtime.Gosched() // transient (a device out of request tags, a signal): again
 			continue
 		case res < 0:
-			return done, &os.PathError{Op: "write", Path: "io_uring", Err: syscall.Errno(-res)}
+			return done, &os.PathError{Op: name, Path: "io_uring", Err: syscall.Errno(-res)}
 		case res == 0:
-			return done, io.ErrShortWrite
+			return done, short
 		}
 		done += int(res)
 	}
