@@ -207,6 +207,38 @@ type SnapshotInfo struct {
 	UserCreated bool `json:"userCreated,omitempty"`
 }
 
+// DeviceLoss records that the block device a volume was served on, on one
+// node, went away under its users while the volume stayed attached there:
+// a new engine process came up and serves the volume on a fresh device
+// instead of taking over the one the previous process served (the
+// frontend cannot keep its kernel side across a restart on that node, or
+// the takeover failed). Filesystems mounted from the old device return
+// I/O errors, and a pod's mount of them stays bad until the pod is
+// restarted.
+type DeviceLoss struct {
+	// at is when the new engine process was seen serving the fresh device.
+	// Pods created before it on nodeName may hold a mount of the old one.
+	// +required
+	At metav1.Time `json:"at"`
+
+	// nodeName is the node whose device was lost.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	NodeName string `json:"nodeName"`
+
+	// device is the path of the device that was lost, when known.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Device string `json:"device,omitempty"`
+
+	// message says why the device could not be kept, for people (it goes
+	// into the Events on the pods and claims concerned).
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+}
+
 // EngineStatus is what the Engine reconciler observed.
 type EngineStatus struct {
 	// observedGeneration is the metadata.generation this status describes.
@@ -257,6 +289,17 @@ type EngineStatus struct {
 	// engine's status stream last reported it.
 	// +optional
 	Clone *EngineCloneStatus `json:"clone,omitempty"`
+
+	// deviceLost is set by the Engine reconciler when the volume's device
+	// on spec.nodeName was lost while the volume stayed attached there (a
+	// new engine process serves a fresh device; a restart whose frontend
+	// took the old device over leaves it alone). It stays until the next
+	// loss replaces it. The workload controller of cairn-manager restarts
+	// the pods on that node that use the volume and were created before
+	// it, so that they mount the fresh device
+	// (--delete-workload-pod-on-device-loss).
+	// +optional
+	DeviceLost *DeviceLoss `json:"deviceLost,omitempty"`
 
 	// conditions: Ready.
 	// +optional
