@@ -170,7 +170,10 @@ func (s *scope) target() {
 // not done: the source's snapshot (a whole-volume clone takes one first),
 // its size, and a replica of the source that serves it. The outcome is in
 // s.clone (for the status) and s.cloneFrom (for the engine, once a source
-// replica is known). Nothing here writes the volume.
+// replica is known). It writes two things: the Snapshot a whole-volume
+// clone takes of its source (created once, found by name after a crash),
+// and, when the maintenance engine reports the copy complete and verified,
+// the Volume's cloned annotation, the fact that no engine copies again.
 func (r *Reconciler) planClone(ctx context.Context, s *scope) error {
 	v := s.v
 	ds := v.Spec.DataSource

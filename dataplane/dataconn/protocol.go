@@ -1,26 +1,3 @@
-// Package dataconn is Cairn's data-plane wire protocol between the engine and
-// its replicas: a versioned, checksummed, pipelined request/response framing
-// over any byte stream (TCP or a unix socket).
-//
-// Every frame is a fixed 48-byte header followed by PayloadLen bytes:
-//
-//	off size field
-//	  0   4  magic       "CRND" (0x43 0x52 0x4e 0x44)
-//	  4   1  version     1
-//	  5   1  op          request op, or request op | 0x80 for its reply
-//	  6   1  flags       FlagFUA (writes only); unknown bits are rejected
-//	  7   1  code        error code of a reply; 0 = ok; always 0 in requests
-//	  8   8  seq         request sequence number, echoed in the reply
-//	 16   8  offset      byte offset on the volume
-//	 24   8  epoch       replica-set generation the sender believes current
-//	 32   4  length      bytes to read, write or unmap
-//	 36   4  payloadLen  bytes following the header
-//	 40   4  payloadCRC  CRC32C (Castagnoli) of the payload
-//	 44   4  headerCRC   CRC32C of header bytes 0..43
-//
-// All integers are big-endian. docs/dataconn.md describes the ops, the error
-// codes and the versioning rule. The package does no I/O policy of its own
-// beyond framing: Client and Server are built on Encode/Decode.
 package dataconn
 
 import (
