@@ -1,0 +1,169 @@
+// Package rebuildcodec is the gRPC codec of the replica control API, used
+// at both ends: the engine's client (engine/replicaclient) and the
+// replica's server (replica/replicaserver). It is the proto codec with
+// fast paths for the two bulk messages of a rebuild, which carry up to
+// 4 MiB each and pass through the engine:
+//
+//   - SnapshotReadResponse (source replica → engine): marshalled with each
+//     large extent's data referenced, not copied into the message, and
+//     decoded in place, the extents' data pointing into the received
+//     message instead of being copied out of it once more.
+//   - LayerWriteRequest (engine → target replica): marshalled with its
+//     data referenced, and decoded into a recycled buffer placed so that
+//     the data is aligned for direct I/O, lent to the handler until it
+//     calls ReleaseLayerWrite.
+//
+// The wire format is protobuf's, as the proto codec writes and reads it.
+// Every other message goes through the proto codec, and so does a bulk
+// message that holds anything the fast path does not expect (a field of
+// a newer peer, a name that is not UTF-8), errors included.
+package rebuildcodec
+
+import (
+	"sync"
+	"unsafe"
+
+	"google.golang.org/grpc/encoding"
+	protocodec "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+
+	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
+)
+
+// Options configure a Codec. Zero values take the defaults.
+type Options struct {
+	// DataAlignment is the alignment of a decoded LayerWriteRequest's
+	// data: the block size of a replica with direct I/O, which otherwise
+	// copies the data into an aligned buffer before writing. Default 4096.
+	DataAlignment int
+	// MaxLayerWrite is the largest LayerWriteRequest data decoded into a
+	// recycled buffer; larger ones are decoded into memory of their own.
+	// Default 4 MiB (engine.RebuildChunk).
+	MaxLayerWrite int
+}
+
+// Codec is the control API's codec. It is safe for concurrent use; one
+// Codec serves any number of connections.
+type Codec struct {
+	proto   encoding.CodecV2
+	align   int
+	bufSize int
+	// bufs recycles the buffers LayerWriteRequests are decoded into, so
+	// that a rebuild's target does not allocate (and clear) 4 MiB per
+	// chunk; lent maps the data of each request being handled to its
+	// buffer, until the handler gives it back.
+	bufs sync.Pool
+	lent sync.Map // *byte (a request's data) -> *[]byte
+}
+
+// New returns a Codec.
+func New(opts Options) *Codec {
+	if opts.DataAlignment <= 0 {
+		opts.DataAlignment = 4096
+	}
+	if opts.MaxLayerWrite <= 0 {
+		opts.MaxLayerWrite = 4 << 20
+	}
+	c := &Codec{proto: encoding.GetCodecV2(protocodec.Name), align: opts.DataAlignment,
+		bufSize: opts.MaxLayerWrite + 2*opts.DataAlignment}
+	c.bufs.New = func() any { b := make([]byte, c.bufSize); return &b }
+	return c
+}
+
+// Name is the proto codec's, so the content-subtype on the wire is too.
+func (c *Codec) Name() string { return protocodec.Name }
+
+// Marshal encodes v, referencing the data of a LayerWriteRequest and the
+// large extents of a SnapshotReadResponse. The caller must not change
+// that data afterwards, not even after a call that failed: the transport
+// may still be sending a cancelled call's frames.
+func (c *Codec) Marshal(v any) (mem.BufferSlice, error) {
+	switch m := v.(type) {
+	case *replicav1.LayerWriteRequest:
+		if len(m.GetData()) > 0 {
+			return marshalLayerWrite(m)
+		}
+	case *replicav1.SnapshotReadResponse:
+		return marshalSnapshotRead(m), nil
+	}
+	return c.proto.Marshal(v)
+}
+
+// Unmarshal decodes data into v. A SnapshotReadResponse's extents point
+// into a copy of the message of their own; a LayerWriteRequest's data
+// points into a recycled buffer, which ReleaseLayerWrite gives back.
+func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	switch m := v.(type) {
+	case *replicav1.SnapshotReadResponse:
+		// A copy of its own, not a pooled buffer: the extents keep
+		// pointing into it after the call.
+		b := data.Materialize()
+		if decodeSnapshotRead(b, m) {
+			return nil
+		}
+		proto.Reset(m)
+		return proto.Unmarshal(b, m)
+	case *replicav1.LayerWriteRequest:
+		b, raw := c.materializeAligned(data)
+		if decodeLayerWrite(b, m) {
+			c.lend(m.Data, raw)
+			return nil
+		}
+		defer c.giveBack(raw)
+		proto.Reset(m)
+		return proto.Unmarshal(b, m) // copies what it keeps
+	}
+	return c.proto.Unmarshal(data, v)
+}
+
+// ReleaseLayerWrite gives back the buffer a LayerWriteRequest's data was
+// decoded into, once nothing uses the data any more, and clears the
+// request's data. A request not decoded into a recycled buffer, or
+// released already, is left as it is. A gRPC server without interceptors
+// hands every decoded request to its handler, so a handler that releases
+// its request returns every buffer.
+func (c *Codec) ReleaseLayerWrite(req *replicav1.LayerWriteRequest) {
+	if len(req.Data) == 0 {
+		return
+	}
+	if raw, ok := c.lent.LoadAndDelete(unsafe.SliceData(req.Data)); ok {
+		req.Data = nil
+		c.bufs.Put(raw)
+	}
+}
+
+func (c *Codec) lend(data []byte, raw *[]byte) {
+	if raw == nil {
+		return
+	}
+	if len(data) == 0 {
+		c.giveBack(raw)
+		return
+	}
+	c.lent.Store(unsafe.SliceData(data), raw)
+}
+
+func (c *Codec) giveBack(raw *[]byte) {
+	if raw != nil {
+		c.bufs.Put(raw)
+	}
+}
+
+// materializeAligned copies a LayerWriteRequest into one buffer, placed so
+// that the data field's bytes start on an alignment boundary when the
+// fields before them come first (as the engine sends them) and are
+// short. The buffer is raw, from bufs (nil if it is not from there).
+func (c *Codec) materializeAligned(data mem.BufferSlice) (b []byte, raw *[]byte) {
+	var head [256]byte
+	at := dataStart(head[:data.CopyTo(head[:])])
+	n := data.Len()
+	if at < 0 || n+c.align > c.bufSize {
+		return data.Materialize(), nil
+	}
+	raw = c.bufs.Get().(*[]byte)
+	skip := (c.align - int((uintptr(unsafe.Pointer(unsafe.SliceData(*raw)))+uintptr(at))%uintptr(c.align))) % c.align
+	b = (*raw)[skip : skip+n : skip+n]
+	data.CopyTo(b)
+	return b, raw
+}

@@ -1,0 +1,271 @@
+package rebuildcodec
+
+import (
+	"bytes"
+	"testing"
+	"unsafe"
+
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
+)
+
+// split cuts b into pieces of n bytes, as the transport hands a message
+// to the codec in frames.
+func split(b []byte, n int) mem.BufferSlice {
+	var s mem.BufferSlice
+	for len(b) > 0 {
+		k := min(n, len(b))
+		s = append(s, mem.SliceBuffer(b[:k]))
+		b = b[k:]
+	}
+	return s
+}
+
+func data(n int) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = byte(i*7 + i>>9)
+	}
+	return p
+}
+
+// referenced reports whether one of out's buffers starts at p's first
+// byte.
+func referenced(out mem.BufferSlice, p []byte) bool {
+	for _, b := range out {
+		if d := b.ReadOnlyData(); len(d) > 0 && &d[0] == &p[0] {
+			return true
+		}
+	}
+	return false
+}
+
+// aliases reports whether p lies in msg.
+func aliases(msg, p []byte) bool {
+	start, end := uintptr(unsafe.Pointer(unsafe.SliceData(msg))), uintptr(unsafe.Pointer(unsafe.SliceData(msg)))+uintptr(len(msg))
+	at := uintptr(unsafe.Pointer(unsafe.SliceData(p)))
+	return at >= start && at < end
+}
+
+// TestMarshalLayerWrite: a LayerWriteRequest marshalled by the fast path
+// reads back the same through the proto codec, and sends its data without
+// copying it.
+func TestMarshalLayerWrite(t *testing.T) {
+	c := New(Options{})
+	for _, m := range []*replicav1.LayerWriteRequest{
+		{Snapshot: "rebuild-7-1", Offset: 12 << 20, Data: data(4 << 20), Epoch: 9},
+		{Snapshot: "s", Data: data(4096)},
+		{Offset: -1, Data: data(1), Epoch: 1 << 63},
+		{Snapshot: "empty", Offset: 4096, Epoch: 3},
+	} {
+		out, err := c.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := &replicav1.LayerWriteRequest{}
+		if err := proto.Unmarshal(out.Materialize(), got); err != nil || !proto.Equal(got, m) {
+			t.Fatalf("%v: read back %v (%v)", m, got, err)
+		}
+		if len(m.Data) > 0 && !referenced(out, m.Data) {
+			t.Fatalf("%q: the data was copied", m.Snapshot)
+		}
+	}
+}
+
+// TestMarshalSnapshotRead: the fast path writes a SnapshotReadResponse
+// byte for byte as the proto codec does, referencing large extents' data
+// instead of copying it.
+func TestMarshalSnapshotRead(t *testing.T) {
+	c := New(Options{})
+	for _, m := range []*replicav1.SnapshotReadResponse{
+		{},
+		{Extents: []*replicav1.Extent{{Offset: 0, Data: data(4096)}}},
+		{Extents: []*replicav1.Extent{{Offset: 8192, Data: data(1 << 20)}, {Offset: 4 << 20, Data: data(3 << 20)}, {Offset: 5}, {Offset: 6, Data: data(10)}}},
+		{Extents: []*replicav1.Extent{{Offset: -4096, Data: data(100)}, {}}},
+	} {
+		out, err := c.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := out.Materialize(); !bytes.Equal(got, want) {
+			t.Fatalf("%d extents: the fast path wrote %d bytes, unlike the proto codec's %d", len(m.Extents), len(got), len(want))
+		}
+		for _, x := range m.Extents {
+			if len(x.Data) >= copyBelow && !referenced(out, x.Data) {
+				t.Fatalf("an extent of %d bytes was copied", len(x.Data))
+			}
+		}
+	}
+}
+
+// TestUnmarshalSnapshotRead: a SnapshotReadResponse as the replica writes
+// it decodes the same on the fast path, whatever the frames it arrives in,
+// its extents' data pointing into the received message; one holding a
+// field the fast path does not know goes through proto, and a truncated
+// one is an error.
+func TestUnmarshalSnapshotRead(t *testing.T) {
+	c := New(Options{})
+	for _, m := range []*replicav1.SnapshotReadResponse{
+		{},
+		{Extents: []*replicav1.Extent{{Offset: 0, Data: data(4096)}}},
+		{Extents: []*replicav1.Extent{{Offset: 8192, Data: data(1 << 20)}, {Offset: 4 << 20, Data: data(3 << 20)}, {Offset: 5}}},
+	} {
+		out, err := c.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := out.Materialize()
+		for _, frame := range []int{16 << 10, 7, len(b) + 1} {
+			got := &replicav1.SnapshotReadResponse{}
+			if err := c.Unmarshal(split(b, frame), got); err != nil || !proto.Equal(got, m) {
+				t.Fatalf("%d extents in frames of %d: %v", len(m.Extents), frame, err)
+			}
+		}
+		got := &replicav1.SnapshotReadResponse{}
+		if !decodeSnapshotRead(b, got) {
+			t.Fatal("the fast path refused a message the proto codec wrote")
+		}
+		for _, x := range got.Extents {
+			if len(x.Data) > 0 && !aliases(b, x.Data) {
+				t.Fatal("an extent's data was copied out of the message")
+			}
+		}
+	}
+	// An unknown field (as a newer replica might send): the proto codec
+	// decodes it, and the extents are not lost.
+	m := &replicav1.SnapshotReadResponse{Extents: []*replicav1.Extent{{Offset: 4096, Data: data(8192)}}}
+	b, _ := proto.Marshal(m)
+	b = protowire.AppendVarint(protowire.AppendTag(b, 9, protowire.VarintType), 1)
+	if decodeSnapshotRead(b, &replicav1.SnapshotReadResponse{}) {
+		t.Fatal("the fast path took a field it does not know")
+	}
+	got := &replicav1.SnapshotReadResponse{}
+	if err := c.Unmarshal(split(b, 100), got); err != nil || len(got.Extents) != 1 || !bytes.Equal(got.Extents[0].Data, m.Extents[0].Data) {
+		t.Fatalf("with an unknown field: %v %v", got, err)
+	}
+	if err := c.Unmarshal(split(b[:len(b)-20], 100), &replicav1.SnapshotReadResponse{}); err == nil {
+		t.Fatal("a truncated message decoded")
+	}
+}
+
+// TestUnmarshalLayerWrite: a LayerWriteRequest as the codec or the proto
+// codec writes it decodes the same on the fast path, whatever the frames
+// it arrives in, with its data aligned for direct I/O (also at an
+// alignment other than the default); one the fast path does not expect
+// goes through the proto codec, errors included.
+func TestUnmarshalLayerWrite(t *testing.T) {
+	for _, align := range []int{4096, 512} {
+		c := New(Options{DataAlignment: align})
+		for _, m := range []*replicav1.LayerWriteRequest{
+			{Snapshot: "rebuild-7-1", Offset: 12 << 20, Data: data(4 << 20), Epoch: 9},
+			{Snapshot: "s", Data: data(4096)},
+			{Offset: -1, Data: data(1), Epoch: 1 << 63},
+			{Snapshot: "empty", Offset: 4096, Epoch: 3},
+		} {
+			protoOrder, _ := proto.Marshal(m)
+			out, err := c.Marshal(m) // the data last
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, msg := range [][]byte{protoOrder, out.Materialize()} {
+				for _, frame := range []int{16 << 10, 7, len(msg) + 1} {
+					got := &replicav1.LayerWriteRequest{}
+					if err := c.Unmarshal(split(msg, frame), got); err != nil || !proto.Equal(got, m) {
+						t.Fatalf("%q in frames of %d: %v", m.Snapshot, frame, err)
+					}
+					if len(got.Data) > 0 && uintptr(unsafe.Pointer(&got.Data[0]))%uintptr(align) != 0 {
+						t.Fatalf("%q in frames of %d: data not aligned on %d", m.Snapshot, frame, align)
+					}
+					c.ReleaseLayerWrite(got)
+				}
+			}
+		}
+	}
+	c := New(Options{})
+	m := &replicav1.LayerWriteRequest{Snapshot: "s", Data: data(8192), Epoch: 2}
+	b, _ := proto.Marshal(m)
+	unknown := protowire.AppendVarint(protowire.AppendTag(bytes.Clone(b), 9, protowire.VarintType), 1)
+	if decodeLayerWrite(unknown, &replicav1.LayerWriteRequest{}) {
+		t.Fatal("the fast path took a field it does not know")
+	}
+	got := &replicav1.LayerWriteRequest{}
+	if err := c.Unmarshal(split(unknown, 100), got); err != nil || got.Snapshot != m.Snapshot || got.Epoch != m.Epoch || !bytes.Equal(got.Data, m.Data) {
+		t.Fatalf("with an unknown field: %v", err)
+	}
+	badName := protowire.AppendString(protowire.AppendTag(nil, layerWriteName, protowire.BytesType), "\xff")
+	if err := c.Unmarshal(split(badName, 100), &replicav1.LayerWriteRequest{}); err == nil {
+		t.Fatal("a name that is not UTF-8 decoded")
+	}
+	if err := c.Unmarshal(split(b[:len(b)-20], 100), &replicav1.LayerWriteRequest{}); err == nil {
+		t.Fatal("a truncated message decoded")
+	}
+}
+
+func (c *Codec) lentCount() int {
+	n := 0
+	c.lent.Range(func(any, any) bool { n++; return true })
+	return n
+}
+
+// TestLayerWriteBufferGivenBack: the buffer a request is decoded into is
+// lent until the handler releases the request, and not kept when the
+// request is empty of data, goes through the proto codec, or is too large
+// for a recycled buffer.
+func TestLayerWriteBufferGivenBack(t *testing.T) {
+	c := New(Options{MaxLayerWrite: 4 << 20})
+	m := &replicav1.LayerWriteRequest{Snapshot: "s", Offset: 8192, Data: data(4 << 20), Epoch: 2}
+	b, _ := proto.Marshal(m)
+	got := &replicav1.LayerWriteRequest{}
+	if err := c.Unmarshal(split(b, 16<<10), got); err != nil || !proto.Equal(got, m) {
+		t.Fatal(err)
+	}
+	if c.lentCount() != 1 {
+		t.Fatalf("%d buffers lent, want 1", c.lentCount())
+	}
+	c.ReleaseLayerWrite(got)
+	if c.lentCount() != 0 || got.Data != nil {
+		t.Fatalf("%d buffers lent after the release", c.lentCount())
+	}
+	c.ReleaseLayerWrite(got) // twice: nothing
+	empty, _ := proto.Marshal(&replicav1.LayerWriteRequest{Snapshot: "s"})
+	unknown := protowire.AppendVarint(protowire.AppendTag(bytes.Clone(b), 9, protowire.VarintType), 1)
+	large, _ := proto.Marshal(&replicav1.LayerWriteRequest{Snapshot: "s", Data: data(5 << 20)})
+	for _, msg := range [][]byte{empty, unknown, large} {
+		got := &replicav1.LayerWriteRequest{}
+		if err := c.Unmarshal(split(msg, 100<<10), got); err != nil {
+			t.Fatal(err)
+		}
+		c.ReleaseLayerWrite(got) // not lent: the data stays
+		if len(msg) > len(empty) && len(got.Data) == 0 {
+			t.Fatal("a request's data not from a recycled buffer was cleared by its release")
+		}
+	}
+	if c.lentCount() != 0 {
+		t.Fatalf("%d buffers lent for requests that do not use them", c.lentCount())
+	}
+}
+
+// TestOtherMessages: messages without a fast path go through the proto
+// codec both ways.
+func TestOtherMessages(t *testing.T) {
+	c := New(Options{})
+	m := &replicav1.SnapshotReadRequest{Snapshot: "s", Offset: 4096, Length: 8192}
+	out, err := c.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := &replicav1.SnapshotReadRequest{}
+	if err := c.Unmarshal(out, got); err != nil || !proto.Equal(got, m) {
+		t.Fatalf("read back %v (%v)", got, err)
+	}
+	if c.Name() != "proto" {
+		t.Fatalf("name %q: the content-subtype on the wire must stay proto's", c.Name())
+	}
+}
