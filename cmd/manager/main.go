@@ -38,6 +38,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/storagenode"
 	"github.com/cairn-io/cairn/controllers/ui"
 	"github.com/cairn-io/cairn/controllers/volume"
+	"github.com/cairn-io/cairn/controllers/workload"
 )
 
 func main() {
@@ -50,6 +51,7 @@ func main() {
 		vr             volume.Reconciler
 		disc           discovery
 		pki            pkiFlags
+		wl             workload.Reconciler
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "Address the metrics endpoint binds to; \"0\" disables it.")
 	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS (a self-signed certificate) and only to callers whose bearer token the API server "+
@@ -74,6 +76,9 @@ func main() {
 	flag.StringVar(&pki.caSecret, "ca-secret", certs.DefaultCASecret, "Secret (in --namespace) holding Cairn's CA; made on first start. Annotate it "+certs.AnnotationRotate+"=<new value> to rotate the CA.")
 	flag.StringVar(&pki.servingSecret, "instance-manager-tls-secret", certs.DefaultServingSecret, "Secret (in --namespace) the manager keeps the instance managers' serving certificate and trust bundle in.")
 	flag.DurationVar(&pki.validity, "certificate-validity", certs.DefaultValidity, "Lifetime of the issued certificates; each is renewed when a third of it is left.")
+	flag.BoolVar(&wl.DeletePods, workload.FlagDeletePods, true,
+		"When a volume's device is lost under its pods while it stays attached (an engine restart whose frontend could not keep the device), delete the pods on that node "+
+			"that use it and that a controller owns, so they come back with a fresh mount (an Event on the pod and the claim says why either way); false: the Events only.")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -95,7 +100,7 @@ func main() {
 		// server busy (CVE-2023-44487), and a scrape needs nothing more.
 		metricsOpts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
 	}
-	if err := run(metricsOpts, probeAddr, uiAddr, leaderElection, &vr, disc, pki); err != nil {
+	if err := run(metricsOpts, probeAddr, uiAddr, leaderElection, &vr, disc, pki, &wl); err != nil {
 		fmt.Fprintln(os.Stderr, "cairn-manager:", err)
 		os.Exit(1)
 	}
@@ -123,7 +128,7 @@ func envOr(key, def string) string {
 	return def
 }
 
-func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElection bool, vr *volume.Reconciler, disc discovery, pki pkiFlags) error {
+func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElection bool, vr *volume.Reconciler, disc discovery, pki pkiFlags, wl *workload.Reconciler) error {
 	sel, err := labels.Parse(disc.selector)
 	if err != nil {
 		return fmt.Errorf("--instance-manager-selector %q: %w", disc.selector, err)
@@ -201,6 +206,7 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 		"Engine":      er.SetupWithManager,
 		"Volume":      func(mgr ctrl.Manager) error { vr.Client = c; return vr.SetupWithManager(mgr) },
 		"Snapshot":    (&snapshot.Reconciler{Client: c, Pool: pool, DialOptions: engineDial}).SetupWithManager,
+		"workload":    func(mgr ctrl.Manager) error { wl.Client, wl.Namespace = c, disc.namespace; return wl.SetupWithManager(mgr) },
 	} {
 		if err := setup(mgr); err != nil {
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)
