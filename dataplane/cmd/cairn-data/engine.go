@@ -63,6 +63,7 @@ type engineFlags struct {
 	nbdKernel      nbd.KernelMode
 	reattachWait   time.Duration
 	fuseDir        string
+	deviceKeeper   string // the device keeper's socket, "" for none
 	listen         string
 	shared         int64
 	replicaTimeout time.Duration
@@ -88,6 +89,7 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 	nbdKernel := fs.String("nbd-kernel", "auto", "attach the nbd frontend to a /dev/nbdN through the kernel's nbd driver: auto (if the host has it), on (required), off (socket only)")
 	fs.DurationVar(&c.reattachWait, "nbd-reattach-wait", 2*time.Minute, "if the engine dies, how long the kernel holds /dev/nbdN's I/O for a restarted engine to reattach it (0: fail the I/O at once)")
 	fs.StringVar(&c.fuseDir, "fuse-dir", "", "mount directory for the fuse frontend")
+	fs.StringVar(&c.deviceKeeper, "device-keeper", os.Getenv("CAIRN_DEVICE_KEEPER"), "the device keeper's socket (cairn-data device-keeper; default $CAIRN_DEVICE_KEEPER): the fuse frontend deposits its device there, and takes over the device a dead engine of the volume left, so a restart pauses the I/O instead of failing it (\"\": none)")
 	fs.StringVar(&c.listen, "listen", "", "host:port for the gRPC control API (default: none)")
 	sharedFlag := fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for NBD writes to reach them without a socket copy; 0 turns it off")
 	fs.DurationVar(&c.replicaTimeout, "replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
@@ -203,12 +205,20 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		defer claim.Stop() // releases the claim if the frontend never starts; once started, f.stop did it
 	}
+	var fclaim *fuseClaim
+	if c.frontend == "fuse" {
+		var err error
+		if fclaim, err = claimFUSE(c, log); err != nil {
+			return fail(err)
+		}
+		defer fclaim.close() // after f.stop: gives back a device taken over and never served
+	}
 	e, err := openEngine(ctx, c, region, buffers, unsafeEarly, log)
 	if err != nil {
 		return fail(err)
 	}
 	defer e.Close()
-	f, err := startFrontend(c, e, claim, log)
+	f, err := startFrontend(c, e, claim, fclaim, log)
 	if err != nil {
 		return fail(err)
 	}
@@ -275,10 +285,11 @@ func openEngine(ctx context.Context, c *engineFlags, region *shm.Region, buffers
 }
 
 // startFrontend serves the volume through the frontend asked for: the
-// claimed nbd frontend, or a FUSE mount with a loop device.
-func startFrontend(c *engineFlags, e *engine.Engine, claim *nbd.Frontend, log logr.Logger) (*frontend, error) {
+// claimed nbd frontend, or the claimed fuse frontend (a FUSE mount with a
+// loop device, or the ones it took over).
+func startFrontend(c *engineFlags, e *engine.Engine, claim *nbd.Frontend, fclaim *fuseClaim, log logr.Logger) (*frontend, error) {
 	if c.frontend == "fuse" {
-		return startFUSE(e, c.name, c.fuseDir, log)
+		return startFUSE(e, fclaim, log)
 	}
 	if err := claim.Start(e); err != nil {
 		return nil, fmt.Errorf("--nbd-kernel %s: %w", c.nbdKernel, err)

@@ -39,6 +39,8 @@ commands:
   ctl       talk to an engine's control API (replicas, rebuilds, snapshots)
   instance-manager
             supervise this node's engine and replica processes for the manager (gRPC)
+  device-keeper
+            hold the fuse frontends' devices while their engines restart
   version   print the data-plane version
   help      print this message
 
@@ -60,6 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runCtl(ctx, args[1:], stdout, stderr)
 	case "instance-manager":
 		return runInstanceManager(ctx, args[1:], stdout, stderr)
+	case "device-keeper":
+		return runDeviceKeeper(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, dataplane.Version)
 		return 0

@@ -105,12 +105,40 @@ func (l *loopDevice) setCapacity(size int64) error {
 	return nil
 }
 
+// adoptLoop is the loop device path as an engine before this one attached
+// it, from a descriptor of it (which it owns from then on).
+func adoptLoop(path string, fd int) (*loopDevice, error) {
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("LOOP_GET_STATUS64 on %s: %w", path, err)
+	}
+	return &loopDevice{path: path, f: os.NewFile(uintptr(fd), path), directIO: info.Flags&unix.LO_FLAGS_DIRECT_IO != 0}, nil
+}
+
+// clear has the loop device let go of its file once its last user closes
+// it (LOOP_CLR_FD), and says whether someone other than this descriptor
+// has it open (a mounted filesystem, an application): the kernel then
+// keeps the device bound; with this descriptor alone it stops taking new
+// openers at once (and older kernels clear it at once).
+func (l *loopDevice) clear() (inUse bool, err error) {
+	err = unix.IoctlSetInt(int(l.f.Fd()), unix.LOOP_CLR_FD, 0)
+	if errors.Is(err, unix.ENXIO) {
+		return false, nil // already cleared
+	}
+	if errors.Is(err, unix.EBUSY) {
+		return true, nil // kernels that refuse while others have it open
+	}
+	if err != nil {
+		return false, fmt.Errorf("LOOP_CLR_FD on %s: %w", l.path, err)
+	}
+	_, err = unix.IoctlLoopGetStatus64(int(l.f.Fd()))
+	return err == nil, nil
+}
+
 // detach clears the loop device. If it is in use (a mounted filesystem),
 // autoclear detaches it when that user goes.
 func (l *loopDevice) detach() error {
-	err := unix.IoctlSetInt(int(l.f.Fd()), unix.LOOP_CLR_FD, 0)
-	if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENXIO) {
-		err = nil // in use: autoclear takes over; or already gone
-	}
+	_, err := l.clear()
 	return errors.Join(err, l.f.Close())
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -14,6 +15,8 @@ import (
 	"github.com/go-logr/logr"
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/cairn-io/cairn/dataplane/devicekeeper"
 )
 
 // The FUSE server: the protocol for a mount that holds one file, the
@@ -47,6 +50,11 @@ const (
 
 	// ourMinor is the protocol minor version spoken (7.28: max_pages).
 	ourMinor = 28
+
+	// uniqueResend marks the unique of a request the kernel sends again
+	// after FUSE_NOTIFY_RESEND (FUSE_UNIQUE_RESEND); the answer carries
+	// the unique as read.
+	uniqueResend = 1 << 63
 
 	rootID = 1 // the mount's directory
 	fileID = 2 // the volume file
@@ -86,7 +94,9 @@ const (
 	opBatchForget = 42
 	opFallocate   = 43
 
-	notifyInvalInode = 2 // FUSE_NOTIFY_INVAL_INODE, in the header's error field
+	// Notification codes, in the header's error field.
+	notifyInvalInode = 2 // FUSE_NOTIFY_INVAL_INODE
+	notifyResend     = 7 // FUSE_NOTIFY_RESEND (7.40)
 )
 
 // server answers one FUSE connection for a file backed by dev.
@@ -97,13 +107,32 @@ type server struct {
 	uid  uint32 // owner of the mount's nodes: the engine's user
 	gid  uint32
 
-	file *os.File // /dev/fuse, non-blocking, in Go's poller
-	conn syscall.RawConn
+	file   *os.File // /dev/fuse, non-blocking, in Go's poller
+	fd     int      // file's descriptor number (never file.Fd(), which would make it blocking)
+	conn   syscall.RawConn
+	params devicekeeper.FUSEParams // what FUSE_INIT agreed
 
 	done     chan struct{}  // closed when serve returns: the connection ended
 	handlers sync.WaitGroup // requests being answered
 
 	big, small sync.Pool // *[]byte of bigBuffer and smallBuffer bytes
+
+	resent atomic.Bool // a request the kernel sent again was seen (and logged)
+}
+
+// newServer makes a server for the FUSE connection fd (non-blocking),
+// which it owns from then on. It does not serve yet.
+func newServer(dev Device, name string, fd int, log logr.Logger) (*server, error) {
+	s := &server{dev: dev, name: name, log: log, uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), done: make(chan struct{}), fd: fd}
+	s.big.New = func() any { b := make([]byte, bigBuffer); return &b }
+	s.small.New = func() any { b := make([]byte, smallBuffer); return &b }
+	s.file = os.NewFile(uintptr(fd), "/dev/fuse") // non-blocking: reads wait in the poller
+	var err error
+	if s.conn, err = s.file.SyscallConn(); err != nil {
+		s.file.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // mountServer mounts a FUSE filesystem holding dev as the file name at
@@ -113,27 +142,51 @@ func mountServer(dev Device, name, dir string, log logr.Logger) (*server, error)
 	if err != nil {
 		return nil, fmt.Errorf("open /dev/fuse: %w", err)
 	}
-	s := &server{dev: dev, name: name, log: log, uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), done: make(chan struct{})}
-	s.big.New = func() any { b := make([]byte, bigBuffer); return &b }
-	s.small.New = func() any { b := make([]byte, smallBuffer); return &b }
-	data := fmt.Sprintf("fd=%d,rootmode=%o,user_id=%d,group_id=%d,max_read=%d", fd, unix.S_IFDIR, s.uid, s.gid, maxWrite)
+	data := fmt.Sprintf("fd=%d,rootmode=%o,user_id=%d,group_id=%d,max_read=%d", fd, unix.S_IFDIR, os.Getuid(), os.Getgid(), maxWrite)
 	if err := unix.Mount("cairn:"+name, dir, "fuse.cairn", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
-	s.file = os.NewFile(uintptr(fd), "/dev/fuse") // non-blocking: reads wait in the poller
-	if s.conn, err = s.file.SyscallConn(); err == nil {
-		err = s.init()
+	s, err := newServer(dev, name, fd, log)
+	if err == nil {
+		if err = s.init(); err != nil {
+			s.file.Close()
+		}
 	}
 	if err != nil {
 		unix.Unmount(dir, unix.MNT_DETACH)
-		s.file.Close()
 		return nil, err
 	}
 	go s.serve()
 	if err := s.disarmPoll(filepath.Join(dir, name)); err != nil {
-		s.stop(dir)
+		s.stop(dir, true)
 		return nil, err
+	}
+	return s, nil
+}
+
+// resumeServer serves a FUSE connection another server initialised and
+// left (its process died): fd is the connection's /dev/fuse, params what
+// its INIT agreed. The kernel queued the requests that came meanwhile; the
+// ones the dead server had read and not answered it sends again once
+// asked (FUSE_NOTIFY_RESEND), which needs params.Resend.
+func resumeServer(dev Device, name string, fd int, params devicekeeper.FUSEParams, log logr.Logger) (*server, error) {
+	if params.MaxWrite > maxWrite {
+		return nil, fmt.Errorf("the FUSE connection was set up for requests of %d bytes, more than this server's %d", params.MaxWrite, maxWrite)
+	}
+	if !params.Resend {
+		return nil, errors.New("the kernel cannot resend the requests the previous server had read (FUSE_NOTIFY_RESEND, Linux 6.9)")
+	}
+	s, err := newServer(dev, name, fd, log)
+	if err != nil {
+		return nil, err
+	}
+	s.params = params
+	go s.serve()
+	if err := s.notify(notifyResend, nil); err != nil {
+		s.file.Close()
+		<-s.done
+		return nil, fmt.Errorf("asking the kernel to resend the requests in flight (FUSE_NOTIFY_RESEND): %w", err)
 	}
 	return s, nil
 }
@@ -217,7 +270,17 @@ func (s *server) init() error {
 	if err := s.write([][]byte{outHeader(h.Unique, 0, len(b)), b}); err != nil {
 		return fmt.Errorf("answering INIT: %w", err)
 	}
+	s.params = devicekeeper.FUSEParams{Major: out.Major, Minor: out.Minor, Flags: uint64(out.Flags), MaxWrite: out.MaxWrite, Resend: kernelResends(&in)}
 	return nil
+}
+
+// kernelResends says whether the kernel that sent INIT in can resend the
+// requests a server read and never answered (FUSE_NOTIFY_RESEND): it says
+// so with FUSE_HAS_RESEND in the extended flags, and protocol 7.40 (Linux
+// 6.9) brought both.
+func kernelResends(in *gofuse.InitIn) bool {
+	ext := in.Flags&uint32(gofuse.CAP_INIT_EXT) != 0
+	return in.Minor >= 40 || (ext && in.Flags64()&gofuse.CAP_HAS_RESEND != 0)
 }
 
 // serve reads requests until the connection ends (the mount is gone) and
@@ -230,7 +293,7 @@ func (s *server) serve() {
 		switch {
 		case errors.Is(err, unix.EINTR), errors.Is(err, unix.ENOENT): // ENOENT: the request was interrupted before we read it
 			continue
-		case errors.Is(err, unix.ENODEV), errors.Is(err, os.ErrClosed): // unmounted
+		case errors.Is(err, unix.ENODEV), errors.Is(err, os.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded): // unmounted, or paused
 			s.big.Put(buf)
 			return
 		case err != nil:
@@ -251,6 +314,9 @@ func (s *server) serve() {
 		switch h.Opcode {
 		case opForget, opBatchForget, opInterrupt:
 			continue // no answer: one inode that never goes; requests are not cancelled
+		}
+		if h.Unique&uniqueResend != 0 && !s.resent.Swap(true) {
+			s.log.Info("the kernel sent again a request the engine before this one had read and not answered; it is answered now", "opcode", h.Opcode)
 		}
 		// Large writes keep the buffer they were read into; anything else
 		// is copied out so that the reader keeps it.
@@ -320,11 +386,34 @@ func (s *server) reply(h *gofuse.InHeader, errno syscall.Errno, out, data []byte
 // attributes (FUSE_NOTIFY_INVAL_INODE, offset -1: not its pages).
 func (s *server) notifyAttributes() error {
 	out := gofuse.NotifyInvalInodeOut{Ino: fileID, Off: -1}
-	b := bytesOf(&out)
-	err := s.write([][]byte{outHeader(0, notifyInvalInode, len(b)), b})
+	err := s.notify(notifyInvalInode, bytesOf(&out))
 	if errors.Is(err, unix.ENOENT) {
 		return nil // the kernel holds nothing of the file
 	}
+	return err
+}
+
+// notify sends the kernel an unsolicited message: unique 0, the code in
+// the header's error field.
+func (s *server) notify(code int32, payload []byte) error {
+	return s.write([][]byte{outHeader(0, code, len(payload)), payload})
+}
+
+// pause stops reading requests and waits for the ones being answered; the
+// kernel queues what comes next for the server that takes the connection
+// over. The descriptor stays open.
+func (s *server) pause() {
+	s.file.SetReadDeadline(time.Now())
+	<-s.done
+	s.handlers.Wait()
+}
+
+// close closes this process's descriptor of the connection, after the
+// requests being answered (the connection ends if it was the last one).
+func (s *server) close() error {
+	err := s.file.Close()
+	<-s.done
+	s.handlers.Wait()
 	return err
 }
 
@@ -332,8 +421,18 @@ func (s *server) notifyAttributes() error {
 // the requests being answered and closes /dev/fuse. If the mount is busy
 // (the loop device still holds the file, as long as a filesystem on it is
 // mounted) it is detached lazily and the server goes on answering until
-// the kernel lets go of it.
-func (s *server) stop(dir string) error {
+// the kernel lets go of it. Without a mount of this connection at dir
+// (mounted, false: it was made in the mount namespace of a process that is
+// gone) the descriptor is closed once the kernel ended the connection or
+// after a short wait.
+func (s *server) stop(dir string, mounted bool) error {
+	if !mounted {
+		select {
+		case <-s.done:
+		case <-time.After(5 * time.Second):
+		}
+		return s.close()
+	}
 	if err := unix.Unmount(dir, 0); err != nil {
 		if derr := unix.Unmount(dir, unix.MNT_DETACH); derr != nil {
 			return fmt.Errorf("unmount %s: %w", dir, errors.Join(err, derr))
