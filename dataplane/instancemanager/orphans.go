@@ -41,7 +41,13 @@ func removePIDFile(dir, name string) { os.Remove(filepath.Join(dir, name+".pid")
 
 // killOrphans kills every recorded child that is still the same process
 // (and its process group), and removes the records. It returns how many it
-// killed.
+// killed. It kills and nothing else: the FUSE mount and loop device of an
+// engine it kills stay, held by the device keeper (cairn-data
+// device-keeper, outside this pod), and the engine started next for the
+// volume takes them over, so the I/O on them waits instead of failing
+// (TestFUSEInstanceManagerRestartIsAPause). Unmounting or detaching them
+// here would fail that I/O; an engine detaches them itself when the
+// volume is detached.
 func killOrphans(dir string, log logr.Logger) int {
 	files, _ := filepath.Glob(filepath.Join(dir, "*.pid"))
 	n := 0

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
 // The engine restart tests: a volume with the fuse frontend and a device
@@ -419,3 +422,125 @@ func TestFUSESecondEngineRefused(t *testing.T) {
 	s.finish(t)
 }
 
+
+// TestFUSEEngineRestartWithoutKeeper: without a keeper, an engine killed
+// takes its FUSE connection down (the mount it leaves answers ENOTCONN);
+// the engine started again detaches that mount and serves the volume
+// anew, with the data written before.
+func TestFUSEEngineRestartWithoutKeeper(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	fuseDir := filepath.Join(dir, "fuse")
+	t.Cleanup(func() { exec.Command("umount", "-l", fuseDir).Run() })
+	_, args := filesystemEngineArgs(t, dir, "16Mi", "--frontend", "fuse", "--fuse-dir", fuseDir)
+	eng := start(t, args...)
+	if !strings.Contains(eng.stderr.String(), "no device keeper") {
+		t.Fatalf("the engine without a keeper does not say a restart fails the I/O in flight:\n%s", eng.stderr.String())
+	}
+	block := bytes.Repeat([]byte{0x5a}, 4096)
+	if err := os.WriteFile(eng.endpoint, block, 0); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, "sync")
+	eng.cmd.Process.Kill()
+	eng.waitExit(t)
+	eng = start(t, args...)
+	if !strings.Contains(eng.stderr.String(), "detaching the dead FUSE mount") {
+		t.Fatalf("the engine started again did not detach the dead mount:\n%s", eng.stderr.String())
+	}
+	got := make([]byte, 4096)
+	f, err := os.Open(eng.endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, block) {
+		t.Fatalf("the block written before the kill: %v", err)
+	}
+}
+
+// TestFUSEInstanceManagerRestartIsAPause: the scenario at the
+// process level. The engine runs under an instance manager whose children
+// know the keeper (--child-env CAIRN_DEVICE_KEEPER); ext4 on its loop
+// device takes fsynced appends and O_DIRECT writes. The instance manager
+// is stopped with SIGTERM (a pod deleted: it stops its engine, which leaves
+// the in-use device to the keeper), a new one started on the same state
+// directory and asked for the engine again; then that one is SIGKILLed
+// (its engine dies with it), and a third one asked again. Each new engine
+// takes the same loop device over; the writers see no error; every
+// acknowledged write and fsynced record is there; deleting the engine at
+// the end (a detach) leaves no loop device.
+func TestFUSEInstanceManagerRestartIsAPause(t *testing.T) {
+	needRoot(t)
+	needTool(t, "mkfs.ext4")
+	ctx := context.Background()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "keeper", "k.sock")
+	keeper := start(t, "device-keeper", "--socket", sock)
+	reps, _ := filesystemEngineArgs(t, dir, restartVolume)
+	var addrs []*imv1.ReplicaAddress
+	for _, r := range reps {
+		addrs = append(addrs, &imv1.ReplicaAddress{Data: r.data, Control: r.control})
+	}
+	logDir, ports, mnt := filepath.Join(dir, "im"), freePortRange(t, 8), filepath.Join(dir, "mnt")
+	t.Cleanup(func() {
+		exec.Command("umount", "-l", mnt).Run()
+		unmountUnder(logDir)
+	})
+	startEngine := func() (*imHandle, string) {
+		t.Helper()
+		im := startIM(t, ports, "--log-dir", logDir, "--child-env", "CAIRN_DEVICE_KEEPER="+sock)
+		if _, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "vol-e", Spec: &imv1.ProcessCreateRequest_Engine{Engine: &imv1.EngineSpec{
+			VolumeName: "vol", Replicas: addrs, Frontend: imv1.Frontend_FRONTEND_FUSE}}}); err != nil {
+			t.Fatal(err)
+		}
+		return im, waitState(t, im.c, "vol-e", imv1.ProcessState_PROCESS_STATE_RUNNING).Endpoint.GetPath()
+	}
+	im, dev := startEngine()
+	sh(t, "mkfs.ext4", "-q", "-F", dev, fsSize)
+	os.MkdirAll(mnt, 0o755)
+	sh(t, "mount", dev, mnt)
+	load := startLoad(t, dev, mnt)
+	load.waitProgress(t, 20, "before the instance manager's SIGTERM")
+
+	for i, stop := range []func(*os.Process) error{
+		func(p *os.Process) error { return p.Signal(syscall.SIGTERM) },
+		func(p *os.Process) error { return p.Kill() },
+	} {
+		stop(im.p.cmd.Process)
+		im.p.waitExit(t)
+		var again string
+		im, again = startEngine()
+		if again != dev {
+			t.Fatalf("restart %d: the engine serves %s, not %s", i, again, dev)
+		}
+		load.waitProgress(t, 20, fmt.Sprintf("after instance manager restart %d", i))
+	}
+	if n := strings.Count(keeper.stderr.String(), "an engine took over the device of a volume"); n != 2 {
+		t.Fatalf("the keeper handed the device over %d times, want 2:\n%s", n, keeper.stderr.String())
+	}
+	load.check(t, dev, mnt)
+	sh(t, "umount", mnt)
+	t.Log(sh(t, "e2fsck", "-fn", dev))
+	if _, err := im.c.ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: "vol-e"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(pauseBound)
+	for loopAttached(dev) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is still attached after the engine was deleted", dev)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// unmountUnder lazily unmounts every mount below dir (a failed test's
+// FUSE mounts).
+func unmountUnder(dir string) {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			exec.Command("umount", "-l", f[4]).Run()
+		}
+	}
+}

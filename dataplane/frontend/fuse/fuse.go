@@ -190,7 +190,7 @@ func (f *Frontend) Release() {
 // mount mounts the volume file, attaches a loop device and deposits both
 // with the keeper.
 func (f *Frontend) mount(dev Device) error {
-	if err := os.MkdirAll(f.dir, 0o700); err != nil {
+	if err := f.makeDir(); err != nil {
 		return fmt.Errorf("fuse frontend: %w", err)
 	}
 	s, err := mountServer(dev, f.opts.Name, f.dir, f.log)
@@ -216,6 +216,26 @@ func (f *Frontend) mount(dev Device) error {
 	}
 	f.deposit()
 	return nil
+}
+
+// makeDir makes the mount directory. A FUSE mount an engine left there
+// when it died with nobody holding its connection answers ENOTCONN: it is
+// detached, so that the volume is mounted anew (its I/O in flight failed
+// when that engine died).
+func (f *Frontend) makeDir() error {
+	err := os.MkdirAll(f.dir, 0o700)
+	if err == nil {
+		return nil
+	}
+	var st unix.Stat_t
+	if serr := unix.Stat(f.dir, &st); !errors.Is(serr, unix.ENOTCONN) {
+		return err
+	}
+	f.log.Info("detaching the dead FUSE mount an engine of the volume left when it died", "dir", f.dir)
+	if uerr := unix.Unmount(f.dir, unix.MNT_DETACH); uerr != nil {
+		return fmt.Errorf("detaching the dead FUSE mount at %s: %w", f.dir, uerr)
+	}
+	return os.MkdirAll(f.dir, 0o700)
 }
 
 // fileDevice is the device number of fd's filesystem, from what the
