@@ -147,7 +147,9 @@ func (l *ioLoad) writeRaw(f *os.File) {
 	}
 }
 
-func record(n int64) []byte { return []byte(fmt.Sprintf("record %012d %s\n", n, strings.Repeat("x", 40))) }
+func record(n int64) []byte {
+	return []byte(fmt.Sprintf("record %012d %s\n", n, strings.Repeat("x", 40)))
+}
 
 // appendRecords appends numbered records to the file, each fsynced.
 func (l *ioLoad) appendRecords(f *os.File) {
@@ -421,7 +423,6 @@ func TestFUSESecondEngineRefused(t *testing.T) {
 	checkFiles(t, s.mnt, 0, 3)
 	s.finish(t)
 }
-
 
 // TestFUSEEngineRestartWithoutKeeper: without a keeper, an engine killed
 // takes its FUSE connection down (the mount it leaves answers ENOTCONN);
