@@ -9,10 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"sync"
 	"syscall"
@@ -66,6 +65,8 @@ var DefaultEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 type Options struct {
 	// Binary is run as "Binary <kind> <args...>". Default: this executable.
 	Binary string
+	// Launcher starts the processes. Default: one that runs Binary.
+	Launcher Launcher
 	// PortMin and PortMax bound the ports handed to processes.
 	PortMin, PortMax int
 	// Host is the address children listen on and report (the node's
@@ -140,7 +141,7 @@ type Event struct {
 
 type proc struct {
 	Process
-	cmd      *exec.Cmd
+	child    Child
 	log      *processLog
 	started  chan struct{} // closed once the start attempt is over (PID set or failed)
 	exited   chan struct{}
@@ -150,9 +151,8 @@ type proc struct {
 
 // Supervisor runs and watches processes.
 type Supervisor struct {
-	opts  Options
-	log   logr.Logger
-	spawn chan spawnReq
+	opts Options
+	log  logr.Logger
 
 	mu       sync.Mutex
 	procs    map[string]*proc
@@ -162,11 +162,6 @@ type Supervisor struct {
 	deleting map[string]struct{} // data directories being removed
 	closing  bool
 	wg       sync.WaitGroup
-}
-
-type spawnReq struct {
-	cmd  *exec.Cmd
-	done chan error
 }
 
 // readyFD is the descriptor number of the ready pipe in a child (the
@@ -185,12 +180,15 @@ func New(opts Options) (*Supervisor, error) {
 	if opts.LogDir == "" {
 		return nil, fmt.Errorf("%w: a log directory is required", ErrInvalid)
 	}
-	if opts.Binary == "" {
+	if opts.Binary == "" && opts.Launcher == nil {
 		exe, err := os.Executable()
 		if err != nil {
 			return nil, err
 		}
 		opts.Binary = exe
+	}
+	if opts.Launcher == nil {
+		opts.Launcher = newExecLauncher(opts.Binary)
 	}
 	if opts.StateDir == "" {
 		opts.StateDir = opts.LogDir
@@ -235,12 +233,11 @@ func New(opts Options) (*Supervisor, error) {
 			return nil, err
 		}
 	}
-	s := &Supervisor{opts: opts, log: opts.Logger, spawn: make(chan spawnReq), procs: map[string]*proc{},
+	s := &Supervisor{opts: opts, log: opts.Logger, procs: map[string]*proc{},
 		ports: ports, watchers: map[chan Event]struct{}{}, deleting: map[string]struct{}{}}
 	if n := killOrphans(opts.StateDir, s.log); n > 0 {
 		s.log.Info("killed processes left by a previous instance manager", "count", n)
 	}
-	go s.spawner()
 	return s, nil
 }
 
@@ -250,16 +247,6 @@ func (s *Supervisor) grace(k Kind) time.Duration {
 		return max(s.opts.StopGrace, EngineFinalFlush+engineStopSlack)
 	}
 	return s.opts.StopGrace
-}
-
-// spawner starts every child from one OS thread that never exits: a
-// child's parent-death signal (SIGKILL) fires when the thread that started
-// it ends, and Go may otherwise retire threads at any time.
-func (s *Supervisor) spawner() {
-	runtime.LockOSThread()
-	for r := range s.spawn {
-		r.done <- r.cmd.Start()
-	}
 }
 
 // Create starts the process spec describes, under name. If the name
@@ -325,7 +312,7 @@ func (s *Supervisor) Create(name string, spec Spec) (Process, error) {
 		}
 		return snap, nil
 	}
-	p.PID = p.cmd.Process.Pid
+	p.PID = p.child.PID()
 	writePIDFile(s.opts.StateDir, fileName(name), p.PID)
 	// The name was reserved at "starting"; announce it now that it has a pid.
 	s.emit(p, false)
@@ -337,67 +324,21 @@ func (s *Supervisor) Create(name string, spec Spec) (Process, error) {
 	return snap, nil
 }
 
-// launch opens the process's log and starts it with the write end of a
-// ready pipe as descriptor 3; it returns the read end.
-func (s *Supervisor) launch(p *proc) (*os.File, error) {
+// launch opens the process's log and starts it (Options.Launcher); it
+// returns the read end of its ready descriptor.
+func (s *Supervisor) launch(p *proc) (io.ReadCloser, error) {
 	lg, err := openLog(filepath.Join(s.opts.LogDir, fileName(p.Name)+".log"), s.opts.LogMaxBytes)
 	if err != nil {
 		return nil, err
 	}
 	p.log = lg
-	readyR, readyW, err := os.Pipe()
+	child, err := s.opts.Launcher.Launch(Launch{Kind: p.Kind, Args: p.Args, Env: s.opts.Env, Output: lg,
+		AuthKey: authKeyOf(p.Spec), EncryptionKey: encryptionKeyOf(p.Spec)})
 	if err != nil {
 		return nil, err
 	}
-	defer readyW.Close() // the child has its copy
-	p.cmd = exec.Command(s.opts.Binary, append([]string{string(p.Kind)}, p.Args...)...)
-	p.cmd.Stdout, p.cmd.Stderr = lg, lg
-	p.cmd.Env = s.opts.Env
-	// Descriptors 3, 4 and 5 of the child: the ready pipe, then the key
-	// pipes (nil: closed in the child).
-	p.cmd.ExtraFiles = []*os.File{readyW, nil, nil}
-	for i, key := range []string{authKeyOf(p.Spec), encryptionKeyOf(p.Spec)} {
-		if key == "" {
-			continue
-		}
-		r, err := keyPipe(key)
-		if err != nil {
-			readyR.Close()
-			return nil, err
-		}
-		defer r.Close() // the child has its copy
-		p.cmd.ExtraFiles[1+i] = r
-	}
-	for len(p.cmd.ExtraFiles) > 1 && p.cmd.ExtraFiles[len(p.cmd.ExtraFiles)-1] == nil {
-		p.cmd.ExtraFiles = p.cmd.ExtraFiles[:len(p.cmd.ExtraFiles)-1]
-	}
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	done := make(chan error, 1)
-	s.spawn <- spawnReq{cmd: p.cmd, done: done}
-	if err := <-done; err != nil {
-		readyR.Close()
-		return nil, err
-	}
-	return readyR, nil
-}
-
-// keyPipe returns the read end of a pipe holding key, its write end
-// closed. A key goes to a child through such a pipe, which the child reads
-// once: not in its arguments or environment, which other users of the
-// node can read in /proc. A key (32 or 64 bytes) fits in any pipe's
-// buffer, so the write does not wait for the child.
-func keyPipe(key string) (*os.File, error) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	_, err = w.WriteString(key)
-	w.Close()
-	if err != nil {
-		r.Close()
-		return nil, err
-	}
-	return r, nil
+	p.child = child
+	return child.Ready(), nil
 }
 
 // dataDirFreeLocked refuses a data directory that a process which has not
@@ -459,7 +400,7 @@ func (s *Supervisor) DeleteData(dir string) error {
 // awaitReady reads the process's ready report and moves it to running
 // with the addresses it reports; a process that gives none within the
 // start timeout is killed (wait then records the error).
-func (s *Supervisor) awaitReady(p *proc, r *os.File) {
+func (s *Supervisor) awaitReady(p *proc, r io.ReadCloser) {
 	defer s.wg.Done()
 	defer r.Close()
 	type result struct {
@@ -503,7 +444,7 @@ func (s *Supervisor) awaitReady(p *proc, r *os.File) {
 		p.Error = reason
 	}
 	s.mu.Unlock()
-	syscall.Kill(-p.PID, syscall.SIGKILL)
+	p.child.Signal(syscall.SIGKILL)
 }
 
 // setState is the only writer of a process's state; it refuses an
@@ -550,8 +491,7 @@ func (p *proc) snapshot() Process {
 // (with exit code and log tail) otherwise.
 func (s *Supervisor) wait(p *proc) {
 	defer s.wg.Done()
-	err := p.cmd.Wait()
-	code := p.cmd.ProcessState.ExitCode()
+	code, err := p.child.Wait()
 	p.log.Close()
 	removePIDFile(s.opts.StateDir, fileName(p.Name))
 	s.mu.Lock()
@@ -621,7 +561,7 @@ func (s *Supervisor) Delete(ctx context.Context, name string) error {
 // ask: SIGTERM to its group, SIGKILL after the grace period.
 func (s *Supervisor) startStop(p *proc) {
 	p.stopOnce.Do(func() {
-		syscall.Kill(-p.PID, syscall.SIGTERM)
+		p.child.Signal(syscall.SIGTERM)
 		go func() {
 			t := time.NewTimer(s.grace(p.Kind))
 			defer t.Stop()
@@ -629,7 +569,7 @@ func (s *Supervisor) startStop(p *proc) {
 			case <-p.exited:
 			case <-t.C:
 				s.log.Info("process did not stop in time; killing it", "name", p.Name, "grace", s.grace(p.Kind))
-				syscall.Kill(-p.PID, syscall.SIGKILL)
+				p.child.Signal(syscall.SIGKILL)
 			}
 		}()
 	})

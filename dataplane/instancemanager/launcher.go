@@ -1,0 +1,147 @@
+package instancemanager
+
+import (
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"syscall"
+)
+
+// Launcher starts the processes a Supervisor supervises. The Supervisor
+// owns their life cycle (states, ports, logs, stops); a Launcher only
+// starts one and gives back the handle it is watched through. The default
+// runs Options.Binary (execLauncher); a test of the state machine gives
+// one that starts nothing.
+type Launcher interface {
+	Launch(l Launch) (Child, error)
+}
+
+// Launch is one process to start.
+type Launch struct {
+	// Kind is the cairn-data subcommand; Args follow it.
+	Kind Kind
+	Args []string
+	// Env is the whole environment.
+	Env []string
+	// Output receives the process's stdout and stderr (its log).
+	Output io.Writer
+	// AuthKey and EncryptionKey reach the process through pipes of their
+	// own ("" none): descriptors keyFD and encKeyFD, which its arguments
+	// name.
+	AuthKey, EncryptionKey string
+}
+
+// Child is a started process.
+type Child interface {
+	// PID is its process id, also the id of its process group.
+	PID() int
+	// Ready is the read end of its ready descriptor (readyFD), where it
+	// writes one ready.Report; the Supervisor reads and closes it.
+	Ready() io.ReadCloser
+	// Wait waits until it exits and returns its exit code (-1 if a signal
+	// ended it) and how it ended (nil for exit code 0).
+	Wait() (code int, err error)
+	// Signal sends sig to its process group.
+	Signal(sig syscall.Signal) error
+}
+
+// execLauncher runs "binary <kind> <args...>", each child from one OS
+// thread that never exits: a child's parent-death signal (SIGKILL) fires
+// when the thread that started it ends, and Go may otherwise retire
+// threads at any time.
+type execLauncher struct {
+	binary string
+	spawn  chan spawnReq
+}
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func newExecLauncher(binary string) *execLauncher {
+	l := &execLauncher{binary: binary, spawn: make(chan spawnReq)}
+	go l.spawner()
+	return l
+}
+
+func (l *execLauncher) spawner() {
+	runtime.LockOSThread()
+	for r := range l.spawn {
+		r.done <- r.cmd.Start()
+	}
+}
+
+// Launch starts the child with the write end of a ready pipe as
+// descriptor readyFD and its keys' pipes as keyFD and encKeyFD.
+func (l *execLauncher) Launch(c Launch) (Child, error) {
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer readyW.Close() // the child has its copy
+	cmd := exec.Command(l.binary, append([]string{string(c.Kind)}, c.Args...)...)
+	cmd.Stdout, cmd.Stderr = c.Output, c.Output
+	cmd.Env = c.Env
+	// Descriptors 3, 4 and 5 of the child: the ready pipe, then the key
+	// pipes (nil: closed in the child).
+	cmd.ExtraFiles = []*os.File{readyW, nil, nil}
+	for i, key := range []string{c.AuthKey, c.EncryptionKey} {
+		if key == "" {
+			continue
+		}
+		r, err := keyPipe(key)
+		if err != nil {
+			readyR.Close()
+			return nil, err
+		}
+		defer r.Close() // the child has its copy
+		cmd.ExtraFiles[1+i] = r
+	}
+	for len(cmd.ExtraFiles) > 1 && cmd.ExtraFiles[len(cmd.ExtraFiles)-1] == nil {
+		cmd.ExtraFiles = cmd.ExtraFiles[:len(cmd.ExtraFiles)-1]
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	done := make(chan error, 1)
+	l.spawn <- spawnReq{cmd: cmd, done: done}
+	if err := <-done; err != nil {
+		readyR.Close()
+		return nil, err
+	}
+	return &execChild{cmd: cmd, ready: readyR}, nil
+}
+
+// keyPipe returns the read end of a pipe holding key, its write end
+// closed. A key goes to a child through such a pipe, which the child reads
+// once: not in its arguments or environment, which other users of the
+// node can read in /proc. A key (32 or 64 bytes) fits in any pipe's
+// buffer, so the write does not wait for the child.
+func keyPipe(key string) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	_, err = w.WriteString(key)
+	w.Close()
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+type execChild struct {
+	cmd   *exec.Cmd
+	ready *os.File
+}
+
+func (c *execChild) PID() int             { return c.cmd.Process.Pid }
+func (c *execChild) Ready() io.ReadCloser { return c.ready }
+
+func (c *execChild) Wait() (int, error) {
+	err := c.cmd.Wait()
+	return c.cmd.ProcessState.ExitCode(), err
+}
+
+func (c *execChild) Signal(sig syscall.Signal) error { return syscall.Kill(-c.cmd.Process.Pid, sig) }
