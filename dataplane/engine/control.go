@@ -249,12 +249,17 @@ func (e *Engine) deleteSnapshot(ctx context.Context, name string) error {
 
 // Revert makes the volume read as it did at snapshot name, on every
 // replica; replicas that lack the snapshot are failed (they need a
-// rebuild). The frontend's users must have stopped using the volume: the
-// data changes under them.
+// rebuild). A name the RW replicas do not list is refused with
+// ErrSnapshotNotFound before any replica is touched: a mistyped name must
+// not fail every replica. The frontend's users must have stopped using
+// the volume: the data changes under them.
 func (e *Engine) Revert(ctx context.Context, name string) error {
 	ctx = detach(ctx)
 	e.chain.Lock()
 	defer e.chain.Unlock()
+	if snaps, err := e.Snapshots(ctx); err == nil && !slices.ContainsFunc(snaps, func(s SnapshotInfo) bool { return s.Name == name }) {
+		return fmt.Errorf("%w: %s: no RW replica has it", ErrSnapshotNotFound, name)
+	}
 	return e.forEachWritable(ctx, "revert to "+name, func(m *member, mode Mode) error {
 		if mode == ModeWO {
 			return errors.New("a replica being rebuilt cannot be reverted")
