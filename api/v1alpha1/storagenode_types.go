@@ -65,6 +65,72 @@ type StorageNodeSpec struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
 	Disks []DiskSpec `json:"disks,omitempty"`
+
+	// evictionRequested, when true, moves every replica off the node
+	// before it is taken away: for each volume in turn (one at a time), a
+	// replacement replica is placed on another node, the volume's engine
+	// rebuilds it, and once it is RW the replica here is deleted with its
+	// data. A replica of a detached volume is moved when the volume is
+	// next attached (the copy goes through its engine). status.drain says
+	// what is left. A cordoned node (kubectl cordon or drain) moves only
+	// the replicas that hold a volume's last healthy copy.
+	// +optional
+	EvictionRequested bool `json:"evictionRequested,omitempty"`
+}
+
+// DrainBlockReason says why a node cannot be drained yet.
+// +kubebuilder:validation:Enum=EngineRunning;LastHealthyReplica
+type DrainBlockReason string
+
+const (
+	// DrainBlockEngineRunning: a volume's engine runs on the node (the
+	// volume is attached there, or Cairn's own work runs there). It stops
+	// once the pods using the volume are evicted and the volume detaches.
+	DrainBlockEngineRunning DrainBlockReason = "EngineRunning"
+	// DrainBlockLastHealthyReplica: every healthy replica of a volume is
+	// on the node; taking the node away would leave the volume without
+	// its data. It is moved to another node first.
+	DrainBlockLastHealthyReplica DrainBlockReason = "LastHealthyReplica"
+)
+
+// DrainBlocker is one volume that holds a drain of the node.
+type DrainBlocker struct {
+	// volume is the Volume's name.
+	// +required
+	Volume string `json:"volume"`
+
+	// reason is why it holds the drain.
+	// +required
+	Reason DrainBlockReason `json:"reason"`
+
+	// message says what is awaited.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// DrainStatus says whether the node can be drained without taking away
+// the last healthy replica of a volume. The drain controller of
+// cairn-manager writes it (and nothing else of the status).
+type DrainStatus struct {
+	// safe is true when nothing on the node holds a drain: the node's
+	// drain guard pod may be evicted. While it is false, the guard's
+	// PodDisruptionBudget refuses the eviction, so kubectl drain waits.
+	Safe bool `json:"safe"`
+
+	// blockers are the volumes that hold a drain, by name (at most 50).
+	// +optional
+	// +kubebuilder:validation:MaxItems=50
+	Blockers []DrainBlocker `json:"blockers,omitempty"`
+
+	// moving says which replica is being moved off the node now (the node
+	// is cordoned or spec.evictionRequested), and to where; or why none can
+	// be.
+	// +optional
+	Moving string `json:"moving,omitempty"`
+
+	// replicas is how many replicas the node holds.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
 }
 
 // DiskStatus is what Cairn observed of one disk.
@@ -118,6 +184,10 @@ type StorageNodeStatus struct {
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// drain says what holds a drain of the node, if anything.
+	// +optional
+	Drain *DrainStatus `json:"drain,omitempty"`
 }
 
 // StorageNode lists the disks of one Kubernetes node that Cairn may place
@@ -128,6 +198,9 @@ type StorageNodeStatus struct {
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Schedulable",type=boolean,JSONPath=`.spec.allowScheduling`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Drainable",type=boolean,JSONPath=`.status.drain.safe`,description="Whether a drain of the node can proceed now"
+// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.status.drain.replicas`,priority=1
+// +kubebuilder:printcolumn:name="Evicting",type=boolean,JSONPath=`.spec.evictionRequested`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type StorageNode struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -40,12 +40,15 @@ commands:
                        a faulted volume: which replicas its salvage waits for; with
                        --give-up and --yes, delete replicas whose disks are lost for
                        good so that it salvages from the others (their data is lost)
+  drain-check NODE     what holds a drain of the node (kubectl drain waits for it): engines
+                       running there, volumes whose every healthy replica is there;
+                       exit code 3 while something does
   key-check            the key check (spec.encryption.keyCheck) of the passphrase on stdin,
                        for an encrypted Volume made by hand; reads no object
 
 flags:
   -n, --namespace NS   where Cairn's objects are (default cairn-system)
-  -o, --output FORMAT  table (default), json or yaml (volumes, rebuilds, snapshots)
+  -o, --output FORMAT  table (default), json or yaml (volumes, rebuilds, snapshots, drain-check)
   --kubeconfig FILE    as kubectl (default $KUBECONFIG or ~/.kube/config)
   --context NAME       a context of the kubeconfig
 `
@@ -130,6 +133,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, c client.
 		var healthy bool
 		healthy, err = o.doctor(ctx, rest[1])
 		if err == nil && !healthy {
+			return 3
+		}
+	case "drain-check":
+		if len(rest) != 2 {
+			fmt.Fprintln(stderr, "kubectl cairn: drain-check needs one NODE (a Kubernetes node's name)")
+			return 2
+		}
+		var safe bool
+		safe, err = o.drainCheck(ctx, rest[1])
+		if err == nil && !safe {
 			return 3
 		}
 	case "salvage":

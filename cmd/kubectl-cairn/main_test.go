@@ -247,6 +247,32 @@ func TestPlugin(t *testing.T) {
 	}
 	contains(out, "replica dead-r-1 deleted")
 
+	// Node a runs good's and sick's engines and holds sick's only RW
+	// replica (sick-r-1 on b is still WO); b holds nothing that is the
+	// last healthy copy of anything.
+	out, code = kc("drain-check", "a")
+	if code != 3 {
+		t.Fatalf("drain-check a: %d %s", code, out)
+	}
+	contains(out, "a drain waits", "good", "EngineRunning", "engine good-e runs on a", "LastHealthyReplica", "(sick-r-0)")
+	if strings.Count(out, "EngineRunning") != 2 || strings.Count(out, "LastHealthyReplica") != 1 {
+		t.Errorf("drain-check a: two engines and one last healthy replica:\n%s", out)
+	}
+	must(c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Spec: corev1.NodeSpec{Unschedulable: true}}))
+	out, code = kc("drain-check", "b")
+	if code != 0 {
+		t.Fatalf("drain-check b: %d %s", code, out)
+	}
+	contains(out, "node b (cordoned) holds 2 replicas", "it can be drained")
+	out, code = kc("-o", "json", "drain-check", "a")
+	var dv drainView
+	if code != 3 || json.Unmarshal([]byte(out), &dv) != nil || dv.Safe || len(dv.Blockers) != 3 || dv.Blockers[0].Volume != "good" {
+		t.Fatalf("drain-check -o json: %d %s", code, out)
+	}
+	if _, code = kc("drain-check"); code != 2 {
+		t.Fatal("drain-check without a node should exit 2")
+	}
+
 	out, code = kc("-n", "elsewhere", "volumes")
 	contains(out, "No volumes in elsewhere")
 	if _, code = kc("frobnicate"); code != 2 {

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -29,6 +31,7 @@ import (
 
 	storagev1alpha1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/certs"
+	"github.com/cairn-io/cairn/controllers/drain"
 	"github.com/cairn-io/cairn/controllers/engine"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
@@ -42,6 +45,10 @@ import (
 )
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == drain.GuardArg {
+		guard()
+		return
+	}
 	var (
 		metricsAddr    string
 		metricsSecure  bool
@@ -52,6 +59,7 @@ func main() {
 		disc           discovery
 		pki            pkiFlags
 		wl             workload.Reconciler
+		dr             drain.Reconciler
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "Address the metrics endpoint binds to; \"0\" disables it.")
 	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS (a self-signed certificate) and only to callers whose bearer token the API server "+
@@ -79,6 +87,8 @@ func main() {
 	flag.BoolVar(&wl.DeletePods, workload.FlagDeletePods, true,
 		"When a volume's device is lost under its pods while it stays attached (an engine restart whose frontend could not keep the device), delete the pods on that node "+
 			"that use it and that a controller owns, so they come back with a fresh mount (an Event on the pod and the claim says why either way); false: the Events only.")
+	flag.StringVar(&dr.GuardImage, "drain-guard-image", "",
+		"Image of the per-node drain guard pods (it must run this binary with the argument drain-guard); empty: the manager's own image, read from its pod ($POD_NAME).")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -100,10 +110,20 @@ func main() {
 		// server busy (CVE-2023-44487), and a scrape needs nothing more.
 		metricsOpts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
 	}
-	if err := run(metricsOpts, probeAddr, uiAddr, leaderElection, &vr, disc, pki, &wl); err != nil {
+	dr.ManagerPod, dr.ManagerContainer = client.ObjectKey{Namespace: disc.namespace, Name: os.Getenv("POD_NAME")}, "manager"
+	dr.OverProvisioningPercent = vr.OverProvisioningPercent
+	if err := run(metricsOpts, probeAddr, uiAddr, leaderElection, &vr, disc, pki, &wl, &dr); err != nil {
 		fmt.Fprintln(os.Stderr, "cairn-manager:", err)
 		os.Exit(1)
 	}
+}
+
+// guard is the drain guard pod's whole work (controllers/drain): to be
+// there until it is evicted or deleted.
+func guard() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGTERM, os.Interrupt)
+	<-c
 }
 
 // discovery is how the manager finds instance managers in a cluster.
@@ -128,7 +148,7 @@ func envOr(key, def string) string {
 	return def
 }
 
-func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElection bool, vr *volume.Reconciler, disc discovery, pki pkiFlags, wl *workload.Reconciler) error {
+func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElection bool, vr *volume.Reconciler, disc discovery, pki pkiFlags, wl *workload.Reconciler, dr *drain.Reconciler) error {
 	sel, err := labels.Parse(disc.selector)
 	if err != nil {
 		return fmt.Errorf("--instance-manager-selector %q: %w", disc.selector, err)
@@ -200,13 +220,15 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 		}
 	}
 	er := &engine.Reconciler{Client: c, Pool: pool, Keys: keys, DialOptions: engineDial}
+	wl.Client, wl.Namespace, dr.Client = c, disc.namespace, c
 	for kind, setup := range map[string]func(ctrl.Manager) error{
 		"StorageNode": (&storagenode.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 		"Replica":     (&replica.Reconciler{Client: c, Pool: pool, Keys: keys}).SetupWithManager,
 		"Engine":      er.SetupWithManager,
 		"Volume":      func(mgr ctrl.Manager) error { vr.Client = c; return vr.SetupWithManager(mgr) },
 		"Snapshot":    (&snapshot.Reconciler{Client: c, Pool: pool, DialOptions: engineDial}).SetupWithManager,
-		"workload":    func(mgr ctrl.Manager) error { wl.Client, wl.Namespace = c, disc.namespace; return wl.SetupWithManager(mgr) },
+		"workload":    wl.SetupWithManager,
+		"drain":       dr.SetupWithManager,
 	} {
 		if err := setup(mgr); err != nil {
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)

@@ -120,15 +120,20 @@ func planRepair(in repairInput) repairPlan {
 	})
 	budget := in.rebuildLimit - wo
 	active := 0
+	moving := moves(reps)
 	for _, r := range reps {
 		mode, held := in.modes[r.Name]
 		failedAt := r.Spec.FailedAt
+		_, moved := moving[r.Name]
+		moved = moved && !r.DeletionTimestamp.IsZero()
 		switch {
 		case mode == v1.ReplicaModeRW:
 			if failedAt != nil || r.Spec.HealthyAt == nil {
 				p.healthy = append(p.healthy, r.Name)
 			}
 			failedAt = nil
+		case moved:
+			// Deleted once its replacement is RW: leaving, not failed.
 		case mode == v1.ReplicaModeERR || (!held && r.Spec.HealthyAt != nil):
 			if failedAt == nil {
 				p.failed = append(p.failed, r.Name)
@@ -169,7 +174,7 @@ func planRepair(in repairInput) repairPlan {
 		extra := active - in.want
 		for i := len(reps) - 1; i >= 0 && extra > 0; i-- {
 			r := reps[i]
-			if _, held := in.modes[r.Name]; held || r.Spec.HealthyAt != nil || r.Spec.FailedAt != nil || !r.DeletionTimestamp.IsZero() {
+			if _, held := in.modes[r.Name]; held || r.Spec.HealthyAt != nil || r.Spec.FailedAt != nil || !r.DeletionTimestamp.IsZero() || isReplacement(r, moving) {
 				continue
 			}
 			p.remove = append(p.remove, r.Name)
@@ -181,6 +186,13 @@ func planRepair(in repairInput) repairPlan {
 	}
 	slices.Sort(p.remove)
 	return p
+}
+
+// isReplacement reports whether r takes over from a replica being moved
+// off its node (moves): it is not surplus while that one is there.
+func isReplacement(r *v1.Replica, moving map[string]string) bool {
+	old := r.Labels[LabelReplaces]
+	return old != "" && moving[old] == r.Name
 }
 
 // compareTimes orders nil last.
