@@ -52,7 +52,8 @@ func (r *Reconciler) guardPod(sn *v1.StorageNode, image string, command []string
 			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](5),
-			SecurityContext:               &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532)},
+			SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
 			Containers: []corev1.Container{{
 				Name: "guard", Image: image, Command: command, Args: []string{GuardArg},
 				Resources: corev1.ResourceRequirements{
