@@ -198,7 +198,13 @@ func TestDeviceLossWithoutPersistentVolume(t *testing.T) {
 	g := NewWithT(t)
 	f := newFixtureIn(t, g, otherNamespace)
 	f.pod(g, "web-0", "node-a", f.claim, true)
-	g.Expect(k8sClient.Delete(context.Background(), &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: f.volume}})).To(Succeed())
+	// No controller runs here to lift the pv-protection finalizer.
+	pv := &corev1.PersistentVolume{}
+	g.Expect(k8sClient.Get(context.Background(), client.ObjectKey{Name: f.volume}, pv)).To(Succeed())
+	before := pv.DeepCopy()
+	pv.Finalizers = nil
+	g.Expect(k8sClient.Patch(context.Background(), pv, client.MergeFrom(before))).To(Succeed())
+	g.Expect(k8sClient.Delete(context.Background(), pv)).To(Succeed())
 	g.Eventually(func() error {
 		return k8sClient.Get(context.Background(), client.ObjectKey{Name: f.volume}, &corev1.PersistentVolume{})
 	}, deadline, poll).Should(Satisfy(apierrors.IsNotFound))
