@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	grpcstatus "google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -121,9 +122,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{}, err
 }
 
+// equalMeta reports whether the finalizers, labels and owner references
+// Reconcile keeps are unchanged, by value (an owner reference's
+// controller and blockOwnerDeletion are pointers), so a Snapshot that has
+// them is not updated again.
 func equalMeta(a, b *v1.Snapshot) bool {
-	return slices.Equal(a.Finalizers, b.Finalizers) && fmt.Sprint(a.Labels) == fmt.Sprint(b.Labels) &&
-		fmt.Sprint(a.OwnerReferences) == fmt.Sprint(b.OwnerReferences)
+	return equality.Semantic.DeepEqual(a.Finalizers, b.Finalizers) && equality.Semantic.DeepEqual(a.Labels, b.Labels) &&
+		equality.Semantic.DeepEqual(a.OwnerReferences, b.OwnerReferences)
 }
 
 func setReady(s *v1.Snapshot, ok bool, reason, msg string) {
