@@ -132,6 +132,9 @@ func TestDrainGuard(t *testing.T) {
 	g.Eventually(func() error {
 		return k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: GuardName(n1)}, guard)
 	}, deadline, poll).Should(Succeed())
+	// The kubelet would run it: the eviction API lets a pending pod go
+	// whatever its budget says.
+	running(g, guard)
 	g.Expect(guard.Spec.NodeName).To(Equal(n1.Spec.NodeName))
 	g.Expect(guard.Spec.Containers[0].Image).To(Equal(guardImage))
 	g.Expect(metav1.GetControllerOf(guard)).NotTo(BeNil()) // kubectl drain evicts only pods something manages
@@ -167,6 +170,9 @@ func TestDrainGuard(t *testing.T) {
 	g.Expect(evict(n1)).To(Succeed())
 	g.Eventually(func(g Gomega) int32 { return drainOf(g, n1).Replicas }, deadline, poll).Should(BeZero())
 	g.Expect(drainOf(g, n2).Safe).To(BeFalse())
+	guard2 := &corev1.Pod{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: GuardName(n2)}, guard2)).To(Succeed())
+	running(g, guard2)
 	g.Expect(apierrors.IsTooManyRequests(evict(n2))).To(BeTrue())
 }
 
@@ -195,6 +201,7 @@ func TestEvictionRequested(t *testing.T) {
 		g.Eventually(func(g Gomega) []v1.Replica { repl = replacements(g, step.v.Name); return repl }, deadline, poll).Should(HaveLen(1))
 		// Neither the node left nor one holding a replica of the volume.
 		g.Expect(repl[0].Spec.NodeName).NotTo(BeElementOf(n3.Spec.NodeName, n4.Spec.NodeName))
+		g.Eventually(func(g Gomega) string { return drainOf(g, n3).Moving }, deadline, poll).Should(ContainSubstring(repl[0].Name))
 		// Until it is RW, the other volume's replica stays put, however
 		// often the reconciler is woken (the StorageNode changed).
 		g.Consistently(func(g Gomega) {
@@ -213,6 +220,14 @@ func TestEvictionRequested(t *testing.T) {
 	}
 	g.Eventually(func(g Gomega) int32 { return drainOf(g, n3).Replicas }, deadline, poll).Should(BeZero())
 	g.Expect(drainOf(g, n3).Safe).To(BeTrue())
+}
+
+// running reports the pod running and ready, as its kubelet would.
+func running(g Gomega, p *corev1.Pod) {
+	before := p.DeepCopy()
+	p.Status.Phase = corev1.PodRunning
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
+	g.Expect(k8sClient.Status().Patch(ctx, p, client.MergeFrom(before))).To(Succeed())
 }
 
 // poke changes an annotation of the StorageNode, which wakes the
