@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -634,9 +635,12 @@ func (r *Reconciler) setEngine(ctx context.Context, e *v1.Engine, mutate func(*v
 	return r.Patch(ctx, e, client.MergeFrom(before))
 }
 
+// equalEngineSpec reports whether a patch from a's spec to b's would
+// change nothing: field by field, the pointed-to values of encryption and
+// cloneFrom and quantities by value, so an unchanged encrypted or cloning
+// engine is not patched on every reconcile.
 func equalEngineSpec(a, b *v1.Engine) bool {
-	x, y := a.Spec.DeepCopy(), b.Spec.DeepCopy()
-	return fmt.Sprintf("%+v", *x) == fmt.Sprintf("%+v", *y)
+	return equality.Semantic.DeepEqual(a.Spec, b.Spec)
 }
 
 func (r *Reconciler) setReplica(ctx context.Context, rep *v1.Replica, want v1.DesiredInstanceState) error {
