@@ -1,0 +1,118 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+// recordWriter appends "rec N" to /data/log with fsync every 0.2 s until
+// /tmp/stop exists. After each append it writes N to /tmp/acked when the
+// fsync succeeded, or counts a failure in /tmp/errors; /tmp/maxgap holds
+// the longest time in milliseconds between two successful appends (the
+// pause an application saw). The log's first acked lines must be exactly
+// rec 1 .. rec acked.
+const recordWriter = `cd /data && : > log && echo 0 > /tmp/errors && echo 0 > /tmp/acked && echo 0 > /tmp/maxgap
+(i=0; errs=0; max=0; last=$(date +%s%3N)
+while [ ! -f /tmp/stop ]; do
+  i=$((i+1))
+  if echo "rec $i" | dd of=/data/log oflag=append conv=notrunc,fsync status=none 2>>/tmp/werr; then
+    echo $i > /tmp/acked
+    now=$(date +%s%3N); gap=$((now-last)); last=$now
+    if [ $gap -gt $max ]; then max=$gap; echo $max > /tmp/maxgap; fi
+  else
+    errs=$((errs+1)); echo $errs > /tmp/errors; i=$((i-1))
+  fi
+  sleep 0.2
+done; echo done > /tmp/writer) >/tmp/writer.log 2>&1 &
+true`
+
+// writerState reads one of the record writer's counters.
+func writerState(pod, file string) int {
+	out, _ := kubectl("", "-n", "default", "exec", pod, "--", "sh", "-c", "cat /tmp/"+file+" 2>/dev/null || echo -1")
+	n, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// checkRecords stops the writer and checks that the log holds exactly
+// rec 1 .. rec acked, each once and in order, on a filesystem that is
+// still writable.
+func checkRecords(pod string) int {
+	GinkgoHelper()
+	podExec(pod, "touch /tmp/stop")
+	Eventually(func() string {
+		out, _ := kubectl("", "-n", "default", "exec", pod, "--", "sh", "-c", "cat /tmp/writer 2>/dev/null")
+		return out
+	}, 2*time.Minute, time.Second).Should(Equal("done"))
+	acked := writerState(pod, "acked")
+	Expect(acked).To(BeNumerically(">", 0))
+	podExec(pod, fmt.Sprintf("seq 1 %d | sed 's/^/rec /' > /tmp/want && head -n %d /data/log | cmp - /tmp/want", acked, acked))
+	podExec(pod, "touch /data/still-writable && sync")
+	return acked
+}
+
+// deleteInstanceManager deletes the instance-manager pod of node, as a
+// crash, an OOM kill or a rolling update of the DaemonSet does, and waits
+// for its replacement to run.
+func deleteInstanceManager(node string) {
+	GinkgoHelper()
+	sel := []string{"-n", ns, "get", "pod", "-l", "app.kubernetes.io/component=instance-manager", "--field-selector", "spec.nodeName=" + node}
+	old := must("", append(sel, "-o", "jsonpath={.items[*].metadata.name}")...)
+	oldIP := must("", append(sel, "-o", "jsonpath={.items[*].status.podIP}")...)
+	must("", "-n", ns, "delete", "pod", old, "--wait=false")
+	Eventually(func() string {
+		out, _ := kubectl("", append(sel, "-o", `jsonpath={.items[?(@.status.phase=="Running")].metadata.name}`)...)
+		return out
+	}, 3*time.Minute, time.Second).ShouldNot(Or(BeEmpty(), Equal(old)), "a new instance-manager pod on %s", node)
+	GinkgoWriter.Printf("instance manager on %s: %s (%s) replaced by %s (%s)\n", node, old, oldIP,
+		must("", append(sel, "-o", "jsonpath={.items[*].metadata.name}")...), must("", append(sel, "-o", "jsonpath={.items[*].status.podIP}")...))
+}
+
+// killEngine SIGKILLs the engine process of vol on its node.
+func killEngine(node, vol string) {
+	GinkgoHelper()
+	docker("exec", node, "sh", "-c", fmt.Sprintf("pkill -KILL -f 'cairn-data engine .*%s' || pkill -KILL -f 'engine.*%s'", vol, vol))
+}
+
+var _ = Describe("day 2: the data plane restarted under a writing application", func() {
+	for _, fault := range []string{"instance-manager pod deleted", "engine process killed"} {
+		It(fmt.Sprintf("pauses, never fails, an fsync writer when its node's %s", fault), func() {
+			n := nodes()
+			app := n[1]
+			claim := "d2-" + strings.Fields(fault)[0]
+			pvc(claim, "cairn", "256Mi", false, "")
+			startPod(claim, app, claim, false, appImage, recordWriter)
+			waitPod(claim, 4*time.Minute)
+			vol := volumeOf(claim)
+			Expect(volumeField(vol, "{.status.currentNodeName}")).To(Equal(app))
+			Eventually(robustness(vol), 2*time.Minute, time.Second).Should(Equal("healthy"))
+			Eventually(func() int { return writerState(claim, "acked") }, time.Minute, time.Second).Should(BeNumerically(">=", 10))
+			before := writerState(claim, "acked")
+			start := time.Now()
+			if fault == "engine process killed" {
+				killEngine(app, vol)
+			} else {
+				deleteInstanceManager(app)
+			}
+			// Writes go on: the writer gets past what it had before the fault.
+			Eventually(func() int { return writerState(claim, "acked") }, 3*time.Minute, time.Second).Should(BeNumerically(">", before+10),
+				"the writer makes progress again after the %s", fault)
+			Eventually(robustness(vol), 4*time.Minute, time.Second).Should(Equal("healthy"), "volume %s healthy again", vol)
+			GinkgoWriter.Printf("%s: healthy again %s after the fault; longest pause between fsyncs %d ms\n", fault, time.Since(start).Round(time.Second), writerState(claim, "maxgap"))
+			Expect(writerState(claim, "errors")).To(Equal(0), "I/O errors seen by the application: %s",
+				podExec(claim, "cat /tmp/werr 2>/dev/null; true"))
+			acked := checkRecords(claim)
+			GinkgoWriter.Printf("%s: %d records, every one fsynced and present\n", fault, acked)
+			Expect(volumeField(vol, "{.status.state}")).To(Equal("attached"))
+		})
+	}
+})
