@@ -143,7 +143,10 @@ func (e *Engine) dialTarget(ctx context.Context, addr string) (*addition, error)
 // reason). The data path is left alone: the target takes no I/O until it
 // joins, when publishEpoch sets it.
 func (e *Engine) fenceTarget(ctx context.Context, t *member) error {
-	if err := t.ctl.SetEpoch(ctx, e.Epoch()+1, true, true); err != nil {
+	e.mu.Lock()
+	st := EpochState{Epoch: e.epoch + 1, Degraded: true, Rebuilding: true, Members: e.rwIDsLocked()}
+	e.mu.Unlock()
+	if err := t.ctl.SetEpoch(ctx, st); err != nil {
 		return fmt.Errorf("fence: %w", err)
 	}
 	return nil

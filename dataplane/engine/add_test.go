@@ -30,7 +30,18 @@ func TestStaleEngineAddLeavesNewerOwnersReplicaAlone(t *testing.T) {
 	}
 	r1 := reps[1]
 
-	b, err := engine.Open(ctx, engine.Options{Name: "newer", Replicas: []string{reps[1].addr, reps[2].addr}, Dial: dialer()})
+	// B opens without r0, which A still has RW: an engine may do so only
+	// when the replicas record no member list with their epoch (set by an
+	// older cairn-data), so B is shown none.
+	dial := dialer()
+	b, err := engine.Open(ctx, engine.Options{Name: "newer", Replicas: []string{reps[1].addr, reps[2].addr},
+		Dial: func(ctx context.Context, addr string) (engine.Replica, error) {
+			r, err := dial(ctx, addr)
+			if err != nil {
+				return nil, err
+			}
+			return noMembers{r}, nil
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,4 +95,14 @@ func snapNames(in replica.Info) []string {
 		out = append(out, s.Name)
 	}
 	return out
+}
+
+// noMembers is a replica whose Info shows no member list with its epoch,
+// as one whose epoch an older cairn-data set.
+type noMembers struct{ engine.Replica }
+
+func (r noMembers) Info(ctx context.Context) (engine.ReplicaInfo, error) {
+	in, err := r.Replica.Info(ctx)
+	in.EpochMembers = nil
+	return in, err
 }

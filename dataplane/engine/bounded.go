@@ -33,10 +33,10 @@ func (b bounded) Info(ctx context.Context) (ReplicaInfo, error) {
 	return b.c.Info(ctx)
 }
 
-func (b bounded) SetEpoch(ctx context.Context, epoch uint64, degraded, rebuilding bool) error {
+func (b bounded) SetEpoch(ctx context.Context, st EpochState) error {
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
-	return b.c.SetEpoch(ctx, epoch, degraded, rebuilding)
+	return b.c.SetEpoch(ctx, st)
 }
 
 func (b bounded) Snapshot(ctx context.Context, s SnapshotInfo) error {

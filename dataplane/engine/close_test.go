@@ -51,9 +51,9 @@ func (r *gated) Info(ctx context.Context) (engine.ReplicaInfo, error) {
 	return r.Replica.Info(ctx)
 }
 
-func (r *gated) SetEpoch(ctx context.Context, epoch uint64, degraded, rebuilding bool) error {
+func (r *gated) SetEpoch(ctx context.Context, st engine.EpochState) error {
 	r.g.enter(ctx, "set epoch")
-	return r.Replica.SetEpoch(ctx, epoch, degraded, rebuilding)
+	return r.Replica.SetEpoch(ctx, st)
 }
 
 func (r *gated) Snapshot(ctx context.Context, s engine.SnapshotInfo) error {

@@ -89,13 +89,18 @@ func TestDeleteSnapshotHungReplicaFailed(t *testing.T) {
 	const timeout = 2 * time.Second
 	done := testDone(t) // registered first: runs after the engine is closed
 	var stuck *hung
+	var stuckAddr string // the first replica dialed (they are dialed at once)
 	e, addrs := openWrappedWith(t, 2, engine.Options{ControlTimeout: timeout}, func(addr string, r engine.Replica) engine.Replica {
 		h := &hung{Replica: r, started: make(chan string, 1), release: done}
 		if stuck == nil {
-			h.hang, stuck = map[string]bool{"delete": true}, h
+			h.hang, stuck, stuckAddr = map[string]bool{"delete": true}, h, addr
 		}
 		return h
 	})
+	other := addrs[0]
+	if other == stuckAddr {
+		other = addrs[1]
+	}
 	if err := e.WriteAt(ctx, pattern(1, 8192), 0, false); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +116,7 @@ func TestDeleteSnapshotHungReplicaFailed(t *testing.T) {
 	for _, r := range e.Replicas() {
 		st[r.Address] = r
 	}
-	if st[addrs[0]].Mode != engine.ModeERR || !strings.Contains(st[addrs[0]].Error, "deadline") || st[addrs[1]].Mode != engine.ModeRW {
+	if st[stuckAddr].Mode != engine.ModeERR || !strings.Contains(st[stuckAddr].Error, "deadline") || st[other].Mode != engine.ModeRW {
 		t.Fatalf("replicas after the deletion: %+v", st)
 	}
 	if snaps, err := e.Snapshots(ctx); err != nil || len(snaps) != 0 {
@@ -157,14 +162,14 @@ func TestSlowReplicaDoesNotStallTheEngine(t *testing.T) {
 
 	t.Run("snapshot", func(t *testing.T) {
 		release := make(chan struct{})
-		var slow *hung
+		wrapped := map[string]*hung{}
 		e, reps := startWrapped(t, 3, engine.Options{}, func(addr string, r engine.Replica) engine.Replica {
 			h := &hung{Replica: r, started: make(chan string, 1), release: release}
-			if slow == nil {
-				h.hang, slow = map[string]bool{"snapshot": true}, h
-			}
+			wrapped[addr] = h
 			return h
 		})
+		slow := wrapped[reps[0].addr] // set before any snapshot call starts
+		slow.hang = map[string]bool{"snapshot": true}
 		t.Cleanup(func() { // before the engine is closed
 			select {
 			case <-release:

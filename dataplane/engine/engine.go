@@ -50,6 +50,18 @@ type Options struct {
 	Dial Dialer
 	// Logger receives events. Default: discard.
 	Logger logr.Logger
+	// ConnectTimeout bounds each attempt to reach a replica at open
+	// (connect, handshake, Info); the replicas are tried all at once.
+	// Default: DefaultConnectTimeout.
+	ConnectTimeout time.Duration
+	// WaitInterval is how often Open, while it waits for replicas, says
+	// which (in the log and to OnWait) and, while the volume cannot be
+	// served safely without them, tries them again. Open waits until it
+	// can serve safely or ctx ends. Default: DefaultWaitInterval.
+	WaitInterval time.Duration
+	// OnWait, if set, is told what Open waits for, every WaitInterval
+	// while it waits (cairn-data passes it on to the instance manager).
+	OnWait func(Waiting)
 	// ControlTimeout bounds every control and rebuild call the engine
 	// makes to a replica (info, epoch, snapshot, revert, expand, a
 	// rebuild's reads, writes and checksums): a replica that has not
@@ -195,10 +207,12 @@ type Engine struct {
 	needBump atomic.Bool
 }
 
-// Open connects to the replicas, keeps those whose size and epoch agree,
-// bumps the epoch on them, and makes their contents agree where a previous
-// engine may have left writes half done (the union of their write-intent
-// bitmaps). At least one replica must be usable. Every replica's mode is
+// Open connects to the replicas (all at once, each attempt bounded by
+// Options.ConnectTimeout; see connect for when it goes on without one
+// that does not answer, and when it waits for it until ctx ends instead),
+// keeps those whose size and epoch agree, bumps the epoch on them, and
+// makes their contents agree where a previous engine may have left writes
+// half done (the union of their write-intent bitmaps). At least one replica must be usable. Every replica's mode is
 // set through setMode; a replica that is not usable is ERR, with its
 // reason, and its connection closed.
 func Open(ctx context.Context, opts Options) (*Engine, error) {
@@ -224,10 +238,20 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.ControlTimeout <= 0 {
 		opts.ControlTimeout = DefaultControlTimeout
 	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = DefaultConnectTimeout
+	}
+	if opts.WaitInterval <= 0 {
+		opts.WaitInterval = DefaultWaitInterval
+	}
 	e := &Engine{opts: opts, log: opts.Logger.WithValues("volume", opts.Name), wanted: opts.Wanted, crypt: opts.Cipher, bufs: opts.Buffers,
 		rebuilds: map[string]*rebuild{}, failed: map[string]string{}, doneSnaps: map[string]bool{}}
 	e.stop, e.cancelStop = context.WithCancel(context.Background())
-	cands := e.connect(ctx)
+	cands, err := e.connect(ctx)
+	if err != nil {
+		e.closeAll()
+		return nil, err
+	}
 	size := opts.Size
 	if size == 0 {
 		size = newestSize(cands)
@@ -282,29 +306,6 @@ func newestSize(cands []cand) int64 {
 	return size
 }
 
-// connect makes a member of every replica of the options, dials it and
-// asks for its info. One that cannot be dialed or does not answer is ERR;
-// the others are returned with what they reported, in the order given.
-func (e *Engine) connect(ctx context.Context) []cand {
-	var got []cand
-	for _, addr := range e.opts.Replicas {
-		m := &member{addr: addr, since: time.Now()}
-		e.members = append(e.members, m)
-		r, err := e.opts.Dial(ctx, addr)
-		var info ReplicaInfo
-		if err == nil {
-			m.attach(r, e.opts.ControlTimeout)
-			info, err = m.ctl.Info(ctx)
-		}
-		if err != nil {
-			e.become(m, ModeERR, fmt.Errorf("open: %w", err))
-			continue
-		}
-		got = append(got, cand{m, info})
-	}
-	return got
-}
-
 // sortOut makes RW the candidates a volume of size can be served from and
 // ERR the others, with the reason: a replica whose rebuild did not finish,
 // one of another size, one whose epoch is older than the newest (it
@@ -339,11 +340,12 @@ func (e *Engine) sortOut(cands []cand, size int64) (usable []cand, maxEpoch uint
 // until it is done; one that refuses is failed.
 func (e *Engine) fenceAtOpen(ctx context.Context, usable []cand) {
 	ms := make([]*member, len(usable))
+	ids := make([]string, len(usable))
 	for i, c := range usable {
-		ms[i] = c.m
+		ms[i], ids[i] = c.m, c.m.id
 	}
 	errs := each(ms, func(_ int, m *member) error {
-		if err := m.ctl.SetEpoch(ctx, e.epoch, true, false); err != nil {
+		if err := m.ctl.SetEpoch(ctx, EpochState{Epoch: e.epoch, Degraded: true, Members: ids}); err != nil {
 			return err
 		}
 		m.data.SetRequestEpoch(e.epoch)
@@ -502,9 +504,11 @@ func (e *Engine) publishEpoch(ctx context.Context, bump bool) error {
 		e.mu.Lock()
 		degraded := e.degradedLocked()
 		ms, modes := e.selectLocked(ModeRW, ModeWO)
+		ids := e.rwIDsLocked()
 		e.mu.Unlock()
 		errs := each(ms, func(i int, m *member) error {
-			if err := m.ctl.SetEpoch(ctx, epoch, degraded, modes[i] == ModeWO); err != nil {
+			st := EpochState{Epoch: epoch, Degraded: degraded, Rebuilding: modes[i] == ModeWO, Members: ids}
+			if err := m.ctl.SetEpoch(ctx, st); err != nil {
 				return err
 			}
 			m.data.SetRequestEpoch(epoch)

@@ -145,7 +145,7 @@ func TestWritesReachEveryReplica(t *testing.T) {
 	if e.Robustness() != "healthy" {
 		t.Fatal(e.Robustness())
 	}
-	if _, err := engine.Open(ctx, engine.Options{Replicas: []string{reps[0].addr}, Dial: dialer(), Size: 4 << 20}); err == nil {
+	if _, err := engine.Open(ctx, engine.Options{Replicas: []string{reps[0].addr, reps[1].addr, reps[2].addr}, Dial: dialer(), Size: 4 << 20}); err == nil {
 		t.Fatal("opened a replica of the wrong size")
 	}
 }
@@ -740,11 +740,11 @@ func (s *switchable) WriteAt(ctx context.Context, p []byte, off int64, fua bool)
 	return s.Replica.WriteAt(ctx, p, off, fua)
 }
 
-func (s *switchable) SetEpoch(ctx context.Context, epoch uint64, degraded, rebuilding bool) error {
+func (s *switchable) SetEpoch(ctx context.Context, st engine.EpochState) error {
 	if s.failSetEpoch.Load() {
 		return errors.New("injected set-epoch failure")
 	}
-	return s.Replica.SetEpoch(ctx, epoch, degraded, rebuilding)
+	return s.Replica.SetEpoch(ctx, st)
 }
 
 // TestNoAckWhenFencingFails: a write that one replica fails and the other

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -29,23 +30,29 @@ func closedPort(t *testing.T) string {
 	return addr
 }
 
-// TestOpenErrorKeepsCauses: when no replica can be opened, the error
-// carries each replica's own cause, reachable through errors.Is and
-// status.Code (it used to be flattened into text): a refused data
-// connection is ECONNREFUSED, a control API that cannot be reached is the
-// gRPC status Unavailable, and the whole is ErrNoReplica.
+// TestOpenErrorKeepsCauses: when no replica can be opened, Open waits
+// for them until its context ends, and the error then carries each
+// replica's own cause, reachable through errors.Is and status.Code: a
+// refused data connection is ECONNREFUSED, a control API that cannot be
+// reached is the gRPC status Unavailable, and the whole is ErrNoReplica
+// and ErrReplicasMissing.
 func TestOpenErrorKeepsCauses(t *testing.T) {
-	ctx := context.Background()
+	open := func(addr string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := engine.Open(ctx, engine.Options{Replicas: []string{addr}, Dial: dialer(), WaitInterval: 100 * time.Millisecond})
+		return err
+	}
 	t.Run("data connection refused", func(t *testing.T) {
-		_, err := engine.Open(ctx, engine.Options{Replicas: []string{closedPort(t) + "," + closedPort(t)}, Dial: dialer()})
-		if !errors.Is(err, engine.ErrNoReplica) || !errors.Is(err, syscall.ECONNREFUSED) {
-			t.Fatalf("open: %v: want ErrNoReplica and ECONNREFUSED reachable through errors.Is", err)
+		err := open(closedPort(t) + "," + closedPort(t))
+		if !errors.Is(err, engine.ErrNoReplica) || !errors.Is(err, engine.ErrReplicasMissing) || !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("open: %v: want ErrNoReplica, ErrReplicasMissing and ECONNREFUSED reachable through errors.Is", err)
 		}
 	})
 	t.Run("control API unreachable", func(t *testing.T) {
 		tr := startReplica(t, filepath.Join(t.TempDir(), "r"), 1<<20, "")
 		addr := tr.data + "," + closedPort(t) // a replica started without its control listener
-		_, err := engine.Open(ctx, engine.Options{Replicas: []string{addr}, Dial: dialer()})
+		err := open(addr)
 		if !errors.Is(err, engine.ErrNoReplica) || status.Code(err) != codes.Unavailable {
 			t.Fatalf("open: %v: want ErrNoReplica and the gRPC status Unavailable (got code %v)", err, status.Code(err))
 		}
@@ -78,15 +85,23 @@ func (c *counted) Close() error {
 // TestOpenClosesUnusableReplicas: a replica that fails at open (here its
 // Info fails) or is left out (another size) is ERR with its reason, and
 // its connection is closed then, not left open for the engine's life;
-// Close closes every connection exactly once.
+// Close closes every connection exactly once. The volume was served from
+// the good replica alone before, so the one whose Info fails cannot hold
+// newer data and Open does not wait for it.
 func TestOpenClosesUnusableReplicas(t *testing.T) {
 	good := startReplica(t, filepath.Join(t.TempDir(), "good"), 1<<20, "")
 	noInfo := startReplica(t, filepath.Join(t.TempDir(), "noinfo"), 1<<20, "")
 	small := startReplica(t, filepath.Join(t.TempDir(), "small"), 512<<10, "")
+	first, err := engine.Open(context.Background(), engine.Options{Name: "test", Replicas: []string{good.addr}, Dial: dialer()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
 	var mu sync.Mutex
 	clients := map[string]*counted{}
 	dial := dialer()
-	e, err := engine.Open(context.Background(), engine.Options{Name: "test", Size: 1 << 20,
+	var e *engine.Engine
+	e, err = engine.Open(context.Background(), engine.Options{Name: "test", Size: 1 << 20,
 		Replicas: []string{good.addr, noInfo.addr, small.addr},
 		Dial: func(ctx context.Context, addr string) (engine.Replica, error) {
 			r, err := dial(ctx, addr)

@@ -36,9 +36,9 @@ type DataPath interface {
 // snapshot chain call on every member.
 type Control interface {
 	Info(ctx context.Context) (ReplicaInfo, error)
-	// SetEpoch persists the replica's epoch, whether the set is degraded,
-	// and whether this replica is being rebuilt (incomplete).
-	SetEpoch(ctx context.Context, epoch uint64, degraded, rebuilding bool) error
+	// SetEpoch persists the replica's epoch with the state of the set
+	// (EpochState).
+	SetEpoch(ctx context.Context, st EpochState) error
 	// Snapshot takes snapshot s.Name, recording s.UserCreated and s.Created
 	// (zero: now).
 	Snapshot(ctx context.Context, s SnapshotInfo) error
@@ -78,6 +78,20 @@ type Checksummer interface {
 	LayerChecksum(ctx context.Context, name string, off, length int64) (uint32, error)
 }
 
+// EpochState is what SetEpoch persists on a replica.
+type EpochState struct {
+	Epoch uint64
+	// Degraded: the set is missing a member, so write-intent bits are kept
+	// for it to resync from.
+	Degraded bool
+	// Rebuilding: this replica is being rebuilt; its data is incomplete.
+	Rebuilding bool
+	// Members are the IDs of the replicas RW in the set at Epoch. An
+	// engine opening the volume while some replica does not answer reads
+	// them to tell whether the missing one can hold newer data (safeToOpen).
+	Members []string
+}
+
 // Extent is a run of data at an offset.
 type Extent struct {
 	Offset int64
@@ -93,8 +107,11 @@ type ReplicaInfo struct {
 	Rebuilding bool
 	Size       int64
 	Epoch      uint64
-	HeadBytes  int64
-	Snapshots  []SnapshotInfo
+	// EpochMembers are the IDs of the replicas RW when Epoch was set
+	// (EpochState.Members); empty if it was set without them.
+	EpochMembers []string
+	HeadBytes    int64
+	Snapshots    []SnapshotInfo
 	// Dirty is the write-intent bitmap: bit r%64 of word r/64 is region r.
 	DirtyRegionSize int64
 	DirtyCount      int64

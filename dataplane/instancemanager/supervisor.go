@@ -125,6 +125,10 @@ type Process struct {
 	ExitCode int
 	Error    string
 	LogTail  []string
+	// Waiting is what a starting process last reported it waits for (an
+	// engine waiting for a replica); kept if it goes to error (a start
+	// timeout's Error ends with it), cleared once it is running.
+	Waiting string
 	// What the process reported when it became ready.
 	DataAddress    string
 	ControlAddress string
@@ -409,7 +413,7 @@ func (s *Supervisor) awaitReady(p *proc, r io.ReadCloser) {
 	}
 	got := make(chan result, 1)
 	go func() {
-		rep, err := ready.Read(r)
+		rep, err := ready.ReadProgress(r, func(msg string) { s.setWaiting(p, msg) })
 		got <- result{rep, err}
 	}()
 	t := time.NewTimer(s.opts.StartTimeout)
@@ -422,6 +426,7 @@ func (s *Supervisor) awaitReady(p *proc, r io.ReadCloser) {
 			s.mu.Lock()
 			if p.State == StateStarting {
 				s.setState(p, StateRunning, func(p *proc) {
+					p.Waiting = ""
 					p.DataAddress, p.ControlAddress, p.SizeBytes = res.rep.Data, res.rep.Control, res.rep.Size
 					p.Endpoint = Endpoint{Path: res.rep.Endpoint, Kind: res.rep.EndpointKind, Socket: res.rep.Socket, Fallback: res.rep.Fallback}
 				})
@@ -438,13 +443,27 @@ func (s *Supervisor) awaitReady(p *proc, r io.ReadCloser) {
 	case <-t.C:
 		reason = fmt.Sprintf("it did not report ready within %s", s.opts.StartTimeout)
 	}
-	s.log.Info("killing a process that did not start", "name", p.Name, "reason", reason)
 	s.mu.Lock()
+	if p.Waiting != "" {
+		reason += "; its last report: " + p.Waiting
+	}
 	if p.State == StateStarting {
 		p.Error = reason
 	}
 	s.mu.Unlock()
+	s.log.Info("killing a process that did not start", "name", p.Name, "reason", reason)
 	p.child.Signal(syscall.SIGKILL)
+}
+
+// setWaiting records what starting process p reports it waits for, and
+// tells the watchers.
+func (s *Supervisor) setWaiting(p *proc, msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p.State == StateStarting && p.Waiting != msg {
+		p.Waiting = msg
+		s.emit(p, false)
+	}
 }
 
 // setState is the only writer of a process's state; it refuses an

@@ -52,6 +52,32 @@ func TestFenceNeverGoesBack(t *testing.T) {
 	}
 }
 
+// TestFenceRecordsMembers: the set of RW replica IDs given with an epoch
+// is persisted with it, reported by Info (also after a reopen) and
+// replaced by the next Fence; a Fence without one leaves none.
+func TestFenceRecordsMembers(t *testing.T) {
+	dir := t.TempDir()
+	r := open(t, dir, 1<<20)
+	if err := r.Fence(FenceOptions{Epoch: 2, Owner: "e", Members: []string{"a", "b", "c"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Fence(FenceOptions{Epoch: 3, Owner: "e", Members: []string{"a", "c"}}); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	r = open(t, dir, 0)
+	defer r.Close()
+	if in, _ := r.Info(); in.Epoch != 3 || !slices.Equal(in.EpochMembers, []string{"a", "c"}) {
+		t.Fatalf("after a reopen: epoch %d, members %v; want 3, [a c]", in.Epoch, in.EpochMembers)
+	}
+	if err := r.Fence(FenceOptions{Epoch: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := r.Info(); len(in.EpochMembers) != 0 {
+		t.Fatalf("members after a Fence without them: %v", in.EpochMembers)
+	}
+}
+
 // TestFencedChangesRefusedForStaleEpoch: every change through At carries
 // an epoch, and one that is not the replica's is refused without changing
 // anything; at the current epoch each goes through.

@@ -32,6 +32,11 @@ type metadata struct {
 	Epoch uint64 `json:"epoch"`
 	// EpochOwner identifies the engine that set Epoch (empty: none given).
 	EpochOwner string `json:"epochOwner,omitempty"`
+	// EpochMembers are the IDs of the replicas that were RW in the set
+	// when Epoch was set (empty: set without them, e.g. by an older
+	// binary). An engine opening the volume without some replica needs
+	// them to show that the missing one cannot hold newer data.
+	EpochMembers []string `json:"epochMembers,omitempty"`
 	// Rebuilding is true while the replica is being rebuilt: its data is
 	// incomplete and no engine may open it as a healthy member.
 	Rebuilding bool   `json:"rebuilding,omitempty"`

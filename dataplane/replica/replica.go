@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -321,6 +322,9 @@ type FenceOptions struct {
 	// Rebuilding: this replica's data is incomplete until its rebuild
 	// ends; persisted, so that no later engine trusts it.
 	Rebuilding bool
+	// Members are the IDs of the replicas that are RW in the set at
+	// Epoch; persisted with it (see metadata.EpochMembers).
+	Members []string
 }
 
 // Fence makes o.Epoch the replica's epoch, persisted with its owner and
@@ -352,6 +356,7 @@ func (r *Replica) Fence(o FenceOptions) error {
 	}
 	m.Epoch = o.Epoch
 	m.Rebuilding = o.Rebuilding
+	m.EpochMembers = slices.Clone(o.Members)
 	if err := writeMeta(r.dir, m); err != nil {
 		return fmt.Errorf("set epoch: %w", err)
 	}

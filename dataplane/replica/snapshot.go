@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 )
@@ -33,6 +34,9 @@ type Info struct {
 	Dirty      DirtyRegions
 	// IndexBytes is the memory the block indexes of all layers take.
 	IndexBytes int64
+	// EpochMembers are the IDs of the replicas RW at Epoch
+	// (FenceOptions.Members).
+	EpochMembers []string
 }
 
 // Info returns the replica's size, epoch, chain and dirty regions.
@@ -42,7 +46,7 @@ func (r *Replica) Info() (Info, error) {
 	if r.closed {
 		return Info{}, ErrClosed
 	}
-	in := Info{ID: r.meta.ID, Rebuilding: r.meta.Rebuilding, Dir: r.dir, Size: r.size.Load(), Epoch: r.epoch.Load(), Head: r.meta.Head, Snapshots: r.snapshotsLocked(), Dirty: r.dirty.snapshot()}
+	in := Info{ID: r.meta.ID, Rebuilding: r.meta.Rebuilding, Dir: r.dir, Size: r.size.Load(), Epoch: r.epoch.Load(), EpochMembers: slices.Clone(r.meta.EpochMembers), Head: r.meta.Head, Snapshots: r.snapshotsLocked(), Dirty: r.dirty.snapshot()}
 	in.HeadBytes = r.head().idx.count() * BlockSize
 	for _, l := range r.layers {
 		in.IndexBytes += l.idx.memBytes()

@@ -67,6 +67,7 @@ type engineFlags struct {
 	listen         string
 	shared         int64
 	replicaTimeout time.Duration
+	connectTimeout time.Duration // bounds each attempt to reach a replica at open
 	readyFD        int
 	key            []byte
 	cipher         *volcrypt.Cipher // encryption at rest, or nil
@@ -93,6 +94,7 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 	fs.StringVar(&c.listen, "listen", "", "host:port for the gRPC control API (default: none)")
 	sharedFlag := fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for NBD writes to reach them without a socket copy; 0 turns it off")
 	fs.DurationVar(&c.replicaTimeout, "replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
+	fs.DurationVar(&c.connectTimeout, "connect-timeout", engine.DefaultConnectTimeout, "at open, how long each attempt to reach a replica (connect, handshake, first answer) may take; the replicas are tried at once, and one that does not answer is left out (ERR) when the others can serve the volume safely, else tried again")
 	var files tlsfiles.Files
 	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with and presents to the replicas' control APIs; with --tls-key and --tls-client-ca enables mutual TLS on both")
 	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
@@ -213,7 +215,11 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		defer fclaim.close() // after f.stop: gives back a device taken over and never served
 	}
-	e, err := openEngine(ctx, c, region, buffers, unsafeEarly, log)
+	readyW, err := ready.NewWriter(c.readyFD)
+	if err != nil {
+		return fail(err)
+	}
+	e, err := openEngine(ctx, c, region, buffers, unsafeEarly, readyW, log)
 	if err != nil {
 		return fail(err)
 	}
@@ -228,7 +234,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail(err)
 	}
 	defer stopControl()
-	if err := reportReady(stdout, c.readyFD, f, control, e.Size()); err != nil {
+	if err := reportReady(stdout, readyW, f, control, e.Size()); err != nil {
 		return fail(err)
 	}
 	<-ctx.Done()
@@ -272,13 +278,21 @@ func claimNBD(c *engineFlags, buffers *shm.Arena, log logr.Logger) (*nbd.Fronten
 
 // openEngine opens the replicas (fencing out any engine that had them).
 // An encrypted volume's ciphertext is written from buffers (over region),
-// so it reaches local replicas through shared memory.
-func openEngine(ctx context.Context, c *engineFlags, region *shm.Region, buffers *shm.Arena, unsafeEarly bool, log logr.Logger) (*engine.Engine, error) {
+// so it reaches local replicas through shared memory. While it waits for
+// replicas, what it waits for goes to the ready descriptor as waiting
+// lines: the instance manager shows it, and names it if it gives up on
+// the engine.
+func openEngine(ctx context.Context, c *engineFlags, region *shm.Region, buffers *shm.Arena, unsafeEarly bool, readyW *ready.Writer, log logr.Logger) (*engine.Engine, error) {
 	octx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	return engine.Open(octx, engine.Options{
 		Name: c.name, Size: c.size, Replicas: c.replicas, Wanted: c.wanted, Logger: log, UnsafeAckEarly: unsafeEarly,
-		Cipher: c.cipher, Buffers: buffers,
+		Cipher: c.cipher, Buffers: buffers, ConnectTimeout: c.connectTimeout,
+		OnWait: func(w engine.Waiting) {
+			if err := readyW.Waiting(w.String()); err != nil {
+				log.Info("could not tell the instance manager what the engine waits for", "reason", err.Error())
+			}
+		},
 		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: c.replicaTimeout, Logger: log, Shared: region, Key: c.key, TLS: c.dataClientTLS()},
 			ControlTLS: c.clientTLS()}),
 	})
@@ -337,7 +351,7 @@ func serveControl(c *engineFlags, e *engine.Engine, f *frontend) (string, func()
 // report; if it cannot have it (it closed its end: it gave up on this
 // process), serving on would leave a volume nobody knows is up, so the
 // error stops the engine.
-func reportReady(stdout io.Writer, readyFD int, f *frontend, control string, size int64) error {
+func reportReady(stdout io.Writer, readyW *ready.Writer, f *frontend, control string, size int64) error {
 	controlShown := control
 	if controlShown == "" {
 		controlShown = "none"
@@ -347,7 +361,7 @@ func reportReady(stdout io.Writer, readyFD int, f *frontend, control string, siz
 		socketShown = " socket=" + f.socket
 	}
 	fmt.Fprintf(stdout, "ready endpoint=%s%s control=%s size=%d\n", f.endpoint, socketShown, controlShown, size)
-	return ready.Write(readyFD, ready.Report{Control: control, Size: size, Endpoint: f.endpoint,
+	return readyW.Ready(ready.Report{Control: control, Size: size, Endpoint: f.endpoint,
 		EndpointKind: f.kind, Socket: f.socket, Fallback: f.fallback})
 }
 

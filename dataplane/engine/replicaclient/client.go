@@ -129,7 +129,9 @@ func Dialer(opts Options) engine.Dialer {
 // Dial connects to the replica at addr: its data address, then its
 // control API, whose Info gives the epoch the client's changes carry
 // until it sets one. A control address where nothing answers fails the
-// dial with ErrNoControlAPI, naming the address and the flag.
+// dial with ErrNoControlAPI, naming the address and the flag; a replica
+// that refuses the data connection's authentication (another volume's,
+// or the wrong key) fails it with engine.ErrRefused too.
 func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	if opts.ControlTimeout <= 0 {
 		opts.ControlTimeout = 30 * time.Second
@@ -162,6 +164,9 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	d, err := dataconn.Dial(ctx, network, address, opts.Data)
 	if err != nil {
 		cc.Close()
+		if errors.Is(err, dataconn.ErrAuthRefused) { // another volume's replica, or the wrong key: for good
+			err = fmt.Errorf("%w: %w", engine.ErrRefused, err)
+		}
 		return nil, err
 	}
 	c := &Client{data: d, cc: cc, ctl: replicav1.NewReplicaServiceClient(cc), timeout: opts.ControlTimeout, quick: opts.QuickTimeout, owner: opts.Owner}
@@ -335,7 +340,7 @@ func (c *Client) Info(ctx context.Context) (engine.ReplicaInfo, error) {
 	if err != nil {
 		return engine.ReplicaInfo{}, err
 	}
-	out := engine.ReplicaInfo{ID: in.Id, Rebuilding: in.Rebuilding, Size: in.Size, Epoch: in.Epoch, HeadBytes: in.HeadBytes}
+	out := engine.ReplicaInfo{ID: in.Id, Rebuilding: in.Rebuilding, Size: in.Size, Epoch: in.Epoch, EpochMembers: in.EpochMembers, HeadBytes: in.HeadBytes}
 	if d := in.Dirty; d != nil {
 		out.DirtyRegionSize, out.DirtyCount, out.Dirty = d.RegionSize, d.Count, d.Bits
 	}
@@ -349,7 +354,7 @@ func (c *Client) Info(ctx context.Context) (engine.ReplicaInfo, error) {
 // SetEpoch sets the replica's epoch as this client's owner; once it
 // succeeds, the client's changes carry that epoch. A replica at a newer
 // epoch, or at this one set by another owner, refuses (ErrStaleEpoch).
-func (c *Client) SetEpoch(ctx context.Context, epoch uint64, degraded, rebuilding bool) error {
+func (c *Client) SetEpoch(ctx context.Context, st engine.EpochState) error {
 	if err := c.lockSettled(ctx); err != nil { // one at a time
 		return err
 	}
@@ -358,10 +363,11 @@ func (c *Client) SetEpoch(ctx context.Context, epoch uint64, degraded, rebuildin
 	c.mu.Unlock()
 	qctx, cancel := c.qctx(ctx)
 	defer cancel()
-	_, err := c.ctl.SetEpoch(qctx, &replicav1.SetEpochRequest{Epoch: epoch, Owner: c.owner, Degraded: degraded, Rebuilding: rebuilding})
+	_, err := c.ctl.SetEpoch(qctx, &replicav1.SetEpochRequest{Epoch: st.Epoch, Owner: c.owner, Degraded: st.Degraded,
+		Rebuilding: st.Rebuilding, Members: st.Members})
 	c.mu.Lock()
 	if err == nil {
-		c.epoch = epoch
+		c.epoch = st.Epoch
 	}
 	c.setting = nil
 	c.mu.Unlock()

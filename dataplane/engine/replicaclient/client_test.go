@@ -77,14 +77,14 @@ func TestStaleEngineCannotChangeReplica(t *testing.T) {
 	r := openReplica(t)
 	addr := serve(t, r, listen(t, "127.0.0.1:0"))
 	old := dial(t, replicaclient.Dialer(replicaclient.Options{}), addr)
-	if err := old.SetEpoch(ctx, 1, false, false); err != nil {
+	if err := old.SetEpoch(ctx, engine.EpochState{Epoch: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if err := old.Snapshot(ctx, engine.SnapshotInfo{Name: "s1", UserCreated: true}); err != nil {
 		t.Fatal(err)
 	}
 	newer := dial(t, replicaclient.Dialer(replicaclient.Options{}), addr)
-	if err := newer.SetEpoch(ctx, 2, false, false); err != nil {
+	if err := newer.SetEpoch(ctx, engine.EpochState{Epoch: 2}); err != nil {
 		t.Fatal(err)
 	}
 	before, err := newer.Info(ctx)
@@ -101,8 +101,8 @@ func TestStaleEngineCannotChangeReplica(t *testing.T) {
 		{"expand", func() error { return old.Expand(ctx, 2*size) }},
 		{"replace chain", func() error { return old.ReplaceChain(ctx, []engine.SnapshotInfo{{Name: "x"}}) }},
 		{"layer write", func() error { return old.WriteLayer(ctx, "s1", make([]byte, 4096), 0) }},
-		{"set its old epoch", func() error { return old.SetEpoch(ctx, 1, false, false) }},
-		{"set the new engine's epoch", func() error { return old.SetEpoch(ctx, 2, false, false) }},
+		{"set its old epoch", func() error { return old.SetEpoch(ctx, engine.EpochState{Epoch: 1}) }},
+		{"set the new engine's epoch", func() error { return old.SetEpoch(ctx, engine.EpochState{Epoch: 2}) }},
 	} {
 		err := tc.call()
 		var se *replicaclient.StaleEpochError
@@ -123,7 +123,7 @@ func TestStaleEngineCannotChangeReplica(t *testing.T) {
 	}
 	// The new engine's own changes go through, and so does setting its
 	// epoch again (with other flags).
-	if err := newer.SetEpoch(ctx, 2, true, false); err != nil {
+	if err := newer.SetEpoch(ctx, engine.EpochState{Epoch: 2, Degraded: true}); err != nil {
 		t.Fatalf("the new engine sets its epoch again: %v", err)
 	}
 	if err := newer.Snapshot(ctx, engine.SnapshotInfo{Name: "s2"}); err != nil {
@@ -174,11 +174,11 @@ func TestChangeRefusedDuringOwnSetEpochIsSentAgain(t *testing.T) {
 	t.Cleanup(unblock) // before gs.Stop, which waits for the held handler
 
 	c := dial(t, replicaclient.Dialer(replicaclient.Options{}), data.Addr().String()+","+ctl.Addr().String())
-	if err := c.SetEpoch(ctx, 1, true, true); err != nil {
+	if err := c.SetEpoch(ctx, engine.EpochState{Epoch: 1, Degraded: true, Rebuilding: true}); err != nil {
 		t.Fatal(err)
 	}
 	setDone := make(chan error, 1)
-	go func() { setDone <- c.SetEpoch(ctx, 2, true, true) }()
+	go func() { setDone <- c.SetEpoch(ctx, engine.EpochState{Epoch: 2, Degraded: true, Rebuilding: true}) }()
 	<-applied
 	writeDone := make(chan error, 1)
 	go func() { writeDone <- c.WriteLayer(ctx, "s1", make([]byte, 4096), 0) }()

@@ -48,7 +48,7 @@ var nbdKernelToProto = map[im.NBDKernel]imv1.NBDKernel{
 // ToProto converts a Process.
 func ToProto(p im.Process) *imv1.Process {
 	out := &imv1.Process{Name: p.Name, State: stateToProto[p.State], Args: p.Args, Pid: int32(p.PID),
-		ExitCode: int32(p.ExitCode), Error: p.Error, LogTail: p.LogTail,
+		ExitCode: int32(p.ExitCode), Error: p.Error, LogTail: p.LogTail, Waiting: p.Waiting,
 		DataAddress: p.DataAddress, ControlAddress: p.ControlAddress, SizeBytes: p.SizeBytes}
 	switch spec := p.Spec.(type) {
 	case im.EngineSpec:

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 )
 
 // EndpointKind says what an engine's endpoint is.
@@ -59,56 +60,139 @@ type Report struct {
 // MaxLine bounds a report line: a longer one is refused, not buffered.
 const MaxLine = 64 << 10
 
-// Write writes r as one JSON line to the descriptor fd and closes it. A
-// negative fd (no --ready-fd given) writes nothing.
-func Write(fd int, r Report) error {
+// MaxWaiting bounds a waiting line's message; a longer one is cut.
+const MaxWaiting = 4 << 10
+
+// line is one line on the descriptor: a waiting line has Waiting set,
+// the ready report has not.
+type line struct {
+	Report
+	// Waiting says what a process that is not ready yet waits for (an
+	// engine waiting for a replica); any number of such lines may come
+	// before the report.
+	Waiting string `json:"waiting,omitempty"`
+}
+
+// Writer writes to a process's ready descriptor: any number of waiting
+// lines while it starts, then the ready report, which closes it.
+type Writer struct {
+	fd int
+	mu sync.Mutex
+	f  *os.File // nil: no descriptor, or closed
+}
+
+// NewWriter returns the Writer of descriptor fd; with a negative fd (no
+// --ready-fd given) it writes nothing.
+func NewWriter(fd int) (*Writer, error) {
+	w := &Writer{fd: fd}
 	if fd < 0 {
+		return w, nil
+	}
+	if w.f = os.NewFile(uintptr(fd), "ready-fd"); w.f == nil {
+		return nil, fmt.Errorf("--ready-fd %d: not an open descriptor", fd)
+	}
+	return w, nil
+}
+
+// Waiting writes a line saying what the process waits for (cut to
+// MaxWaiting bytes); an empty msg writes nothing.
+func (w *Writer) Waiting(msg string) error {
+	if msg == "" {
 		return nil
 	}
-	f := os.NewFile(uintptr(fd), "ready-fd")
-	if f == nil {
-		return fmt.Errorf("--ready-fd %d: not an open descriptor", fd)
+	if len(msg) > MaxWaiting {
+		msg = msg[:MaxWaiting]
 	}
-	defer f.Close()
-	b, err := json.Marshal(r)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.writeLocked(line{Waiting: msg})
+}
+
+// Ready writes r and closes the descriptor.
+func (w *Writer) Ready(r Report) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	err := w.writeLocked(line{Report: r})
+	if w.f != nil {
+		w.f.Close()
+		w.f = nil
+	}
+	return err
+}
+
+func (w *Writer) writeLocked(l line) error {
+	if w.f == nil {
+		return nil
+	}
+	b, err := json.Marshal(l)
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		return fmt.Errorf("--ready-fd %d: %w", fd, err)
+	if _, err := w.f.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("--ready-fd %d: %w", w.fd, err)
 	}
 	return nil
+}
+
+// Write writes r as one JSON line to the descriptor fd and closes it. A
+// negative fd (no --ready-fd given) writes nothing.
+func Write(fd int, r Report) error {
+	w, err := NewWriter(fd)
+	if err != nil {
+		return err
+	}
+	return w.Ready(r)
 }
 
 // ErrNoReport: the writer closed the stream without a report (the process
 // exited or failed before it was ready).
 var ErrNoReport = errors.New("the process closed its ready descriptor without reporting ready")
 
-// Read reads one report line from rd.
-func Read(rd io.Reader) (Report, error) {
-	br := bufio.NewReaderSize(io.LimitReader(rd, MaxLine+1), 4096)
-	line, err := br.ReadSlice('\n')
+// Read reads the ready report from rd, skipping waiting lines.
+func Read(rd io.Reader) (Report, error) { return ReadProgress(rd, nil) }
+
+// ReadProgress reads lines from rd until the ready report, giving the
+// message of each waiting line before it to waiting (nil: skipped).
+func ReadProgress(rd io.Reader, waiting func(msg string)) (Report, error) {
+	br := bufio.NewReaderSize(rd, 4096)
+	for {
+		l, err := readLine(br)
+		if err != nil {
+			return Report{}, err
+		}
+		if l.Waiting == "" {
+			return l.Report, nil
+		}
+		if waiting != nil {
+			waiting(l.Waiting)
+		}
+	}
+}
+
+// readLine reads and decodes one line of at most MaxLine bytes.
+func readLine(br *bufio.Reader) (line, error) {
+	b, err := br.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
 		// ReadSlice's buffer is smaller than MaxLine; gather the rest.
-		buf := append([]byte(nil), line...)
+		buf := append([]byte(nil), b...)
 		for errors.Is(err, bufio.ErrBufferFull) && len(buf) <= MaxLine {
-			line, err = br.ReadSlice('\n')
-			buf = append(buf, line...)
+			b, err = br.ReadSlice('\n')
+			buf = append(buf, b...)
 		}
-		line = buf
+		b = buf
 	}
-	if len(line) > MaxLine {
-		return Report{}, fmt.Errorf("ready report longer than %d bytes", MaxLine)
+	if len(b) > MaxLine {
+		return line{}, fmt.Errorf("ready report longer than %d bytes", MaxLine)
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
-			return Report{}, ErrNoReport
+			return line{}, ErrNoReport
 		}
-		return Report{}, err
+		return line{}, err
 	}
-	var r Report
-	if err := json.Unmarshal(line, &r); err != nil {
-		return Report{}, fmt.Errorf("ready report %q: %w", line, err)
+	var l line
+	if err := json.Unmarshal(b, &l); err != nil {
+		return line{}, fmt.Errorf("ready report %q: %w", b, err)
 	}
-	return r, nil
+	return l, nil
 }

@@ -41,7 +41,7 @@ func (c *cluster) newStaleEngine(ctx context.Context) (*staleEngine, error) {
 		}
 		cl := r.(*replicaclient.Client)
 		s.clients = append(s.clients, cl)
-		if err := cl.SetEpoch(ctx, 1, false, false); err != nil {
+		if err := cl.SetEpoch(ctx, engine.EpochState{Epoch: 1}); err != nil {
 			s.close()
 			return nil, fmt.Errorf("stale engine: set epoch 1 on replica %d: %w", n.idx, err)
 		}
@@ -104,7 +104,7 @@ func (s *staleEngine) try(ctx context.Context, c *cluster) []string {
 			{"delete snapshot " + target, func() error { return cl.DeleteSnapshot(ctx, target) }},
 			{"expand", func() error { return cl.Expand(ctx, before.Size+1<<20) }},
 			{fmt.Sprintf("set epoch %d (the running engine's)", before.Epoch), func() error {
-				return cl.SetEpoch(ctx, before.Epoch, false, false)
+				return cl.SetEpoch(ctx, engine.EpochState{Epoch: before.Epoch})
 			}},
 		}
 		for _, a := range attempts {

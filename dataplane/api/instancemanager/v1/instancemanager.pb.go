@@ -730,7 +730,12 @@ type Process struct {
 	ControlAddress string `protobuf:"bytes,13,opt,name=control_address,json=controlAddress,proto3" json:"control_address,omitempty"`
 	SizeBytes      int64  `protobuf:"varint,14,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// endpoint: a running engine's block device (or socket) and its kind.
-	Endpoint      *Endpoint `protobuf:"bytes,15,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Endpoint *Endpoint `protobuf:"bytes,15,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// waiting: what a process in state STARTING last reported it waits for
+	// (an engine waiting for a replica that may hold the newest data); kept
+	// when it goes to ERROR (the error then ends with it), cleared once it
+	// is running.
+	Waiting       string `protobuf:"bytes,16,opt,name=waiting,proto3" json:"waiting,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -879,6 +884,13 @@ func (x *Process) GetEndpoint() *Endpoint {
 		return x.Endpoint
 	}
 	return nil
+}
+
+func (x *Process) GetWaiting() string {
+	if x != nil {
+		return x.Waiting
+	}
+	return ""
 }
 
 type isProcess_Spec interface {
@@ -1675,7 +1687,7 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12:\n" +
 	"\x04kind\x18\x02 \x01(\x0e2&.cairn.instancemanager.v1.EndpointKindR\x04kind\x12\x16\n" +
 	"\x06socket\x18\x03 \x01(\tR\x06socket\x12\x1a\n" +
-	"\bfallback\x18\x04 \x01(\tR\bfallback\"\xd6\x04\n" +
+	"\bfallback\x18\x04 \x01(\tR\bfallback\"\xf0\x04\n" +
 	"\aProcess\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\x04kind\x18\x02 \x01(\x0e2%.cairn.instancemanager.v1.ProcessKindR\x04kind\x12<\n" +
@@ -1693,7 +1705,8 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\x0fcontrol_address\x18\r \x01(\tR\x0econtrolAddress\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x0e \x01(\x03R\tsizeBytes\x12>\n" +
-	"\bendpoint\x18\x0f \x01(\v2\".cairn.instancemanager.v1.EndpointR\bendpointB\x06\n" +
+	"\bendpoint\x18\x0f \x01(\v2\".cairn.instancemanager.v1.EndpointR\bendpoint\x12\x18\n" +
+	"\awaiting\x18\x10 \x01(\tR\awaitingB\x06\n" +
 	"\x04spec\"\xb5\x01\n" +
 	"\x14ProcessCreateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12>\n" +

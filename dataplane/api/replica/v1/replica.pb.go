@@ -768,7 +768,10 @@ type InfoResponse struct {
 	// Random, fixed when the replica was created.
 	Id string `protobuf:"bytes,9,opt,name=id,proto3" json:"id,omitempty"`
 	// True while a rebuild of this replica has not completed.
-	Rebuilding    bool `protobuf:"varint,10,opt,name=rebuilding,proto3" json:"rebuilding,omitempty"`
+	Rebuilding bool `protobuf:"varint,10,opt,name=rebuilding,proto3" json:"rebuilding,omitempty"`
+	// The IDs of the replicas that were RW in the set when the epoch was set
+	// (SetEpochRequest.members); empty if the epoch was set without them.
+	EpochMembers  []string `protobuf:"bytes,11,rep,name=epoch_members,json=epochMembers,proto3" json:"epoch_members,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -871,6 +874,13 @@ func (x *InfoResponse) GetRebuilding() bool {
 		return x.Rebuilding
 	}
 	return false
+}
+
+func (x *InfoResponse) GetEpochMembers() []string {
+	if x != nil {
+		return x.EpochMembers
+	}
+	return nil
 }
 
 type SnapshotCreateRequest struct {
@@ -1341,7 +1351,12 @@ type SetEpochRequest struct {
 	// fenced-out one bumping its own after a newer one took over); the
 	// replica accepts its current epoch again only from the owner that set
 	// it, so only one of them holds it. Empty: not checked (tools, tests).
-	Owner         string `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	Owner string `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The IDs of the replicas that are RW in the set at this epoch,
+	// persisted with it: an engine that opens the volume while a replica
+	// does not answer serves without it only if every replica named by the
+	// newest epoch's set answered (docs/engine.md, "Opening").
+	Members       []string `protobuf:"bytes,5,rep,name=members,proto3" json:"members,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1402,6 +1417,13 @@ func (x *SetEpochRequest) GetOwner() string {
 		return x.Owner
 	}
 	return ""
+}
+
+func (x *SetEpochRequest) GetMembers() []string {
+	if x != nil {
+		return x.Members
+	}
+	return nil
 }
 
 type SetEpochResponse struct {
@@ -1626,7 +1648,7 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x12\n" +
 	"\x04bits\x18\x03 \x03(\x06R\x04bits\x12\x14\n" +
 	"\x05dirty\x18\x04 \x01(\x03R\x05dirty\"\r\n" +
-	"\vInfoRequest\"\xcf\x02\n" +
+	"\vInfoRequest\"\xf4\x02\n" +
 	"\fInfoResponse\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x12\n" +
@@ -1642,7 +1664,8 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\n" +
 	"rebuilding\x18\n" +
 	" \x01(\bR\n" +
-	"rebuilding\"\x90\x01\n" +
+	"rebuilding\x12#\n" +
+	"\repoch_members\x18\v \x03(\tR\fepochMembers\"\x90\x01\n" +
 	"\x15SnapshotCreateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fuser_created\x18\x02 \x01(\bR\vuserCreated\x12*\n" +
@@ -1663,14 +1686,15 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\rExpandRequest\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x10\n" +
-	"\x0eExpandResponse\"y\n" +
+	"\x0eExpandResponse\"\x93\x01\n" +
 	"\x0fSetEpochRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\bdegraded\x18\x02 \x01(\bR\bdegraded\x12\x1e\n" +
 	"\n" +
 	"rebuilding\x18\x03 \x01(\bR\n" +
 	"rebuilding\x12\x14\n" +
-	"\x05owner\x18\x04 \x01(\tR\x05owner\"\x12\n" +
+	"\x05owner\x18\x04 \x01(\tR\x05owner\x12\x18\n" +
+	"\amembers\x18\x05 \x03(\tR\amembers\"\x12\n" +
 	"\x10SetEpochResponse\"w\n" +
 	"\n" +
 	"StaleEpoch\x12#\n" +
