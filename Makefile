@@ -195,7 +195,7 @@ uninstall: manifests $(KUSTOMIZE) ## Remove the CRDs (and every Cairn object) fr
 deploy: manifests $(KUSTOMIZE) ## Deploy Cairn (manager, instance managers, CSI driver, StorageClasses) with images $(IMG), $(DATA_IMG), $(CSI_IMG) to the cluster in KUBECONFIG.
 	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
 	cd config/instance-manager && $(KUSTOMIZE) edit set image cairn-data=$(DATA_IMG)
-	cd config/csi && $(KUSTOMIZE) edit set image cairn-csi=$(CSI_IMG)
+	cd config/csi && $(KUSTOMIZE) edit set image cairn-csi=$(CSI_IMG) cairn-data=$(DATA_IMG)
 	$(KUSTOMIZE) build config/default | $(KUBECTL) apply --server-side --force-conflicts -f -
 	$(KUSTOMIZE) build config/storage | $(KUBECTL) apply --server-side -f -
 	if $(KUBECTL) get crd volumesnapshotclasses.snapshot.storage.k8s.io >/dev/null 2>&1; then \

@@ -36,6 +36,10 @@ const (
 	// target is under 10 s (the pause is printed, not asserted against
 	// the target: the machine may be loaded).
 	pauseBound = 60 * time.Second
+	// keeperHold is the test keepers' --hold-for: above any pause here,
+	// and short enough that a failed test's writers, waiting on a device
+	// no engine serves, get their error and let the test end.
+	keeperHold = "90s"
 )
 
 // ioLoad is the application: the two writers and what they saw.
@@ -265,6 +269,7 @@ type restartSetup struct {
 	args                          []string // the engine's command line
 	eng                           *proc
 	dev                           string
+	load                          *ioLoad
 }
 
 func newRestartSetup(t *testing.T) *restartSetup {
@@ -279,7 +284,7 @@ func newRestartSetup(t *testing.T) *restartSetup {
 		exec.Command("umount", "-l", s.mnt).Run()
 		exec.Command("umount", "-l", s.fuseDir).Run()
 	})
-	s.keeper = start(t, "device-keeper", "--socket", s.keeperSock)
+	s.keeper = start(t, "device-keeper", "--socket", s.keeperSock, "--hold-for", keeperHold)
 	s.reps, s.args = filesystemEngineArgs(t, dir, restartVolume, "--frontend", "fuse", "--fuse-dir", s.fuseDir, "--device-keeper", s.keeperSock)
 	s.eng = start(t, s.args...)
 	s.dev = s.eng.endpoint
@@ -306,13 +311,26 @@ func waitLog(t *testing.T, p *proc, what string) {
 // same loop device.
 func (s *restartSetup) restart(t *testing.T) {
 	t.Helper()
+	begin := time.Now()
 	s.eng = start(t, s.args...)
+	s.haltFirst(t)
+	t.Logf("the next engine was ready %v after it was started", time.Since(begin))
 	if s.eng.endpoint != s.dev {
-		t.Fatalf("the engine started again serves %s, not %s\n%s", s.eng.endpoint, s.dev, s.eng.stderr.String())
+		t.Fatalf("the engine started again serves %s, not %s\n%s\nkeeper:\n%s", s.eng.endpoint, s.dev, s.eng.stderr.String(), s.keeper.stderr.String())
 	}
-	if !strings.Contains(s.eng.stderr.String(), "took over the device") {
-		t.Fatalf("the engine started again did not take the device over:\n%s", s.eng.stderr.String())
-	}
+	// Its log is copied from a pipe: it may lag behind the ready line.
+	waitLog(t, s.eng, "took over the device")
+}
+
+// haltFirst has a failed test stop the writers before it kills the engine
+// just started (cleanups run last registered first): killed first, the
+// writers would wait for the keeper to let go.
+func (s *restartSetup) haltFirst(t *testing.T) {
+	t.Cleanup(func() {
+		if s.load != nil {
+			s.load.halt()
+		}
+	})
 }
 
 // finish unmounts, requires e2fsck to find ext4 clean, stops the engine
@@ -349,6 +367,7 @@ func (s *restartSetup) finish(t *testing.T) {
 func TestFUSEEngineKilledIsAPause(t *testing.T) {
 	s := newRestartSetup(t)
 	load := startLoad(t, s.dev, s.mnt)
+	s.load = load
 	load.waitProgress(t, 50, "before the kill")
 
 	// A write in flight in the engine: replica r0 stopped, the engine
@@ -359,6 +378,7 @@ func TestFUSEEngineKilledIsAPause(t *testing.T) {
 	killed := time.Now()
 	s.eng.cmd.Process.Kill()
 	s.eng.waitExit(t)
+	t.Logf("the killed engine exited %v after the kill", time.Since(killed))
 	r0.Signal(syscall.SIGCONT)
 	s.restart(t)
 	t.Logf("engine started again %v after the kill", time.Since(killed))
@@ -379,11 +399,12 @@ func TestFUSEEngineKilledIsAPause(t *testing.T) {
 func TestFUSEKeeperRestartThenEngineRestarts(t *testing.T) {
 	s := newRestartSetup(t)
 	load := startLoad(t, s.dev, s.mnt)
+	s.load = load
 	load.waitProgress(t, 20, "before the keeper restart")
 
 	s.keeper.cmd.Process.Kill()
 	s.keeper.waitExit(t)
-	s.keeper = start(t, "device-keeper", "--socket", s.keeperSock)
+	s.keeper = start(t, "device-keeper", "--socket", s.keeperSock, "--hold-for", keeperHold)
 	waitLog(t, s.eng, "deposited the device of a volume again")
 	load.waitProgress(t, 20, "after the keeper restart")
 
@@ -426,8 +447,8 @@ func TestFUSESecondEngineRefused(t *testing.T) {
 
 // TestFUSEEngineRestartWithoutKeeper: without a keeper, an engine killed
 // takes its FUSE connection down (the mount it leaves answers ENOTCONN);
-// the engine started again detaches that mount and serves the volume
-// anew, with the data written before.
+// the engine started again detaches that mount without touching it and
+// serves the volume anew, with the data written before.
 func TestFUSEEngineRestartWithoutKeeper(t *testing.T) {
 	needRoot(t)
 	dir := t.TempDir()
@@ -435,9 +456,7 @@ func TestFUSEEngineRestartWithoutKeeper(t *testing.T) {
 	t.Cleanup(func() { exec.Command("umount", "-l", fuseDir).Run() })
 	_, args := filesystemEngineArgs(t, dir, "16Mi", "--frontend", "fuse", "--fuse-dir", fuseDir)
 	eng := start(t, args...)
-	if !strings.Contains(eng.stderr.String(), "no device keeper") {
-		t.Fatalf("the engine without a keeper does not say a restart fails the I/O in flight:\n%s", eng.stderr.String())
-	}
+	waitLog(t, eng, "no device keeper: if this engine dies or is restarted, the I/O in flight on its device fails")
 	block := bytes.Repeat([]byte{0x5a}, 4096)
 	if err := os.WriteFile(eng.endpoint, block, 0); err != nil {
 		t.Fatal(err)
@@ -446,9 +465,7 @@ func TestFUSEEngineRestartWithoutKeeper(t *testing.T) {
 	eng.cmd.Process.Kill()
 	eng.waitExit(t)
 	eng = start(t, args...)
-	if !strings.Contains(eng.stderr.String(), "detaching the dead FUSE mount") {
-		t.Fatalf("the engine started again did not detach the dead mount:\n%s", eng.stderr.String())
-	}
+	waitLog(t, eng, "detaching the FUSE mount an earlier engine of the volume left")
 	got := make([]byte, 4096)
 	f, err := os.Open(eng.endpoint)
 	if err != nil {
@@ -477,7 +494,7 @@ func TestFUSEInstanceManagerRestartIsAPause(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "keeper", "k.sock")
-	keeper := start(t, "device-keeper", "--socket", sock)
+	keeper := start(t, "device-keeper", "--socket", sock, "--hold-for", keeperHold)
 	reps, _ := filesystemEngineArgs(t, dir, restartVolume)
 	var addrs []*imv1.ReplicaAddress
 	for _, r := range reps {
@@ -488,9 +505,15 @@ func TestFUSEInstanceManagerRestartIsAPause(t *testing.T) {
 		exec.Command("umount", "-l", mnt).Run()
 		unmountUnder(logDir)
 	})
+	var load *ioLoad
 	startEngine := func() (*imHandle, string) {
 		t.Helper()
 		im := startIM(t, ports, "--log-dir", logDir, "--child-env", "CAIRN_DEVICE_KEEPER="+sock)
+		t.Cleanup(func() { // before the instance manager is killed (see haltFirst)
+			if load != nil {
+				load.halt()
+			}
+		})
 		if _, err := im.c.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "vol-e", Spec: &imv1.ProcessCreateRequest_Engine{Engine: &imv1.EngineSpec{
 			VolumeName: "vol", Replicas: addrs, Frontend: imv1.Frontend_FRONTEND_FUSE}}}); err != nil {
 			t.Fatal(err)
@@ -501,7 +524,7 @@ func TestFUSEInstanceManagerRestartIsAPause(t *testing.T) {
 	sh(t, "mkfs.ext4", "-q", "-F", dev, fsSize)
 	os.MkdirAll(mnt, 0o755)
 	sh(t, "mount", dev, mnt)
-	load := startLoad(t, dev, mnt)
+	load = startLoad(t, dev, mnt)
 	load.waitProgress(t, 20, "before the instance manager's SIGTERM")
 
 	for i, stop := range []func(*os.Process) error{

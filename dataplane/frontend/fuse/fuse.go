@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -134,6 +136,7 @@ func Claim(opts Options) (*Frontend, error) {
 			return f, nil
 		}
 		f.claimed = &claimed{session: s, files: files}
+		f.log.Info("the device keeper holds the device of this volume, left by the engine before this one: taking it over", "device", s.LoopPath)
 	case errors.Is(err, devicekeeper.ErrNoSession):
 	case errors.Is(err, devicekeeper.ErrBusy):
 		return nil, fmt.Errorf("fuse frontend: another engine of volume %s on this node serves its device; stop it first: %w", opts.Name, err)
@@ -218,24 +221,58 @@ func (f *Frontend) mount(dev Device) error {
 	return nil
 }
 
-// makeDir makes the mount directory. A FUSE mount an engine left there
-// when it died with nobody holding its connection answers ENOTCONN: it is
-// detached, so that the volume is mounted anew (its I/O in flight failed
-// when that engine died).
+// makeDir makes the mount directory, detaching first a FUSE mount an
+// earlier engine of the volume left there that this one did not take over
+// (it died with nobody holding its connection, or the keeper could not be
+// asked): its connection answers nothing, or fails everything, so even a
+// stat of the directory could wait for good. The detach asks the server
+// nothing; what the old mount still serves (a loop device over it) keeps
+// it as long as it is used, and its I/O fails once nothing holds its
+// connection.
 func (f *Frontend) makeDir() error {
-	err := os.MkdirAll(f.dir, 0o700)
-	if err == nil {
-		return nil
-	}
-	var st unix.Stat_t
-	if serr := unix.Stat(f.dir, &st); !errors.Is(serr, unix.ENOTCONN) {
-		return err
-	}
-	f.log.Info("detaching the dead FUSE mount an engine of the volume left when it died", "dir", f.dir)
-	if uerr := unix.Unmount(f.dir, unix.MNT_DETACH); uerr != nil {
-		return fmt.Errorf("detaching the dead FUSE mount at %s: %w", f.dir, uerr)
+	if mountedAt(f.dir) {
+		f.log.Info("detaching the FUSE mount an earlier engine of the volume left, which this one did not take over", "dir", f.dir)
+		if err := unix.Unmount(f.dir, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("detaching the FUSE mount left at %s: %w", f.dir, err)
+		}
 	}
 	return os.MkdirAll(f.dir, 0o700)
+}
+
+// mountedAt says whether something is mounted at dir in this mount
+// namespace, from /proc/self/mountinfo (which, unlike a stat, never waits
+// for a FUSE server).
+func mountedAt(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// Field 5 is the mount point, with space, tab, newline and
+		// backslash escaped in octal.
+		if fields := strings.Fields(line); len(fields) > 4 && unescapeMount(fields[4]) == dir {
+			return true
+		}
+	}
+	return false
+}
+
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // fileDevice is the device number of fd's filesystem, from what the
@@ -391,6 +428,11 @@ func (f *Frontend) handOver() bool {
 		return false
 	}
 	f.server.pause()
+	// Unattended from now on: the next engine may take it over while this
+	// one still flushes.
+	if err := f.opts.Keeper.Release(ctx, f.opts.Name); err != nil {
+		f.log.Info("could not tell the device keeper this engine no longer serves the device; it knows once this process exits", "reason", err.Error())
+	}
 	f.log.Info("the device is in use (a mounted filesystem or an application): left to the device keeper; its I/O waits for the next engine of the volume", "device", f.loop.path)
 	return true
 }
