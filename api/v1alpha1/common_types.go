@@ -82,3 +82,33 @@ const (
 	// ReasonAsExpected means the observed state matches the spec.
 	ReasonAsExpected = "AsExpected"
 )
+
+// Ready condition reasons of an Engine or Replica, about its process on
+// its node's instance manager.
+const (
+	// ReasonNoInstanceManager means no InstanceManager with an address
+	// serves the process's node, so nothing can run there yet.
+	ReasonNoInstanceManager = "NoInstanceManager"
+	// ReasonInstanceManagerDown means the node's instance manager does not
+	// answer: the process's state is unknown until it does.
+	ReasonInstanceManagerDown = "InstanceManagerUnreachable"
+	// ReasonProcessFailed means the process exited, or could not be
+	// created; the message has the exit code and error. It is started again.
+	ReasonProcessFailed = "ProcessFailed"
+	// ReasonProcessBackOff means the process failed several times in a
+	// row and its next start waits (an exponential back-off, capped); the
+	// message has the last error, the number of failures and when it is
+	// started again.
+	ReasonProcessBackOff = "ProcessBackOff"
+	// ReasonStarting means the process was created and has not reported
+	// ready yet.
+	ReasonStarting = "Starting"
+	// ReasonStopped means desiredState is stopped, and so is the process.
+	ReasonStopped = "Stopped"
+	// ReasonWaitingForReplicas means an engine is not started yet: a
+	// replica its spec names does not run, or runs at another address than
+	// the spec gives (its instance manager restarted, say). The engine
+	// starts once the spec names only running replicas at their current
+	// addresses; the message names the ones it waits for.
+	ReasonWaitingForReplicas = "WaitingForReplicas"
+)

@@ -1,6 +1,9 @@
 // Package engine reconciles Engine objects: it starts the engine process
 // on spec.nodeName through that node's instance manager, with the replica
-// addresses the Volume reconciler gives it, reports the process's state,
+// addresses the Volume reconciler gives it once each replica is confirmed
+// to run at its address (never an address gone stale since it was
+// given), through the process life cycle it shares with the Replica
+// reconciler (controllers/internal/process); it reports the process's state,
 // control address and the block device its frontend serves, and stops it
 // when asked or deleted. While it runs, the engine's own status stream
 // (Watches) gives each replica's mode, rebuild progress, snapshots and
@@ -15,11 +18,9 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
-	"time"
+	"strings"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	grpcstatus "google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -40,10 +41,9 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/certs"
 	"github.com/cairn-io/cairn/controllers/imclient"
-	"github.com/cairn-io/cairn/controllers/instancemanager"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
+	"github.com/cairn-io/cairn/controllers/internal/process"
 	"github.com/cairn-io/cairn/controllers/internal/volumes"
-	"github.com/cairn-io/cairn/controllers/replica"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
@@ -51,19 +51,15 @@ import (
 // engine holds the volume's device on its node).
 const Finalizer = "storage.cairn.io/engine-process"
 
-// Ready condition reasons.
+// Ready condition reasons of an Engine alone; those it shares with a
+// Replica's are in api/v1alpha1 (ReasonNoInstanceManager, ...).
 const (
-	ReasonNotPlaced           = "NotPlaced"
-	ReasonNoReplicas          = "NoReplicas"
-	ReasonNoInstanceManager   = "NoInstanceManager"
-	ReasonInstanceManagerDown = "InstanceManagerUnreachable"
-	ReasonProcessFailed       = "ProcessFailed"
-	ReasonStopped             = "Stopped"
-	ReasonStarting            = "Starting"
-	ReasonSyncFailed          = "ReplicaSyncFailed"
+	ReasonNotPlaced  = "NotPlaced"
+	ReasonNoReplicas = "NoReplicas"
+	ReasonSyncFailed = "ReplicaSyncFailed"
 )
 
-const callTimeout = 10 * time.Second
+const callTimeout = process.CallTimeout
 
 var labelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
@@ -87,8 +83,12 @@ type Reconciler struct {
 	// SetupWithManager makes (default: no transport security, loopback
 	// tests; a cluster gives mutual TLS).
 	DialOptions []grpc.DialOption
+	// Backoff spaces the starts of an engine process that keeps failing
+	// (zero fields: process.DefaultPolicy).
+	Backoff process.Policy
 
-	changes chan event.GenericEvent
+	changes   chan event.GenericEvent
+	processes process.Lazy
 }
 
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=engines,verbs=get;list;watch;update;patch
@@ -152,150 +152,157 @@ func ProcessSpec(e *v1.Engine) *imv1.EngineSpec {
 	return spec
 }
 
+// reconcileProcess checks what only an engine needs (a volume name that
+// can name its device, a node), then runs the shared process life cycle
+// (controllers/internal/process) with the engine's own parts.
 func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.Result, error) {
-	st := &e.Status
 	ready := func(ok bool, reason, msg string) {
-		objects.SetCondition(&st.Conditions, e.Generation, v1.ConditionReady, ok, reason, msg)
-	}
-	reset := func(state v1.InstanceState) {
-		st.InstanceState, st.Address, st.Endpoint, st.Size = state, "", "", nil
-		st.ReplicaModeMap, st.RebuildStatus, st.Clone = nil, nil, nil
-		if state != v1.InstanceStateRunning {
-			r.Engines.Stop(client.ObjectKeyFromObject(e))
-		}
+		objects.SetCondition(&e.Status.Conditions, e.Generation, v1.ConditionReady, ok, reason, msg)
 	}
 	if !labelRE.MatchString(e.Spec.VolumeName) {
-		reset(v1.InstanceStateStopped)
+		r.reset(e, v1.InstanceStateStopped)
 		msg := fmt.Sprintf("spec.volumeName %q must be a DNS label (lowercase letters, digits and '-', at most 63 characters) to name the engine's device", e.Spec.VolumeName)
 		ready(false, v1.ReasonInvalidSpec, msg)
 		return ctrl.Result{}, reconcile.TerminalError(errors.New(msg))
 	}
 	if e.Spec.NodeName == "" {
-		reset(v1.InstanceStateStopped)
+		r.reset(e, v1.InstanceStateStopped)
 		ready(false, ReasonNotPlaced, "spec.nodeName is empty: the engine runs nowhere")
 		return ctrl.Result{}, nil
 	}
-	// A node an operator declared shut down (the out-of-service taint)
-	// runs no engine: it is reported stopped, so its volume can detach
-	// and attach elsewhere, and nothing is called there. If the node
-	// comes back before the taint goes, its instance manager is not asked
-	// to start anything until then.
-	out, err := objects.OutOfService(ctx, r.Client, e.Spec.NodeName)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if out {
-		reset(v1.InstanceStateStopped)
-		ready(false, objects.ReasonNodeOutOfService, fmt.Sprintf("node %s has the %s taint: it is shut down, and the engine with it", e.Spec.NodeName, corev1.TaintNodeOutOfService))
-		return ctrl.Result{}, nil
-	}
-	conn, im, err := r.Pool.ForNode(ctx, r.Client, e.Namespace, e.Spec.NodeName)
-	if err != nil {
-		reset(v1.InstanceStateUnknown)
-		ready(false, ReasonNoInstanceManager, err.Error())
-		if errors.Is(err, imclient.ErrNoInstanceManager) {
-			return ctrl.Result{}, nil
-		}
-		return ctrl.Result{}, err
-	}
-	st.InstanceManagerName = im.Name
-	name := replica.ProcessName(e)
-	proc, exists, current := conn.Process(name)
-	if !current {
-		reset(v1.InstanceStateUnknown)
-		ready(false, ReasonInstanceManagerDown, fmt.Sprintf("instance manager %s at %s is not reachable; the engine's state is unknown", im.Name, im.Spec.Address))
-		return ctrl.Result{RequeueAfter: objects.UnreachableRecheck}, nil
-	}
-	state := v1.InstanceStateStopped
-	if exists {
-		state = instancemanager.StateFromProto(proc.GetState())
-	}
-	reset(state)
-	if state == v1.InstanceStateRunning {
-		st.Address, st.Endpoint = proc.GetControlAddress(), proc.GetEndpoint().GetPath()
-		st.Size = resource.NewQuantity(proc.GetSizeBytes(), resource.BinarySI)
-	}
-	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
-	if e.Spec.DesiredState != v1.DesiredInstanceStateRunning {
-		ready(false, ReasonStopped, "desiredState is stopped")
-		if exists {
-			if _, err := conn.Client.ProcessDelete(cctx, &imv1.ProcessDeleteRequest{Name: name}); err != nil && grpcstatus.Code(err) != codes.DeadlineExceeded {
-				return ctrl.Result{}, fmt.Errorf("stop engine process %s: %w", name, err)
+	return r.runner().Reconcile(ctx, process.Spec{
+		Object: e, Noun: "engine process", Node: e.Spec.NodeName, Desired: e.Spec.DesiredState, Ready: ready,
+		Observe: func(o process.Observation) { r.observe(e, o) },
+		Create: func(ctx context.Context) (*imv1.ProcessCreateRequest, *process.Wait, error) {
+			return r.createRequest(ctx, e, ready)
+		},
+		Outdated: func(ctx context.Context, p *imv1.Process) (string, error) { return r.outdated(ctx, e, p) },
+		Running: func(ctx context.Context, p *imv1.Process) (ctrl.Result, error) {
+			if len(e.Spec.ReplicaAddresses) == 0 {
+				ready(false, ReasonNoReplicas, "spec.replicaAddresses is empty: nothing to serve the volume from")
+				return ctrl.Result{}, nil
 			}
-		}
-		return ctrl.Result{}, nil
+			msg := "the engine serves " + e.Status.Endpoint
+			if fb := p.GetEndpoint().GetFallback(); fb != "" {
+				msg += " (no kernel block device: " + fb + ")"
+			}
+			ready(true, v1.ReasonAsExpected, msg)
+			return ctrl.Result{}, r.reconcileRunning(ctx, e, p, ready, msg)
+		},
+	})
+}
+
+func (r *Reconciler) runner() *process.Runner { return r.processes.Get(r.Client, r.Pool, r.Backoff) }
+
+// reset clears what the status says of a running engine, and stops
+// following its status stream unless it runs.
+func (r *Reconciler) reset(e *v1.Engine, state v1.InstanceState) {
+	st := &e.Status
+	st.InstanceState, st.Address, st.Endpoint, st.Size = state, "", "", nil
+	st.ReplicaModeMap, st.RebuildStatus, st.Clone = nil, nil, nil
+	if state != v1.InstanceStateRunning {
+		r.Engines.Stop(client.ObjectKeyFromObject(e))
 	}
+}
+
+// observe reports the engine process as found: a running one's control
+// address, block device and size.
+func (r *Reconciler) observe(e *v1.Engine, o process.Observation) {
+	r.reset(e, o.State)
+	if o.InstanceManager != "" {
+		e.Status.InstanceManagerName = o.InstanceManager
+	}
+	if o.State == v1.InstanceStateRunning && o.Process != nil {
+		p := o.Process
+		e.Status.Address, e.Status.Endpoint = p.GetControlAddress(), p.GetEndpoint().GetPath()
+		e.Status.Size = resource.NewQuantity(p.GetSizeBytes(), resource.BinarySI)
+	}
+}
+
+// createRequest is the engine process to create now: its replicas at the
+// addresses spec.replicaAddresses gives, once each of them is confirmed
+// to run there (staleReplicas), and its keys. A spec that names a replica
+// not running where it says waits (WaitingForReplicas) until the Volume
+// reconciler gives the current addresses.
+func (r *Reconciler) createRequest(ctx context.Context, e *v1.Engine, ready func(bool, string, string)) (*imv1.ProcessCreateRequest, *process.Wait, error) {
 	want := ProcessSpec(e)
 	if len(want.Replicas) == 0 {
-		ready(false, ReasonNoReplicas, "spec.replicaAddresses is empty: nothing to serve the volume from")
-		return ctrl.Result{}, nil
+		return nil, &process.Wait{Reason: ReasonNoReplicas, Message: "spec.replicaAddresses is empty: nothing to serve the volume from"}, nil
 	}
-	switch {
-	case !exists:
-		if r.Keys != nil {
-			key, err := r.Keys.VolumeKey(e.Namespace, e.Spec.VolumeName)
-			if err != nil {
-				ready(false, ReasonProcessFailed, err.Error())
-				return ctrl.Result{}, fmt.Errorf("the key of volume %s: %w", e.Spec.VolumeName, err)
-			}
-			want.AuthKey = key
-		}
-		if e.Spec.Encryption != nil {
-			key, msg, err := r.encryptionKey(ctx, e)
-			if key == "" {
-				if msg != "" {
-					ready(false, v1.ReasonEncryptionKeyUnusable, msg)
-				}
-				return ctrl.Result{RequeueAfter: keyRecheck}, err
-			}
-			want.EncryptionKey, want.EncryptionKeyCheck = []byte(key), e.Spec.Encryption.KeyCheck
-		}
-		// If we crash after the create, the next reconcile finds the
-		// process by name.
-		_, err := conn.Client.ProcessCreate(cctx, &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Engine{Engine: want}})
-		switch grpcstatus.Code(err) {
-		case codes.OK, codes.AlreadyExists:
-			st.InstanceState = v1.InstanceStateStarting
-			ready(false, ReasonStarting, "the engine process was created on "+e.Spec.NodeName)
-			return ctrl.Result{}, nil
-		case codes.InvalidArgument:
-			ready(false, v1.ReasonInvalidSpec, grpcstatus.Convert(err).Message())
-			return ctrl.Result{}, reconcile.TerminalError(err)
-		default:
-			ready(false, ReasonProcessFailed, err.Error())
-			return ctrl.Result{}, fmt.Errorf("create engine process %s: %w", name, err)
-		}
-	case state == v1.InstanceStateError || state == v1.InstanceStateStopped:
-		msg := fmt.Sprintf("the engine process exited (code %d): %s", proc.GetExitCode(), proc.GetError())
-		ready(false, ReasonProcessFailed, msg)
-		if _, err := conn.Client.ProcessDelete(cctx, &imv1.ProcessDeleteRequest{Name: name}); err != nil {
-			return ctrl.Result{}, fmt.Errorf("forget failed engine process %s: %w", name, err)
-		}
-		return ctrl.Result{}, errors.New(msg)
-	case state == v1.InstanceStateRunning:
-		msg := "the engine serves " + st.Endpoint
-		if fb := proc.GetEndpoint().GetFallback(); fb != "" {
-			msg += " (no kernel block device: " + fb + ")"
-		}
-		ready(true, v1.ReasonAsExpected, msg)
-		return ctrl.Result{}, r.reconcileRunning(ctx, e, ready, msg)
-	default:
-		ready(false, ReasonStarting, "the engine process is "+string(state))
+	stale, err := r.staleReplicas(ctx, e)
+	if err != nil {
+		return nil, nil, err
 	}
-	return ctrl.Result{}, nil
+	if len(stale) > 0 {
+		return nil, &process.Wait{Reason: v1.ReasonWaitingForReplicas, Message: "the engine is started once every replica it is given runs at the address its spec gives; waiting for " +
+			strings.Join(stale, ", ")}, nil
+	}
+	if r.Keys != nil {
+		key, err := r.Keys.VolumeKey(e.Namespace, e.Spec.VolumeName)
+		if err != nil {
+			ready(false, v1.ReasonProcessFailed, err.Error())
+			return nil, nil, fmt.Errorf("the key of volume %s: %w", e.Spec.VolumeName, err)
+		}
+		want.AuthKey = key
+	}
+	if e.Spec.Encryption != nil {
+		key, msg, err := r.encryptionKey(ctx, e)
+		if err != nil {
+			return nil, nil, err
+		}
+		if key == "" {
+			return nil, &process.Wait{Reason: v1.ReasonEncryptionKeyUnusable, Message: msg, RequeueAfter: keyRecheck}, nil
+		}
+		want.EncryptionKey, want.EncryptionKeyCheck = []byte(key), e.Spec.Encryption.KeyCheck
+	}
+	return &imv1.ProcessCreateRequest{Spec: &imv1.ProcessCreateRequest_Engine{Engine: want}}, nil, nil
+}
+
+// outdated says why a starting engine process must be started again
+// ("" if not): it was given other replicas than spec.replicaAddresses now
+// names (a replica came back at a new address while it started, say), and
+// every replica the spec names runs where it says. A starting engine
+// serves nothing yet; one that waits for a replica it was not given (the
+// engine's open waits for every replica that may hold the newest data)
+// would otherwise wait until its instance manager gives up on it.
+func (r *Reconciler) outdated(ctx context.Context, e *v1.Engine, p *imv1.Process) (string, error) {
+	given := p.GetEngine()
+	if given == nil {
+		return "", nil
+	}
+	was, want := replicaList(given.GetReplicas()), replicaList(ProcessSpec(e).GetReplicas())
+	if slices.Equal(was, want) {
+		return "", nil
+	}
+	stale, err := r.staleReplicas(ctx, e)
+	if err != nil || len(stale) > 0 {
+		return "", err
+	}
+	return fmt.Sprintf("its replicas are now %s (it was started with %s)", strings.Join(want, " "), strings.Join(was, " ")), nil
+}
+
+// replicaList is replicas as sorted DATA,CONTROL strings.
+func replicaList(rs []*imv1.ReplicaAddress) []string {
+	out := make([]string, 0, len(rs))
+	for _, a := range rs {
+		out = append(out, a.GetData()+","+a.GetControl())
+	}
+	slices.Sort(out)
+	return out
 }
 
 // reconcileRunning follows the running engine's status stream: the
 // replica modes, rebuilds, snapshots and size it reports go to the status,
 // and the engine is brought to its spec (syncRunning). Until the stream's
 // first status arrives there is nothing to act on; its arrival brings the
-// Engine back.
-func (r *Reconciler) reconcileRunning(ctx context.Context, e *v1.Engine, ready func(bool, string, string), msg string) error {
+// Engine back. The stream is that of this very process (its address and
+// pid): a status another process sent, at the same address or not, is
+// never applied.
+func (r *Reconciler) reconcileRunning(ctx context.Context, e *v1.Engine, p *imv1.Process, ready func(bool, string, string), msg string) error {
 	if e.Status.Address == "" {
 		return nil
 	}
-	c, err := r.Engines.Ensure(client.ObjectKeyFromObject(e), e.Status.Address)
+	c, err := r.Engines.Ensure(client.ObjectKeyFromObject(e), Identity{Address: e.Status.Address, PID: p.GetPid()})
 	if err != nil {
 		return err
 	}
@@ -341,14 +348,13 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, e *v1.Engine) (ctrl.Re
 			return ctrl.Result{}, err
 		}
 		if conn != nil {
-			cctx, cancel := context.WithTimeout(ctx, callTimeout)
-			defer cancel()
-			if _, err := conn.Client.ProcessDelete(cctx, &imv1.ProcessDeleteRequest{Name: replica.ProcessName(e)}); err != nil {
-				return ctrl.Result{}, fmt.Errorf("stop engine process %s: %w", replica.ProcessName(e), err)
+			if err := process.Delete(ctx, conn, e, "engine process"); err != nil {
+				return ctrl.Result{}, err
 			}
 		}
 		// No instance manager on the node: no process of ours runs there.
 	}
+	r.runner().Forget(e)
 	controllerutil.RemoveFinalizer(e, Finalizer)
 	return ctrl.Result{}, r.Update(ctx, e)
 }

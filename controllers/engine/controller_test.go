@@ -19,6 +19,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
+	"github.com/cairn-io/cairn/controllers/internal/process"
 	"github.com/cairn-io/cairn/controllers/replica"
 )
 
@@ -77,7 +78,7 @@ func TestEngineLifecycle(t *testing.T) {
 	}
 	c, err := pool.Get(im.Addr)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Eventually(func() bool { _, ok, _ := c.Process(replica.ProcessName(got)); return ok }, timeout, 50*time.Millisecond).Should(BeTrue())
+	g.Eventually(func() bool { _, ok, _ := c.Process(process.Name(got)); return ok }, timeout, 50*time.Millisecond).Should(BeTrue())
 
 	// Stopped: the process goes, the status says so.
 	before := got.DeepCopy()
@@ -96,7 +97,7 @@ func TestEngineLifecycle(t *testing.T) {
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(e), &v1.Engine{}))
 	}, timeout, 50*time.Millisecond).Should(BeTrue())
-	g.Eventually(func() bool { _, ok, _ := c.Process(replica.ProcessName(e)); return ok }, timeout, 50*time.Millisecond).Should(BeFalse())
+	g.Eventually(func() bool { _, ok, _ := c.Process(process.Name(e)); return ok }, timeout, 50*time.Millisecond).Should(BeFalse())
 }
 
 // TestEngineNotRunnable: specs that cannot run say why.
@@ -115,7 +116,7 @@ func TestEngineNotRunnable(t *testing.T) {
 	ghost := mk("ghost", func(*v1.Engine) {})
 	g.Eventually(func() string { return readyReason(g, bad) }, timeout, 50*time.Millisecond).Should(Equal(v1.ReasonInvalidSpec))
 	g.Eventually(func() string { return readyReason(g, nowhere) }, timeout, 50*time.Millisecond).Should(Equal(ReasonNotPlaced))
-	g.Eventually(func() string { return readyReason(g, ghost) }, timeout, 50*time.Millisecond).Should(Equal(ReasonNoInstanceManager))
+	g.Eventually(func() string { return readyReason(g, ghost) }, timeout, 50*time.Millisecond).Should(Equal(v1.ReasonNoInstanceManager))
 }
 
 // TestEngineGivesBackRecordedFailures: a replica process killed comes back

@@ -14,8 +14,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
+	"github.com/cairn-io/cairn/controllers/internal/process"
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
 // Engine event reasons.
@@ -284,4 +287,96 @@ func freshMembers(ctx context.Context, c *Conn) (*enginev1.VolumeStatus, error) 
 		return nil, err
 	}
 	return &enginev1.VolumeStatus{Replicas: reps.GetReplicas(), Rebuilds: rbs.GetRebuilds()}, nil
+}
+
+// staleReplicas names, in order, the replicas of spec.replicaAddresses
+// that do not run at the address the spec gives, each with what is wrong
+// (replicaMismatch). An engine is started only when there are none: an
+// address copied into the spec earlier may by now belong to nothing (the
+// replica's instance manager came back with a new pod IP) or to another
+// process, and an engine started on it would wait for a replica that is
+// not there. Where each replica runs is read from its node's instance
+// manager (the process watch), the most current source there is: a
+// Replica's status may not have caught up yet with an instance manager
+// that just restarted.
+func (r *Reconciler) staleReplicas(ctx context.Context, e *v1.Engine) ([]string, error) {
+	names := make([]string, 0, len(e.Spec.ReplicaAddresses))
+	for n := range e.Spec.ReplicaAddresses {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	var stale []string
+	for _, n := range names {
+		view, err := r.replicaView(ctx, e.Namespace, n)
+		if err != nil {
+			return nil, err
+		}
+		if why := replicaMismatch(e.Spec.ReplicaAddresses[n], view); why != "" {
+			stale = append(stale, n+" ("+why+")")
+		}
+	}
+	return stale, nil
+}
+
+// replicaSeen is what the control plane knows now of one replica: its
+// object, and its process as its node's instance manager reports it.
+type replicaSeen struct {
+	rep *v1.Replica // nil: no such Replica
+	// current: the node's instance manager was reached and its process
+	// list is current; proc is the replica's process there (nil: none).
+	current bool
+	proc    *imv1.Process
+	// why the instance manager could not be read ("" if it was).
+	unreachable string
+}
+
+func (r *Reconciler) replicaView(ctx context.Context, namespace, name string) (replicaSeen, error) {
+	rep := &v1.Replica{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, rep); err != nil {
+		return replicaSeen{}, client.IgnoreNotFound(err)
+	}
+	out := replicaSeen{rep: rep}
+	if rep.Spec.NodeName == "" {
+		return out, nil
+	}
+	conn, im, err := r.Pool.ForNode(ctx, r.Client, namespace, rep.Spec.NodeName)
+	switch {
+	case errors.Is(err, imclient.ErrNoInstanceManager):
+		out.unreachable = "no instance manager on node " + rep.Spec.NodeName
+		return out, nil
+	case err != nil:
+		return replicaSeen{}, err
+	}
+	proc, ok, current := conn.Process(process.Name(rep))
+	out.current = current
+	if ok {
+		out.proc = proc
+	}
+	if !current {
+		out.unreachable = fmt.Sprintf("instance manager %s at %s is not reachable", im.Name, im.Spec.Address)
+	}
+	return out, nil
+}
+
+// replicaMismatch says why the replica seen cannot be reached at a, or ""
+// when its process runs there.
+func replicaMismatch(a v1.ReplicaAddress, s replicaSeen) string {
+	switch {
+	case s.rep == nil:
+		return "no such Replica"
+	case !s.rep.DeletionTimestamp.IsZero():
+		return "being deleted"
+	case s.rep.Spec.NodeName == "":
+		return "not placed on a node"
+	case s.unreachable != "":
+		return s.unreachable
+	case s.proc == nil:
+		return "no process on node " + s.rep.Spec.NodeName
+	case s.proc.GetState() != imv1.ProcessState_PROCESS_STATE_RUNNING:
+		return "its process is " + string(process.StateFromProto(s.proc.GetState()))
+	case s.proc.GetDataAddress() != a.Data || s.proc.GetControlAddress() != a.Control:
+		now := ReplicaAddress(v1.ReplicaAddress{Data: s.proc.GetDataAddress(), Control: s.proc.GetControlAddress()})
+		return fmt.Sprintf("it runs at %s, the spec gives %s", now, ReplicaAddress(a))
+	}
+	return ""
 }

@@ -10,6 +10,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
 func TestReplicaChanges(t *testing.T) {
@@ -130,5 +131,45 @@ func TestReplicaGivenBack(t *testing.T) {
 		if got := replicaGivenBack(rep, addr); got != tc.want {
 			t.Errorf("%s: replicaGivenBack = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestReplicaMismatch: an engine is started on a replica only when its
+// process runs, on the node's current instance manager, at exactly the
+// address the spec gives.
+func TestReplicaMismatch(t *testing.T) {
+	a := v1.ReplicaAddress{Data: "10.0.0.1:1", Control: "10.0.0.1:2"}
+	rep := func(mut func(*v1.Replica)) *v1.Replica {
+		r := &v1.Replica{Spec: v1.ReplicaSpec{NodeName: "n1"}}
+		if mut != nil {
+			mut(r)
+		}
+		return r
+	}
+	proc := func(state imv1.ProcessState, data, control string) *imv1.Process {
+		return &imv1.Process{State: state, DataAddress: data, ControlAddress: control}
+	}
+	running := imv1.ProcessState_PROCESS_STATE_RUNNING
+	for _, tc := range []struct {
+		name string
+		seen replicaSeen
+		ok   bool
+	}{
+		{"runs where the spec says", replicaSeen{rep: rep(nil), current: true, proc: proc(running, a.Data, a.Control)}, true},
+		{"no Replica", replicaSeen{}, false},
+		{"being deleted", replicaSeen{rep: rep(func(r *v1.Replica) { r.DeletionTimestamp = &metav1.Time{Time: time.Now()} }), current: true, proc: proc(running, a.Data, a.Control)}, false},
+		{"not placed", replicaSeen{rep: rep(func(r *v1.Replica) { r.Spec.NodeName = "" })}, false},
+		{"its instance manager unreachable", replicaSeen{rep: rep(nil), unreachable: "instance manager im-n1 at x is not reachable", proc: proc(running, a.Data, a.Control)}, false},
+		{"no process (a new instance manager)", replicaSeen{rep: rep(nil), current: true}, false},
+		{"starting", replicaSeen{rep: rep(nil), current: true, proc: proc(imv1.ProcessState_PROCESS_STATE_STARTING, "", "")}, false},
+		{"runs at a new pod IP", replicaSeen{rep: rep(nil), current: true, proc: proc(running, "10.0.0.9:1", "10.0.0.9:2")}, false},
+		{"runs at another data port", replicaSeen{rep: rep(nil), current: true, proc: proc(running, "10.0.0.1:7", a.Control)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			why := replicaMismatch(a, tc.seen)
+			if (why == "") != tc.ok {
+				t.Fatalf("replicaMismatch = %q, want ok=%v", why, tc.ok)
+			}
+		})
 	}
 }

@@ -60,9 +60,18 @@ func NewWatches(opts WatchOptions) *Watches {
 	return &Watches{opts: opts, m: map[types.NamespacedName]*Conn{}}
 }
 
+// Identity names one engine process: its control address, and its pid
+// (0 when not known). A process restarted at the same address (the
+// instance manager hands out the lowest free ports) is another identity.
+type Identity struct {
+	Address string
+	PID     int32
+}
+
 // Conn is one engine process's control connection and its last status.
 type Conn struct {
 	Addr   string
+	id     Identity
 	Client enginev1.EngineServiceClient
 	cc     *grpc.ClientConn
 	cancel context.CancelFunc
@@ -95,29 +104,31 @@ func (w *Watches) Each(fn func(key types.NamespacedName, c *Conn)) {
 	}
 }
 
-// Ensure returns the connection to the engine key at addr, starting its
-// watch the first time, and replacing it when the engine's address
-// changed (a new process).
-func (w *Watches) Ensure(key types.NamespacedName, addr string) (*Conn, error) {
+// Ensure returns the connection to the engine process id of key,
+// starting its watch the first time, and replacing it (with the status it
+// held) when the process is another: a new address, or a new pid at the
+// same address. A status the old process sent is thus never taken for
+// the new one's, even before the old stream has noticed it broke.
+func (w *Watches) Ensure(key types.NamespacedName, id Identity) (*Conn, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
 		return nil, errors.New("engine watches: closed (the manager is stopping)")
 	}
 	if c, ok := w.m[key]; ok {
-		if c.Addr == addr {
+		if c.id == id {
 			return c, nil
 		}
 		c.cancel()
 		c.cc.Close()
 		delete(w.m, key)
 	}
-	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpcalive.Dial()}, w.opts.DialOptions...)...)
+	cc, err := grpc.NewClient(id.Address, append([]grpc.DialOption{grpcalive.Dial()}, w.opts.DialOptions...)...)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &Conn{Addr: addr, Client: enginev1.NewEngineServiceClient(cc), cc: cc, cancel: cancel}
+	c := &Conn{Addr: id.Address, id: id, Client: enginev1.NewEngineServiceClient(cc), cc: cc, cancel: cancel}
 	w.m[key] = c
 	w.wg.Add(1)
 	go func() { defer w.wg.Done(); w.run(ctx, key, c) }()

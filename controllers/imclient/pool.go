@@ -3,7 +3,10 @@
 // supervises, fed by its ProcessWatch stream (not by polling). A stream
 // that breaks is redialled with back-off; meanwhile the copy says it is
 // not current, and reconcilers report the processes as unknown instead of
-// trusting stale states.
+// trusting stale states. A connection whose watch is down and that nobody
+// has asked for in Options.IdleTimeout is closed: an instance manager that
+// came back at another address (a new pod IP) leaves its old address to
+// nobody, and its connection would otherwise redial it for ever.
 package imclient
 
 import (
@@ -37,7 +40,14 @@ type Options struct {
 	// instance manager whose processes or connection state changed; the
 	// manager turns it into reconcile requests.
 	OnChange func(addr string)
-	Logger   logr.Logger
+	// IdleTimeout: a connection whose watch is down and that no Get asked
+	// for in this long is closed. Default 5 minutes. The reconcilers ask
+	// for a named instance manager's address far more often (the
+	// StorageNode reconciler every 30 s, an Engine or Replica on an
+	// unreachable node every 5 s), so only addresses nothing names any
+	// more go.
+	IdleTimeout time.Duration
+	Logger      logr.Logger
 }
 
 // Pool holds the connections, by address.
@@ -65,8 +75,53 @@ func New(opts Options) *Pool {
 	if opts.OnChange == nil {
 		opts.OnChange = func(string) {}
 	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = 5 * time.Minute
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Pool{opts: opts, ctx: ctx, cancel: cancel, conns: map[string]*Conn{}}
+	p := &Pool{opts: opts, ctx: ctx, cancel: cancel, conns: map[string]*Conn{}}
+	p.wg.Add(1)
+	go func() { defer p.wg.Done(); p.sweep(ctx) }()
+	return p
+}
+
+// sweep closes, until ctx ends, the connections idle for longer than
+// IdleTimeout while their watch is down.
+func (p *Pool) sweep(ctx context.Context) {
+	t := time.NewTicker(max(p.opts.IdleTimeout/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, addr := range p.idle(time.Now()) {
+			p.opts.Logger.Info("closing the connection to an instance manager nothing has asked for while it is unreachable", "instanceManager", addr, "idle", p.opts.IdleTimeout.String())
+		}
+	}
+}
+
+// idle closes the connections idle at now and returns their addresses.
+// Get marks a connection used under the same lock, so a connection just
+// handed out is never closed.
+func (p *Pool) idle(now time.Time) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for addr, c := range p.conns {
+		c.mu.Lock()
+		current := c.current
+		c.mu.Unlock()
+		if current || now.Sub(time.Unix(0, c.lastUsed.Load())) < p.opts.IdleTimeout {
+			continue
+		}
+		delete(p.conns, addr)
+		c.cancel()
+		c.cc.Close()
+		out = append(out, addr)
+	}
+	return out
 }
 
 // Conn is one instance manager: its client, and its processes as the
@@ -82,7 +137,8 @@ type Conn struct {
 	// "unreachable".
 	settled    chan struct{}
 	settleOnce sync.Once
-	waitedOut  atomic.Bool // a WaitSettled ran out of time
+	waitedOut  atomic.Bool  // a WaitSettled ran out of time
+	lastUsed   atomic.Int64 // unix nanoseconds of the last Get
 
 	mu      sync.Mutex
 	current bool // the stream is up and its snapshot arrived
@@ -97,6 +153,7 @@ func (p *Pool) Get(addr string) (*Conn, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c, ok := p.conns[addr]; ok {
+		c.lastUsed.Store(time.Now().UnixNano())
 		return c, nil
 	}
 	if p.ctx.Err() != nil {
@@ -108,6 +165,7 @@ func (p *Pool) Get(addr string) (*Conn, error) {
 	}
 	ctx, cancel := context.WithCancel(p.ctx)
 	c := &Conn{Addr: addr, Client: imv1.NewInstanceManagerServiceClient(cc), cc: cc, cancel: cancel, procs: map[string]*imv1.Process{}, settled: make(chan struct{})}
+	c.lastUsed.Store(time.Now().UnixNano())
 	p.conns[addr] = c
 	p.wg.Add(1)
 	go func() { defer p.wg.Done(); p.watch(ctx, c) }()

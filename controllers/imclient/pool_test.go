@@ -144,3 +144,36 @@ func TestWaitSettledGivesUp(t *testing.T) {
 		t.Fatalf("a second wait on the same silent peer waited %v", d)
 	}
 }
+
+// TestPoolClosesIdleUnreachable: a connection whose instance manager is
+// gone and that nobody asks for any more (its InstanceManager now names a
+// new pod's address) is closed after the idle timeout; one whose watch is
+// current, or that is still asked for, stays.
+func TestPoolClosesIdleUnreachable(t *testing.T) {
+	g := NewWithT(t)
+	im := imtest.Start(t, "n-idle", "", t.TempDir())
+	pool := New(Options{MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, IdleTimeout: 300 * time.Millisecond})
+	defer pool.Close()
+	held := func(addr string) bool {
+		pool.mu.Lock()
+		defer pool.mu.Unlock()
+		_, ok := pool.conns[addr]
+		return ok
+	}
+	live, err := pool.Get(im.Addr)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func() bool { _, cur, _ := live.Processes(); return cur }, 20*time.Second, 10*time.Millisecond).Should(BeTrue())
+	gone, asked := imtest.FreeAddr(t), imtest.FreeAddr(t)
+	_, err = pool.Get(gone)
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = pool.Get(asked)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	g.Eventually(func() bool { pool.Get(asked); return held(gone) }, 20*time.Second, 20*time.Millisecond).Should(BeFalse(),
+		"the unreachable address nobody asks for is closed")
+	g.Expect(held(asked)).To(BeTrue(), "an unreachable address still asked for is kept")
+	g.Expect(held(im.Addr)).To(BeTrue(), "a current connection is kept however long nobody asks")
+	again, err := pool.Get(gone)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(again).NotTo(BeNil(), "asked for again, it is dialled again")
+}

@@ -22,6 +22,7 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
+	"github.com/cairn-io/cairn/controllers/internal/process"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
@@ -148,26 +149,10 @@ func markUnknown(im *v1.InstanceManager) {
 	}
 }
 
-var stateFromProto = map[imv1.ProcessState]v1.InstanceState{
-	imv1.ProcessState_PROCESS_STATE_STARTING: v1.InstanceStateStarting,
-	imv1.ProcessState_PROCESS_STATE_RUNNING:  v1.InstanceStateRunning,
-	imv1.ProcessState_PROCESS_STATE_STOPPING: v1.InstanceStateStopping,
-	imv1.ProcessState_PROCESS_STATE_STOPPED:  v1.InstanceStateStopped,
-	imv1.ProcessState_PROCESS_STATE_ERROR:    v1.InstanceStateError,
-}
-
-// StateFromProto maps a process state to the API's instance state.
-func StateFromProto(s imv1.ProcessState) v1.InstanceState {
-	if st, ok := stateFromProto[s]; ok {
-		return st
-	}
-	return v1.InstanceStateUnknown
-}
-
 func processStatuses(procs map[string]*imv1.Process) []v1.ProcessStatus {
 	out := make([]v1.ProcessStatus, 0, len(procs))
 	for _, p := range procs {
-		ps := v1.ProcessStatus{Name: p.GetName(), State: StateFromProto(p.GetState()), Error: p.GetError(), Ports: p.GetPorts()}
+		ps := v1.ProcessStatus{Name: p.GetName(), State: process.StateFromProto(p.GetState()), Error: p.GetError(), Ports: p.GetPorts()}
 		switch p.GetKind() {
 		case imv1.ProcessKind_PROCESS_KIND_ENGINE:
 			ps.Kind = v1.ProcessKindEngine

@@ -9,10 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"time"
 
-	"google.golang.org/grpc/codes"
-	grpcstatus "google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -25,8 +22,8 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/certs"
 	"github.com/cairn-io/cairn/controllers/imclient"
-	"github.com/cairn-io/cairn/controllers/instancemanager"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
+	"github.com/cairn-io/cairn/controllers/internal/process"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
@@ -34,19 +31,10 @@ import (
 // deleted.
 const Finalizer = "storage.cairn.io/replica-data"
 
-// Ready condition reasons.
-const (
-	ReasonNotScheduled        = "NotScheduled"
-	ReasonNoInstanceManager   = "NoInstanceManager"
-	ReasonInstanceUnknown     = "InstanceUnknown"
-	ReasonProcessFailed       = "ProcessFailed"
-	ReasonStopped             = "Stopped"
-	ReasonStarting            = "Starting"
-	ReasonInstanceManagerDown = "InstanceManagerUnreachable"
-)
-
-// callTimeout bounds each call to an instance manager.
-const callTimeout = 10 * time.Second
+// ReasonNotScheduled is the Ready reason of a Replica not yet placed on a
+// disk; the reasons it shares with an Engine are in api/v1alpha1
+// (ReasonNoInstanceManager, ...).
+const ReasonNotScheduled = "NotScheduled"
 
 // Reconciler runs Replica processes.
 type Reconciler struct {
@@ -55,11 +43,12 @@ type Reconciler struct {
 	// Keys gives each volume's data-port key, sent with the replica's
 	// spec (nil: none, for instance managers on loopback in tests).
 	Keys certs.VolumeKeys
-}
+	// Backoff spaces the starts of a replica process that keeps failing
+	// (zero fields: process.DefaultPolicy).
+	Backoff process.Policy
 
-// ProcessName is the instance-manager process name of a Replica or Engine:
-// namespace/name, unique across namespaces.
-func ProcessName(o client.Object) string { return o.GetNamespace() + "/" + o.GetName() }
+	processes process.Lazy
+}
 
 // DataDir is where a scheduled replica's data lives on its node.
 func DataDir(r *v1.Replica) string {
@@ -93,8 +82,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return res, err
 }
 
-// reconcileProcess observes the process, creates or deletes it as the
-// spec asks, and fills the status from what it observed.
+// reconcileProcess runs the shared process life cycle
+// (controllers/internal/process) for a scheduled replica: its process is
+// created with its data directory and size, and reports the addresses it
+// serves at.
 func (r *Reconciler) reconcileProcess(ctx context.Context, rep *v1.Replica) (ctrl.Result, error) {
 	st := &rep.Status
 	ready := func(ok bool, reason, msg string) {
@@ -105,96 +96,45 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, rep *v1.Replica) (ctr
 		ready(false, ReasonNotScheduled, "the replica has no node, disk path and data directory yet")
 		return ctrl.Result{}, nil
 	}
-	// A node an operator declared shut down (the out-of-service taint)
-	// runs no replica: it is reported stopped, and nothing is started
-	// there until the taint goes. Its data stays on the node's disk.
-	out, err := objects.OutOfService(ctx, r.Client, rep.Spec.NodeName)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if out {
-		st.InstanceState, st.Address, st.ControlAddress = v1.InstanceStateStopped, "", ""
-		ready(false, objects.ReasonNodeOutOfService, fmt.Sprintf("node %s has the %s taint: it is shut down, and the replica process with it", rep.Spec.NodeName, corev1.TaintNodeOutOfService))
-		return ctrl.Result{}, nil
-	}
-	conn, im, err := r.Pool.ForNode(ctx, r.Client, rep.Namespace, rep.Spec.NodeName)
-	if err != nil {
-		st.InstanceState = v1.InstanceStateUnknown
-		ready(false, ReasonNoInstanceManager, err.Error())
-		if errors.Is(err, imclient.ErrNoInstanceManager) {
-			return ctrl.Result{}, nil // an InstanceManager appearing triggers a reconcile
-		}
-		return ctrl.Result{}, err
-	}
-	st.InstanceManagerName = im.Name
-	name := ProcessName(rep)
-	proc, exists, current := conn.Process(name)
-	if !current {
-		st.InstanceState = v1.InstanceStateUnknown
-		ready(false, ReasonInstanceManagerDown, fmt.Sprintf("instance manager %s at %s is not reachable; the process state is unknown", im.Name, im.Spec.Address))
-		return ctrl.Result{RequeueAfter: objects.UnreachableRecheck}, nil
-	}
-	state := v1.InstanceStateStopped
-	if exists {
-		state = instancemanager.StateFromProto(proc.GetState())
-	}
-	st.InstanceState = state
-	st.Address, st.ControlAddress = "", ""
-	if state == v1.InstanceStateRunning {
-		st.Address, st.ControlAddress = proc.GetDataAddress(), proc.GetControlAddress()
-	}
-	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
-	if rep.Spec.DesiredState != v1.DesiredInstanceStateRunning {
-		ready(false, ReasonStopped, "desiredState is stopped")
-		if exists {
-			// Delete also forgets an exited process, so a later start is clean.
-			if _, err := conn.Client.ProcessDelete(cctx, &imv1.ProcessDeleteRequest{Name: name}); err != nil && grpcstatus.Code(err) != codes.DeadlineExceeded {
-				return ctrl.Result{}, fmt.Errorf("stop replica process %s: %w", name, err)
-			}
-		}
-		return ctrl.Result{}, nil
-	}
-	switch {
-	case !exists:
-		// If we crash after this create and before the status patch, the
-		// next reconcile finds the process by its name.
-		spec := &imv1.ReplicaSpec{DataDir: DataDir(rep), SizeBytes: rep.Spec.Size.Value()}
-		if r.Keys != nil {
-			key, err := r.Keys.VolumeKey(rep.Namespace, rep.Spec.VolumeName)
-			if err != nil {
-				return ctrl.Result{}, fmt.Errorf("the key of volume %s: %w", rep.Spec.VolumeName, err)
-			}
-			spec.AuthKey = key
-		}
-		_, err := conn.Client.ProcessCreate(cctx, &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Replica{Replica: spec}})
-		switch grpcstatus.Code(err) {
-		case codes.OK, codes.AlreadyExists:
-			st.InstanceState = v1.InstanceStateStarting
-			ready(false, ReasonStarting, "the replica process was created on "+rep.Spec.NodeName)
+	return r.runner().Reconcile(ctx, process.Spec{
+		Object: rep, Noun: "replica process", Node: rep.Spec.NodeName, Desired: rep.Spec.DesiredState, Ready: ready,
+		Observe: func(o process.Observation) { observe(rep, o) },
+		Create:  func(context.Context) (*imv1.ProcessCreateRequest, *process.Wait, error) { return r.createRequest(rep) },
+		Running: func(context.Context, *imv1.Process) (ctrl.Result, error) {
+			ready(true, v1.ReasonAsExpected, "the replica process serves at "+st.Address)
 			return ctrl.Result{}, nil
-		case codes.InvalidArgument:
-			ready(false, v1.ReasonInvalidSpec, grpcstatus.Convert(err).Message())
-			return ctrl.Result{}, reconcile.TerminalError(err)
-		default:
-			ready(false, ReasonProcessFailed, err.Error())
-			return ctrl.Result{}, fmt.Errorf("create replica process %s: %w", name, err)
-		}
-	case state == v1.InstanceStateError || state == v1.InstanceStateStopped:
-		// The process died. Forget it, so the next reconcile starts it
-		// again; returning an error spaces the restarts out (back-off).
-		msg := fmt.Sprintf("the replica process exited (code %d): %s", proc.GetExitCode(), proc.GetError())
-		ready(false, ReasonProcessFailed, msg)
-		if _, err := conn.Client.ProcessDelete(cctx, &imv1.ProcessDeleteRequest{Name: name}); err != nil {
-			return ctrl.Result{}, fmt.Errorf("forget failed replica process %s: %w", name, err)
-		}
-		return ctrl.Result{}, errors.New(msg)
-	case state == v1.InstanceStateRunning:
-		ready(true, v1.ReasonAsExpected, "the replica process serves at "+st.Address)
-	default:
-		ready(false, ReasonStarting, "the replica process is "+string(state))
+		},
+	})
+}
+
+func (r *Reconciler) runner() *process.Runner { return r.processes.Get(r.Client, r.Pool, r.Backoff) }
+
+// observe reports the replica process as found: the addresses it serves
+// at while it runs, none otherwise (an address is never reported for a
+// process that may not hold it any more).
+func observe(rep *v1.Replica, o process.Observation) {
+	st := &rep.Status
+	st.InstanceState, st.Address, st.ControlAddress = o.State, "", ""
+	if o.InstanceManager != "" {
+		st.InstanceManagerName = o.InstanceManager
 	}
-	return ctrl.Result{}, nil
+	if o.State == v1.InstanceStateRunning && o.Process != nil {
+		st.Address, st.ControlAddress = o.Process.GetDataAddress(), o.Process.GetControlAddress()
+	}
+}
+
+// createRequest is the replica process to create: its data directory,
+// its size and the volume's data-port key.
+func (r *Reconciler) createRequest(rep *v1.Replica) (*imv1.ProcessCreateRequest, *process.Wait, error) {
+	spec := &imv1.ReplicaSpec{DataDir: DataDir(rep), SizeBytes: rep.Spec.Size.Value()}
+	if r.Keys != nil {
+		key, err := r.Keys.VolumeKey(rep.Namespace, rep.Spec.VolumeName)
+		if err != nil {
+			return nil, nil, fmt.Errorf("the key of volume %s: %w", rep.Spec.VolumeName, err)
+		}
+		spec.AuthKey = key
+	}
+	return &imv1.ProcessCreateRequest{Spec: &imv1.ProcessCreateRequest_Replica{Replica: spec}}, nil, nil
 }
 
 // reconcileDelete stops the process and deletes the data, then lets the
@@ -209,17 +149,18 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, rep *v1.Replica) (ctrl
 		if err != nil {
 			return ctrl.Result{}, fmt.Errorf("delete replica %s: its data on node %s cannot be removed yet: %w", rep.Name, rep.Spec.NodeName, err)
 		}
-		cctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
 		// Each step is idempotent: after a crash the next reconcile
 		// repeats whatever had not finished.
-		if _, err := conn.Client.ProcessDelete(cctx, &imv1.ProcessDeleteRequest{Name: ProcessName(rep)}); err != nil {
-			return ctrl.Result{}, fmt.Errorf("stop replica process %s: %w", ProcessName(rep), err)
+		if err := process.Delete(ctx, conn, rep, "replica process"); err != nil {
+			return ctrl.Result{}, err
 		}
+		cctx, cancel := context.WithTimeout(ctx, process.CallTimeout)
+		defer cancel()
 		if _, err := conn.Client.ReplicaDataDelete(cctx, &imv1.ReplicaDataDeleteRequest{DataDir: DataDir(rep)}); err != nil {
 			return ctrl.Result{}, fmt.Errorf("delete replica data %s on %s: %w", DataDir(rep), rep.Spec.NodeName, err)
 		}
 	}
+	r.runner().Forget(rep)
 	controllerutil.RemoveFinalizer(rep, Finalizer)
 	return ctrl.Result{}, r.Update(ctx, rep)
 }

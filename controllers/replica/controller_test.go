@@ -93,5 +93,47 @@ func TestReplicaNotRunnable(t *testing.T) {
 		g.Expect(k8sClient.Create(ctx, r)).To(Succeed())
 	}
 	g.Eventually(func() string { return reason("unscheduled") }, 30*time.Second, 50*time.Millisecond).Should(Equal(ReasonNotScheduled))
-	g.Eventually(func() string { return reason("nowhere") }, 30*time.Second, 50*time.Millisecond).Should(Equal(ReasonNoInstanceManager))
+	g.Eventually(func() string { return reason("nowhere") }, 30*time.Second, 50*time.Millisecond).Should(Equal(v1.ReasonNoInstanceManager))
+}
+
+// TestReplicaBackOff: a replica process that keeps exiting (its data
+// directory is a file) is started again with a growing wait, and Ready
+// says so (ProcessBackOff, with the exit and the count); once the cause
+// is gone it runs, and Ready is True again.
+func TestReplicaBackOff(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	disk := t.TempDir()
+	im := imtest.Start(t, "node-bo", "", disk)
+	g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-bo", Namespace: "default"},
+		Spec: v1.InstanceManagerSpec{NodeName: "node-bo", Address: im.Addr}})).To(Succeed())
+	bad := filepath.Join(disk, "vol-bo-r")
+	g.Expect(os.WriteFile(bad, []byte("not a directory"), 0o600)).To(Succeed())
+	rep := &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: "vol-bo-r", Namespace: "default"}, Spec: v1.ReplicaSpec{
+		VolumeName: "vol-bo", NodeName: "node-bo", DiskName: "default", DiskPath: disk, DataDirectoryName: "vol-bo-r",
+		Size: resource.MustParse("16Mi"), DesiredState: v1.DesiredInstanceStateRunning}}
+	g.Expect(k8sClient.Create(ctx, rep)).To(Succeed())
+	defer func() {
+		g.Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, rep))).To(Succeed())
+		g.Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(rep), &v1.Replica{}))
+		}, 60*time.Second, 50*time.Millisecond).Should(BeTrue())
+	}()
+	ready := func() metav1.Condition {
+		out := &v1.Replica{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(rep), out)).To(Succeed())
+		if c := meta.FindStatusCondition(out.Status.Conditions, v1.ConditionReady); c != nil {
+			return *c
+		}
+		return metav1.Condition{}
+	}
+	var c metav1.Condition
+	g.Eventually(func() string { c = ready(); return c.Reason }, 60*time.Second, 20*time.Millisecond).Should(Equal(v1.ReasonProcessBackOff))
+	g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+	g.Expect(c.Message).To(And(ContainSubstring("times in a row"), ContainSubstring("exited (code"), ContainSubstring("started again at")),
+		"the message names the count, the last exit and the next start")
+
+	g.Expect(os.Remove(bad)).To(Succeed())
+	g.Eventually(func() metav1.ConditionStatus { return ready().Status }, 60*time.Second, 50*time.Millisecond).Should(Equal(metav1.ConditionTrue),
+		"once the cause is gone the back-off ends and the process runs")
 }

@@ -33,8 +33,8 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
+	"github.com/cairn-io/cairn/controllers/internal/process"
 	"github.com/cairn-io/cairn/controllers/internal/volumes"
-	"github.com/cairn-io/cairn/controllers/replica"
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
 )
 
@@ -250,7 +250,7 @@ func (r *Reconciler) runningEngine(ctx context.Context, vol *v1.Volume) (*v1.Eng
 	}
 	if r.Pool != nil && e.Spec.NodeName != "" {
 		if conn, _, err := r.Pool.ForNode(ctx, r.Client, e.Namespace, e.Spec.NodeName); err == nil {
-			if p, ok, current := conn.Process(replica.ProcessName(e)); current && (!ok || p.GetControlAddress() != e.Status.Address) {
+			if p, ok, current := conn.Process(process.Name(e)); current && (!ok || p.GetControlAddress() != e.Status.Address) {
 				return nil, waiting + " (its process is not the one the Engine reports)", nil
 			}
 		}

@@ -22,10 +22,11 @@ import (
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
-// Condition reasons.
+// Condition reasons. The two about the node's instance manager are the
+// ones an Engine or Replica reports (api/v1alpha1).
 const (
-	ReasonNoInstanceManager   = "NoInstanceManager"
-	ReasonInstanceManagerDown = "InstanceManagerUnreachable"
+	ReasonNoInstanceManager   = v1.ReasonNoInstanceManager
+	ReasonInstanceManagerDown = v1.ReasonInstanceManagerDown
 	ReasonNotADataDirectory   = "NotADataDirectory"
 	ReasonSchedulingDisabled  = "SchedulingDisabled"
 	ReasonNoSchedulableDisk   = "NoSchedulableDisk"

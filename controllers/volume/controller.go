@@ -394,55 +394,14 @@ func (r *Reconciler) attachOrDetach(ctx context.Context, s *scope) error {
 		}
 		return nil
 	}
-	// Attach.
-	now := r.clock()
-	salvaging := map[string]bool{}
-	if list := s.v.Annotations[AnnotationSalvage]; list != "" {
-		for _, n := range strings.Split(list, ",") {
-			salvaging[n] = true
-		}
+	// Attach, or start again an engine whose process does not serve.
+	restart := e.Spec.DesiredState == v1.DesiredInstanceStateRunning && engineNotServing(e)
+	addrs, waiting, err := r.startSet(ctx, s, restart)
+	if err != nil {
+		return err
 	}
-	addrs := map[string]v1.ReplicaAddress{}
-	waiting, away, inSync := 0, 0, false
-	for _, rep := range s.replicas {
-		if rep.Spec.NodeName == "" || !rep.DeletionTimestamp.IsZero() {
-			continue
-		}
-		if err := r.setReplica(ctx, rep, v1.DesiredInstanceStateRunning); err != nil {
-			return err
-		}
-		if a, ok := runningAddress(rep); ok {
-			addrs[rep.Name] = a
-			inSync = inSync || (rep.Spec.HealthyAt != nil && rep.Spec.FailedAt == nil)
-			continue
-		}
-		if salvaging[rep.Name] {
-			waiting++
-			continue
-		}
-		if expired(rep, r.wait(), now) {
-			continue
-		}
-		out, err := objects.OutOfService(ctx, r.Client, rep.Spec.NodeName)
-		if err != nil {
-			return err
-		}
-		if out {
-			away++
-		} else {
-			waiting++
-		}
-	}
-	// A replica on a node that is out of service (shut down, the operator
-	// says) runs again only when the node is back: waiting for it would
-	// keep the volume from attaching anywhere until then. It is not
-	// waited for if a running replica was RW with the last engine and
-	// never failed since (the engine's open then serves from the newest
-	// epoch among those given); otherwise it may hold the only copy of
-	// the newest writes, and the attach waits. Once attached without it,
-	// repair marks it failed and gives it back when it runs again.
-	if !inSync {
-		waiting += away
+	if restart {
+		return r.restartEngine(ctx, s, addrs, waiting)
 	}
 	if e.Spec.DesiredState == v1.DesiredInstanceStateRunning {
 		return r.repair(ctx, s)

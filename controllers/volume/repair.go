@@ -2,6 +2,7 @@ package volume
 
 import (
 	"cmp"
+	"context"
 	"slices"
 	"strings"
 	"time"
@@ -9,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/objects"
 )
 
 // Defaults of the repair settings.
@@ -206,4 +208,102 @@ func compareTimes(a, b *metav1.Time) int {
 		return -1
 	}
 	return a.Compare(b.Time)
+}
+
+// engineNotServing reports whether the engine's process is known not to
+// serve: it exited, the instance manager that ran it is gone and the new
+// one has no such process, or it is still starting (the Engine reconciler
+// starts a starting engine again when it is given other replicas). An
+// engine whose state is unknown (its instance manager does not answer)
+// may still run and serve, and is left as it is.
+func engineNotServing(e *v1.Engine) bool {
+	switch e.Status.InstanceState {
+	case v1.InstanceStateStopped, v1.InstanceStateError, v1.InstanceStateStarting:
+		return true
+	}
+	return false
+}
+
+// startSet asks every scheduled replica to run and returns the ones an
+// engine is (re)started with now: each replica that runs, at the address
+// its Replica reports now (never one an earlier start was given), and how
+// many replicas the start must wait for.
+//
+// A replica that does not run is waited for if it is being salvaged
+// (every one that may hold the newest data must be there), and not if it
+// has failed for longer than the replenishment wait. Otherwise it is not
+// waited for when a running replica was RW with the last engine and never
+// failed since (the engine's open then serves from the newest epoch among
+// those given, and repair gives the missing one back with a delta resync
+// once it runs): on a restart (the engine's process died under an
+// attached volume), and at an attach for a replica on a node that is out
+// of service (shut down, the operator says), which runs again only when
+// the node is back. Without such a replica, a missing one may hold the
+// only copy of the newest writes, and the start waits for it. A first
+// attach waits for every other replica, as a detached volume's replicas
+// all stopped together and come back together.
+func (r *Reconciler) startSet(ctx context.Context, s *scope, restart bool) (map[string]v1.ReplicaAddress, int, error) {
+	now := r.clock()
+	salvaging := map[string]bool{}
+	if list := s.v.Annotations[AnnotationSalvage]; list != "" {
+		for _, n := range strings.Split(list, ",") {
+			salvaging[n] = true
+		}
+	}
+	addrs := map[string]v1.ReplicaAddress{}
+	waiting, away, inSync := 0, 0, false
+	for _, rep := range s.replicas {
+		if rep.Spec.NodeName == "" || !rep.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if err := r.setReplica(ctx, rep, v1.DesiredInstanceStateRunning); err != nil {
+			return nil, 0, err
+		}
+		if a, ok := runningAddress(rep); ok {
+			addrs[rep.Name] = a
+			inSync = inSync || (rep.Spec.HealthyAt != nil && rep.Spec.FailedAt == nil)
+			continue
+		}
+		switch {
+		case salvaging[rep.Name]:
+			waiting++
+			continue
+		case expired(rep, r.wait(), now):
+			continue
+		case restart:
+			away++
+			continue
+		}
+		out, err := objects.OutOfService(ctx, r.Client, rep.Spec.NodeName)
+		if err != nil {
+			return nil, 0, err
+		}
+		if out {
+			away++
+		} else {
+			waiting++
+		}
+	}
+	if !inSync {
+		waiting += away
+	}
+	return addrs, waiting, nil
+}
+
+// restartEngine gives an engine whose process does not serve (engineNotServing)
+// the replicas startSet chose, at their current addresses, so that the
+// Engine reconciler starts it again on them; the Engine reconciler starts
+// nothing until every replica named runs at the address given
+// (ReasonWaitingForReplicas), so an address gone stale since this patch
+// is caught there and refreshed here on the Replica's next change. A
+// restart that must wait for a replica goes back through attach (desired
+// state stopped), which starts the engine once the replicas it waits for
+// run, as at a first attach.
+func (r *Reconciler) restartEngine(ctx context.Context, s *scope, addrs map[string]v1.ReplicaAddress, waiting int) error {
+	if waiting > 0 || len(addrs) == 0 {
+		return r.setEngine(ctx, s.engine, func(e *v1.Engine) { e.Spec.DesiredState = v1.DesiredInstanceStateStopped })
+	}
+	return r.setEngine(ctx, s.engine, func(e *v1.Engine) {
+		e.Spec.ReplicaAddresses, e.Spec.Size, e.Spec.CloneFrom = addrs, s.v.Spec.Size, s.wantCloneFrom()
+	})
 }

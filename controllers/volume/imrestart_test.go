@@ -1,0 +1,187 @@
+package volume
+
+import (
+	"context"
+	"net"
+	"os/exec"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/imtest"
+	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+)
+
+// TestEngineNodeInstanceManagerNewAddress: the instance manager of the
+// engine's node goes (its pod deleted: the engine and the node's replica
+// die with it) and a new one comes up at another address (a new pod IP:
+// here 127.0.0.2, same data directory), which the InstanceManager gets as
+// PodDiscovery gives it: cleared while no pod is ready, then the new pod's.
+// The replica's old addresses now belong to something that accepts and
+// never answers (an IP handed to another pod). The volume is attached and
+// healthy again within the suite's deadline with every byte written
+// before, and no engine process is ever given the replica's old address:
+// the restarted engine follows the replicas' current addresses.
+func TestEngineNodeInstanceManagerNewAddress(t *testing.T) {
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make test-tools installs it)")
+	}
+	g := NewWithT(t)
+	ctx := context.Background()
+	names := []string{"na-a", "na-b", "na-c"}
+	dirs, ims := startNodes(t, g, names...)
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "new-address", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("16Mi"), NumberOfReplicas: 3, Frontend: v1.FrontendNBD}}
+	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
+	key := client.ObjectKeyFromObject(vol)
+	cleanupVolume(t, vol)
+	healthy := func() bool {
+		v := getVolume(g, key)
+		return v.Status.State == v1.VolumeStateAttached && v.Status.Robustness == v1.VolumeRobustnessHealthy && rwReplicas(g, vol) == 3
+	}
+	setNode(g, key, "na-a")
+	g.Eventually(healthy, timeout, 100*time.Millisecond).Should(BeTrue(), func() string { return describeKey(key) })
+	qemuIO(t, vol.Name, getVolume(g, key).Status.Endpoint, "write -P 0x5a 0 4M", "flush")
+	var local v1.Replica
+	for _, r := range listReplicas(g, vol) {
+		if r.Spec.NodeName == "na-a" {
+			local = r
+		}
+	}
+	g.Expect(local.Name).NotTo(BeEmpty(), "a replica on the engine's node")
+	old := v1.ReplicaAddress{Data: local.Status.Address, Control: local.Status.ControlAddress}
+	g.Expect(getEngine(g, vol).Spec.ReplicaAddresses).To(HaveKeyWithValue(local.Name, old))
+
+	// The pod goes: its processes die with it, and no ready pod means no
+	// address.
+	ims["na-a"].Kill()
+	setIMAddress(g, "im-na-a", "")
+	holes := blackholes(t, old.Data, old.Control)
+	ims["na-a"] = imtest.Start(t, "na-a", freeAddrOn(t, "127.0.0.2"), dirs["na-a"])
+	start := time.Now()
+	setIMAddress(g, "im-na-a", ims["na-a"].Addr)
+
+	// Every engine process the new instance manager runs is recorded, to
+	// check that none was given the old address.
+	var given [][]string
+	engineSpecs := func() {
+		for _, p := range processesOn(g, ims["na-a"].Addr) {
+			if eng := p.GetEngine(); eng != nil && p.GetName() == "default/"+EngineName(vol) {
+				var addrs []string
+				for _, r := range eng.GetReplicas() {
+					addrs = append(addrs, r.GetData()+","+r.GetControl())
+				}
+				if !slices.ContainsFunc(given, func(a []string) bool { return slices.Equal(a, addrs) }) {
+					given = append(given, addrs)
+				}
+			}
+		}
+	}
+	g.Eventually(func() bool { engineSpecs(); return healthy() }, timeout, 100*time.Millisecond).Should(BeTrue(), func() string { return describeKey(key) })
+	t.Logf("attached and healthy again %s after the new instance manager was named", time.Since(start).Round(100*time.Millisecond))
+	engineSpecs()
+	for _, addrs := range given {
+		g.Expect(addrs).NotTo(ContainElement(old.Data+","+old.Control), "an engine process was given the replica's old address: %v", given)
+	}
+	g.Expect(holes.Load()).To(BeZero(), "nothing connected to the replica's old address")
+	now := getEngine(g, vol).Spec.ReplicaAddresses[local.Name]
+	g.Expect(now).NotTo(Equal(old), "the engine's spec follows the replica's new address")
+	host, _, err := net.SplitHostPort(now.Data)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(host).To(Equal("127.0.0.2"), "the replica runs under the new instance manager")
+
+	sock := getVolume(g, key).Status.Endpoint
+	qemuIO(t, vol.Name, sock, "read -P 0x5a 0 4M", "write -P 0x6b 4M 1M", "flush", "read -P 0x6b 4M 1M")
+
+	// Deleted here, while the new instance manager runs (its cleanup
+	// comes before cleanupVolume's).
+	g.Expect(k8sClient.Delete(ctx, getVolume(g, key))).To(Succeed())
+	g.Eventually(func() bool { return apierrors.IsNotFound(k8sClient.Get(ctx, key, &v1.Volume{})) }, timeout, 100*time.Millisecond).Should(BeTrue())
+}
+
+// setIMAddress sets an InstanceManager's spec.address, as PodDiscovery
+// does when the node's pod changes.
+func setIMAddress(g *WithT, name, addr string) {
+	im := &v1.InstanceManager{}
+	g.Expect(k8sClient.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: name}, im)).To(Succeed())
+	before := im.DeepCopy()
+	im.Spec.Address = addr
+	g.Expect(k8sClient.Patch(context.Background(), im, client.MergeFrom(before))).To(Succeed())
+}
+
+// freeAddrOn returns a free address on the loopback IP ip.
+func freeAddrOn(t *testing.T, ip string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// processesOn lists the processes of the instance manager at addr.
+func processesOn(g *WithT, addr string) []*imv1.Process {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	g.Expect(err).NotTo(HaveOccurred())
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := imv1.NewInstanceManagerServiceClient(cc).ProcessList(ctx, &imv1.ProcessListRequest{})
+	if err != nil {
+		return nil // starting up
+	}
+	return res.GetProcesses()
+}
+
+// blackholes listens on addrs (once the processes that had them are gone)
+// until the test ends, accepting connections and never answering, and
+// counts the connections.
+func blackholes(t *testing.T, addrs ...string) *atomic.Int32 {
+	t.Helper()
+	var n atomic.Int32
+	var mu sync.Mutex
+	var held []net.Conn
+	for _, a := range addrs {
+		var l net.Listener
+		if !poll(timeout, func() bool {
+			var err error
+			l, err = net.Listen("tcp", a)
+			return err == nil
+		}) {
+			t.Fatalf("%s stays taken after its instance manager was killed", a)
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				n.Add(1)
+				mu.Lock()
+				held = append(held, c)
+				mu.Unlock()
+			}
+		}()
+	}
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	return &n
+}
