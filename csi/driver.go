@@ -104,7 +104,7 @@ func New(opts Options) (*Driver, error) {
 		}
 		d.node = &NodeServer{c: opts.Client, ns: opts.Namespace, nodeID: opts.NodeID, mounter: m, locks: newKeyLocks()}
 	}
-	d.identity = &IdentityServer{version: opts.Version, probe: d.probe, controller: d.controller != nil}
+	d.identity = &IdentityServer{version: opts.Version, probe: d.probe}
 	return d, nil
 }
 

@@ -10,9 +10,8 @@ import (
 // IdentityServer is the CSI Identity service.
 type IdentityServer struct {
 	csipb.UnimplementedIdentityServer
-	version    string
-	controller bool
-	probe      func(context.Context) error
+	version string
+	probe   func(context.Context) error
 }
 
 // GetPluginInfo reports the driver's name and build version.
@@ -20,17 +19,18 @@ func (s *IdentityServer) GetPluginInfo(context.Context, *csipb.GetPluginInfoRequ
 	return &csipb.GetPluginInfoResponse{Name: DriverName, VendorVersion: s.version}, nil
 }
 
-// GetPluginCapabilities: a controller service (when this process serves
-// it) and online expansion. Volumes carry no topology: an engine can run on
-// any node and reach replicas on every other.
+// GetPluginCapabilities describes the plugin as deployed, whichever of its
+// services this process serves (the CSI spec's "plugin as a whole"): the
+// node plugin answers as the controller plugin does, so that a client
+// talking to the node's socket alone (kubelet, csi-sanity against a split
+// deployment) knows volumes must be controller-published before they are
+// staged. Online expansion; no topology, since an engine can run on any
+// node and reach replicas on every other.
 func (s *IdentityServer) GetPluginCapabilities(context.Context, *csipb.GetPluginCapabilitiesRequest) (*csipb.GetPluginCapabilitiesResponse, error) {
-	caps := []*csipb.PluginCapability{{Type: &csipb.PluginCapability_VolumeExpansion_{
-		VolumeExpansion: &csipb.PluginCapability_VolumeExpansion{Type: csipb.PluginCapability_VolumeExpansion_ONLINE}}}}
-	if s.controller {
-		caps = append(caps, &csipb.PluginCapability{Type: &csipb.PluginCapability_Service_{
-			Service: &csipb.PluginCapability_Service{Type: csipb.PluginCapability_Service_CONTROLLER_SERVICE}}})
-	}
-	return &csipb.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
+	return &csipb.GetPluginCapabilitiesResponse{Capabilities: []*csipb.PluginCapability{
+		{Type: &csipb.PluginCapability_Service_{Service: &csipb.PluginCapability_Service{Type: csipb.PluginCapability_Service_CONTROLLER_SERVICE}}},
+		{Type: &csipb.PluginCapability_VolumeExpansion_{VolumeExpansion: &csipb.PluginCapability_VolumeExpansion{Type: csipb.PluginCapability_VolumeExpansion_ONLINE}}},
+	}}, nil
 }
 
 // Probe reports ready once the controller service reaches the API server

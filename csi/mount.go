@@ -3,15 +3,19 @@ package csi
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 
+	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 )
 
-// Mounter is what the node service does to the node's filesystems: the
-// system's mount, mkfs, blkid, resize2fs and xfs_growfs in production and
-// in the root-only tests, which mount for real.
+// Mounter is everything the node service does to the node's devices and
+// filesystems: the system's mount, mkfs, resize2fs and xfs_growfs in
+// production and in the root-only tests, which mount for real; an
+// in-memory double in the tests that run without root.
 type Mounter interface {
 	// FormatAndMount mounts device at target as fsType, first creating the
 	// filesystem if, and only if, the device holds none (blkid finds no
@@ -22,13 +26,61 @@ type Mounter interface {
 	Mount(source, target, fsType string, options []string) error
 	// Unmount unmounts target.
 	Unmount(target string) error
-	// IsMountPoint reports whether something is mounted at path.
+	// IsMountPoint reports whether something is mounted at path; a
+	// missing path is not a mount point.
 	IsMountPoint(path string) (bool, error)
 	// DeviceOf returns the device mounted at path.
 	DeviceOf(path string) (string, error)
-	// Resize grows the filesystem of device, mounted at path, to fill it.
-	Resize(device, path string) error
+	// DeviceSize returns the size in bytes of the block device at path (a
+	// device node, or a file a device is bind-mounted on); an error
+	// wrapping ErrNotBlockDevice when path is none.
+	DeviceSize(path string) (int64, error)
+	// Flush writes the device's cached pages to it and has it flush them
+	// to stable storage (fsync of the block device). A missing device has
+	// nothing to flush.
+	Flush(device string) error
+	// Filesystem reads what filesystem device holds and how much of the
+	// device it spans, mounted or not; Type is "" on a blank device.
+	Filesystem(device string) (Filesystem, error)
+	// Grow grows the filesystem on device to fill the device. mountPath
+	// is where it is mounted, "" when it is not: an ext4 grows in either
+	// state, an xfs only mounted. Growing a mounted ext4 fails with
+	// ErrNeedCapSysResource where the process lacks that capability.
+	Grow(device, mountPath string, fs Filesystem) error
 }
+
+// Filesystem is what a device holds.
+type Filesystem struct {
+	// Type is blkid's name for it (ext4, xfs, ...), "" for none.
+	Type string
+	// Size is the bytes the filesystem spans (its block count times its
+	// block size).
+	Size int64
+	// GrowsTo is the bytes it would span grown to fill its device, as its
+	// grow tool sizes it (a last block group or allocation group too
+	// small to hold its own metadata is left out, as mkfs leaves it out):
+	// more than Size once the device has grown; Size for a type the
+	// driver does not create.
+	GrowsTo int64
+}
+
+// CanGrow reports whether growing the filesystem would make it larger.
+func (fs Filesystem) CanGrow() bool { return fs.GrowsTo > fs.Size }
+
+var (
+	// ErrNotBlockDevice is returned by DeviceSize for a path that is not a
+	// block device.
+	ErrNotBlockDevice = errors.New("not a block device")
+	// ErrNeedCapSysResource is returned by Grow for a mounted ext4 that
+	// did not grow where the node plugin lacks CAP_SYS_RESOURCE, without
+	// which the kernel refuses to grow a mounted ext4 (resize2fs:
+	// Permission denied).
+	ErrNeedCapSysResource = errors.New("growing a mounted ext4 needs CAP_SYS_RESOURCE, which the node plugin lacks")
+	// ErrCannotGrow is returned by Grow for a filesystem it cannot grow in
+	// the state asked: an unmounted xfs, or a type the driver does not
+	// create.
+	ErrCannotGrow = errors.New("cannot grow this filesystem")
+)
 
 // SystemMounter runs the node's own mount tools (through k8s.io/mount-utils).
 type SystemMounter struct {
@@ -53,7 +105,7 @@ func (s *SystemMounter) Mount(source, target, fsType string, options []string) e
 // Unmount implements Mounter.
 func (s *SystemMounter) Unmount(target string) error { return s.m.Unmount(target) }
 
-// IsMountPoint implements Mounter; a missing path is not one.
+// IsMountPoint implements Mounter.
 func (s *SystemMounter) IsMountPoint(path string) (bool, error) {
 	ok, err := s.m.IsMountPoint(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -74,8 +126,119 @@ func (s *SystemMounter) DeviceOf(path string) (string, error) {
 	return dev, nil
 }
 
-// Resize implements Mounter: resize2fs for ext4, xfs_growfs for xfs.
-func (s *SystemMounter) Resize(device, path string) error {
-	_, err := mountutils.NewResizeFs(s.m.Exec).Resize(device, path)
-	return err
+// DeviceSize implements Mounter.
+func (s *SystemMounter) DeviceSize(path string) (int64, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	}
+	if fi.Mode()&os.ModeDevice == 0 || fi.Mode()&os.ModeCharDevice != 0 {
+		return 0, fmt.Errorf("%s: %w", path, ErrNotBlockDevice)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return f.Seek(0, io.SeekEnd)
+}
+
+// Flush implements Mounter.
+func (s *SystemMounter) Flush(device string) error {
+	f, err := os.OpenFile(device, os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// Filesystem implements Mounter: blkid names the filesystem, its
+// superblock gives its geometry.
+func (s *SystemMounter) Filesystem(device string) (Filesystem, error) {
+	typ, err := s.m.GetDiskFormat(device)
+	if err != nil || typ == "" {
+		return Filesystem{}, err
+	}
+	f, err := os.Open(device)
+	if err != nil {
+		return Filesystem{}, err
+	}
+	defer f.Close()
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return Filesystem{}, err
+	}
+	fs, err := readFilesystem(f, typ, size)
+	if err != nil {
+		return Filesystem{}, fmt.Errorf("read the %s superblock of %s: %w", typ, device, err)
+	}
+	return fs, nil
+}
+
+// Grow implements Mounter. A mounted ext4 is grown by the kernel, which
+// wants CAP_SYS_RESOURCE for it; resize2fs is run regardless (it changes
+// nothing and succeeds when there is no room to grow into), and its
+// failure is put down to the capability where the process lacks it.
+func (s *SystemMounter) Grow(device, mountPath string, fs Filesystem) error {
+	switch {
+	case isExt(fs.Type) && mountPath == "":
+		return growExtUnmounted(device)
+	case isExt(fs.Type):
+		err := run("resize2fs", device)
+		if err != nil && !hasCapability(unix.CAP_SYS_RESOURCE) {
+			return fmt.Errorf("%w (%v)", ErrNeedCapSysResource, err)
+		}
+		return err
+	case fs.Type == fsXFS && mountPath != "":
+		return run("xfs_growfs", "-d", mountPath)
+	}
+	state := "mounted"
+	if mountPath == "" {
+		state = "unmounted"
+	}
+	return fmt.Errorf("%w: %s %s", ErrCannotGrow, state, orUnknown(fs.Type))
+}
+
+// growExtUnmounted checks an unmounted ext filesystem (resize2fs refuses
+// to grow one not checked since it was last mounted; the check also
+// replays the journal of one that was not unmounted cleanly, as a
+// snapshot of a mounted volume is) and grows it. Neither needs a
+// capability beyond writing the device.
+func growExtUnmounted(device string) error {
+	out, err := exec.Command("e2fsck", "-f", "-p", device).CombinedOutput()
+	var exit *exec.ExitError
+	// Exit status 1 and 2: errors were found and corrected.
+	if errors.As(err, &exit) && exit.ExitCode() <= 2 {
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("e2fsck -f -p %s: %w: %s", device, err, out)
+	}
+	return run("resize2fs", device)
+}
+
+func run(name string, args ...string) error {
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s %v: %w: %s", name, args, err, out)
+	}
+	return nil
+}
+
+func isExt(fsType string) bool {
+	return fsType == "ext2" || fsType == "ext3" || fsType == fsExt4
+}
+
+// hasCapability reports whether this process has capability c in its
+// effective set (CapEff in /proc/self/status).
+func hasCapability(c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[c/32].Effective&(1<<(uint(c)%32)) != 0
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
@@ -88,15 +87,10 @@ func (s *NodeServer) device(ctx context.Context, id string) (*v1.Volume, string,
 		return v, "", status.Errorf(codes.FailedPrecondition, "volume %s is not attached to node %s (it is %s on %s): ControllerPublishVolume must attach it here first", id, s.nodeID, orUnknown(string(v.Status.State)), where)
 	}
 	dev := v.Status.Endpoint
-	if !isBlockDevice(dev) {
-		return v, "", status.Errorf(codes.FailedPrecondition, "volume %s is served at %s, which is not a block device on this node: the nbd frontend without the nbd kernel module serves only a socket; load the module (modprobe nbd) or use frontend fuse in the StorageClass", id, dev)
+	if _, err := s.mounter.DeviceSize(dev); err != nil {
+		return v, "", status.Errorf(codes.FailedPrecondition, "volume %s is served at %s, which is not a block device on this node (%v): the nbd frontend without the nbd kernel module serves only a socket; load the module (modprobe nbd) or use frontend fuse in the StorageClass", id, dev, err)
 	}
 	return v, dev, nil
-}
-
-func isBlockDevice(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode()&os.ModeDevice != 0 && fi.Mode()&os.ModeCharDevice == 0
 }
 
 func fsTypeOf(c *csipb.VolumeCapability, volCtx map[string]string) string {
@@ -110,8 +104,9 @@ func fsTypeOf(c *csipb.VolumeCapability, volCtx map[string]string) string {
 }
 
 // NodeStageVolume mounts a filesystem volume's device at the staging path,
-// creating the filesystem only on a blank device. Block volumes need
-// nothing here.
+// creating the filesystem only on a blank device and growing one smaller
+// than its device (a volume expanded while detached, or restored or cloned
+// into a larger one). Block volumes need nothing here.
 func (s *NodeServer) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRequest) (*csipb.NodeStageVolumeResponse, error) {
 	id, staging, c := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumeCapability()
 	switch {
@@ -146,16 +141,14 @@ func (s *NodeServer) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVo
 		return nil, status.Errorf(codes.Internal, "check staging path %s: %v", staging, err)
 	}
 	if mounted {
-		if have, err := s.mounter.DeviceOf(staging); err == nil && have != dev {
-			return nil, status.Errorf(codes.AlreadyExists, "staging path %s has %s mounted, not volume %s's device %s: unstage it first", staging, have, id, dev)
+		if err := s.restage(ctx, id, dev, staging); err != nil {
+			return nil, err
 		}
 		return &csipb.NodeStageVolumeResponse{}, nil
 	}
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		return nil, status.Errorf(codes.Internal, "create staging path %s: %v", staging, err)
 	}
-	// If we crash after formatting but before mounting, the retry finds
-	// the filesystem and mounts it without formatting again.
 	opts := c.GetMount().GetMountFlags()
 	if fsType == fsXFS {
 		// A clone or a restored snapshot carries its source's XFS UUID,
@@ -163,11 +156,105 @@ func (s *NodeServer) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVo
 		// mounted on the node.
 		opts = append(opts, "nouuid")
 	}
-	if err := s.mounter.FormatAndMount(dev, staging, fsType, opts); err != nil {
-		return nil, status.Errorf(codes.Internal, "mount volume %s (%s) at %s as %s: %v; a device holding another filesystem is never reformatted: use that filesystem's fsType", id, dev, staging, fsType, err)
+	if err := s.stage(stageRequest{id: id, dev: dev, staging: staging, fsType: fsType, opts: opts}); err != nil {
+		return nil, err
 	}
 	return &csipb.NodeStageVolumeResponse{}, nil
 }
+
+// stageRequest is one filesystem volume to mount at its staging path.
+type stageRequest struct {
+	id, dev, staging, fsType string
+	opts                     []string
+}
+
+// stage formats a blank device, grows a filesystem smaller than its device
+// and mounts it. An ext4 grows before it is mounted, where growing needs
+// no capability beyond writing the device; an xfs grows only mounted.
+// If we crash after formatting or growing but before mounting, the retry
+// finds the filesystem at its size and mounts it; if we crash after
+// mounting an xfs but before growing it, the retry finds it mounted and
+// restage grows it.
+func (s *NodeServer) stage(r stageRequest) error {
+	fs, err := s.mounter.Filesystem(r.dev)
+	if err != nil {
+		return status.Errorf(codes.Internal, "read the filesystem on volume %s's device %s: %v", r.id, r.dev, err)
+	}
+	grow := fs.Type == r.fsType && fs.CanGrow()
+	if grow && isExt(fs.Type) {
+		if err := s.mounter.Grow(r.dev, "", fs); err != nil {
+			return status.Errorf(codes.Internal, "grow the %s filesystem on volume %s's device %s from %d to %d bytes: %v", fs.Type, r.id, r.dev, fs.Size, fs.GrowsTo, err)
+		}
+		grow = false
+	}
+	if err := s.mounter.FormatAndMount(r.dev, r.staging, r.fsType, r.opts); err != nil {
+		return status.Errorf(codes.Internal, "mount volume %s (%s) at %s as %s: %v; a device holding another filesystem is never reformatted: use that filesystem's fsType", r.id, r.dev, r.staging, r.fsType, err)
+	}
+	if !grow {
+		return nil
+	}
+	if err := s.mounter.Grow(r.dev, r.staging, fs); err != nil {
+		// Unmounted again, so that the retry grows it rather than find
+		// it staged.
+		if uerr := s.mounter.Unmount(r.staging); uerr != nil {
+			return status.Errorf(codes.Internal, "grow the %s filesystem of volume %s at %s: %v; and unmount it again: %v", fs.Type, r.id, r.staging, err, uerr)
+		}
+		return status.Errorf(codes.Internal, "grow the %s filesystem of volume %s at %s: %v", fs.Type, r.id, r.staging, err)
+	}
+	return nil
+}
+
+// restage answers a NodeStageVolume for a volume mounted at the staging
+// path already: done if it is this volume's device, grown first if its
+// filesystem is smaller than the device and can grow mounted here. A
+// mounted ext4 the node plugin may not grow (no CAP_SYS_RESOURCE) stays
+// as it is: the volume is usable, and NodeExpandVolume says why it does
+// not grow.
+func (s *NodeServer) restage(ctx context.Context, id, dev, staging string) error {
+	have, err := s.mounter.DeviceOf(staging)
+	if err != nil {
+		return status.Errorf(codes.Internal, "find the device mounted at staging path %s: %v", staging, err)
+	}
+	if have != dev {
+		return status.Errorf(codes.AlreadyExists, "staging path %s has %s mounted, not volume %s's device %s: unstage it first", staging, have, id, dev)
+	}
+	err = s.growMounted(id, dev, staging)
+	if errors.Is(err, ErrNeedCapSysResource) {
+		logFrom(ctx).Info("volume staged already; its filesystem is smaller than its device and stays so", "volume", id, "reason", err.Error())
+		return nil
+	}
+	return err
+}
+
+// growMounted grows the filesystem of dev, mounted at path, if it is
+// smaller than the device.
+func (s *NodeServer) growMounted(id, dev, path string) error {
+	fs, err := s.mounter.Filesystem(dev)
+	if err != nil {
+		return status.Errorf(codes.Internal, "read the filesystem on volume %s's device %s: %v", id, dev, err)
+	}
+	if !fs.CanGrow() {
+		return nil
+	}
+	err = s.mounter.Grow(dev, path, fs)
+	switch {
+	case errors.Is(err, ErrNeedCapSysResource):
+		return growError{code: codes.FailedPrecondition, err: fmt.Errorf("volume %s: %w: give the node plugin CAP_SYS_RESOURCE (a privileged container has it, as config/csi deploys it); an ext4 that is not mounted grows without it, so restarting the pod using the volume (which unstages and stages it) grows it too", id, err)}
+	case err != nil:
+		return growError{code: codes.Internal, err: fmt.Errorf("grow the %s filesystem of volume %s at %s from %d to %d bytes: %w", fs.Type, id, path, fs.Size, fs.GrowsTo, err)}
+	}
+	return nil
+}
+
+// growError is a gRPC status that keeps its cause for errors.Is.
+type growError struct {
+	code codes.Code
+	err  error
+}
+
+func (e growError) Error() string              { return e.err.Error() }
+func (e growError) Unwrap() error              { return e.err }
+func (e growError) GRPCStatus() *status.Status { return status.New(e.code, e.err.Error()) }
 
 // NodeUnstageVolume unmounts the staging path (the unmount writes the
 // filesystem's dirty data to the device) and flushes the device, so every
@@ -200,25 +287,13 @@ func (s *NodeServer) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnsta
 		}
 	}
 	if dev != "" {
-		if err := flushDevice(dev); err != nil {
+		// The device's cached pages go to the engine, which flushes them
+		// to every replica.
+		if err := s.mounter.Flush(dev); err != nil {
 			return nil, status.Errorf(codes.Internal, "flush %s: %v", dev, err)
 		}
 	}
 	return &csipb.NodeUnstageVolumeResponse{}, nil
-}
-
-// flushDevice writes the device's cached pages to the engine and has the
-// engine flush them to every replica (fsync on a block device).
-func flushDevice(dev string) error {
-	f, err := os.OpenFile(dev, os.O_RDWR, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 // NodePublishVolume bind-mounts the staged filesystem (or, for a block
@@ -341,19 +416,13 @@ func (s *NodeServer) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetV
 		}
 		return nil, apiError(err)
 	}
-	fi, err := os.Stat(path)
-	if errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return nil, status.Errorf(codes.NotFound, "volume path %s does not exist", path)
-	}
-	if err != nil {
+	} else if err != nil {
 		return nil, status.Errorf(codes.Internal, "stat %s: %v", path, err)
 	}
 	cond := volumeCondition(v)
-	if fi.Mode()&os.ModeDevice != 0 {
-		size, err := deviceSize(path)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "size of %s: %v", path, err)
-		}
+	if size, err := s.mounter.DeviceSize(path); err == nil {
 		return &csipb.NodeGetVolumeStatsResponse{Usage: []*csipb.VolumeUsage{{Unit: csipb.VolumeUsage_BYTES, Total: size}},
 			VolumeCondition: cond}, nil
 	}
@@ -369,15 +438,6 @@ func (s *NodeServer) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetV
 		{Unit: csipb.VolumeUsage_BYTES, Total: int64(st.Blocks) * bs, Available: int64(st.Bavail) * bs, Used: int64(st.Blocks-st.Bfree) * bs},
 		{Unit: csipb.VolumeUsage_INODES, Total: int64(st.Files), Available: int64(st.Ffree), Used: int64(st.Files - st.Ffree)},
 	}, VolumeCondition: cond}, nil
-}
-
-func deviceSize(path string) (int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	return f.Seek(0, io.SeekEnd)
 }
 
 // NodeExpandVolume grows the filesystem on a published volume to fill its
@@ -404,29 +464,30 @@ func (s *NodeServer) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpand
 	if err != nil {
 		return nil, err
 	}
-	fi, err := os.Stat(path)
-	if errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return nil, status.Errorf(codes.NotFound, "volume path %s does not exist", path)
-	}
-	if err != nil {
+	} else if err != nil {
 		return nil, status.Errorf(codes.Internal, "stat %s: %v", path, err)
 	}
-	size, err := deviceSize(dev)
+	size, err := s.mounter.DeviceSize(dev)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "size of %s: %v", dev, err)
 	}
 	if want := req.GetCapacityRange().GetRequiredBytes(); want > size {
 		return nil, status.Errorf(codes.FailedPrecondition, "the device %s is %d bytes, less than the %d asked for: ControllerExpandVolume must grow the volume first", dev, size, want)
 	}
-	if req.GetVolumeCapability().GetBlock() != nil || fi.Mode()&os.ModeDevice != 0 {
+	if req.GetVolumeCapability().GetBlock() != nil {
+		return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
+	}
+	if _, err := s.mounter.DeviceSize(path); err == nil { // a block volume's published device
 		return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 	}
 	mdev, err := s.mounter.DeviceOf(path)
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not mounted at %s: %v", id, path, err)
 	}
-	if err := s.mounter.Resize(mdev, path); err != nil {
-		return nil, status.Errorf(codes.Internal, "grow the filesystem of %s at %s: %v", mdev, path, err)
+	if err := s.growMounted(id, mdev, path); err != nil {
+		return nil, err
 	}
 	return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }

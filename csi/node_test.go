@@ -12,6 +12,7 @@ import (
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
@@ -169,4 +170,36 @@ func TestGetCapacity(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(r.GetAvailableCapacity()).To(BeZero())
 	g.Expect(r.GetMaximumVolumeSize().GetValue()).To(BeZero())
+}
+
+// TestPluginCapabilities: the node plugin and the controller plugin give
+// the same answer, the plugin's as a whole: a client of the node socket
+// alone (kubelet, csi-sanity against the split deployment) learns there
+// is a controller service, so volumes are controller-published before
+// they are staged.
+func TestPluginCapabilities(t *testing.T) {
+	g := NewWithT(t)
+	ctx := callCtx(t)
+	answers := map[Mode]*csipb.GetPluginCapabilitiesResponse{}
+	for _, m := range []Mode{ModeNode, ModeController, ModeAll} {
+		d := serveDriver(t, Options{Mode: m, NodeID: "caps-a"})
+		r, err := d.identity.GetPluginCapabilities(ctx, &csipb.GetPluginCapabilitiesRequest{})
+		g.Expect(err).NotTo(HaveOccurred())
+		answers[m] = r
+	}
+	var services []csipb.PluginCapability_Service_Type
+	var expansion []csipb.PluginCapability_VolumeExpansion_Type
+	for _, c := range answers[ModeNode].GetCapabilities() {
+		if s := c.GetService(); s != nil {
+			services = append(services, s.GetType())
+		}
+		if e := c.GetVolumeExpansion(); e != nil {
+			expansion = append(expansion, e.GetType())
+		}
+	}
+	g.Expect(services).To(ConsistOf(csipb.PluginCapability_Service_CONTROLLER_SERVICE), "no topology: any node can attach any volume")
+	g.Expect(expansion).To(ConsistOf(csipb.PluginCapability_VolumeExpansion_ONLINE))
+	for _, m := range []Mode{ModeController, ModeAll} {
+		g.Expect(proto.Equal(answers[m], answers[ModeNode])).To(BeTrue(), "mode %s answers %v, node mode %v", m, answers[m], answers[ModeNode])
+	}
 }

@@ -59,8 +59,15 @@ type driver struct {
 // socket in a fresh directory until t ends.
 func startDriver(t *testing.T, node string) *driver {
 	t.Helper()
-	d, err := New(Options{Mode: ModeAll, Version: "test", Client: cluster.Client, Namespace: testNamespace, NodeID: node,
-		Logger: logr.Discard()})
+	return serveDriver(t, Options{Mode: ModeAll, NodeID: node})
+}
+
+// serveDriver serves a driver with opts (version, client, namespace and
+// logger filled in) on a socket in a fresh directory until t ends.
+func serveDriver(t *testing.T, opts Options) *driver {
+	t.Helper()
+	opts.Version, opts.Client, opts.Namespace, opts.Logger = "test", cluster.Client, testNamespace, logr.Discard()
+	d, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
