@@ -262,7 +262,8 @@ func (c *Client) Claim(ctx context.Context, volume string) (Session, Files, erro
 // Deposit hands the keeper a session this process serves, with its
 // descriptors (the caller keeps its own and must not close them before
 // Release or Drop). If no keeper answers now, it is deposited when one
-// does; the error then wraps ErrUnavailable.
+// does; the error then wraps ErrUnavailable. A session the keeper refuses
+// is not deposited again.
 func (c *Client) Deposit(ctx context.Context, s Session, f Files) error {
 	if err := s.Validate(); err != nil {
 		return err
@@ -272,6 +273,9 @@ func (c *Client) Deposit(ctx context.Context, s Session, f Files) error {
 	c.mu.Unlock()
 	_, fds, err := c.request(ctx, request{Op: OpDeposit, Session: &s}, f.list())
 	closeAll(fds)
+	if err != nil && !errors.Is(err, ErrUnavailable) {
+		c.forget(s.Volume) // refused: not deposited again either
+	}
 	return err
 }
 

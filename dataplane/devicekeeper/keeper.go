@@ -265,15 +265,17 @@ func (k *Keeper) deposit(c *net.UnixConn, s Session, f Files) error {
 		return err
 	}
 	k.mu.Lock()
-	defer k.mu.Unlock()
 	if k.closed {
+		k.mu.Unlock()
 		return fmt.Errorf("%w: the keeper is closing", ErrInternal)
 	}
 	old := k.sessions[s.Volume]
 	if old != nil && old.attendant != nil && old.attendant != c {
+		k.mu.Unlock()
 		return fmt.Errorf("%w: volume %s", ErrBusy, s.Volume)
 	}
 	k.sessions[s.Volume] = &held{session: s, files: f, attendant: c}
+	k.mu.Unlock()
 	if old != nil {
 		// The same kernel objects again (an engine depositing after a
 		// reconnect) or a session replaced: either way this copy goes.

@@ -325,9 +325,13 @@ func (f *Frontend) resume(dev Device) error {
 	f.claimed = nil
 	s, err := resumeServer(dev, c.session.FileName, c.files.FUSE, c.session.FUSE, f.log)
 	if err != nil {
+		// Nobody can resume it if this engine cannot: let it go, so that
+		// the next start mounts anew.
 		unix.Close(c.files.Loop)
 		unix.Close(c.files.File)
-		return fmt.Errorf("fuse frontend: taking over the device of volume %s: %w", f.opts.Name, err)
+		ctx, cancel := context.WithTimeout(context.Background(), keeperWait)
+		defer cancel()
+		return fmt.Errorf("fuse frontend: taking over the device of volume %s: %w", f.opts.Name, errors.Join(err, f.opts.Keeper.Drop(ctx, f.opts.Name)))
 	}
 	f.server = s
 	f.dir, f.file, f.fileFD = c.session.MountDir, filepath.Join(c.session.MountDir, c.session.FileName), c.files.File

@@ -169,12 +169,15 @@ func mountServer(dev Device, name, dir string, log logr.Logger) (*server, error)
 // left (its process died): fd is the connection's /dev/fuse, params what
 // its INIT agreed. The kernel queued the requests that came meanwhile; the
 // ones the dead server had read and not answered it sends again once
-// asked (FUSE_NOTIFY_RESEND), which needs params.Resend.
+// asked (FUSE_NOTIFY_RESEND), which needs params.Resend. It owns fd from
+// then on, also when it fails.
 func resumeServer(dev Device, name string, fd int, params devicekeeper.FUSEParams, log logr.Logger) (*server, error) {
 	if params.MaxWrite > maxWrite {
+		unix.Close(fd)
 		return nil, fmt.Errorf("the FUSE connection was set up for requests of %d bytes, more than this server's %d", params.MaxWrite, maxWrite)
 	}
 	if !params.Resend {
+		unix.Close(fd)
 		return nil, errors.New("the kernel cannot resend the requests the previous server had read (FUSE_NOTIFY_RESEND, Linux 6.9)")
 	}
 	s, err := newServer(dev, name, fd, log)
