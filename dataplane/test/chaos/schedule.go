@@ -373,21 +373,28 @@ func (c *cluster) nemesis(ctx context.Context, rng *rand.Rand, count map[Fault]i
 				continue
 			}
 		case FaultKillEngine:
-			// A new engine needs a reachable replica that the old one had RW.
+			// A new engine needs a reachable replica that the old one had
+			// RW, and serves without the others only if none of them was
+			// RW (it may hold writes the survivors lack: docs/engine.md,
+			// "Opening with replicas that do not answer"); else it waits.
 			m, err := c.modes(ctx)
 			if err != nil {
 				continue
 			}
 			var up []*node
-			ok := false
+			ok := true
+			rw := false
 			for _, x := range c.nodes {
 				if x.reachable() {
 					up = append(up, x)
 					if m[x.addr()] == "RW" && x.ballast == "" {
-						ok = true
+						rw = true
 					}
+				} else if m[x.addr()] == "RW" {
+					ok = false
 				}
 			}
+			ok = ok && rw
 			if !ok {
 				continue
 			}
