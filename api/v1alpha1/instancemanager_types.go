@@ -143,3 +143,33 @@ type InstanceManagerList struct {
 func init() {
 	SchemeBuilder.Register(&InstanceManager{}, &InstanceManagerList{})
 }
+
+// PodConditionVolumesReady is the readiness gate of the instance-manager
+// DaemonSet's pods (spec.readinessGates). cairn-manager sets it on a pod
+// once the engines and replicas it wants on the pod's node run there and
+// every replica on the node is RW again in its volume's engine (or its
+// volume does not need it), so a rolling update of the DaemonSet
+// restarts the next node's instance manager only after the previous
+// node's volumes have their replicas back. It stays True for the run of
+// the pod's containers it was decided for.
+const PodConditionVolumesReady = "storage.cairn.io/volumes-ready"
+
+// Reasons of an instance-manager pod's PodConditionVolumesReady.
+const (
+	// GateReasonVolumesServed: every engine and replica the manager wants
+	// on the node runs, and every replica there is RW in its volume's
+	// engine or not needed by its volume.
+	GateReasonVolumesServed = "VolumesServed"
+	// GateReasonWaitingForInstanceManager: the pod's container is not
+	// ready, or the manager has not reached the instance manager in this
+	// pod yet (its InstanceManager names another address, or is not
+	// running).
+	GateReasonWaitingForInstanceManager = "WaitingForInstanceManager"
+	// GateReasonWaitingForEngine: an engine that is to run on the node
+	// does not run yet, or has no RW replica.
+	GateReasonWaitingForEngine = "WaitingForEngine"
+	// GateReasonWaitingForReplica: a replica on the node does not run yet
+	// or is not RW again in its volume's engine (the message has the
+	// rebuild's progress), and its volume needs it.
+	GateReasonWaitingForReplica = "WaitingForReplica"
+)

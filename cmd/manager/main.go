@@ -218,6 +218,12 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 		if err := d.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("set up instance-manager discovery: %w", err)
 		}
+		// The readiness gate of the same pods: a rolling update of the
+		// DaemonSet goes to the next node once this one serves its
+		// volumes again.
+		if err := (&instancemanager.PodGate{Client: c, Namespace: disc.namespace, Selector: sel}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("set up the instance-manager readiness gate: %w", err)
+		}
 	}
 	er := &engine.Reconciler{Client: c, Pool: pool, Keys: keys, DialOptions: engineDial}
 	wl.Client, wl.Namespace, dr.Client = c, disc.namespace, c

@@ -36,9 +36,9 @@ const (
 )
 
 // PodDiscovery keeps one InstanceManager, and one StorageNode, per node
-// where a pod of the instance-manager DaemonSet is ready: the
+// where a pod of the instance-manager DaemonSet has its containers ready: the
 // InstanceManager `im-<node>` gets that pod's IP and gRPC port as
-// spec.address. When the node has no ready pod any more the address is
+// spec.address. When the node has no such pod any more the address is
 // cleared, so the InstanceManager reports unknown (NoAddress) and
 // nothing is started there. A StorageNode is created with the default
 // disk (the instance manager's data directory) and never deleted: it
@@ -58,15 +58,19 @@ type PodDiscovery struct {
 // node.
 func InstanceManagerName(node string) string { return "im-" + node }
 
-// podAddress is where a ready pod serves the instance-manager API, or
-// false when it is not ready or has no IP yet.
+// podAddress is where a pod whose containers are ready serves the
+// instance-manager API, or false when they are not or it has no IP yet.
+// It reads ContainersReady, not Ready: the pod is Ready only once its
+// readiness gate (v1.PodConditionVolumesReady) is True, which the
+// manager sets once engines and replicas run there, which needs the
+// address first.
 func podAddress(p *corev1.Pod) (string, bool) {
 	if !p.DeletionTimestamp.IsZero() || p.Status.PodIP == "" || p.Spec.NodeName == "" {
 		return "", false
 	}
 	ready := false
 	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+		if c.Type == corev1.ContainersReady && c.Status == corev1.ConditionTrue {
 			ready = true
 		}
 	}
@@ -91,7 +95,7 @@ func (d *PodDiscovery) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	if err := d.List(ctx, &pods, client.InNamespace(d.Namespace), client.MatchingLabelsSelector{Selector: d.selector()}); err != nil {
 		return ctrl.Result{}, err
 	}
-	// The newest ready pod on the node wins (a rolling update has two for
+	// The newest pod with ready containers on the node wins (a rolling update has two for
 	// a moment).
 	slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return b.CreationTimestamp.Compare(a.CreationTimestamp.Time) })
 	addr := ""

@@ -40,7 +40,7 @@ func TestPodDiscovery(t *testing.T) {
 	g.Expect(k8sClient.Create(ctx, other)).To(Succeed())
 	setReady := func(p *corev1.Pod, ready corev1.ConditionStatus) {
 		p.Status.PodIP = host
-		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: ready}}
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.ContainersReady, Status: ready}, {Type: corev1.PodReady, Status: ready}}
 		g.Expect(k8sClient.Status().Update(ctx, p)).To(Succeed())
 	}
 	getIM := func(node string) *v1.InstanceManager {

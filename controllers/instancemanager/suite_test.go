@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 		if err := (&PodDiscovery{Client: mgr.GetClient(), Namespace: "default"}).SetupWithManager(mgr); err != nil {
 			return err
 		}
+		if err := (&PodGate{Client: mgr.GetClient(), Namespace: "default"}).SetupWithManager(mgr); err != nil {
+			return err
+		}
 		return r.SetupWithManager(mgr)
 	}, func(addr string) { r.Changed(addr) })
 	if err != nil {
