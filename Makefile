@@ -165,7 +165,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 build: ## Build bin/cairn-manager, bin/cairn-csi, bin/cairn-data and bin/kubectl-cairn (static, stripped: -s -w keeps function names in stack traces, drops the symbol table and DWARF).
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/cairn-manager ./cmd/manager
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(LOCALBIN)/cairn-csi ./cmd/cairn-csi
-	cd dataplane && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/cairn-data ./cmd/cairn-data
+	cd dataplane && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X github.com/cairn-io/cairn/dataplane.Version=$(VERSION)" -o $(LOCALBIN)/cairn-data ./cmd/cairn-data
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/kubectl-cairn ./cmd/kubectl-cairn
 
 .PHONY: run
@@ -192,15 +192,11 @@ uninstall: manifests $(KUSTOMIZE) ## Remove the CRDs (and every Cairn object) fr
 	$(KUSTOMIZE) build config/crd | $(KUBECTL) delete --ignore-not-found -f -
 
 .PHONY: deploy
-deploy: manifests $(KUSTOMIZE) ## Deploy Cairn (manager, instance managers, CSI driver, StorageClasses) with images $(IMG), $(DATA_IMG), $(CSI_IMG) to the cluster in KUBECONFIG.
+deploy: manifests $(KUSTOMIZE) ## Deploy or upgrade Cairn with images $(IMG), $(DATA_IMG), $(CSI_IMG) in the cluster in KUBECONFIG: CRDs and RBAC, then the manager, the CSI controller, the CSI node plugin and the instance managers, each rolled out before the next (hack/deploy.sh; docs/install.md#upgrade).
 	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
 	cd config/instance-manager && $(KUSTOMIZE) edit set image cairn-data=$(DATA_IMG)
 	cd config/csi && $(KUSTOMIZE) edit set image cairn-csi=$(CSI_IMG) cairn-data=$(DATA_IMG)
-	$(KUSTOMIZE) build config/default | $(KUBECTL) apply --server-side --force-conflicts -f -
-	$(KUSTOMIZE) build config/storage | $(KUBECTL) apply --server-side -f -
-	if $(KUBECTL) get crd volumesnapshotclasses.snapshot.storage.k8s.io >/dev/null 2>&1; then \
-	  $(KUBECTL) apply --server-side -f config/storage/volumesnapshotclass.yaml; \
-	else echo "deploy: no VolumeSnapshot CRDs in this cluster: no VolumeSnapshotClass (install the CRDs and snapshot-controller, then make deploy again)"; fi
+	KUSTOMIZE=$(KUSTOMIZE) KUBECTL=$(KUBECTL) hack/deploy.sh
 
 SNAPSHOTTER_VERSION ?= v8.7.0
 
