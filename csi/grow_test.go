@@ -156,8 +156,7 @@ func TestGrowOnLoopDevices(t *testing.T) {
 // none of this needs CAP_SYS_RESOURCE.
 func TestStageGrowsFilesystem(t *testing.T) {
 	needRoot(t)
-	cluster.AddNode(t, "grow-a")
-	cluster.AddNode(t, "grow-b")
+	addNodes(t, "grow-a", "grow-b")
 	ctrl := serveDriver(t, Options{Mode: ModeController})
 	node := serveDriver(t, Options{Mode: ModeNode, NodeID: "grow-a"})
 	const size = 300 << 20 // xfs wants at least 300 MiB
@@ -232,7 +231,7 @@ func TestStageGrowsFilesystem(t *testing.T) {
 // the fake mounter: the root tests cover the real one.
 func TestNodeExpandNeedsCapability(t *testing.T) {
 	g := NewWithT(t)
-	cluster.AddNode(t, "nocap-a")
+	addNodes(t, "nocap-a")
 	fake := newFakeMounter()
 	fake.noCapSysResource = true
 	ctrl := serveDriver(t, Options{Mode: ModeController})

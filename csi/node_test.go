@@ -26,7 +26,7 @@ import (
 func TestNodePluginRestart(t *testing.T) {
 	needRoot(t)
 	g := NewWithT(t)
-	cluster.AddNode(t, "restart-a")
+	addNodes(t, "restart-a")
 	first := startDriver(t, "restart-a")
 	ctx := callCtx(t)
 	vc := volCap("ext4", false)

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
 )
 
 // sanityConfig is csi-sanity's configuration for a driver whose node
@@ -30,47 +32,52 @@ func sanityConfig(t *testing.T, nodeSock, ctrlSock string, params map[string]str
 	return &cfg
 }
 
-// TestSanity runs the csi-sanity suite in process against the driver
-// serving every service on node-a of a three-node control plane, mounting
-// for real. Skipped specs are listed in docs/csi.md with the reason.
+// sanityDeployment is one way of deploying the driver that csi-sanity
+// runs against.
+type sanityDeployment struct {
+	name string
+	cfg  *sanity.TestConfig
+}
+
+// TestSanity runs the csi-sanity suite in process. As root, against two
+// deployments on a three-node control plane, mounting for real: one
+// plugin serving every service on one socket, and the deployed shape, the
+// node plugin (node mode) and the controller plugin (controller mode) on
+// two sockets. csi-sanity reads the node plugin's GetPluginCapabilities
+// to decide whether to controller-publish a volume before its node tests
+// stage it, so the split run checks the two plugins agree. Without root,
+// against the split deployment with the node plugin's mounts kept in
+// memory (fakeMounter) and volumes served by their engines' NBD sockets
+// (the nbd frontend on a node without the nbd kernel module), so that a
+// plain `go test` exercises the node service too. Ginkgo runs one suite
+// per process, so the deployments are parts of one suite. Skipped specs
+// are listed in docs/csi.md with the reason.
 func TestSanity(t *testing.T) {
-	needRoot(t)
-	for _, n := range []string{"sanity-a", "sanity-b", "sanity-c"} {
-		cluster.AddNode(t, n)
-	}
-	d := startDriver(t, "sanity-a")
-	sanity.Test(t, *sanityConfig(t, d.sock, d.sock, nil))
-}
-
-// TestSanitySplit runs csi-sanity against the driver as it is deployed:
-// the node plugin (node mode) on one socket, the controller plugin
-// (controller mode) on another, mounting for real. csi-sanity reads the
-// node plugin's GetPluginCapabilities to decide whether to
-// controller-publish a volume before its node tests stage it.
-func TestSanitySplit(t *testing.T) {
-	needRoot(t)
-	for _, n := range []string{"split-a", "split-b"} {
-		cluster.AddNode(t, n)
-	}
-	node := serveDriver(t, Options{Mode: ModeNode, NodeID: "split-a"})
-	ctrl := serveDriver(t, Options{Mode: ModeController})
-	sanity.Test(t, *sanityConfig(t, node.sock, ctrl.sock, nil))
-}
-
-// TestSanityFakeMounts runs csi-sanity against the split deployment
-// without root: the node plugin's mounts are kept in memory (fakeMounter)
-// and volumes are served by their engines' NBD sockets (the nbd frontend
-// on a node without the nbd kernel module), so everything but the kernel's
-// mount table and mkfs is real. As root the two tests above cover the
-// node service with real mounts, and this one is skipped.
-func TestSanityFakeMounts(t *testing.T) {
+	var deployments []sanityDeployment
 	if os.Geteuid() == 0 {
-		t.Skip("root runs TestSanity and TestSanitySplit, which mount for real")
+		addNodes(t, "sanity-a", "sanity-b", "sanity-c")
+		all := startDriver(t, "sanity-a")
+		node := serveDriver(t, Options{Mode: ModeNode, NodeID: "sanity-b"})
+		ctrl := serveDriver(t, Options{Mode: ModeController})
+		deployments = []sanityDeployment{
+			{name: "one plugin serving every service", cfg: sanityConfig(t, all.sock, all.sock, nil)},
+			{name: "node and controller plugins apart", cfg: sanityConfig(t, node.sock, ctrl.sock, nil)},
+		}
+	} else {
+		t.Log("not root: the node plugin's mounts are kept in memory; TestSanity as root mounts for real")
+		addNodes(t, "sanity-a", "sanity-b")
+		node := serveDriver(t, Options{Mode: ModeNode, NodeID: "sanity-a", Mounter: newFakeMounter()})
+		ctrl := serveDriver(t, Options{Mode: ModeController})
+		deployments = []sanityDeployment{{name: "node and controller plugins apart, mounts in memory",
+			cfg: sanityConfig(t, node.sock, ctrl.sock, map[string]string{ParamFrontend: "nbd"})}}
 	}
-	for _, n := range []string{"fake-a", "fake-b"} {
-		cluster.AddNode(t, n)
+	var contexts []*sanity.TestContext
+	for _, d := range deployments {
+		ginkgo.Describe(d.name, func() { contexts = append(contexts, sanity.GinkgoTest(d.cfg)) })
 	}
-	node := serveDriver(t, Options{Mode: ModeNode, NodeID: "fake-a", Mounter: newFakeMounter()})
-	ctrl := serveDriver(t, Options{Mode: ModeController})
-	sanity.Test(t, *sanityConfig(t, node.sock, ctrl.sock, map[string]string{ParamFrontend: "nbd"}))
+	gomega.RegisterFailHandler(ginkgo.Fail)
+	ginkgo.RunSpecs(t, "csi-sanity")
+	for _, sc := range contexts {
+		sc.Finalize()
+	}
 }

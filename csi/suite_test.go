@@ -11,9 +11,12 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
+	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/harness"
 )
 
@@ -42,6 +45,32 @@ func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: formats and mounts loop devices")
+	}
+}
+
+// addNodes adds simulated nodes and waits until each reports a disk with
+// free space: CreateVolume fails at once (ResourceExhausted) when no disk
+// can take a replica, and a node's disk is reported a moment after its
+// instance manager starts.
+func addNodes(t *testing.T, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		cluster.AddNode(t, n)
+	}
+	g := NewWithT(t)
+	for _, n := range names {
+		g.Eventually(func() bool {
+			var sn v1.StorageNode
+			if err := cluster.Client.Get(context.Background(), client.ObjectKey{Namespace: testNamespace, Name: n}, &sn); err != nil {
+				return false
+			}
+			for _, d := range sn.Status.Disks {
+				if d.Available != nil && d.Available.Sign() > 0 {
+					return true
+				}
+			}
+			return false
+		}, 60*time.Second, 100*time.Millisecond).Should(BeTrue(), "node %s reports a disk", n)
 	}
 }
 
