@@ -34,7 +34,7 @@ kind load docker-image --name "$CLUSTER" "$E2E_FIO_IMAGE" >/dev/null
 say "e2e suite"
 rc=0
 # -v streams the specs' progress (ginkgo -v) to the log as they run.
-go test -v -tags e2e -count=1 -timeout 40m ./test/e2e -args -ginkgo.v || rc=$?
+go test -v -tags e2e -count=1 -timeout 60m ./test/e2e -args -ginkgo.v || rc=$?
 if [[ $rc != 0 ]]; then
   mkdir -p "$ARTIFACTS"
   k() { kubectl --context "kind-$CLUSTER" "$@"; }
