@@ -97,7 +97,9 @@ func decideGate(f gateFacts) gateDecision {
 		rs.byName[f.replicas[i].Name] = &f.replicas[i]
 	}
 	for i := range f.volumes {
-		rs.want[f.volumes[i].Name] = f.volumes[i].Spec.Replicas()
+		if n := f.volumes[i].Spec.NumberOfReplicas; n > 0 {
+			rs.want[f.volumes[i].Name] = int(n)
+		}
 	}
 	for _, r := range sortedByName(f.replicas, func(r *v1.Replica) bool {
 		return wanted(r.Spec.NodeName, r.Spec.DesiredState, r.DeletionTimestamp == nil, node)
@@ -167,7 +169,7 @@ func engineServes(e *v1.Engine, p v1.ProcessStatus, im *v1.InstanceManager, host
 // replicaSet is what a replica's check needs of the others.
 type replicaSet struct {
 	byName map[string]*v1.Replica
-	// want is each volume's numberOfReplicas.
+	// want is each volume's numberOfReplicas, where set.
 	want map[string]int
 }
 
@@ -227,11 +229,13 @@ func (rs *replicaSet) rwElsewhere(e *v1.Engine, node string) int {
 	return n
 }
 
+// wantOf is the volume's numberOfReplicas; the CRD's default (3) for a
+// volume not found or not defaulted.
 func (rs *replicaSet) wantOf(volume string) int {
 	if w, ok := rs.want[volume]; ok {
 		return w
 	}
-	return v1.DefaultNumberOfReplicas
+	return 3
 }
 
 // hostOf is the host of host:port ("" when it is not one).
