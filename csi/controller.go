@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/scheduler"
 )
 
 // labelVolume is the label the Volume reconciler puts on a volume's
@@ -34,6 +35,9 @@ type ControllerServer struct {
 	c     client.Client
 	ns    string
 	locks *keyLocks
+	// overProvisioning is the manager's over-provisioning percentage (0:
+	// the scheduler's default), for GetCapacity.
+	overProvisioning int
 }
 
 var controllerCaps = []csipb.ControllerServiceCapability_RPC_Type{
@@ -550,10 +554,17 @@ func (s *ControllerServer) ControllerGetVolume(ctx context.Context, req *csipb.C
 		Status: &csipb.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: st.PublishedNodeIds, VolumeCondition: st.VolumeCondition}}, nil
 }
 
-// GetCapacity reports the free space of the schedulable disks a volume with
-// these parameters may use, divided by its replica count (each replica
-// takes the volume's size), and as the largest volume the size that fits
-// on as many different disks as it has replicas.
+// GetCapacity reports what the replica scheduler (controllers/scheduler)
+// would still give volumes with these parameters: as the largest volume,
+// the largest size whose replicas all find a disk now; as available, the
+// room on every disk such a volume may use divided by its replica count
+// (each replica takes the volume's size). A disk's room is counted as the
+// scheduler counts it: (capacity − reserved) × over-provisioning, less
+// the sizes of the Replicas placed there, on a disk that is ready,
+// allowed, carries the StorageClass's diskSelector tags and has space
+// free beyond its reserve. Cairn volumes have no topology (any node can
+// attach any volume), so the answer is for the whole cluster and a
+// request's accessible_topology is not read.
 func (s *ControllerServer) GetCapacity(ctx context.Context, req *csipb.GetCapacityRequest) (*csipb.GetCapacityResponse, error) {
 	for _, c := range req.GetVolumeCapabilities() {
 		if err := checkCapability(c); err != nil {
@@ -566,68 +577,32 @@ func (s *ControllerServer) GetCapacity(ctx context.Context, req *csipb.GetCapaci
 	}
 	replicas := int(params.replicas)
 	if replicas == 0 {
-		replicas = 3
+		replicas = v1.DefaultNumberOfReplicas
 	}
+	disks, err := s.disks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	available, largest := scheduler.Capacity(scheduler.Request{Tags: params.diskSelector, OverProvisioningPercent: s.overProvisioning}, disks, replicas)
+	return &csipb.GetCapacityResponse{AvailableCapacity: available, MaximumVolumeSize: wrapperspb.Int64(largest)}, nil
+}
+
+// disks are the StorageNodes' disks as the scheduler sees them, with the
+// bytes scheduled on each counted from the Replicas placed there (the
+// StorageNodes' status.disks[].scheduled lags them).
+func (s *ControllerServer) disks(ctx context.Context) ([]scheduler.Disk, error) {
 	var nodes v1.StorageNodeList
 	if err := s.c.List(ctx, &nodes, client.InNamespace(s.ns)); err != nil {
 		return nil, apiError(err)
 	}
-	var free []int64
-	for _, n := range nodes.Items {
-		free = append(free, freeSpace(&n, params.diskSelector)...)
+	var reps v1.ReplicaList
+	if err := s.c.List(ctx, &reps, client.InNamespace(s.ns)); err != nil {
+		return nil, apiError(err)
 	}
-	var total int64
-	for _, f := range free {
-		total += f
+	scheduled := scheduler.ScheduledBytes(reps.Items)
+	disks := scheduler.FromStorageNodes(nodes.Items)
+	for i := range disks {
+		disks[i].Scheduled = scheduled[disks[i].Key()]
 	}
-	slices.Sort(free)
-	slices.Reverse(free)
-	var largest int64
-	if len(free) >= replicas {
-		largest = free[replicas-1] / blockSize * blockSize
-	}
-	return &csipb.GetCapacityResponse{AvailableCapacity: total / int64(replicas),
-		MaximumVolumeSize: wrapperspb.Int64(largest)}, nil
-}
-
-// freeSpace is the available bytes of each schedulable disk of n carrying
-// every tag in selector.
-func freeSpace(n *v1.StorageNode, selector []string) []int64 {
-	if n.Spec.AllowScheduling != nil && !*n.Spec.AllowScheduling {
-		return nil
-	}
-	tags := map[string][]string{}
-	for _, d := range n.Spec.Disks {
-		if d.AllowScheduling != nil && !*d.AllowScheduling {
-			continue
-		}
-		tags[d.Name] = d.Tags
-		if d.Tags == nil {
-			tags[d.Name] = []string{}
-		}
-	}
-	var out []int64
-	for _, d := range n.Status.Disks {
-		t, ok := tags[d.Name]
-		if len(n.Spec.Disks) > 0 && !ok {
-			continue
-		}
-		if !containsAll(t, selector) || d.Available == nil {
-			continue
-		}
-		if c := meta.FindStatusCondition(d.Conditions, v1.StorageNodeConditionSchedulable); c != nil && c.Status != metav1.ConditionTrue {
-			continue
-		}
-		out = append(out, d.Available.Value())
-	}
-	return out
-}
-
-func containsAll(have, want []string) bool {
-	for _, w := range want {
-		if !slices.Contains(have, w) {
-			return false
-		}
-	}
-	return true
+	return disks, nil
 }

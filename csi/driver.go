@@ -66,6 +66,10 @@ type Options struct {
 	Mounter Mounter
 	// Logger gets one line per call (secrets stripped) and per failure.
 	Logger logr.Logger
+	// OverProvisioningPercent is cairn-manager's --over-provisioning-percent,
+	// for GetCapacity to count a disk's room as the scheduler does; 0:
+	// the scheduler's default.
+	OverProvisioningPercent int
 }
 
 // Driver is a CSI plugin: the services Options.Mode picks, on one gRPC
@@ -93,7 +97,7 @@ func New(opts Options) (*Driver, error) {
 	}
 	d := &Driver{opts: opts}
 	if opts.Mode != ModeNode {
-		d.controller = &ControllerServer{c: opts.Client, ns: opts.Namespace, locks: newKeyLocks()}
+		d.controller = &ControllerServer{c: opts.Client, ns: opts.Namespace, locks: newKeyLocks(), overProvisioning: opts.OverProvisioningPercent}
 	}
 	if opts.Mode != ModeController {
 		if opts.NodeID == "" {

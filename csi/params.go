@@ -70,7 +70,9 @@ const (
 
 // volumeParams is what a StorageClass asks of a volume.
 type volumeParams struct {
-	// replicas is 0 when not given (the Volume's default, 3, applies).
+	// replicas is 0 when not given: the Volume is created without
+	// numberOfReplicas, and the CRD's default (v1.DefaultNumberOfReplicas)
+	// applies.
 	replicas     int32
 	frontend     v1.Frontend
 	fsType       string

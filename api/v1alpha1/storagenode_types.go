@@ -12,6 +12,16 @@ const (
 	StorageNodeConditionSchedulable = "Schedulable"
 )
 
+// StorageNodeReasonInsufficientStorage means a disk is ready and allowed
+// but has no room for a new replica: the sizes of the replicas scheduled
+// on it reach (capacity − storageReserved) × the over-provisioning
+// percentage, or its filesystem has nothing free beyond the reserve.
+const StorageNodeReasonInsufficientStorage = "InsufficientStorage"
+
+// DefaultDiskName is the name of the disk a StorageNode without
+// spec.disks has: its instance manager's first data directory.
+const DefaultDiskName = "default"
+
 // DiskSpec is one disk (a mounted filesystem) replicas may be placed on.
 type DiskSpec struct {
 	// name identifies the disk within the node; replicas refer to it.

@@ -11,6 +11,24 @@ import (
 // and ten is far beyond what any cluster we target has in failure domains.
 const MaxReplicas = 10
 
+// DefaultNumberOfReplicas is how many replicas a Volume gets when
+// spec.numberOfReplicas is not given. The CRD's default for the field
+// (its +kubebuilder:default marker, which cannot name a constant) is the
+// same number, and a test checks that they agree; code reading a Volume
+// goes through VolumeSpec.Replicas, and the CSI driver, which leaves the
+// field unset when a StorageClass does not give it, reads this constant.
+const DefaultNumberOfReplicas = 3
+
+// Replicas is how many replicas the volume asks for: numberOfReplicas, or
+// DefaultNumberOfReplicas when it is unset (a Volume the API server has
+// not defaulted, such as one built in memory).
+func (s *VolumeSpec) Replicas() int {
+	if s.NumberOfReplicas <= 0 {
+		return DefaultNumberOfReplicas
+	}
+	return int(s.NumberOfReplicas)
+}
+
 // VolumeState summarises where a Volume is in its life cycle. It is computed
 // from observed facts at the end of each reconcile; decisions never read it.
 // +kubebuilder:validation:Enum=creating;attaching;attached;detaching;detached;deleting

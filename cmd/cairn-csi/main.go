@@ -32,6 +32,7 @@ type flags struct {
 	mode, endpoint, nodeID, namespace, healthAddr string
 	register                                      bool
 	registryDir, kubeletEndpoint                  string
+	overProvisioning                              int
 }
 
 func main() {
@@ -45,6 +46,8 @@ func main() {
 	flag.StringVar(&f.registryDir, "registry-dir", csi.DefaultRegistryDir, "kubelet's plugin registry directory.")
 	flag.StringVar(&f.kubeletEndpoint, "kubelet-endpoint", "/var/lib/kubelet/plugins/"+csi.DriverName+"/csi.sock",
 		"The CSI socket's path on the host, as kubelet dials it.")
+	flag.IntVar(&f.overProvisioning, "over-provisioning-percent", 100,
+		"Controller mode: cairn-manager's --over-provisioning-percent, for GetCapacity to count each disk's room as the replica scheduler does; give both the same value.")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -67,6 +70,9 @@ func run(f flags) error {
 	if err != nil {
 		return fmt.Errorf("--mode: %w", err)
 	}
+	if f.overProvisioning <= 0 {
+		return fmt.Errorf("--over-provisioning-percent must be positive, not %d", f.overProvisioning)
+	}
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(v1.AddToScheme(scheme))
@@ -79,7 +85,8 @@ func run(f flags) error {
 		return err
 	}
 	log := ctrl.Log.WithName("csi")
-	d, err := csi.New(csi.Options{Mode: mode, Version: version, Client: c, Namespace: f.namespace, NodeID: f.nodeID, Logger: log})
+	d, err := csi.New(csi.Options{Mode: mode, Version: version, Client: c, Namespace: f.namespace, NodeID: f.nodeID, Logger: log,
+		OverProvisioningPercent: f.overProvisioning})
 	if err != nil {
 		return err
 	}

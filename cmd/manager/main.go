@@ -37,6 +37,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/instancemanager"
 	cairnmetrics "github.com/cairn-io/cairn/controllers/metrics"
 	"github.com/cairn-io/cairn/controllers/replica"
+	"github.com/cairn-io/cairn/controllers/scheduler"
 	"github.com/cairn-io/cairn/controllers/snapshot"
 	"github.com/cairn-io/cairn/controllers/storagenode"
 	"github.com/cairn-io/cairn/controllers/ui"
@@ -112,6 +113,10 @@ func main() {
 	}
 	dr.ManagerPod, dr.ManagerContainer = client.ObjectKey{Namespace: disc.namespace, Name: os.Getenv("POD_NAME")}, "manager"
 	dr.OverProvisioningPercent = vr.OverProvisioningPercent
+	// One Ledger places every replica the manager places, so the Volume
+	// reconciler and the drain controller never count the same room.
+	vr.Ledger = scheduler.NewLedger()
+	dr.Ledger = vr.Ledger
 	if err := run(metricsOpts, probeAddr, uiAddr, leaderElection, &vr, disc, pki, &wl, &dr); err != nil {
 		fmt.Fprintln(os.Stderr, "cairn-manager:", err)
 		os.Exit(1)
@@ -228,7 +233,7 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 	er := &engine.Reconciler{Client: c, Pool: pool, Keys: keys, DialOptions: engineDial}
 	wl.Client, wl.Namespace, dr.Client = c, disc.namespace, c
 	for kind, setup := range map[string]func(ctrl.Manager) error{
-		"StorageNode": (&storagenode.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+		"StorageNode": (&storagenode.Reconciler{Client: c, Pool: pool, OverProvisioningPercent: vr.OverProvisioningPercent}).SetupWithManager,
 		"Replica":     (&replica.Reconciler{Client: c, Pool: pool, Keys: keys}).SetupWithManager,
 		"Engine":      er.SetupWithManager,
 		"Volume":      func(mgr ctrl.Manager) error { vr.Client = c; return vr.SetupWithManager(mgr) },

@@ -32,6 +32,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/volumes"
+	"github.com/cairn-io/cairn/controllers/scheduler"
 )
 
 // Reconciler keeps each StorageNode's drain status, guard and moves.
@@ -53,6 +54,9 @@ type Reconciler struct {
 	// OverProvisioningPercent for placing replacements (the Volume
 	// reconciler's); 0: the scheduler's default.
 	OverProvisioningPercent int
+	// Ledger places replacements: the Volume reconciler's, so that the
+	// two never count the same free room; nil: SetupWithManager makes one.
+	Ledger *scheduler.Ledger
 	// Recorder records Events (nil: none).
 	Recorder events.EventRecorder
 
@@ -218,6 +222,12 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder("cairn-drain")
+	}
+	if r.Ledger == nil {
+		r.Ledger = scheduler.NewLedger()
+	}
+	if err := r.Ledger.SetupWithManager(mgr); err != nil {
+		return err
 	}
 	c := mgr.GetClient()
 	// onNodes maps nodes to their StorageNodes in namespace.

@@ -130,30 +130,36 @@ func (r *Reconciler) startMove(ctx context.Context, s *scope, v *v1.Volume, from
 		}
 	}
 	var disks []scheduler.Disk
-	for _, d := range volume.Disks(s.storageNodes) {
+	for _, d := range scheduler.FromStorageNodes(s.storageNodes) {
 		if !s.leaving[d.Node] {
 			disks = append(disks, d)
 		}
 	}
-	res := scheduler.Schedule(scheduler.Request{Size: v.Spec.Size.Value(), Tags: v.Spec.DiskSelector, OverProvisioningPercent: r.OverProvisioningPercent},
-		disks, placed, 1)
+	name := v.Name + "-r-" + rand.String(8)
+	// The Ledger decides and creates the replacement under its lock, so
+	// no Volume worker takes the same room meanwhile.
+	res, err := r.Ledger.Place(ctx, scheduler.PlaceOptions{Namespace: v.Namespace,
+		Request: scheduler.Request{Size: v.Spec.Size.Value(), Tags: v.Spec.DiskSelector, OverProvisioningPercent: r.OverProvisioningPercent},
+		Disks:   disks, Placed: placed, N: 1,
+		Write: func(ctx context.Context, _ int, p scheduler.Placement) (client.ObjectKey, error) {
+			to := &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: v.Namespace,
+				Labels: map[string]string{volumes.LabelVolume: v.Name, volume.LabelReplaces: from.Name}},
+				Spec: v1.ReplicaSpec{VolumeName: v.Name, Size: v.Spec.Size, DesiredState: v1.DesiredInstanceStateStopped,
+					NodeName: p.Node, DiskName: p.Disk, DiskPath: p.Path, DataDirectoryName: name}}
+			if err := controllerutil.SetControllerReference(v, to, r.Scheme()); err != nil {
+				return client.ObjectKey{}, err
+			}
+			// A crash after the create: the next reconcile finds it by
+			// its label (inProgress) and waits for it.
+			return client.ObjectKeyFromObject(to), r.Create(ctx, to)
+		}})
+	if err != nil {
+		return "", err
+	}
 	if len(res.Placements) == 0 {
 		return fmt.Sprintf("replica %s of volume %s cannot be moved: no other node can take it (%s)", from.Name, v.Name, res.Reason), nil
 	}
 	p := res.Placements[0]
-	name := v.Name + "-r-" + rand.String(8)
-	to := &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: v.Namespace,
-		Labels: map[string]string{volumes.LabelVolume: v.Name, volume.LabelReplaces: from.Name}},
-		Spec: v1.ReplicaSpec{VolumeName: v.Name, Size: v.Spec.Size, DesiredState: v1.DesiredInstanceStateStopped,
-			NodeName: p.Node, DiskName: p.Disk, DiskPath: p.Path, DataDirectoryName: name}}
-	if err := controllerutil.SetControllerReference(v, to, r.Scheme()); err != nil {
-		return "", err
-	}
-	// A crash after the create: the next reconcile finds it by its label
-	// (inProgress) and waits for it.
-	if err := r.Create(ctx, to); err != nil {
-		return "", err
-	}
 	objects.Event(r.Recorder, v, false, EventMoveStarted, "Move", "replica %s is moved off node %s (%s): replacement %s placed on %s, rebuilt by the engine",
 		from.Name, s.node, s.why(), name, p.Node)
 	return fmt.Sprintf("moving replica %s of volume %s: its replacement %s on %s is being rebuilt", from.Name, v.Name, name, p.Node), nil

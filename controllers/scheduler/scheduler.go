@@ -1,8 +1,14 @@
-// Package scheduler places a volume's replicas on the disks of the
-// cluster's StorageNodes. It is a pure function of what it is given (the
-// disks with their capacity and use, the replicas already placed), so the
-// Volume reconciler can call it on every reconcile and tests can drive it
-// with tables.
+// Package scheduler is the one place that decides whether a disk may take
+// a replica. Everything that asks calls it: the Volume reconciler and the
+// drain controller to place replicas (through a Ledger), the StorageNode
+// reconciler for its Schedulable conditions (Usable), and the CSI
+// driver's GetCapacity (Capacity).
+//
+// Schedule, Usable and Capacity are pure functions of what they are given
+// (the disks with their capacity and use, the replicas already placed),
+// so tests drive them with tables. The Ledger is the one stateful part:
+// it serialises placement within the process and counts the bytes
+// scheduled on each disk from the Replicas themselves (ledger.go).
 //
 // Rules, in order of strength:
 //   - a disk takes a replica only if it is ready, scheduling is allowed on
@@ -24,7 +30,7 @@ package scheduler
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -86,10 +92,7 @@ const minimumFree = 4096
 // Schedule places n new replicas of a volume, given the replicas of it
 // already placed.
 func Schedule(req Request, disks []Disk, placed []Placed, n int) Result {
-	op := req.OverProvisioningPercent
-	if op <= 0 {
-		op = DefaultOverProvisioningPercent
-	}
+	op := OverProvisioning(req.OverProvisioningPercent)
 	usedNodes := map[string]bool{}
 	usedDisks := map[string]bool{}
 	for _, p := range placed {
@@ -102,7 +105,7 @@ func Schedule(req Request, disks []Disk, placed []Placed, n int) Result {
 	for range n {
 		var best *Disk
 		bestFresh := false
-		reasons := map[string]int{}
+		reasons := map[Rejection]int{}
 		for i := range ds {
 			d := &ds[i]
 			if why := reject(req, d, op, usedDisks); why != "" {
@@ -127,38 +130,88 @@ func Schedule(req Request, disks []Disk, placed []Placed, n int) Result {
 	return res
 }
 
-// Rejection reasons, as they appear in Result.Reason.
+// Rejection says why a disk may not take a replica; "" when it may. Its
+// text is how Result.Reason names it.
+type Rejection string
+
+// Rejections, in the order they are checked.
 const (
-	whyNotReady     = "not ready"
-	whyNodeDisabled = "scheduling disabled on the node"
-	whyDiskDisabled = "scheduling disabled on the disk"
-	whyTags         = "missing a required tag"
-	whyHasReplica   = "already holds a replica of the volume"
-	whyNoSpace      = "not enough space"
+	RejectNotReady     Rejection = "not ready"
+	RejectNodeDisabled Rejection = "scheduling disabled on the node"
+	RejectDiskDisabled Rejection = "scheduling disabled on the disk"
+	RejectTags         Rejection = "missing a required tag"
+	RejectHasReplica   Rejection = "already holds a replica of the volume"
+	RejectNoSpace      Rejection = "not enough space"
 )
 
-func reject(req Request, d *Disk, op int, usedDisks map[string]bool) string {
+// Usable says whether d may take a replica at all, whatever the volume:
+// it is ready, scheduling is allowed on it and its node, and it has room
+// for at least one block (within over-provisioning, and free beyond the
+// reserve). op is the over-provisioning percentage (0: the default).
+func Usable(d *Disk, op int) Rejection {
+	if why := allowed(d); why != "" {
+		return why
+	}
+	return fits(d, OverProvisioning(op), minimumFree)
+}
+
+// allowed: ready, and scheduling allowed on the disk and its node.
+func allowed(d *Disk) Rejection {
 	switch {
 	case !d.Ready:
-		return whyNotReady
+		return RejectNotReady
 	case !d.NodeAllowScheduling:
-		return whyNodeDisabled
+		return RejectNodeDisabled
 	case !d.AllowScheduling:
-		return whyDiskDisabled
-	case !hasTags(d.Tags, req.Tags):
-		return whyTags
-	case usedDisks[d.Node+"/"+d.Name]:
-		return whyHasReplica
-	case room(d, op) < req.Size || d.Available-d.Reserved < minimumFree:
-		return whyNoSpace
+		return RejectDiskDisabled
 	}
 	return ""
 }
 
+// fits: the sizes scheduled on d plus size stay within its
+// over-provisioned limit, and d has a block free beyond the reserve (a
+// disk that is full now takes nothing, however provisioned).
+func fits(d *Disk, op int, size int64) Rejection {
+	if room(d, op) < size || d.Available-d.Reserved < minimumFree {
+		return RejectNoSpace
+	}
+	return ""
+}
+
+// reject says whether d may take a replica of the volume req describes,
+// given the disks holding one already.
+func reject(req Request, d *Disk, op int, usedDisks map[string]bool) Rejection {
+	if why := allowed(d); why != "" {
+		return why
+	}
+	switch {
+	case !hasTags(d.Tags, req.Tags):
+		return RejectTags
+	case usedDisks[d.Node+"/"+d.Name]:
+		return RejectHasReplica
+	}
+	return fits(d, op, req.Size)
+}
+
+// OverProvisioning is the percentage op stands for: op, or
+// DefaultOverProvisioningPercent when it is 0.
+func OverProvisioning(op int) int {
+	if op <= 0 {
+		return DefaultOverProvisioningPercent
+	}
+	return op
+}
+
+// Limit is how much may be scheduled on d in all: (capacity − reserved)
+// × op / 100 (op 0: the default).
+func Limit(d *Disk, op int) int64 {
+	c, pct := d.Capacity-d.Reserved, int64(OverProvisioning(op))
+	return c/100*pct + c%100*pct/100 // c × pct / 100, rounded down, without overflow
+}
+
 // room is how much more may be scheduled on a disk.
 func room(d *Disk, op int) int64 {
-	limit := (d.Capacity - d.Reserved) / 100 * int64(op)
-	return limit - d.Scheduled
+	return Limit(d, op) - d.Scheduled
 }
 
 func better(d *Disk, fresh bool, best *Disk, bestFresh bool, op int) bool {
@@ -190,15 +243,15 @@ func hasTags(have, want []string) bool {
 	return true
 }
 
-func explain(reasons map[string]int, disks, unplaced, wanted int) string {
+func explain(reasons map[Rejection]int, disks, unplaced, wanted int) string {
 	if disks == 0 {
 		return fmt.Sprintf("%d of %d replicas unplaced: no StorageNode has a disk", unplaced, wanted)
 	}
-	keys := make([]string, 0, len(reasons))
+	keys := make([]Rejection, 0, len(reasons))
 	for k := range reasons {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	slices.Sort(keys)
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%d %s", reasons[k], k))

@@ -19,6 +19,7 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
+	"github.com/cairn-io/cairn/controllers/scheduler"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
@@ -30,11 +31,12 @@ const (
 	ReasonNotADataDirectory   = "NotADataDirectory"
 	ReasonSchedulingDisabled  = "SchedulingDisabled"
 	ReasonNoSchedulableDisk   = "NoSchedulableDisk"
+	ReasonInsufficientStorage = v1.StorageNodeReasonInsufficientStorage
 )
 
 // DefaultDiskName is the disk a StorageNode without spec.disks has: the
 // instance manager's first data directory.
-const DefaultDiskName = "default"
+const DefaultDiskName = v1.DefaultDiskName
 
 // Reconciler keeps StorageNode status current.
 type Reconciler struct {
@@ -43,6 +45,10 @@ type Reconciler struct {
 	// Resync is how often free space is read again (it changes with every
 	// write, and no event says so). Default 30s.
 	Resync time.Duration
+	// OverProvisioningPercent is the Volume reconciler's: a disk is
+	// Schedulable only while scheduler.Usable says it has room under it.
+	// 0: the scheduler's default.
+	OverProvisioningPercent int
 }
 
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=storagenodes,verbs=get;list;watch
@@ -60,7 +66,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	computeStatus(sn, obs)
+	computeStatus(sn, obs, r.OverProvisioningPercent)
 	if err := r.Status().Patch(ctx, sn, client.MergeFrom(before)); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -86,9 +92,9 @@ func (r *Reconciler) observe(ctx context.Context, sn *v1.StorageNode) (observed,
 	if err := r.List(ctx, &replicas, client.InNamespace(sn.Namespace)); err != nil {
 		return obs, err
 	}
-	for _, rep := range replicas.Items {
-		if rep.Spec.NodeName == sn.Spec.NodeName && rep.Spec.DiskName != "" {
-			obs.scheduled[rep.Spec.DiskName] += rep.Spec.Size.Value()
+	for k, bytes := range scheduler.ScheduledBytes(replicas.Items) {
+		if k.Node == sn.Spec.NodeName {
+			obs.scheduled[k.Disk] = bytes
 		}
 	}
 	var ims v1.InstanceManagerList
@@ -130,43 +136,19 @@ func Disks(sn *v1.StorageNode, firstDataDir string) []v1.DiskSpec {
 	return []v1.DiskSpec{{Name: DefaultDiskName, Path: firstDataDir}}
 }
 
-// computeStatus derives the status from what was observed.
-func computeStatus(sn *v1.StorageNode, obs observed) {
+// computeStatus derives the status from what was observed. A disk is
+// Schedulable when scheduler.Usable says it may take a replica (op is the
+// over-provisioning percentage), the node when one of its disks is.
+func computeStatus(sn *v1.StorageNode, obs observed, op int) {
 	first := ""
 	if len(obs.dataDirs) > 0 {
 		first = obs.dataDirs[0].GetPath()
 	}
-	nodeAllowed := sn.Spec.AllowScheduling == nil || *sn.Spec.AllowScheduling
 	var disks []v1.DiskStatus
 	schedulable := 0
 	for _, d := range Disks(sn, first) {
-		old := findDisk(sn.Status.Disks, d.Name)
-		ds := v1.DiskStatus{Name: d.Name, Path: d.Path, Scheduled: qty(obs.scheduled[d.Name])}
-		if old != nil {
-			ds.Conditions = old.Conditions
-		}
-		cond := func(typ string, ok bool, reason, msg string) {
-			objects.SetCondition(&ds.Conditions, sn.Generation, typ, ok, reason, msg)
-		}
-		dd := findDataDir(obs.dataDirs, d.Path)
-		switch {
-		case obs.imReason != "":
-			cond(v1.ConditionReady, false, obs.imReason, obs.imMessage)
-		case dd == nil:
-			cond(v1.ConditionReady, false, ReasonNotADataDirectory, fmt.Sprintf("%s is not a data directory of node %s's instance manager; add it with --data-dir", d.Path, sn.Spec.NodeName))
-		default:
-			ds.Filesystem, ds.Capacity, ds.Available = dd.GetFilesystem(), qty(dd.GetTotalBytes()), qty(dd.GetAvailableBytes())
-			cond(v1.ConditionReady, true, v1.ReasonAsExpected, fmt.Sprintf("%s (%s)", d.Path, dd.GetFilesystem()))
-		}
-		ready := meta.IsStatusConditionTrue(ds.Conditions, v1.ConditionReady)
-		diskAllowed := d.AllowScheduling == nil || *d.AllowScheduling
-		switch {
-		case !ready:
-			cond(v1.StorageNodeConditionSchedulable, false, ReasonNoSchedulableDisk, "the disk is not ready")
-		case !nodeAllowed || !diskAllowed:
-			cond(v1.StorageNodeConditionSchedulable, false, ReasonSchedulingDisabled, "allowScheduling is false on the node or the disk")
-		default:
-			cond(v1.StorageNodeConditionSchedulable, true, v1.ReasonAsExpected, "new replicas may be placed here")
+		ds := diskStatus(sn, d, obs, op)
+		if meta.IsStatusConditionTrue(ds.Conditions, v1.StorageNodeConditionSchedulable) {
 			schedulable++
 		}
 		disks = append(disks, ds)
@@ -184,10 +166,58 @@ func computeStatus(sn *v1.StorageNode, obs observed) {
 	switch {
 	case schedulable > 0:
 		set(v1.StorageNodeConditionSchedulable, true, v1.ReasonAsExpected, fmt.Sprintf("%d of %d disks take new replicas", schedulable, len(disks)))
-	case !nodeAllowed:
+	case sn.Spec.AllowScheduling != nil && !*sn.Spec.AllowScheduling:
 		set(v1.StorageNodeConditionSchedulable, false, ReasonSchedulingDisabled, "spec.allowScheduling is false")
 	default:
-		set(v1.StorageNodeConditionSchedulable, false, ReasonNoSchedulableDisk, "no disk is ready with scheduling allowed (see status.disks)")
+		set(v1.StorageNodeConditionSchedulable, false, ReasonNoSchedulableDisk, "no disk is ready, allowed and with room for a replica (see status.disks)")
+	}
+}
+
+// diskStatus is one disk's status: what the instance manager reports of
+// it, the bytes scheduled on it, and its Ready and Schedulable conditions
+// (carried over from the last status, so unchanged ones keep their
+// lastTransitionTime).
+func diskStatus(sn *v1.StorageNode, d v1.DiskSpec, obs observed, op int) v1.DiskStatus {
+	ds := v1.DiskStatus{Name: d.Name, Path: d.Path, Scheduled: qty(obs.scheduled[d.Name])}
+	if old := findDisk(sn.Status.Disks, d.Name); old != nil {
+		ds.Conditions = old.Conditions
+	}
+	cond := func(typ string, ok bool, reason, msg string) {
+		objects.SetCondition(&ds.Conditions, sn.Generation, typ, ok, reason, msg)
+	}
+	sd := scheduler.FromSpec(sn, d)
+	sd.Scheduled = obs.scheduled[d.Name]
+	dd := findDataDir(obs.dataDirs, d.Path)
+	switch {
+	case obs.imReason != "":
+		cond(v1.ConditionReady, false, obs.imReason, obs.imMessage)
+	case dd == nil:
+		cond(v1.ConditionReady, false, ReasonNotADataDirectory, fmt.Sprintf("%s is not a data directory of node %s's instance manager; add it with --data-dir", d.Path, sn.Spec.NodeName))
+	default:
+		ds.Filesystem, ds.Capacity, ds.Available = dd.GetFilesystem(), qty(dd.GetTotalBytes()), qty(dd.GetAvailableBytes())
+		sd.Ready, sd.Capacity, sd.Available = true, dd.GetTotalBytes(), dd.GetAvailableBytes()
+		cond(v1.ConditionReady, true, v1.ReasonAsExpected, fmt.Sprintf("%s (%s)", d.Path, dd.GetFilesystem()))
+	}
+	reason, msg := schedulableReason(&sd, op)
+	cond(v1.StorageNodeConditionSchedulable, reason == v1.ReasonAsExpected, reason, msg)
+	return ds
+}
+
+// schedulableReason turns scheduler.Usable's verdict on a disk into the
+// reason and message of its Schedulable condition.
+func schedulableReason(d *scheduler.Disk, op int) (reason, msg string) {
+	switch scheduler.Usable(d, op) {
+	case "":
+		return v1.ReasonAsExpected, "new replicas may be placed here"
+	case scheduler.RejectNotReady:
+		return ReasonNoSchedulableDisk, "the disk is not ready"
+	case scheduler.RejectNodeDisabled:
+		return ReasonSchedulingDisabled, "allowScheduling is false on the node"
+	case scheduler.RejectDiskDisabled:
+		return ReasonSchedulingDisabled, "allowScheduling is false on the disk"
+	default:
+		return ReasonInsufficientStorage, fmt.Sprintf("no room for a new replica: %s scheduled of %s allowed ((capacity − storageReserved) × %d%%), %s free beyond the reserve",
+			qty(d.Scheduled), qty(scheduler.Limit(d, op)), scheduler.OverProvisioning(op), qty(max(d.Available-d.Reserved, 0)))
 	}
 }
 

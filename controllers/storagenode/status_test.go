@@ -5,6 +5,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -41,6 +42,7 @@ func TestComputeStatus(t *testing.T) {
 		// sched is the node's Schedulable reason, schedMsg its message.
 		sched, schedMsg string
 		disks           []disk
+		op              int // over-provisioning percentage; 0: the default
 	}{
 		{name: "no instance manager: the default disk is unknown", sn: node(nil),
 			obs:   observed{imReason: ReasonNoInstanceManager, imMessage: "no InstanceManager with an address runs on node n1", scheduled: map[string]int64{}},
@@ -78,10 +80,29 @@ func TestComputeStatus(t *testing.T) {
 			ready: v1.ReasonAsExpected, sched: ReasonSchedulingDisabled,
 			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, ReasonSchedulingDisabled, 100 << 30, 0},
 				{"fast", "/mnt/fast", v1.ReasonAsExpected, ReasonSchedulingDisabled, 10 << 30, 0}}},
+		{name: "a disk full by what is scheduled on it: not schedulable, saying why; the other is", sn: node(twoDisks),
+			obs:   observed{dataDirs: []*imv1.DataDir{dataDir, fast}, scheduled: map[string]int64{"fast": 10 << 30}},
+			ready: v1.ReasonAsExpected, sched: v1.ReasonAsExpected, schedMsg: "1 of 2 disks take new replicas",
+			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, v1.ReasonAsExpected, 100 << 30, 0},
+				{"fast", "/mnt/fast", v1.ReasonAsExpected, ReasonInsufficientStorage, 10 << 30, 10 << 30}}},
+		{name: "the same disk with 200% over-provisioning has room", sn: node(twoDisks), op: 200,
+			obs:   observed{dataDirs: []*imv1.DataDir{dataDir, fast}, scheduled: map[string]int64{"fast": 10 << 30}},
+			ready: v1.ReasonAsExpected, sched: v1.ReasonAsExpected, schedMsg: "2 of 2 disks take new replicas",
+			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, v1.ReasonAsExpected, 100 << 30, 0},
+				{"fast", "/mnt/fast", v1.ReasonAsExpected, v1.ReasonAsExpected, 10 << 30, 10 << 30}}},
+		{name: "the reserve takes all the free space: no disk has room", sn: node(func(sn *v1.StorageNode) {
+			twoDisks(sn)
+			sn.Spec.Disks[0].StorageReserved = ptr.To(resource.MustParse("40Gi"))
+			sn.Spec.Disks[1].StorageReserved = ptr.To(resource.MustParse("9Gi"))
+		}),
+			obs:   observed{dataDirs: []*imv1.DataDir{dataDir, fast}, scheduled: map[string]int64{}},
+			ready: v1.ReasonAsExpected, sched: ReasonNoSchedulableDisk, schedMsg: "with room",
+			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, ReasonInsufficientStorage, 100 << 30, 0},
+				{"fast", "/mnt/fast", v1.ReasonAsExpected, ReasonInsufficientStorage, 10 << 30, 0}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
-			computeStatus(tc.sn, tc.obs)
+			computeStatus(tc.sn, tc.obs, tc.op)
 			st := tc.sn.Status
 			g.Expect(st.ObservedGeneration).To(Equal(int64(3)))
 			ready := meta.FindStatusCondition(st.Conditions, v1.ConditionReady)
@@ -121,14 +142,14 @@ func TestComputeStatusKeepsDiskConditions(t *testing.T) {
 	g := NewWithT(t)
 	sn := &v1.StorageNode{ObjectMeta: metav1.ObjectMeta{Name: "n1", Generation: 1}, Spec: v1.StorageNodeSpec{NodeName: "n1"}}
 	up := observed{dataDirs: []*imv1.DataDir{{Path: "/d", TotalBytes: 1 << 30, AvailableBytes: 1 << 29, Filesystem: "ext4"}}, scheduled: map[string]int64{}}
-	computeStatus(sn, up)
+	computeStatus(sn, up, 0)
 	c := &sn.Status.Disks[0].Conditions[0]
 	c.LastTransitionTime = metav1.Unix(1000, 0)
-	computeStatus(sn, up)
+	computeStatus(sn, up, 0)
 	g.Expect(meta.FindStatusCondition(sn.Status.Disks[0].Conditions, c.Type).LastTransitionTime).To(Equal(metav1.Unix(1000, 0)))
 
 	down := observed{imReason: ReasonInstanceManagerDown, imMessage: "unreachable", scheduled: map[string]int64{}}
-	computeStatus(sn, down)
+	computeStatus(sn, down, 0)
 	g.Expect(sn.Status.Disks).To(BeEmpty(), "without a report the default disk's path is unknown")
 	g.Expect(meta.IsStatusConditionFalse(sn.Status.Conditions, v1.ConditionReady)).To(BeTrue())
 }

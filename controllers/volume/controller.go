@@ -30,7 +30,6 @@ import (
 	"github.com/cairn-io/cairn/controllers/internal/objects"
 	"github.com/cairn-io/cairn/controllers/internal/volumes"
 	"github.com/cairn-io/cairn/controllers/scheduler"
-	"github.com/cairn-io/cairn/controllers/storagenode"
 )
 
 // Finalizer keeps a Volume until its engine and replicas (and with them
@@ -60,6 +59,9 @@ type Reconciler struct {
 	client.Client
 	// OverProvisioningPercent for scheduling; 0: the scheduler's default.
 	OverProvisioningPercent int
+	// Ledger places replicas, shared with everything else in the process
+	// that does (the drain controller); nil: SetupWithManager makes one.
+	Ledger *scheduler.Ledger
 	// ReplenishmentWait is how long a failed replica may take to come back
 	// before a replacement is built; 0: DefaultReplenishmentWait.
 	ReplenishmentWait time.Duration
@@ -293,7 +295,12 @@ func (r *Reconciler) ensureReplicas(ctx context.Context, s *scope) error {
 	return nil
 }
 
-// schedule places every unscheduled replica on a disk.
+// schedule places every unscheduled replica on a disk, through the
+// Ledger, which counts each disk's scheduled bytes from the Replicas and
+// lets one placement decision run at a time. Each placement is a patch
+// with the Replica's resourceVersion: if another reconcile placed it
+// first (from a cache that did not show it placed yet), the patch
+// conflicts and this reconcile is retried, rather than moving it.
 func (r *Reconciler) schedule(ctx context.Context, s *scope) error {
 	var pending []*v1.Replica
 	var placed []scheduler.Placed
@@ -311,55 +318,21 @@ func (r *Reconciler) schedule(ctx context.Context, s *scope) error {
 	if err := r.List(ctx, &sns, client.InNamespace(s.v.Namespace)); err != nil {
 		return err
 	}
-	res := scheduler.Schedule(scheduler.Request{Size: s.v.Spec.Size.Value(), Tags: s.v.Spec.DiskSelector, OverProvisioningPercent: r.OverProvisioningPercent},
-		Disks(sns.Items), placed, len(pending))
-	for i, p := range res.Placements {
-		rep := pending[i]
-		before := rep.DeepCopy()
-		rep.Spec.NodeName, rep.Spec.DiskName, rep.Spec.DiskPath = p.Node, p.Disk, p.Path
-		rep.Spec.DataDirectoryName = rep.Name
-		if err := r.Patch(ctx, rep, client.MergeFrom(before)); err != nil {
-			return err
-		}
+	res, err := r.Ledger.Place(ctx, scheduler.PlaceOptions{Namespace: s.v.Namespace,
+		Request: scheduler.Request{Size: s.v.Spec.Size.Value(), Tags: s.v.Spec.DiskSelector, OverProvisioningPercent: r.OverProvisioningPercent},
+		Disks:   scheduler.FromStorageNodes(sns.Items), Placed: placed, N: len(pending),
+		Write: func(ctx context.Context, i int, p scheduler.Placement) (client.ObjectKey, error) {
+			rep := pending[i]
+			before := rep.DeepCopy()
+			rep.Spec.NodeName, rep.Spec.DiskName, rep.Spec.DiskPath = p.Node, p.Disk, p.Path
+			rep.Spec.DataDirectoryName = rep.Name
+			return client.ObjectKeyFromObject(rep), r.Patch(ctx, rep, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+		}})
+	if err != nil {
+		return err
 	}
 	s.unplaced, s.reason = res.Unplaced, res.Reason
 	return nil
-}
-
-// Disks turns StorageNodes into the scheduler's disks.
-func Disks(sns []v1.StorageNode) []scheduler.Disk {
-	var out []scheduler.Disk
-	for _, sn := range sns {
-		nodeAllowed := sn.Spec.AllowScheduling == nil || *sn.Spec.AllowScheduling
-		specs := map[string]v1.DiskSpec{}
-		for _, d := range sn.Spec.Disks {
-			specs[d.Name] = d
-		}
-		for _, ds := range sn.Status.Disks {
-			d := scheduler.Disk{Node: sn.Spec.NodeName, Name: ds.Name, Path: ds.Path, NodeAllowScheduling: nodeAllowed, AllowScheduling: true,
-				Ready: meta.IsStatusConditionTrue(ds.Conditions, v1.ConditionReady) && ds.Path != ""}
-			if spec, ok := specs[ds.Name]; ok {
-				d.AllowScheduling = spec.AllowScheduling == nil || *spec.AllowScheduling
-				d.Tags = spec.Tags
-				if spec.StorageReserved != nil {
-					d.Reserved = spec.StorageReserved.Value()
-				}
-			} else if ds.Name != storagenode.DefaultDiskName {
-				continue // removed from the spec: takes no new replicas
-			}
-			if ds.Capacity != nil {
-				d.Capacity = ds.Capacity.Value()
-			}
-			if ds.Available != nil {
-				d.Available = ds.Available.Value()
-			}
-			if ds.Scheduled != nil {
-				d.Scheduled = ds.Scheduled.Value()
-			}
-			out = append(out, d)
-		}
-	}
-	return out
 }
 
 // attachOrDetach moves processes toward the target runTarget picks:
@@ -572,12 +545,7 @@ func modeOrGone(modes map[string]v1.ReplicaMode, name string) string {
 	return "no longer held by the engine"
 }
 
-func wantReplicas(v *v1.Volume) int {
-	if v.Spec.NumberOfReplicas <= 0 {
-		return 3
-	}
-	return int(v.Spec.NumberOfReplicas)
-}
+func wantReplicas(v *v1.Volume) int { return v.Spec.Replicas() }
 
 func (r *Reconciler) patchReplica(ctx context.Context, rep *v1.Replica, mutate func(*v1.Replica)) error {
 	before := rep.DeepCopy()
@@ -670,6 +638,12 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, v *v1.Volume) (ctrl.Re
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder("cairn-volume")
+	}
+	if r.Ledger == nil {
+		r.Ledger = scheduler.NewLedger()
+	}
+	if err := r.Ledger.SetupWithManager(mgr); err != nil {
+		return err
 	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1.Volume{}, IndexDataSourceVolume, func(o client.Object) []string {
 		if ds := o.(*v1.Volume).Spec.DataSource; ds != nil {

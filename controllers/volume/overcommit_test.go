@@ -59,13 +59,16 @@ func smallDisk(t *testing.T, g *WithT, node, tag string, size int64) int64 {
 	return capacity
 }
 
-// TestConcurrentPlacementOverCommits creates many one-replica volumes at
-// once, each asking for a disk that has room for only some of them, and
-// lets the real Volume reconciler (with its real number of workers) place
-// them. The disk's scheduled bytes come from StorageNode.status, which
-// lags the Replicas: workers placing at the same time all see the same
-// free room, so the disk ends up with more scheduled than it may hold.
-func TestConcurrentPlacementOverCommits(t *testing.T) {
+// TestConcurrentPlacementNeverOverCommits creates many one-replica
+// volumes at once, each asking for a disk that has room for only some of
+// them, and lets the real Volume reconciler (with its real number of
+// workers) place them. Placement goes through the scheduler's Ledger, which
+// counts the disk's scheduled bytes from the Replicas (not from
+// StorageNode.status, which lags them) and lets one decision run at a
+// time: the disk takes exactly as many as fit, never more, and every other
+// volume says it is unplaced. (Placed from the status by concurrent
+// workers, as before the Ledger, the disk took 11 replicas where 8 fit.)
+func TestConcurrentPlacementNeverOverCommits(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	const (
@@ -94,22 +97,34 @@ func TestConcurrentPlacementOverCommits(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 	}
 
-	// scheduledOnDisk sums the sizes of the test's replicas on the disk.
-	scheduledOnDisk := func() (int64, int) {
+	// settled counts the volumes whose replica is placed and those that
+	// say it cannot be, and fails the test as soon as the disk holds more
+	// than its capacity.
+	settled := func() (placed, unplaced int) {
 		var list v1.ReplicaList
 		g.Expect(k8sClient.List(ctx, &list, client.InNamespace("default"))).To(Succeed())
 		var sum int64
-		n := 0
+		on := map[string]bool{}
 		for _, r := range list.Items {
 			if r.Spec.NodeName == "oc1" && r.Spec.DiskName == "small" {
 				sum += r.Spec.Size.Value()
-				n++
+				on[r.Spec.VolumeName] = true
 			}
 		}
-		return sum, n
+		g.Expect(sum).To(BeNumerically("<=", capacity), "the disk is over-committed: %d replicas on it", len(on))
+		for _, v := range vols {
+			got := getVolume(g, client.ObjectKeyFromObject(v))
+			c := meta.FindStatusCondition(got.Status.Conditions, v1.VolumeConditionScheduled)
+			if c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1.VolumeReasonReplicaSchedulingFailed {
+				unplaced++
+			}
+		}
+		return len(on), unplaced
 	}
-	g.Eventually(func() int64 { s, _ := scheduledOnDisk(); return s }, timeout, 50*time.Millisecond).Should(BeNumerically(">", capacity),
-		"on the code this test was written against, concurrent workers over-commit the disk")
-	_, n := scheduledOnDisk()
-	t.Logf("%d replicas of %d bytes placed on a disk of %d bytes that fits %d", n, int64(size), capacity, fits)
+	g.Eventually(func() []int { p, u := settled(); return []int{p, u} }, timeout, 50*time.Millisecond).Should(Equal([]int{fits, volumes - fits}),
+		"[placed, unplaced]: the disk takes exactly as many as fit")
+	// The unplaced volumes are reconciled again whenever the disk's
+	// StorageNode changes (every second here): none of those passes finds
+	// room.
+	g.Consistently(func() int { p, _ := settled(); return p }, 3*time.Second, 100*time.Millisecond).Should(Equal(fits))
 }
