@@ -378,7 +378,7 @@ func TestPrinterColumns(t *testing.T) {
 		"engines":          {"State", "Volume", "Node", "Endpoint", "Size", "Age"},
 		"replicas":         {"State", "Volume", "Node", "Disk", "Failed", "Address", "Age"},
 		"instancemanagers": {"State", "Node", "Address", "Age"},
-		"storagenodes":     {"Node", "Schedulable", "Ready", "Age"},
+		"storagenodes":     {"Node", "Schedulable", "Ready", "Drainable", "Replicas", "Evicting", "Age"},
 	}
 	for plural, cols := range want {
 		t.Run(plural, func(t *testing.T) {

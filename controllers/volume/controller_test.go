@@ -51,6 +51,17 @@ func startNodes(t *testing.T, g *WithT, names ...string) (map[string]string, map
 		})
 		dirs[n], ims[n] = dir, im
 	}
+	// A volume created before a node reports its disk leaves a replica
+	// unplaced until the next reconcile; the tests start from placed ones.
+	for _, n := range names {
+		g.Eventually(func() bool {
+			sn := &v1.StorageNode{}
+			if k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: n}, sn) != nil {
+				return false
+			}
+			return meta.IsStatusConditionTrue(sn.Status.Conditions, v1.StorageNodeConditionSchedulable)
+		}, timeout, 50*time.Millisecond).Should(BeTrue(), "node %s reports a schedulable disk", n)
+	}
 	return dirs, ims
 }
 
