@@ -111,4 +111,9 @@ const (
 	// starts once the spec names only running replicas at their current
 	// addresses; the message names the ones it waits for.
 	ReasonWaitingForReplicas = "WaitingForReplicas"
+	// ReasonReplicasDeclaredLost (an Event on the Engine) means the engine
+	// was started without replicas on nodes an operator declared shut
+	// down (the out-of-service taint), although they may have been RW at
+	// the volume's newest epoch: writes only they held, if any, are lost.
+	ReasonReplicasDeclaredLost = "ReplicasDeclaredLost"
 )

@@ -237,6 +237,16 @@ func (r *Reconciler) createRequest(ctx context.Context, e *v1.Engine, ready func
 		return nil, &process.Wait{Reason: v1.ReasonWaitingForReplicas, Message: "the engine is started once every replica it is given runs at the address its spec gives; waiting for " +
 			strings.Join(stale, ", ")}, nil
 	}
+	lost, err := r.lostReplicas(ctx, e)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(lost) > 0 {
+		want.AcceptLostMembers = true
+		objects.Event(r.Recorder, e, true, v1.ReasonReplicasDeclaredLost, "Start",
+			"starting the engine without replica %s: its node is declared shut down (taint %s); writes only it held, if any, are lost",
+			strings.Join(lost, ", "), corev1.TaintNodeOutOfService)
+	}
 	if r.Keys != nil {
 		key, err := r.Keys.VolumeKey(e.Namespace, e.Spec.VolumeName)
 		if err != nil {

@@ -62,6 +62,16 @@ type Options struct {
 	// OnWait, if set, is told what Open waits for, every WaitInterval
 	// while it waits (cairn-data passes it on to the instance manager).
 	OnWait func(Waiting)
+	// AcceptLostMembers lets Open serve the volume although replicas
+	// recorded as RW at the newest epoch are not among those it was given,
+	// once every replica it was given has answered: the caller declares
+	// those others lost for good (the control plane sets it only when
+	// every replica of the volume left out sits on a node an operator
+	// declared shut down), so waiting for them could only keep the volume
+	// down. Writes that only they held, if any, are lost; Open logs which
+	// replicas it went on without. A given replica that does not answer
+	// is still waited for.
+	AcceptLostMembers bool
 	// ControlTimeout bounds every control and rebuild call the engine
 	// makes to a replica (info, epoch, snapshot, revert, expand, a
 	// rebuild's reads, writes and checksums): a replica that has not

@@ -75,6 +75,10 @@ type verdict struct {
 	ok bool
 	// why names what is missing when !ok.
 	why string
+	// lost are the members recorded at the newest epoch that the volume
+	// is served without, because the caller declared them lost
+	// (Options.AcceptLostMembers).
+	lost []string
 }
 
 // safeToOpen decides whether the volume may be served from the replicas
@@ -92,7 +96,11 @@ type verdict struct {
 // on from E without them, and was RW at E: named in E's set. Without a
 // recorded set (replicas at an epoch set by an older cairn-data, or never
 // opened) nothing can be shown, and every replica given must answer.
-func safeToOpen(infos []ReplicaInfo, unanswered int) verdict {
+//
+// With acceptLost, members that are not among the replicas given (all
+// given ones answered) are not waited for: the verdict is ok, and names
+// them in lost.
+func safeToOpen(infos []ReplicaInfo, unanswered int, acceptLost bool) verdict {
 	var epoch uint64
 	found := false
 	for _, in := range infos {
@@ -134,6 +142,9 @@ func safeToOpen(infos []ReplicaInfo, unanswered int) verdict {
 			unknown, epoch)}
 	}
 	slices.Sort(missing)
+	if acceptLost && unanswered == 0 {
+		return verdict{ok: true, lost: missing}
+	}
 	where := "has not answered"
 	if unanswered == 0 {
 		where = "is not among the replicas given to this engine"
@@ -157,6 +168,10 @@ func (e *Engine) connect(ctx context.Context) ([]cand, error) {
 		e.reach(ctx, addrs, as)
 		w, v := e.assess(addrs, as)
 		if v.ok {
+			if len(v.lost) > 0 {
+				e.log.Info("serving the volume without replicas declared lost: they were RW at the newest epoch, and writes only they held are lost",
+					"lostReplicaIDs", strings.Join(v.lost, ","))
+			}
 			if len(w.Unanswered) > 0 {
 				e.log.Info("opening without replicas that did not answer: they cannot hold writes the others lack; they are ERR until given back",
 					"unanswered", w.String())
@@ -222,7 +237,7 @@ func (e *Engine) assess(addrs []string, as []answer) (Waiting, verdict) {
 			infos = append(infos, a.info)
 		}
 	}
-	v := safeToOpen(infos, len(w.Unanswered))
+	v := safeToOpen(infos, len(w.Unanswered), e.opts.AcceptLostMembers)
 	w.Reason = v.why
 	return w, v
 }

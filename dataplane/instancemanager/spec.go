@@ -71,6 +71,10 @@ type EngineSpec struct {
 	// ReplicaTimeout fails a replica that does not answer a request in
 	// this time; 0 takes the engine's default.
 	ReplicaTimeout time.Duration
+	// AcceptLostMembers lets the engine serve without replicas recorded
+	// at the newest epoch that are not among Replicas (engine
+	// Options.AcceptLostMembers): the caller declares them lost.
+	AcceptLostMembers bool
 	// AuthKey is the volume's key (AuthKeySize bytes, or empty for none):
 	// the engine authenticates every data connection to its replicas
 	// with it. It reaches the child through a pipe, never its arguments.
@@ -323,6 +327,9 @@ func args(s Spec, p placement) []string {
 		}
 		if s.ReplicaTimeout > 0 {
 			out = append(out, "--replica-timeout", s.ReplicaTimeout.String())
+		}
+		if s.AcceptLostMembers {
+			out = append(out, "--accept-lost-members")
 		}
 		if s.EncryptionKey != "" {
 			out = append(out, "--encryption-key-fd", strconv.Itoa(p.encF), "--encryption-key-check", s.EncryptionKeyCheck)

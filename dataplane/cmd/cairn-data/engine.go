@@ -68,6 +68,7 @@ type engineFlags struct {
 	shared         int64
 	replicaTimeout time.Duration
 	connectTimeout time.Duration // bounds each attempt to reach a replica at open
+	acceptLost     bool          // serve without members of the newest epoch that were not given
 	readyFD        int
 	key            []byte
 	cipher         *volcrypt.Cipher // encryption at rest, or nil
@@ -96,6 +97,7 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 	fs.DurationVar(&c.replicaTimeout, "replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
 	fs.DurationVar(&c.connectTimeout, "connect-timeout", engine.DefaultConnectTimeout, "at open, how long each attempt to reach a replica (connect, handshake, first answer) may take; the replicas are tried at once, and one that does not answer is left out (ERR) when the others can serve the volume safely, else tried again")
 	var files tlsfiles.Files
+	fs.BoolVar(&c.acceptLost, "accept-lost-members", false, "at open, serve the volume although replicas recorded as RW at its newest epoch are not among the --replica given, once every given one answered: they are declared lost for good (the control plane sets this only when each replica left out is on a node an operator declared shut down); writes only they held are lost. A given replica that does not answer is still waited for")
 	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with and presents to the replicas' control APIs; with --tls-key and --tls-client-ca enables mutual TLS on both")
 	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
 	fs.StringVar(&files.CA, "tls-client-ca", "", "CA bundle (PEM) the peers' certificates must chain to")
@@ -287,7 +289,7 @@ func openEngine(ctx context.Context, c *engineFlags, region *shm.Region, buffers
 	defer cancel()
 	return engine.Open(octx, engine.Options{
 		Name: c.name, Size: c.size, Replicas: c.replicas, Wanted: c.wanted, Logger: log, UnsafeAckEarly: unsafeEarly,
-		Cipher: c.cipher, Buffers: buffers, ConnectTimeout: c.connectTimeout,
+		Cipher: c.cipher, Buffers: buffers, ConnectTimeout: c.connectTimeout, AcceptLostMembers: c.acceptLost,
 		OnWait: func(w engine.Waiting) {
 			if err := readyW.Waiting(w.String()); err != nil {
 				log.Info("could not tell the instance manager what the engine waits for", "reason", err.Error())

@@ -71,7 +71,8 @@ func ToProto(p im.Process) *imv1.Process {
 
 func engineSpecToProto(e im.EngineSpec) *imv1.EngineSpec {
 	out := &imv1.EngineSpec{VolumeName: e.VolumeName, SizeBytes: e.SizeBytes, Wanted: int32(e.Wanted),
-		Frontend: frontendToProto[e.Frontend], NbdKernel: nbdKernelToProto[e.NBDKernel], ReplicaTimeoutMs: e.ReplicaTimeout.Milliseconds()}
+		Frontend: frontendToProto[e.Frontend], NbdKernel: nbdKernelToProto[e.NBDKernel], ReplicaTimeoutMs: e.ReplicaTimeout.Milliseconds(),
+		AcceptLostMembers: e.AcceptLostMembers}
 	for _, r := range e.Replicas {
 		out.Replicas = append(out.Replicas, &imv1.ReplicaAddress{Data: r.Data, Control: r.Control})
 	}
@@ -93,7 +94,7 @@ func specFromProto(req *imv1.ProcessCreateRequest) (im.Spec, error) {
 		}
 		out := im.EngineSpec{VolumeName: e.GetVolumeName(), SizeBytes: e.GetSizeBytes(), Wanted: int(e.GetWanted()),
 			ReplicaTimeout: time.Duration(e.GetReplicaTimeoutMs()) * time.Millisecond, AuthKey: string(e.GetAuthKey()),
-			EncryptionKey: string(e.GetEncryptionKey()), EncryptionKeyCheck: e.GetEncryptionKeyCheck()}
+			EncryptionKey: string(e.GetEncryptionKey()), EncryptionKeyCheck: e.GetEncryptionKeyCheck(), AcceptLostMembers: e.GetAcceptLostMembers()}
 		if e.GetReplicaTimeoutMs() < 0 || e.GetReplicaTimeoutMs() > int64(time.Hour/time.Millisecond) {
 			return nil, fmt.Errorf("replica timeout %d ms: use 0 (the default) up to 600000", e.GetReplicaTimeoutMs())
 		}

@@ -439,8 +439,14 @@ type EngineSpec struct {
 	// created with; the engine refuses to start with a key whose check
 	// differs. Required with encryption_key.
 	EncryptionKeyCheck string `protobuf:"bytes,10,opt,name=encryption_key_check,json=encryptionKeyCheck,proto3" json:"encryption_key_check,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// accept_lost_members lets the engine serve without replicas recorded
+	// as RW at the volume's newest epoch that are not among replicas, once
+	// every replica given answered: the caller declares them lost for good
+	// (a node an operator declared shut down). Writes only they held are
+	// lost; a given replica that does not answer is still waited for.
+	AcceptLostMembers bool `protobuf:"varint,11,opt,name=accept_lost_members,json=acceptLostMembers,proto3" json:"accept_lost_members,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *EngineSpec) Reset() {
@@ -541,6 +547,13 @@ func (x *EngineSpec) GetEncryptionKeyCheck() string {
 		return x.EncryptionKeyCheck
 	}
 	return ""
+}
+
+func (x *EngineSpec) GetAcceptLostMembers() bool {
+	if x != nil {
+		return x.AcceptLostMembers
+	}
+	return false
 }
 
 // ReplicaSpec is a replica to run on this node.
@@ -1658,7 +1671,7 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"(instancemanager/v1/instancemanager.proto\x12\x18cairn.instancemanager.v1\">\n" +
 	"\x0eReplicaAddress\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\tR\x04data\x12\x18\n" +
-	"\acontrol\x18\x02 \x01(\tR\acontrol\"\xd0\x03\n" +
+	"\acontrol\x18\x02 \x01(\tR\acontrol\"\x80\x04\n" +
 	"\n" +
 	"EngineSpec\x12\x1f\n" +
 	"\vvolume_name\x18\x01 \x01(\tR\n" +
@@ -1674,7 +1687,8 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\bauth_key\x18\b \x01(\fR\aauthKey\x12%\n" +
 	"\x0eencryption_key\x18\t \x01(\fR\rencryptionKey\x120\n" +
 	"\x14encryption_key_check\x18\n" +
-	" \x01(\tR\x12encryptionKeyCheck\"\xa0\x01\n" +
+	" \x01(\tR\x12encryptionKeyCheck\x12.\n" +
+	"\x13accept_lost_members\x18\v \x01(\bR\x11acceptLostMembers\"\xa0\x01\n" +
 	"\vReplicaSpec\x12\x19\n" +
 	"\bdata_dir\x18\x01 \x01(\tR\adataDir\x12\x1d\n" +
 	"\n" +
