@@ -111,6 +111,9 @@ type Endpoint struct {
 	Kind     ready.EndpointKind
 	Socket   string
 	Fallback string
+	// Resumed: the device is the one a dead engine of the volume served,
+	// taken over (ready.Report.Resumed).
+	Resumed bool
 }
 
 // Process is a snapshot of one supervised process.
@@ -428,7 +431,7 @@ func (s *Supervisor) awaitReady(p *proc, r io.ReadCloser) {
 				s.setState(p, StateRunning, func(p *proc) {
 					p.Waiting = ""
 					p.DataAddress, p.ControlAddress, p.SizeBytes = res.rep.Data, res.rep.Control, res.rep.Size
-					p.Endpoint = Endpoint{Path: res.rep.Endpoint, Kind: res.rep.EndpointKind, Socket: res.rep.Socket, Fallback: res.rep.Fallback}
+					p.Endpoint = Endpoint{Path: res.rep.Endpoint, Kind: res.rep.EndpointKind, Socket: res.rep.Socket, Fallback: res.rep.Fallback, Resumed: res.rep.Resumed}
 				})
 			}
 			s.mu.Unlock()

@@ -169,9 +169,20 @@ func (r *Runner) Reconcile(ctx context.Context, s Spec) (ctrl.Result, error) {
 	case state == v1.InstanceStateStarting && s.Outdated != nil:
 		return r.starting(ctx, s, conn, proc)
 	default:
-		s.Ready(false, v1.ReasonStarting, "the "+s.Noun+" is "+string(state))
+		s.Ready(false, v1.ReasonStarting, startingMessage(s, string(state), proc))
 		return ctrl.Result{}, nil
 	}
+}
+
+// startingMessage is the Ready message of a process that is not ready
+// yet: its state, and what it last said it waits for (an engine waiting
+// for a replica that may hold the newest data names it and why).
+func startingMessage(s Spec, state string, p *imv1.Process) string {
+	msg := "the " + s.Noun + " is " + state
+	if w := p.GetWaiting(); w != "" {
+		msg += ": " + w
+	}
+	return msg
 }
 
 // starting replaces a starting process that s.Outdated says was created
@@ -183,7 +194,7 @@ func (r *Runner) starting(ctx context.Context, s Spec, conn *imclient.Conn, p *i
 		return ctrl.Result{}, err
 	}
 	if why == "" {
-		s.Ready(false, v1.ReasonStarting, "the "+s.Noun+" is starting")
+		s.Ready(false, v1.ReasonStarting, startingMessage(s, "starting", p))
 		return ctrl.Result{}, nil
 	}
 	s.Ready(false, v1.ReasonStarting, "the "+s.Noun+" is started again before it serves: "+why)

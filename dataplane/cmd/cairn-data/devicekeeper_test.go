@@ -506,7 +506,7 @@ func TestFUSEInstanceManagerRestartIsAPause(t *testing.T) {
 		unmountUnder(logDir)
 	})
 	var load *ioLoad
-	startEngine := func() (*imHandle, string) {
+	startEngine := func(resumed bool) (*imHandle, string) {
 		t.Helper()
 		im := startIM(t, ports, "--log-dir", logDir, "--child-env", "CAIRN_DEVICE_KEEPER="+sock)
 		t.Cleanup(func() { // before the instance manager is killed (see haltFirst)
@@ -518,9 +518,13 @@ func TestFUSEInstanceManagerRestartIsAPause(t *testing.T) {
 			VolumeName: "vol", Replicas: addrs, Frontend: imv1.Frontend_FRONTEND_FUSE}}}); err != nil {
 			t.Fatal(err)
 		}
-		return im, waitState(t, im.c, "vol-e", imv1.ProcessState_PROCESS_STATE_RUNNING).Endpoint.GetPath()
+		ep := waitState(t, im.c, "vol-e", imv1.ProcessState_PROCESS_STATE_RUNNING).GetEndpoint()
+		if ep.GetResumed() != resumed {
+			t.Fatalf("the instance manager reports the engine's device %s resumed=%v, want %v", ep.GetPath(), ep.GetResumed(), resumed)
+		}
+		return im, ep.GetPath()
 	}
-	im, dev := startEngine()
+	im, dev := startEngine(false)
 	sh(t, "mkfs.ext4", "-q", "-F", dev, fsSize)
 	os.MkdirAll(mnt, 0o755)
 	sh(t, "mount", dev, mnt)
@@ -534,7 +538,7 @@ func TestFUSEInstanceManagerRestartIsAPause(t *testing.T) {
 		stop(im.p.cmd.Process)
 		im.p.waitExit(t)
 		var again string
-		im, again = startEngine()
+		im, again = startEngine(true)
 		if again != dev {
 			t.Fatalf("restart %d: the engine serves %s, not %s", i, again, dev)
 		}

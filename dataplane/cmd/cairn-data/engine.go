@@ -45,7 +45,10 @@ type frontend struct {
 	// fallback says why an nbd frontend asked for a kernel device
 	// (--nbd-kernel auto) serves only its socket; "" otherwise.
 	fallback string
-	inUse    func() string
+	// resumed: the device is the one a dead engine of the volume served,
+	// taken over (its users kept their I/O and mounts).
+	resumed bool
+	inUse   func() string
 	// resize has the block device show the volume's new size after an
 	// expansion; nil without a device.
 	resize func(ctx context.Context, size int64) error
@@ -311,7 +314,7 @@ func startFrontend(c *engineFlags, e *engine.Engine, claim *nbd.Frontend, fclaim
 		return nil, fmt.Errorf("--nbd-kernel %s: %w", c.nbdKernel, err)
 	}
 	f := &frontend{endpoint: claim.Endpoint(), kind: ready.EndpointNBDSocket, socket: claim.Socket(), fallback: claim.Fallback(),
-		inUse:  claim.InUse,
+		inUse: claim.InUse, resumed: claim.Resumed(),
 		resize: func(_ context.Context, size int64) error { return claim.Resize(size) },
 		stop: func() {
 			if err := claim.Stop(); err != nil {
@@ -364,7 +367,7 @@ func reportReady(stdout io.Writer, readyW *ready.Writer, f *frontend, control st
 	}
 	fmt.Fprintf(stdout, "ready endpoint=%s%s control=%s size=%d\n", f.endpoint, socketShown, controlShown, size)
 	return readyW.Ready(ready.Report{Control: control, Size: size, Endpoint: f.endpoint,
-		EndpointKind: f.kind, Socket: f.socket, Fallback: f.fallback})
+		EndpointKind: f.kind, Socket: f.socket, Fallback: f.fallback, Resumed: f.resumed})
 }
 
 // releaseIdleEvery is how often the engine gives the shared memory of an

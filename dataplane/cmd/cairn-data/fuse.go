@@ -55,7 +55,7 @@ func startFUSE(e *engine.Engine, fc *fuseClaim, log logr.Logger) (*frontend, err
 	if err := f.Start(e); err != nil {
 		return nil, err
 	}
-	return &frontend{endpoint: f.Endpoint(), kind: ready.EndpointLoopDevice,
+	return &frontend{endpoint: f.Endpoint(), kind: ready.EndpointLoopDevice, resumed: f.Resumed(),
 		inUse:  func() string { return "attached as " + f.Endpoint() },
 		resize: func(_ context.Context, size int64) error { return f.Resize(size) },
 		stop: func() {

@@ -72,6 +72,9 @@ type Frontend struct {
 	server   *Server
 	device   *KernelDevice // nil without one
 	fallback string
+	// resumed: device is a /dev/nbdN a dead engine of the volume left,
+	// reattached with the I/O it held.
+	resumed  bool
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -171,6 +174,7 @@ func (f *Frontend) attach() (*KernelDevice, error) {
 				"release it with `nbd-client -d /dev/nbd%d` (writes it holds are lost) and start the engine again", index, name, err, index)}
 		}
 		f.log.Info(fmt.Sprintf("reattached %s, left attached by an engine of volume %s that stopped without detaching it; the I/O it held goes on", kd.Path(), name))
+		f.resumed = true
 		return kd, nil
 	}
 	kd, err := ConnectKernel(f.server, opts)
@@ -199,6 +203,10 @@ func (f *Frontend) Device() *KernelDevice { return f.device }
 // Fallback says why a frontend in KernelAuto mode has no kernel device
 // ("" when it has one, or was not to have one).
 func (f *Frontend) Fallback() string { return f.fallback }
+
+// Resumed reports whether the kernel device is the one a dead engine of
+// the volume left, reattached: its users kept their I/O and mounts.
+func (f *Frontend) Resumed() bool { return f.resumed }
 
 // InUse says what uses the volume ("" when nothing does): the kernel
 // device, or the socket's clients.

@@ -61,7 +61,7 @@ func ToProto(p im.Process) *imv1.Process {
 	}
 	if p.Endpoint.Path != "" {
 		out.Endpoint = &imv1.Endpoint{Path: p.Endpoint.Path, Kind: endpointKindToProto[p.Endpoint.Kind],
-			Socket: p.Endpoint.Socket, Fallback: p.Endpoint.Fallback}
+			Socket: p.Endpoint.Socket, Fallback: p.Endpoint.Fallback, Resumed: p.Endpoint.Resumed}
 	}
 	for _, port := range p.Ports {
 		out.Ports = append(out.Ports, int32(port))

@@ -55,6 +55,11 @@ type Report struct {
 	// only its NBD socket (e.g. the host has no nbd driver); empty when it
 	// got what it asked for.
 	Fallback string `json:"fallback,omitempty"`
+	// Resumed: the engine serves the block device a dead engine of the
+	// volume served, taken over with the I/O it held (the fuse frontend
+	// through the device keeper, the nbd frontend by reattaching
+	// /dev/nbdN); false for a fresh device.
+	Resumed bool `json:"resumed,omitempty"`
 }
 
 // MaxLine bounds a report line: a longer one is refused, not buffered.

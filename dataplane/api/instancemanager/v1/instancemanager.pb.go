@@ -651,7 +651,12 @@ type Endpoint struct {
 	Socket string `protobuf:"bytes,3,opt,name=socket,proto3" json:"socket,omitempty"`
 	// fallback says why an engine that could have had a kernel block device
 	// serves only its socket; empty otherwise.
-	Fallback      string `protobuf:"bytes,4,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	Fallback string `protobuf:"bytes,4,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	// resumed: path is the block device a dead engine of the volume served,
+	// taken over with the I/O it held (the fuse frontend through the device
+	// keeper, the nbd frontend by reattaching /dev/nbdN): its users kept
+	// their mounts. False for a fresh device.
+	Resumed       bool `protobuf:"varint,5,opt,name=resumed,proto3" json:"resumed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -712,6 +717,13 @@ func (x *Endpoint) GetFallback() string {
 		return x.Fallback
 	}
 	return ""
+}
+
+func (x *Endpoint) GetResumed() bool {
+	if x != nil {
+		return x.Resumed
+	}
+	return false
 }
 
 type Process struct {
@@ -1696,12 +1708,13 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\tdirect_io\x18\x03 \x01(\bR\bdirectIo\x12\x1f\n" +
 	"\vunix_socket\x18\x04 \x01(\bR\n" +
 	"unixSocket\x12\x19\n" +
-	"\bauth_key\x18\x05 \x01(\fR\aauthKey\"\x8e\x01\n" +
+	"\bauth_key\x18\x05 \x01(\fR\aauthKey\"\xa8\x01\n" +
 	"\bEndpoint\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12:\n" +
 	"\x04kind\x18\x02 \x01(\x0e2&.cairn.instancemanager.v1.EndpointKindR\x04kind\x12\x16\n" +
 	"\x06socket\x18\x03 \x01(\tR\x06socket\x12\x1a\n" +
-	"\bfallback\x18\x04 \x01(\tR\bfallback\"\xf0\x04\n" +
+	"\bfallback\x18\x04 \x01(\tR\bfallback\x12\x18\n" +
+	"\aresumed\x18\x05 \x01(\bR\aresumed\"\xf0\x04\n" +
 	"\aProcess\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\x04kind\x18\x02 \x01(\x0e2%.cairn.instancemanager.v1.ProcessKindR\x04kind\x12<\n" +
