@@ -239,6 +239,27 @@ type DeviceLoss struct {
 	Message string `json:"message,omitempty"`
 }
 
+// ServedDevice is the block device the engine's process serves, or last
+// served, on a node: kept while its process is restarted, so that the
+// Engine reconciler can tell whether the next process took it over.
+type ServedDevice struct {
+	// nodeName is the node the device is on.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	NodeName string `json:"nodeName"`
+
+	// path is the device (/dev/loopN, /dev/nbdN).
+	// +required
+	// +kubebuilder:validation:MaxLength=4096
+	Path string `json:"path"`
+
+	// interrupted: the process serving it was seen not running while the
+	// engine was still wanted on nodeName.
+	// +optional
+	Interrupted bool `json:"interrupted,omitempty"`
+}
+
 // EngineStatus is what the Engine reconciler observed.
 type EngineStatus struct {
 	// observedGeneration is the metadata.generation this status describes.
@@ -300,6 +321,12 @@ type EngineStatus struct {
 	// (--delete-workload-pod-on-device-loss).
 	// +optional
 	DeviceLost *DeviceLoss `json:"deviceLost,omitempty"`
+
+	// servedDevice is the block device the engine serves, or served
+	// before its process stopped, on spec.nodeName; cleared when the
+	// engine is stopped or moved.
+	// +optional
+	ServedDevice *ServedDevice `json:"servedDevice,omitempty"`
 
 	// conditions: Ready.
 	// +optional

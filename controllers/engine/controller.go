@@ -19,6 +19,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
@@ -208,6 +209,7 @@ func (r *Reconciler) reset(e *v1.Engine, state v1.InstanceState) {
 // observe reports the engine process as found: a running one's control
 // address, block device and size.
 func (r *Reconciler) observe(e *v1.Engine, o process.Observation) {
+	trackDevice(e, o, time.Now())
 	r.reset(e, o.State)
 	if o.InstanceManager != "" {
 		e.Status.InstanceManagerName = o.InstanceManager
