@@ -31,6 +31,7 @@ import (
 
 	storagev1alpha1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/certs"
+	"github.com/cairn-io/cairn/controllers/claims"
 	"github.com/cairn-io/cairn/controllers/drain"
 	"github.com/cairn-io/cairn/controllers/engine"
 	"github.com/cairn-io/cairn/controllers/imclient"
@@ -240,6 +241,8 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 		"Snapshot":    (&snapshot.Reconciler{Client: c, Pool: pool, DialOptions: engineDial}).SetupWithManager,
 		"workload":    wl.SetupWithManager,
 		"drain":       dr.SetupWithManager,
+		// A volume's trouble as Events on its claim and pods.
+		"volume-events": (&claims.Forwarder{Client: c, Namespace: disc.namespace}).SetupWithManager,
 	} {
 		if err := setup(mgr); err != nil {
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)
