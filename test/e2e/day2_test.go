@@ -116,3 +116,72 @@ var _ = Describe("day 2: the data plane restarted under a writing application", 
 		})
 	}
 })
+
+// fioLoop runs fio with job again and again until /tmp/stop exists;
+// /tmp/fio.passes counts the passes that verified, /tmp/fio.rc says
+// "failed" at the first error (fio exits non-zero on an I/O error or a
+// verify failure) or "ok" once stopped.
+func fioLoop(job string) string {
+	return "(n=0; while [ ! -f /tmp/stop ]; do fio " + job + " --output=/tmp/fio.out || { echo failed > /tmp/fio.rc; exit 1; }; " +
+		"n=$((n+1)); echo $n > /tmp/fio.passes; done; echo ok > /tmp/fio.rc) >/tmp/fio.log 2>&1 & true"
+}
+
+// fioPasses reads a fioLoop pod's count of verified passes.
+func fioPasses(pod string) int {
+	out, _ := kubectl("", "-n", "default", "exec", pod, "--", "sh", "-c", "cat /tmp/fio.passes 2>/dev/null || echo 0")
+	p, _ := strconv.Atoi(strings.TrimSpace(out))
+	return p
+}
+
+// fioResult reads a fioLoop pod's result ("" while it runs) and its output.
+func fioResult(pod string) (string, string) {
+	rc, _ := kubectl("", "-n", "default", "exec", pod, "--", "sh", "-c", "cat /tmp/fio.rc 2>/dev/null")
+	out, _ := kubectl("", "-n", "default", "exec", pod, "--", "sh", "-c", "cat /tmp/fio.log /tmp/fio.out 2>/dev/null")
+	return rc, out
+}
+
+var _ = Describe("day 2: the data plane restarted under fio --verify", func() {
+	It("keeps fio verifying without an error on ext4 and on a raw block volume, through an instance-manager pod deleted and engines killed", func() {
+		n := nodes()
+		app := n[1]
+		pvc("d2-fio-fs", "cairn", "256Mi", false, "")
+		pvc("d2-fio-blk", "cairn-block", "128Mi", true, "")
+		startPod("d2-fio-fs", app, "d2-fio-fs", false, fioImage, fioLoop(fioJob))
+		startPod("d2-fio-blk", app, "d2-fio-blk", true, fioImage, fioLoop(strings.Replace(fioJob, "--filename=/data/fio", "--filename=/dev/xvda", 1)))
+		pods := []string{"d2-fio-fs", "d2-fio-blk"}
+		var vols []string
+		for _, p := range pods {
+			waitPod(p, 4*time.Minute)
+			vols = append(vols, volumeOf(p))
+		}
+		for _, v := range vols {
+			Expect(volumeField(v, "{.status.currentNodeName}")).To(Equal(app))
+			Eventually(robustness(v), 2*time.Minute, time.Second).Should(Equal("healthy"))
+		}
+		progress := func(what string) {
+			GinkgoHelper()
+			for _, p := range pods {
+				at := fioPasses(p)
+				Eventually(func() int { return fioPasses(p) }, 4*time.Minute, time.Second).Should(BeNumerically(">", at),
+					"%s: a verified fio pass in %s after %s", p, p, what)
+				rc, out := fioResult(p)
+				Expect(rc).To(BeEmpty(), "%s: fio stopped after %s:\n%s", p, what, out)
+			}
+			for _, v := range vols {
+				Eventually(robustness(v), 4*time.Minute, time.Second).Should(Equal("healthy"), "volume %s healthy again after %s", v, what)
+			}
+		}
+		progress("start")
+		deleteInstanceManager(app)
+		progress("the instance-manager pod was deleted")
+		for _, v := range vols {
+			killEngine(app, v)
+		}
+		progress("the engines were killed")
+		for _, p := range pods {
+			podExec(p, "touch /tmp/stop")
+			Eventually(func() string { rc, _ := fioResult(p); return rc }, 3*time.Minute, time.Second).Should(Equal("ok"),
+				func() string { _, out := fioResult(p); return out })
+		}
+	})
+})
