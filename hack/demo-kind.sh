@@ -78,6 +78,37 @@ done
 say "the data, checked in the pod"
 k exec demo -- sh -c 'cd /data && sha256sum -c sum'
 
+say "the instance manager under the app is restarted (its pod deleted, as a crash or a rolling update does) while the app appends and fsyncs a record every 0.2 s"
+# The writer counts failed appends and the longest time between two
+# acknowledged ones: the pause the application saw.
+k exec demo -- sh -c 'cd /data && : > log && echo 0 > /tmp/errors && echo 0 > /tmp/acked && echo 0 > /tmp/maxgap && rm -f /tmp/stop /tmp/writer
+(i=0; errs=0; max=0; last=$(date +%s%3N)
+while [ ! -f /tmp/stop ]; do
+  i=$((i+1))
+  if echo "rec $i" | dd of=/data/log oflag=append conv=notrunc,fsync status=none 2>/dev/null; then
+    echo $i > /tmp/acked; now=$(date +%s%3N); gap=$((now-last)); last=$now
+    if [ $gap -gt $max ]; then max=$gap; echo $max > /tmp/maxgap; fi
+  else errs=$((errs+1)); echo $errs > /tmp/errors; i=$((i-1)); fi
+  sleep 0.2
+done; echo done > /tmp/writer) >/dev/null 2>&1 &'
+sleep 5
+im=$(k -n cairn-system get pod -l app.kubernetes.io/component=instance-manager --field-selector spec.nodeName="$engine_node" -o name)
+echo "   deleting $im on $engine_node (the volume's engine runs there)"
+k -n cairn-system delete "$im" --wait=false >/dev/null
+for _ in $(seq 60); do
+  sleep 3
+  printf '   records acknowledged %s, failed writes %s, longest pause %s ms | ' "$(k exec demo -- cat /tmp/acked)" "$(k exec demo -- cat /tmp/errors)" "$(k exec demo -- cat /tmp/maxgap)"
+  show
+  new=$(k -n cairn-system get pod -l app.kubernetes.io/component=instance-manager --field-selector spec.nodeName="$engine_node" -o jsonpath='{.items[?(@.status.phase=="Running")].metadata.name}')
+  [[ -n $new && pod/$new != "$im" && $(k -n cairn-system get volume "$pv" -o jsonpath='{.status.robustness}') == healthy ]] && break
+done
+k exec demo -- touch /tmp/stop
+until [[ $(k exec demo -- cat /tmp/writer 2>/dev/null) == done ]]; do sleep 1; done
+acked=$(k exec demo -- cat /tmp/acked) errors=$(k exec demo -- cat /tmp/errors)
+k exec demo -- sh -c "seq 1 $acked | sed 's/^/rec /' | cmp - /data/log" && echo "   all $acked acknowledged records are in the log, in order"
+echo "   failed writes seen by the app: $errors; longest pause between two fsyncs: $(k exec demo -- cat /tmp/maxgap) ms"
+[[ $errors == 0 ]] || { echo "demo-kind: the app saw $errors failed writes" >&2; exit 1; }
+
 say "done"
 cat <<TXT
 Look around:  kubectl --context kind-$CLUSTER -n cairn-system get volumes,engines,replicas,snapshots -o wide
