@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/claims"
 	"github.com/cairn-io/cairn/controllers/display"
 )
 
@@ -56,7 +57,10 @@ func (o *options) emit(v any) (bool, error) {
 // volumeView is a volume with its engine and replicas, as `volumes`
 // prints it.
 type volumeView struct {
-	Name       string        `json:"name"`
+	Name string `json:"name"`
+	// Claim is the PersistentVolumeClaim (namespace/name) of the
+	// volume's PersistentVolume, if it has one.
+	Claim      string        `json:"claim,omitempty"`
 	State      string        `json:"state"`
 	Robustness string        `json:"robustness"`
 	Size       string        `json:"size"`
@@ -86,6 +90,9 @@ type objects struct {
 	engs  []v1.Engine
 	reps  []v1.Replica
 	snaps []v1.Snapshot
+	// claimOf maps a volume to its claim; empty if the PersistentVolumes
+	// cannot be read (the claim is then not shown).
+	claimOf map[string]claims.Ref
 }
 
 func (o *options) load(ctx context.Context, snapshots bool) (*objects, error) {
@@ -99,6 +106,7 @@ func (o *options) load(ctx context.Context, snapshots bool) (*objects, error) {
 		}
 	}
 	objs := &objects{vols: vl.Items, engs: el.Items, reps: rl.Items}
+	objs.claimOf, _ = claims.List(ctx, o.c)
 	if snapshots {
 		var sl v1.SnapshotList
 		if err := o.c.List(ctx, &sl, in); err != nil {
@@ -134,6 +142,9 @@ func (objs *objects) replicasOf(vol string) []v1.Replica {
 func view(objs *objects, v *v1.Volume) volumeView {
 	vv := volumeView{Name: v.Name, State: orDash(string(v.Status.State)), Robustness: orDash(string(v.Status.Robustness)),
 		Size: v.Spec.Size.String(), Node: v.Status.CurrentNodeName}
+	if ref, ok := objs.claimOf[v.Name]; ok {
+		vv.Claim = ref.String()
+	}
 	if v.Status.ActualSize != nil {
 		vv.Used = v.Status.ActualSize.String()
 	}
@@ -195,23 +206,23 @@ func (o *options) volumes(ctx context.Context) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(o.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tROBUSTNESS\tSIZE\tUSED\tNODE\tMODE\tHEALTH")
+	fmt.Fprintln(tw, "NAME\tCLAIM\tSTATE\tROBUSTNESS\tSIZE\tUSED\tNODE\tMODE\tHEALTH")
 	for _, v := range views {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\t\n", v.Name, v.State, v.Robustness, v.Size, orDash(v.Used), orDash(v.Node))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\t\n", v.Name, orDash(v.Claim), v.State, v.Robustness, v.Size, orDash(v.Used), orDash(v.Node))
 		n := len(v.Replicas)
 		if v.Engine != nil {
 			branch := "├─"
 			if n == 0 {
 				branch = "└─"
 			}
-			fmt.Fprintf(tw, "%s engine/%s\t%s\t\t\t\t%s\t\t\n", branch, v.Engine.Name, v.Engine.State, orDash(v.Engine.Node))
+			fmt.Fprintf(tw, "%s engine/%s\t\t%s\t\t\t\t%s\t\t\n", branch, v.Engine.Name, v.Engine.State, orDash(v.Engine.Node))
 		}
 		for i, r := range v.Replicas {
 			branch := "├─"
 			if i == n-1 {
 				branch = "└─"
 			}
-			fmt.Fprintf(tw, "%s replica/%s\t%s\t\t\t\t%s\t%s\t%s\n", branch, r.Name, r.State, orDash(r.Node), orDash(r.Mode), r.Health)
+			fmt.Fprintf(tw, "%s replica/%s\t\t%s\t\t\t\t%s\t%s\t%s\n", branch, r.Name, r.State, orDash(r.Node), orDash(r.Mode), r.Health)
 		}
 	}
 	return tw.Flush()
@@ -347,11 +358,15 @@ type finding struct{ what, fix string }
 
 // doctor explains why a volume is not attached or not healthy; it reports
 // whether it found the volume healthy.
-func (o *options) doctor(ctx context.Context, name string) (bool, error) {
+func (o *options) doctor(ctx context.Context, arg string) (bool, error) {
+	name, claim, err := o.resolve(ctx, arg)
+	if err != nil {
+		return false, err
+	}
 	v := &v1.Volume{}
 	if err := o.c.Get(ctx, client.ObjectKey{Namespace: o.namespace, Name: name}, v); err != nil {
 		if apierrors.IsNotFound(err) {
-			return false, fmt.Errorf("no volume %s in %s (a claim's volume has the PV's name: kubectl get pvc NAME -o jsonpath='{.spec.volumeName}'; or pass -n)", name, o.namespace)
+			return false, fmt.Errorf("no volume %s in %s (for a claim, give NAMESPACE/CLAIM, such as `kubectl cairn doctor default/data`; or pass -n with the namespace Cairn runs in)", name, o.namespace)
 		}
 		return false, err
 	}
@@ -360,7 +375,11 @@ func (o *options) doctor(ctx context.Context, name string) (bool, error) {
 		return false, err
 	}
 	vv := view(objs, v)
-	fmt.Fprintf(o.out, "Volume %s: %s, %s, %s", v.Name, vv.State, vv.Robustness, vv.Size)
+	fmt.Fprintf(o.out, "Volume %s", v.Name)
+	if claim != "" {
+		fmt.Fprintf(o.out, " (claim %s)", claim)
+	}
+	fmt.Fprintf(o.out, ": %s, %s, %s", vv.State, vv.Robustness, vv.Size)
 	if vv.Node != "" {
 		fmt.Fprintf(o.out, ", on %s", vv.Node)
 	}
@@ -455,6 +474,26 @@ func (o *options) doctor(ctx context.Context, name string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// resolve takes a Volume's name or a claim (NAMESPACE/NAME) and returns
+// the Volume's name and its claim ("" if it has none, or the
+// PersistentVolumes cannot be read).
+func (o *options) resolve(ctx context.Context, arg string) (volume, claim string, err error) {
+	if ref, ok := claims.ParseClaim(arg); ok {
+		volume, err = claims.VolumeOf(ctx, o.c, ref)
+		return volume, ref.String(), err
+	}
+	byVolume, err := claims.List(ctx, o.c)
+	if err != nil {
+		// The claim is shown when known; a user who may not list
+		// PersistentVolumes still gets the diagnosis.
+		return arg, "", nil
+	}
+	if ref, ok := byVolume[arg]; ok {
+		claim = ref.String()
+	}
+	return arg, claim, nil
 }
 
 // imFix says what to check about a node's instance manager.

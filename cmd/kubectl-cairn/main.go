@@ -35,7 +35,9 @@ commands:
   volumes              every volume with its engine and replicas (node, mode, health), as a tree
   rebuilds [--watch]   replicas being rebuilt, with progress bars (--watch: until none is left)
   snapshots [VOLUME]   snapshots, of one volume or all
-  doctor VOLUME        why a volume is not attached or not healthy, and what to do
+  doctor VOLUME|NAMESPACE/CLAIM
+                       why a volume is not attached or not healthy, and what to do;
+                       a claim (PersistentVolumeClaim) stands for its volume
   salvage VOLUME [--give-up REPLICA,... --yes]
                        a faulted volume: which replicas its salvage waits for; with
                        --give-up and --yes, delete replicas whose disks are lost for
@@ -127,7 +129,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, c client.
 		err = o.snapshots(ctx, vol)
 	case "doctor":
 		if len(rest) != 2 {
-			fmt.Fprintln(stderr, "kubectl cairn: doctor needs one VOLUME (a Volume's name: the PV's name for a claim)")
+			fmt.Fprintln(stderr, "kubectl cairn: doctor needs one VOLUME (a Volume's name) or NAMESPACE/CLAIM (a PersistentVolumeClaim)")
 			return 2
 		}
 		var healthy bool

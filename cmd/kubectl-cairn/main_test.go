@@ -150,6 +150,31 @@ func TestPlugin(t *testing.T) {
 		InvolvedObject: corev1.ObjectReference{Kind: "Volume", Name: "sick", Namespace: ns}, Type: corev1.EventTypeWarning,
 		Reason: "ReplicaFailed", Message: "replica sick-r-2 failed: connection refused", LastTimestamp: metav1.Now()}))
 
+	// Claims: good's, provisioned by Cairn's driver and bound; one not
+	// bound yet; one of another driver.
+	must(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app"}}))
+	claim := func(name, pv string, bound bool) {
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "app"}, Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, VolumeName: pv,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}}}}
+		create(pvc, func() {
+			if bound {
+				pvc.Status.Phase = corev1.ClaimBound
+			}
+		})
+	}
+	persistentVolume := func(name, driver, handle, claim string) {
+		must(c.Create(ctx, &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeSpec{
+			Capacity: corev1.ResourceList{corev1.ResourceStorage: size}, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: handle}},
+			ClaimRef:               &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: "app", Name: claim}}}))
+	}
+	claim("data", "good", true)
+	persistentVolume("good", "storage.cairn.io", "good", "data")
+	claim("waiting", "", false)
+	claim("share", "nfs-share", true)
+	persistentVolume("nfs-share", "nfs.csi.k8s.io", "share-1", "share")
+
 	kc := func(args ...string) (string, int) {
 		var out, errb bytes.Buffer
 		code := run(ctx, args, &out, &errb, c)
@@ -168,10 +193,13 @@ func TestPlugin(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("volumes: %d %s", code, out)
 	}
-	contains(out, "NAME", "good", "attached", "healthy", "├─ engine/good-e", "replica/good-r-1", "└─ replica/sick-r-2", "rebuilding", "unscheduled")
+	contains(out, "NAME", "CLAIM", "good", "attached", "healthy", "├─ engine/good-e", "replica/good-r-1", "└─ replica/sick-r-2", "rebuilding", "unscheduled")
 	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) > 0 && f[0] == "good" && !slices.Equal(f[3:6], []string{"1Gi", "300Mi", "a"}) {
-			t.Errorf("good's line (size, used, node): %q", line)
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "good" && !slices.Equal(f[1:7], []string{"app/data", "attached", "healthy", "1Gi", "300Mi", "a"}) {
+			t.Errorf("good's line (claim, state, robustness, size, used, node): %q", line)
+		}
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "sick" && f[1] != "-" {
+			t.Errorf("sick has no claim: %q", line)
 		}
 		if strings.Contains(line, "replica/good-r-1") && !(strings.Contains(line, " b ") && strings.Contains(line, "RW") && strings.Contains(line, "healthy")) {
 			t.Errorf("good-r-1's line: %q", line)
@@ -180,7 +208,7 @@ func TestPlugin(t *testing.T) {
 
 	out, code = kc("-o", "json", "volumes")
 	var vs []volumeView
-	if code != 0 || json.Unmarshal([]byte(out), &vs) != nil || len(vs) != 4 || vs[1].Name != "good" || len(vs[1].Replicas) != 2 {
+	if code != 0 || json.Unmarshal([]byte(out), &vs) != nil || len(vs) != 4 || vs[1].Name != "good" || vs[1].Claim != "app/data" || len(vs[1].Replicas) != 2 {
 		t.Fatalf("volumes -o json: %d %s", code, out)
 	}
 	out, _ = kc("volumes", "-o", "yaml")
@@ -201,7 +229,22 @@ func TestPlugin(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("doctor good: %d %s", code, out)
 	}
-	contains(out, "Nothing wrong found")
+	contains(out, "Volume good (claim app/data): attached, healthy", "Nothing wrong found")
+	// A claim stands for its volume; a claim that has none says why.
+	out, code = kc("doctor", "app/data")
+	if code != 0 {
+		t.Fatalf("doctor app/data: %d %s", code, out)
+	}
+	contains(out, "Volume good (claim app/data): attached, healthy", "Nothing wrong found")
+	for _, tc := range []struct{ claim, says string }{
+		{"app/nope", "no PersistentVolumeClaim nope in namespace app: check the name with `kubectl -n app get pvc`"},
+		{"app/waiting", "claim app/waiting is Pending, not bound to a volume yet"},
+		{"app/share", "claim app/share is bound to PersistentVolume nfs-share of driver nfs.csi.k8s.io, not of Cairn's driver storage.cairn.io"},
+	} {
+		if out, code = kc("doctor", tc.claim); code != 1 || !strings.Contains(out, tc.says) {
+			t.Errorf("doctor %s: exit %d (want 1), want %q in:\n%s", tc.claim, code, tc.says, out)
+		}
+	}
 	out, code = kc("doctor", "sick")
 	if code != 3 {
 		t.Fatalf("doctor sick exits %d, want 3 (not healthy):\n%s", code, out)
@@ -214,7 +257,7 @@ func TestPlugin(t *testing.T) {
 		t.Fatalf("doctor homeless exits %d", code)
 	}
 	out, code = kc("doctor", "nope")
-	if code != 1 || !strings.Contains(out, "no volume nope in cairn-system") {
+	if code != 1 || !strings.Contains(out, "no volume nope in cairn-system (for a claim, give NAMESPACE/CLAIM") {
 		t.Fatalf("doctor of a missing volume: %d %s", code, out)
 	}
 	// Salvage: what it waits for; giving up on a replica needs --yes and
