@@ -36,11 +36,13 @@ ENVTEST_ETCD_VERSION ?= 3.7.3
 
 PROTOC_GEN_GO_VERSION ?= v1.36.11
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
+GOLANGCI_LINT_VERSION ?= v2.15.0
 
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 KUSTOMIZE ?= $(LOCALBIN)/kustomize-$(KUSTOMIZE_VERSION)
 PROTOC_GEN_GO ?= $(LOCALBIN)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)
 PROTOC_GEN_GO_GRPC ?= $(LOCALBIN)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)
+GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 PROTOS := $(shell find dataplane/api -name '*.proto' 2>/dev/null)
 
 ##@ General
@@ -79,9 +81,10 @@ vet: ## Run go vet on both modules.
 	$(GO) vet ./... ./dataplane/...
 
 .PHONY: lint
-lint: vet ## go vet plus a gofmt check (fails on unformatted files).
+lint: vet $(GOLANGCI_LINT) ## go vet, a gofmt check (fails on unformatted files) and golangci-lint (.golangci.yml) over both modules.
 	@unformatted=$$(gofmt -s -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 	if [[ -n "$$unformatted" ]]; then echo "not gofmt -s formatted (run 'make fmt'):"; echo "$$unformatted"; exit 1; fi
+	$(GOLANGCI_LINT) run ./... ./dataplane/...
 
 .PHONY: verify
 verify: $(CONTROLLER_GEN) $(KUSTOMIZE) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate code and manifests and fail if that changes anything; build kustomizations.
@@ -229,5 +232,8 @@ $(PROTOC_GEN_GO): | $(LOCALBIN)
 $(PROTOC_GEN_GO_GRPC): | $(LOCALBIN)
 	hack/go-install-tool.sh $@ google.golang.org/grpc/cmd/protoc-gen-go-grpc $(PROTOC_GEN_GO_GRPC_VERSION)
 
+$(GOLANGCI_LINT): | $(LOCALBIN)
+	hack/go-install-tool.sh $@ github.com/golangci/golangci-lint/v2/cmd/golangci-lint $(GOLANGCI_LINT_VERSION)
+
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(KUSTOMIZE) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) envtest ## Install every pinned tool.
+tools: $(CONTROLLER_GEN) $(KUSTOMIZE) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(GOLANGCI_LINT) envtest ## Install every pinned tool.
