@@ -127,6 +127,12 @@ chaos: ## Randomized fault schedules against real processes: make chaos SCHEDULE
 	cd dataplane && $(GO) test -v -count=1 -timeout 0 -run '^TestChaos$$' ./test/chaos -args \
 	  -chaos.schedules=$(SCHEDULES) -chaos.seed=$(SEED) $(if $(FAULTS),-chaos.faults=$(FAULTS)) $(if $(UNSAFE),-chaos.unsafe-engine)
 
+.PHONY: chaos-cluster
+chaos-cluster: ## Whole-stack fault schedules on the e2e kind cluster (Cairn deployed): make chaos-cluster SCHEDULES=N SEED=S [STEPS=k] [FAULTS=a,b] (default 1 schedule).
+	$(GO) test -v -count=1 -timeout 0 -tags chaoscluster -run '^TestChaosCluster$$' ./test/chaoscluster -args \
+	  -chaoscluster.schedules=$(if $(filter command line environment,$(origin SCHEDULES)),$(SCHEDULES),1) -chaoscluster.seed=$(SEED) \
+	  $(if $(STEPS),-chaoscluster.steps=$(STEPS)) $(if $(FAULTS),-chaoscluster.faults=$(FAULTS))
+
 .PHONY: test-e2e
 test-e2e: build ## The e2e suite (test/e2e) on a three-node kind cluster with Cairn deployed from this tree; KEEP=1 keeps the cluster.
 	hack/test-e2e.sh
