@@ -159,56 +159,16 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 	if err != nil {
 		return fmt.Errorf("--instance-manager-selector %q: %w", disc.selector, err)
 	}
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(storagev1alpha1.AddToScheme(scheme))
-
-	cfg, err := ctrl.GetConfig()
+	mgr, err := newManager(metricsOpts, probeAddr, leaderElection, disc.namespace, sel)
 	if err != nil {
-		return fmt.Errorf("no Kubernetes configuration (set KUBECONFIG or run in a pod): %w", err)
-	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metricsOpts,
-		HealthProbeBindAddress: probeAddr,
-		LeaderElection:         leaderElection,
-		LeaderElectionID:       "cairn-manager.storage.cairn.io",
-		// Only the instance-manager pods are cached, not every pod of the
-		// cluster.
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}: {Namespaces: map[string]cache.Config{disc.namespace: {}}, Label: sel},
-		}},
-	})
-	if err != nil {
-		return fmt.Errorf("create manager: %w", err)
-	}
-	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
-		return fmt.Errorf("add health check: %w", err)
-	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
-		return fmt.Errorf("add ready check: %w", err)
+		return err
 	}
 	// One connection per instance manager, shared by every reconciler;
 	// mutual TLS with certificates from Cairn's own CA.
 	poolOpts := imclient.Options{Logger: ctrl.Log.WithName("imclient")}
-	var keys certs.VolumeKeys
-	var engineDial []grpc.DialOption
-	if pki.enabled {
-		ca := certs.New(certs.Options{Namespace: disc.namespace, CASecret: pki.caSecret, ServingSecret: pki.servingSecret,
-			Validity: pki.validity, Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Logger: ctrl.Log.WithName("certs")})
-		if err := mgr.Add(ca); err != nil {
-			return fmt.Errorf("add the certificate authority: %w", err)
-		}
-		if err := mgr.AddReadyzCheck("certificates", ca.Ready); err != nil {
-			return fmt.Errorf("add ready check: %w", err)
-		}
-		poolOpts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(ca.ClientTLS()))}
-		// Each volume's engine and replicas authenticate their data
-		// connections with a key derived from the CA Secret's master.
-		keys = ca
-		// Engines serve their control API with their instance manager's
-		// certificate.
-		engineDial = poolOpts.DialOptions
+	keys, engineDial, err := setupPKI(mgr, disc.namespace, pki, &poolOpts)
+	if err != nil {
+		return err
 	}
 	imr := instancemanager.NewReconciler(mgr.GetClient(), nil)
 	poolOpts.OnChange = imr.Changed
@@ -220,15 +180,8 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 	}
 	c := mgr.GetClient()
 	if disc.enabled {
-		d := &instancemanager.PodDiscovery{Client: c, Namespace: disc.namespace, Selector: sel}
-		if err := d.SetupWithManager(mgr); err != nil {
-			return fmt.Errorf("set up instance-manager discovery: %w", err)
-		}
-		// The readiness gate of the same pods: a rolling update of the
-		// DaemonSet goes to the next node once this one serves its
-		// volumes again.
-		if err := (&instancemanager.PodGate{Client: c, Namespace: disc.namespace, Selector: sel}).SetupWithManager(mgr); err != nil {
-			return fmt.Errorf("set up the instance-manager readiness gate: %w", err)
+		if err := setupDiscovery(mgr, disc.namespace, sel); err != nil {
+			return err
 		}
 	}
 	er := &engine.Reconciler{Client: c, Pool: pool, Keys: keys, DialOptions: engineDial}
@@ -248,9 +201,94 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)
 		}
 	}
-	// Prometheus metrics of volumes, replicas, disks and instance
-	// managers, and each running engine's I/O, read at scrape time and
-	// served with controller-runtime's own on --metrics-bind-address.
+	if err := setupObservability(mgr, er, uiAddr, disc.namespace); err != nil {
+		return err
+	}
+	ctrl.Log.WithName("setup").Info("starting cairn-manager")
+	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// newManager makes the controller-runtime manager with its health and
+// readiness checks; of the pods, only the instance managers' (namespace
+// and selector sel) are cached, not every pod of the cluster.
+func newManager(metricsOpts metricsserver.Options, probeAddr string, leaderElection bool, namespace string, sel labels.Selector) (ctrl.Manager, error) {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(storagev1alpha1.AddToScheme(scheme))
+
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no Kubernetes configuration (set KUBECONFIG or run in a pod): %w", err)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsOpts,
+		HealthProbeBindAddress: probeAddr,
+		LeaderElection:         leaderElection,
+		LeaderElectionID:       "cairn-manager.storage.cairn.io",
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}: {Namespaces: map[string]cache.Config{namespace: {}}, Label: sel},
+		}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("add health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("add ready check: %w", err)
+	}
+	return mgr, nil
+}
+
+// setupPKI adds Cairn's certificate authority to mgr when pki is enabled:
+// poolOpts then dials instance managers with mutual TLS, and it returns
+// the volumes' data-connection keys and the dial options for engines'
+// control APIs. Disabled: nil, nil.
+func setupPKI(mgr ctrl.Manager, namespace string, pki pkiFlags, poolOpts *imclient.Options) (certs.VolumeKeys, []grpc.DialOption, error) {
+	if !pki.enabled {
+		return nil, nil, nil
+	}
+	ca := certs.New(certs.Options{Namespace: namespace, CASecret: pki.caSecret, ServingSecret: pki.servingSecret,
+		Validity: pki.validity, Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Logger: ctrl.Log.WithName("certs")})
+	if err := mgr.Add(ca); err != nil {
+		return nil, nil, fmt.Errorf("add the certificate authority: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("certificates", ca.Ready); err != nil {
+		return nil, nil, fmt.Errorf("add ready check: %w", err)
+	}
+	poolOpts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(ca.ClientTLS()))}
+	// Each volume's engine and replicas authenticate their data
+	// connections with a key derived from the CA Secret's master; engines
+	// serve their control API with their instance manager's certificate.
+	return ca, poolOpts.DialOptions, nil
+}
+
+// setupDiscovery adds the instance-manager pods' discovery (an
+// InstanceManager per node with a ready pod) and their readiness gate: a
+// rolling update of the DaemonSet goes to the next node once this one
+// serves its volumes again.
+func setupDiscovery(mgr ctrl.Manager, namespace string, sel labels.Selector) error {
+	c := mgr.GetClient()
+	d := &instancemanager.PodDiscovery{Client: c, Namespace: namespace, Selector: sel}
+	if err := d.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up instance-manager discovery: %w", err)
+	}
+	if err := (&instancemanager.PodGate{Client: c, Namespace: namespace, Selector: sel}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the instance-manager readiness gate: %w", err)
+	}
+	return nil
+}
+
+// setupObservability registers the Prometheus collector (volumes,
+// replicas, disks, instance managers and each running engine's I/O, read
+// at scrape time and served with controller-runtime's own metrics on
+// --metrics-bind-address) and, unless uiAddr is "0", the read-only web
+// page (volumes, replicas by node, rebuilds, disks, events, and I/O
+// sparklines from its own samples of the engines).
+func setupObservability(mgr ctrl.Manager, er *engine.Reconciler, uiAddr, namespace string) error {
+	c := mgr.GetClient()
 	runningEngines := func() cairnmetrics.Engines {
 		if er.Engines == nil {
 			return nil
@@ -258,20 +296,18 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 		return er.Engines
 	}
 	ctrlmetrics.Registry.MustRegister(&cairnmetrics.Collector{Client: c, Logger: ctrl.Log.WithName("metrics"), Engines: runningEngines})
-	if uiAddr != "0" {
-		// The read-only page: volumes, replicas by node, rebuilds, disks,
-		// events, and I/O sparklines from its own samples of the engines.
-		page := &ui.Server{Client: c, Events: mgr.GetAPIReader(), Namespace: disc.namespace, Engines: runningEngines,
-			Logger: ctrl.Log.WithName("ui")}
-		if err := mgr.Add(page); err != nil {
-			return fmt.Errorf("add the web page's sampler: %w", err)
-		}
-		if err := mgr.Add(&httpServer{addr: uiAddr, handler: page}); err != nil {
-			return fmt.Errorf("add the web page: %w", err)
-		}
+	if uiAddr == "0" {
+		return nil
 	}
-	ctrl.Log.WithName("setup").Info("starting cairn-manager")
-	return mgr.Start(ctrl.SetupSignalHandler())
+	page := &ui.Server{Client: c, Events: mgr.GetAPIReader(), Namespace: namespace, Engines: runningEngines,
+		Logger: ctrl.Log.WithName("ui")}
+	if err := mgr.Add(page); err != nil {
+		return fmt.Errorf("add the web page's sampler: %w", err)
+	}
+	if err := mgr.Add(&httpServer{addr: uiAddr, handler: page}); err != nil {
+		return fmt.Errorf("add the web page: %w", err)
+	}
+	return nil
 }
 
 // httpServer serves handler on addr while the manager runs (in every

@@ -1,15 +1,18 @@
 // Package ui is Cairn's read-only web page, served by the manager
 // (--ui-bind-address) for `kubectl port-forward`: volumes with their
 // health and I/O sparklines, replicas by node, rebuild progress, disks and
-// recent events. It is rendered on the server (no script), from the
-// manager's cache, an uncached read of the events of its namespace, and a
-// short history of each running engine's I/O counters that it samples
-// itself.
+// recent events, each volume with the claim (PersistentVolumeClaim) of its
+// PersistentVolume. ?volume=NAME or ?volume=NAMESPACE/CLAIM shows one
+// volume. It is rendered on the server (no script), from the manager's
+// cache, uncached reads of the events of its namespace and of the
+// PersistentVolumes, and a short history of each running engine's I/O
+// counters that it samples itself.
 package ui
 
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -24,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/claims"
 	"github.com/cairn-io/cairn/controllers/display"
 	"github.com/cairn-io/cairn/controllers/metrics"
 )
@@ -45,6 +49,9 @@ type Server struct {
 	// Events reads the namespace's events without a cache (the
 	// manager's APIReader); nil: no events shown.
 	Events client.Reader
+	// Claims reads PersistentVolumes and claims without a cache (the
+	// manager's APIReader); nil: no claims shown, none accepted.
+	Claims client.Reader
 	// Namespace holds Cairn's objects and events.
 	Namespace string
 	// Engines gives the running engines to sample; nil: no I/O.
@@ -169,6 +176,9 @@ func spark(xs []float64) Spark {
 type (
 	pageData struct {
 		Namespace string
+		// Filter is the ?volume= asked for; Notice says why it shows
+		// nothing of it.
+		Filter, Notice string
 		Generated string
 		Volumes   []volumeRow
 		Nodes     []nodeRow
@@ -178,6 +188,7 @@ type (
 	}
 	volumeRow struct {
 		Name, State, Robustness, Size, Node string
+		Claim                               string // namespace/name; "" if none
 		Used                                string // status.actualSize; "" until reported
 		Replicas, RW                        int
 		Reads, Writes                       Spark
@@ -193,7 +204,7 @@ type (
 		Capacity, Available, Scheduled string
 		Used, ScheduledFrac            float64
 	}
-	replicaRow struct{ Name, Volume, Mode, State string }
+	replicaRow struct{ Name, Volume, Claim, Mode, State string }
 	rebuildRow struct {
 		Volume, Replica, Source, State, Kind, Done, Total string
 		Progress                                          float64
@@ -207,19 +218,23 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	d, err := s.data(r.Context())
+	d, err := s.data(r.Context(), strings.TrimSpace(r.URL.Query().Get("volume")))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	// The filter is a GET form to this page, and nothing else is allowed.
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
+	if d.Notice != "" {
+		w.WriteHeader(http.StatusNotFound)
+	}
 	if err := page.Execute(w, d); err != nil {
 		s.Logger.Error(err, "ui: render")
 	}
 }
 
-func (s *Server) data(ctx context.Context) (*pageData, error) {
+func (s *Server) data(ctx context.Context, filter string) (*pageData, error) {
 	in := client.InNamespace(s.Namespace)
 	var vols v1.VolumeList
 	var engs v1.EngineList
@@ -230,7 +245,14 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 			return nil, fmt.Errorf("list %T: %w", l, err)
 		}
 	}
-	d := &pageData{Namespace: s.Namespace, Generated: time.Now().UTC().Format(time.RFC3339), Counts: map[string]int{}}
+	d := &pageData{Namespace: s.Namespace, Generated: time.Now().UTC().Format(time.RFC3339), Counts: map[string]int{}, Filter: filter}
+	claimOf := s.claims(ctx)
+	only, notice, err := s.only(ctx, filter, vols.Items)
+	if err != nil {
+		return nil, err
+	}
+	d.Notice = notice
+	shown := func(vol string) bool { return only == "" || vol == only }
 	engineOf := map[string]*v1.Engine{} // by volume: a volume has one Engine
 	for i := range engs.Items {
 		engineOf[engs.Items[i].Spec.VolumeName] = &engs.Items[i]
@@ -242,8 +264,11 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 	}
 	s.mu.Unlock()
 	for _, v := range vols.Items {
+		if !shown(v.Name) {
+			continue
+		}
 		row := volumeRow{Name: v.Name, State: string(v.Status.State), Robustness: string(v.Status.Robustness),
-			Size: v.Spec.Size.String(), Node: v.Status.CurrentNodeName}
+			Size: v.Spec.Size.String(), Node: v.Status.CurrentNodeName, Claim: claimOf[v.Name]}
 		if v.Status.ActualSize != nil {
 			row.Used = v.Status.ActualSize.String()
 		}
@@ -302,7 +327,7 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 		}
 	}
 	for _, r := range reps.Items {
-		if r.Spec.NodeName == "" {
+		if r.Spec.NodeName == "" || !shown(r.Spec.VolumeName) {
 			continue
 		}
 		mode := ""
@@ -310,7 +335,8 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 			mode = string(e.Status.ReplicaModeMap[r.Name])
 		}
 		nr := nodeOf(r.Spec.NodeName)
-		nr.Replicas = append(nr.Replicas, replicaRow{Name: r.Name, Volume: r.Spec.VolumeName, Mode: mode, State: string(r.Status.InstanceState)})
+		nr.Replicas = append(nr.Replicas, replicaRow{Name: r.Name, Volume: r.Spec.VolumeName, Claim: claimOf[r.Spec.VolumeName],
+			Mode: mode, State: string(r.Status.InstanceState)})
 	}
 	for _, nr := range byNode {
 		sort.Slice(nr.Replicas, func(i, j int) bool { return nr.Replicas[i].Name < nr.Replicas[j].Name })
@@ -318,6 +344,9 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 	}
 	sort.Slice(d.Nodes, func(i, j int) bool { return d.Nodes[i].Name < d.Nodes[j].Name })
 	for _, e := range engs.Items {
+		if !shown(e.Spec.VolumeName) {
+			continue
+		}
 		for rep, st := range e.Status.RebuildStatus {
 			rr := rebuildRow{Volume: e.Spec.VolumeName, Replica: rep, Source: st.SourceReplica, State: string(st.State),
 				Kind: "full", Done: display.Bytes(st.BytesDone), Total: display.Bytes(st.BytesTotal)}
@@ -345,4 +374,55 @@ func (s *Server) data(ctx context.Context) (*pageData, error) {
 		}
 	}
 	return d, nil
+}
+
+// claims maps each volume to its claim ("namespace/name"); none if the
+// PersistentVolumes cannot be read (the page shows the rest).
+func (s *Server) claims(ctx context.Context) map[string]string {
+	out := map[string]string{}
+	if s.Claims == nil {
+		return out
+	}
+	byVolume, err := claims.List(ctx, s.Claims)
+	if err != nil {
+		s.Logger.V(1).Info("ui: claims not read", "error", err.Error())
+		return out
+	}
+	for vol, ref := range byVolume {
+		out[vol] = ref.String()
+	}
+	return out
+}
+
+// only resolves the ?volume= filter (a Volume's name, or a claim as
+// NAMESPACE/NAME) to the volume to show alone. A filter that names no
+// volume of the namespace gives a notice saying why (and every volume is
+// shown); only a failed read of the API server is an error.
+func (s *Server) only(ctx context.Context, filter string, vols []v1.Volume) (vol, notice string, err error) {
+	if filter == "" {
+		return "", "", nil
+	}
+	vol = filter
+	if ref, ok := claims.ParseClaim(filter); ok {
+		if s.Claims == nil {
+			return "", "this page reads no claims: give the volume's name (the claim's spec.volumeName)", nil
+		}
+		vol, err = claims.VolumeOf(ctx, s.Claims, ref)
+		if errors.Is(err, claims.ErrNoClaim) || errors.Is(err, claims.ErrNotBound) ||
+			errors.Is(err, claims.ErrNoPersistentVolume) || errors.Is(err, claims.ErrOtherDriver) {
+			return "", err.Error(), nil
+		}
+		if err != nil {
+			return "", "", err
+		}
+	}
+	for i := range vols {
+		if vols[i].Name == vol {
+			return vol, "", nil
+		}
+	}
+	if vol != filter {
+		return "", fmt.Sprintf("claim %s is bound to volume %s, which is not in namespace %s", filter, vol, s.Namespace), nil
+	}
+	return "", fmt.Sprintf("no volume %s in namespace %s (a claim is given as NAMESPACE/NAME)", filter, s.Namespace), nil
 }

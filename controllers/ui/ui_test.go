@@ -109,13 +109,17 @@ func TestPage(t *testing.T) {
 			Type: ev.typ, Reason: ev.reason, Message: ev.msg, LastTimestamp: metav1.NewTime(now.Add(time.Duration(i) * time.Minute))}, nil)
 	}
 
-	resp, page := get(g, &Server{Client: k8sClient, Events: k8sClient, Namespace: ns}, "/")
+	g.Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ui-page-app"}})).To(Succeed())
+	boundClaim(g, "ui-page-app", "data", "vol-a")
+	srv := &Server{Client: k8sClient, Events: k8sClient, Claims: k8sClient, Namespace: ns}
+	resp, page := get(g, srv, "/")
 	g.Expect(resp.StatusCode).To(Equal(http.StatusOK))
 	g.Expect(resp.Header.Get("Content-Type")).To(Equal("text/html; charset=utf-8"))
 	g.Expect(resp.Header.Get("Content-Security-Policy")).To(ContainSubstring("default-src 'none'"), "the page runs no script")
 	g.Expect(page).To(ContainSubstring("2 volumes: 0 healthy, 1 degraded, 0 faulted"))
 
 	rowA := section(page, `<tr class="volume" data-volume="vol-a">`, "</tr>")
+	g.Expect(rowA).To(ContainSubstring(`<td class="claim"><a href="?volume=ui-page-app%2fdata">ui-page-app/data</a></td>`), "the volume's claim")
 	g.Expect(rowA).To(ContainSubstring(`<span class="badge attached">attached</span>`))
 	g.Expect(rowA).To(ContainSubstring(`<span class="badge degraded">degraded</span>`))
 	g.Expect(rowA).To(ContainSubstring(`<td class="used">12Mi</td>`))
@@ -126,6 +130,7 @@ func TestPage(t *testing.T) {
 	g.Expect(rowA).NotTo(ContainSubstring(`class="spark`), "no sparkline without samples")
 
 	rowB := section(page, `<tr class="volume" data-volume="vol-b">`, "</tr>")
+	g.Expect(rowB).To(ContainSubstring(`<td class="claim"><span class="muted">-</span></td>`), "no claim")
 	g.Expect(rowB).To(ContainSubstring(`<span class="badge unknown">unknown</span>`))
 	g.Expect(rowB).To(ContainSubstring(`&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; waits`))
 	g.Expect(page).NotTo(ContainSubstring("<script>"), "text from objects is escaped")
@@ -138,7 +143,8 @@ func TestPage(t *testing.T) {
 	n1 := section(page, `<div class="node" data-node="n1">`, "</table>")
 	g.Expect(n1).To(ContainSubstring(`<span class="sched" style="width: 50%"></span><span style="width: 75%"></span>`))
 	g.Expect(n1).To(ContainSubstring("25.0 GiB free of 100.0 GiB, 50.0 GiB scheduled"))
-	g.Expect(n1).To(ContainSubstring(`<td>vol-a-r1</td><td class="muted">vol-a</td><td><span class="badge RW">RW</span></td><td><span class="badge running">running</span></td>`))
+	g.Expect(n1).To(ContainSubstring(`<td class="replica-name">vol-a-r1<div class="muted">vol-a · ui-page-app/data</div></td>` +
+		`<td class="pills"><span class="badge RW">RW</span><span class="badge running">running</span></td>`))
 	n2 := section(page, `<div class="node" data-node="n2">`, "</table>")
 	g.Expect(n2).To(ContainSubstring(`<span class="badge WO">WO</span>`), "a node with replicas and no StorageNode is shown")
 	g.Expect(page).NotTo(ContainSubstring("vol-b-r1"), "an unplaced replica is on no node")
@@ -149,6 +155,30 @@ func TestPage(t *testing.T) {
 
 	resp, _ = get(g, &Server{Client: k8sClient, Namespace: ns}, "/other")
 	g.Expect(resp.StatusCode).To(Equal(http.StatusNotFound))
+
+	// One volume, by its claim or its name: only its row, replicas and
+	// rebuilds.
+	for _, filter := range []string{"ui-page-app/data", "vol-a"} {
+		resp, page = get(g, srv, "/?volume="+filter)
+		g.Expect(resp.StatusCode).To(Equal(http.StatusOK), filter)
+		g.Expect(page).To(ContainSubstring(`data-volume="vol-a"`), filter)
+		g.Expect(page).NotTo(ContainSubstring(`data-volume="vol-b"`), filter)
+		g.Expect(page).To(ContainSubstring(`value="`+filter+`"`), "the form shows what was asked")
+		g.Expect(page).NotTo(ContainSubstring(`id="notice"`))
+	}
+	resp, page = get(g, srv, "/?volume=vol-b")
+	g.Expect(page).NotTo(ContainSubstring(`data-replica="vol-a-r1"`), "another volume's replicas")
+	// A filter that names no volume: 404, a notice with the cause, and
+	// every volume.
+	for filter, says := range map[string]string{
+		"ui-page-app/nope": "no PersistentVolumeClaim nope in namespace ui-page-app",
+		"nope":             "no volume nope in namespace ui-page",
+	} {
+		resp, page = get(g, srv, "/?volume="+filter)
+		g.Expect(resp.StatusCode).To(Equal(http.StatusNotFound), filter)
+		g.Expect(section(page, `<p class="notice" id="notice">`, "</p>")).To(ContainSubstring(says))
+		g.Expect(page).To(ContainSubstring(`data-volume="vol-b"`), filter)
+	}
 }
 
 // failing is an API server that cannot be read.
