@@ -179,12 +179,12 @@ type (
 		// Filter is the ?volume= asked for; Notice says why it shows
 		// nothing of it.
 		Filter, Notice string
-		Generated string
-		Volumes   []volumeRow
-		Nodes     []nodeRow
-		Rebuilds  []rebuildRow
-		Events    []eventRow
-		Counts    map[string]int
+		Generated      string
+		Volumes        []volumeRow
+		Nodes          []nodeRow
+		Rebuilds       []rebuildRow
+		Events         []eventRow
+		Counts         map[string]int
 	}
 	volumeRow struct {
 		Name, State, Robustness, Size, Node string
