@@ -153,7 +153,9 @@ func (r *runner) killEngine(ctx context.Context, vol string) error {
 	if err != nil || im == "" {
 		return fmt.Errorf("no instance-manager pod on %s: %v", node, err)
 	}
-	pattern := fmt.Sprintf("cairn-data engine .*%s", vol)
+	// [c] keeps pkill from matching a shell whose command line holds the
+	// pattern.
+	pattern := fmt.Sprintf("[c]airn-data engine .*%s", vol)
 	_, err = c.kubectl(ctx, "", "-n", cairnNS, "exec", im, "-c", "instance-manager", "--", "pkill", "-KILL", "-f", pattern)
 	var exit *exec.ExitError
 	if errors.As(err, &exit) && exit.ExitCode() == 1 {
@@ -161,7 +163,7 @@ func (r *runner) killEngine(ctx context.Context, vol string) error {
 	}
 	if err != nil {
 		c.logf("    kubectl exec pkill in %s: %v; killing from the node", im, err)
-		_, err = c.nodeExec(ctx, node, fmt.Sprintf("pkill -KILL -f '%s'", pattern))
+		_, err = run(ctx, "", "docker", "exec", node, "pkill", "-KILL", "-f", pattern)
 	}
 	return err
 }
