@@ -83,7 +83,7 @@ func (r *runner) deleteWorkloads(ctx context.Context) (map[string][]string, erro
 			}
 		}
 	}
-	if _, err := c.kubectl(ctx, "", "delete", "namespace", workNS, "--ignore-not-found", "--wait=true", "--timeout=5m"); err != nil {
+	if _, err := c.kubectlFor(ctx, 6*time.Minute, "delete", "namespace", workNS, "--ignore-not-found", "--wait=true", "--timeout=5m"); err != nil {
 		return dirs, err
 	}
 	err := poll(ctx, goneBound, 2*time.Second, func() (bool, error) {

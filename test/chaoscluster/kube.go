@@ -34,9 +34,16 @@ type cluster struct {
 	controlPlane string
 }
 
-// run runs a command with stdin and returns its trimmed stdout.
+// run runs a command with stdin and returns its trimmed stdout, within
+// commandTimeout.
 func run(ctx context.Context, stdin string, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, deadline.Scale(commandTimeout))
+	return runFor(ctx, commandTimeout, stdin, name, args...)
+}
+
+// runFor is run within timeout (scaled), for commands that wait
+// themselves (kubectl wait, delete --wait).
+func runFor(ctx context.Context, timeout time.Duration, stdin string, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, deadline.Scale(timeout))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	var out, errb bytes.Buffer
@@ -53,6 +60,11 @@ func run(ctx context.Context, stdin string, name string, args ...string) (string
 // kubectl runs kubectl in the cluster's context.
 func (c *cluster) kubectl(ctx context.Context, stdin string, args ...string) (string, error) {
 	return run(ctx, stdin, "kubectl", append([]string{"--context", c.context}, args...)...)
+}
+
+// kubectlFor runs kubectl within timeout.
+func (c *cluster) kubectlFor(ctx context.Context, timeout time.Duration, args ...string) (string, error) {
+	return runFor(ctx, timeout, "", "kubectl", append([]string{"--context", c.context}, args...)...)
 }
 
 // getJSON decodes `kubectl get ... -o json` into v.

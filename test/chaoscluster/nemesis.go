@@ -157,13 +157,16 @@ func (r *runner) killEngine(ctx context.Context, vol string) error {
 	// pattern.
 	pattern := fmt.Sprintf("[c]airn-data engine .*%s", vol)
 	_, err = c.kubectl(ctx, "", "-n", cairnNS, "exec", im, "-c", "instance-manager", "--", "pkill", "-KILL", "-f", pattern)
+	if err == nil {
+		return nil
+	}
+	// kubectl exits 1 both when pkill found nothing and when the image
+	// has no pkill: the node's own pkill tells the two apart.
+	c.logf("    kubectl exec pkill in %s: %v; killing from the node", im, err)
+	_, err = run(ctx, "", "docker", "exec", node, "pkill", "-KILL", "-f", pattern)
 	var exit *exec.ExitError
 	if errors.As(err, &exit) && exit.ExitCode() == 1 {
-		return fmt.Errorf("no engine process of %s in %s", vol, im)
-	}
-	if err != nil {
-		c.logf("    kubectl exec pkill in %s: %v; killing from the node", im, err)
-		_, err = run(ctx, "", "docker", "exec", node, "pkill", "-KILL", "-f", pattern)
+		return fmt.Errorf("no engine process of %s on %s", vol, node)
 	}
 	return err
 }

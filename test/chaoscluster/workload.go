@@ -158,7 +158,7 @@ func (r *runner) startWorkloads(ctx context.Context) error {
 		}
 	}
 	for _, w := range r.workloads {
-		if _, err := c.kubectl(ctx, "", "-n", workNS, "wait", "pod/"+w.name, "--for=condition=Ready", "--timeout=300s"); err != nil {
+		if _, err := c.kubectlFor(ctx, 6*time.Minute, "-n", workNS, "wait", "pod/"+w.name, "--for=condition=Ready", "--timeout=300s"); err != nil {
 			desc, _ := c.kubectl(ctx, "", "-n", workNS, "describe", "pod", w.name)
 			return fmt.Errorf("pod %s not ready: %w\n%s", w.name, err, desc)
 		}
