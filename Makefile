@@ -137,6 +137,10 @@ chaos-cluster: ## Whole-stack fault schedules on the e2e kind cluster (Cairn dep
 test-e2e: build ## The e2e suite (test/e2e) on a three-node kind cluster with Cairn deployed from this tree; KEEP=1 keeps the cluster.
 	hack/test-e2e.sh
 
+.PHONY: test-conformance
+test-conformance: ## Kubernetes' CSI driver suites (External Storage) against Cairn on the e2e kind cluster: test/driver.yaml, a skip list with reasons, a summary (hack/test-conformance.sh; long, see docs/csi.md#conformance).
+	hack/test-conformance.sh
+
 .PHONY: demo demo-kind
 demo: build ## See it work on Kubernetes: a three-node kind cluster (node image built offline the first time: minutes), Cairn deployed, a PVC written by a pod, a replica's node stopped and back, the repair shown live, the data verified.
 	hack/demo-kind.sh
