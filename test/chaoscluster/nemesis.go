@@ -38,7 +38,10 @@ func (h *heals) add(key string, f func(context.Context) error) {
 	h.m[key] = f
 }
 
-// heal runs and forgets the healer of key.
+// heal runs the healer of key and forgets it once it succeeded (a
+// healer that failed stays, for healAll at the end to try again). It
+// runs on ctx's values without its cancellation: an interrupt must not
+// leave a node stopped.
 func (h *heals) heal(ctx context.Context, key string) error {
 	h.mu.Lock()
 	f := h.m[key]
@@ -47,7 +50,11 @@ func (h *heals) heal(ctx context.Context, key string) error {
 	if f == nil {
 		return nil
 	}
-	return f(ctx)
+	if err := f(context.WithoutCancel(ctx)); err != nil {
+		h.add(key, f)
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	return nil
 }
 
 // healAll runs every healer left.

@@ -135,6 +135,9 @@ func (r *runner) step(ctx context.Context, i int, s Step) (string, error) {
 		}
 		line += fmt.Sprintf(" (held %s, healed in %s)", s.Hold, time.Since(healing).Round(time.Second))
 	}
+	if ctx.Err() != nil {
+		return line + " (interrupted)", nil // check() waits for the volumes
+	}
 	if s.Overlap {
 		return line + ", next step at once", nil
 	}
