@@ -9,6 +9,7 @@ import (
 
 	"github.com/cairn-io/cairn/dataplane/engine"
 	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestCloneFromSnapshot: a volume of three replicas is filled from
@@ -44,14 +45,14 @@ func TestCloneFromSnapshot(t *testing.T) {
 	}
 
 	dst, dstReps := cluster(t, 3, size)
-	source, err := replicaclient.DialSource(srcReps[1].ctl, 5*time.Second, nil)
+	source, err := replicaclient.DialSource(srcReps[1].ctl, deadline.Scale(5*time.Second), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := dst.CloneFrom(source, srcReps[1].ctl, "snap-1"); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, deadline.Scale(60*time.Second))
 	defer cancel()
 	st, err := dst.WaitClone(wctx)
 	if err != nil || st.State != engine.RebuildComplete {
@@ -77,7 +78,7 @@ func TestCloneFromSnapshot(t *testing.T) {
 	}
 
 	// Asked again (a controller retrying): the completed copy stands.
-	again, err := replicaclient.DialSource(srcReps[1].ctl, 5*time.Second, nil)
+	again, err := replicaclient.DialSource(srcReps[1].ctl, deadline.Scale(5*time.Second), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,14 +97,14 @@ func TestCloneFromMissingSnapshotFails(t *testing.T) {
 	ctx := context.Background()
 	_, srcReps := cluster(t, 1, size)
 	dst, _ := cluster(t, 1, size)
-	source, err := replicaclient.DialSource(srcReps[0].ctl, 5*time.Second, nil)
+	source, err := replicaclient.DialSource(srcReps[0].ctl, deadline.Scale(5*time.Second), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := dst.CloneFrom(source, srcReps[0].ctl, "nope"); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, deadline.Scale(30*time.Second))
 	defer cancel()
 	st, err := dst.WaitClone(wctx)
 	if err != nil || st.State != engine.RebuildFailed || st.Error == "" {
@@ -123,14 +124,14 @@ func TestCloneRefusesSourceBiggerThanVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst, _ := cluster(t, 1, 4<<20)
-	source, err := replicaclient.DialSource(srcReps[0].ctl, 5*time.Second, nil)
+	source, err := replicaclient.DialSource(srcReps[0].ctl, deadline.Scale(5*time.Second), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := dst.CloneFrom(source, srcReps[0].ctl, "s"); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, deadline.Scale(30*time.Second))
 	defer cancel()
 	if st, err := dst.WaitClone(wctx); err != nil || st.State != engine.RebuildFailed {
 		t.Fatalf("clone of a bigger source: %+v, %v", st, err)

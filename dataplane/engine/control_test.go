@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cairn-io/cairn/dataplane/engine"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // hung wraps a real replica client whose control calls named in hang do
@@ -66,9 +67,11 @@ func testDone(t *testing.T) <-chan struct{} {
 	return done
 }
 
-// within runs fn and fails the test if it has not returned by d.
+// within runs fn and fails the test if it has not returned by d (scaled
+// by the suite's deadline factor).
 func within(t *testing.T, d time.Duration, what string, fn func()) {
 	t.Helper()
+	d = deadline.Scale(d)
 	done := make(chan struct{})
 	go func() { defer close(done); fn() }()
 	select {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cairn-io/cairn/dataplane/engine"
 	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 	"github.com/cairn-io/cairn/dataplane/volcrypt"
 )
 
@@ -251,14 +252,14 @@ func TestEncryptedCloneCopiesCiphertext(t *testing.T) {
 	}
 
 	dst, dstReps := encryptedCluster(t, 2, size, c)
-	source, err := replicaclient.DialSource(srcReps[1].ctl, 5*time.Second, nil)
+	source, err := replicaclient.DialSource(srcReps[1].ctl, deadline.Scale(5*time.Second), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := dst.CloneFrom(source, srcReps[1].ctl, "s1"); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, deadline.Scale(60*time.Second))
 	defer cancel()
 	if st, err := dst.WaitClone(wctx); err != nil || st.State != engine.RebuildComplete {
 		t.Fatalf("clone: %+v, %v", st, err)

@@ -19,6 +19,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
 	"github.com/cairn-io/cairn/dataplane/replica"
 	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // testReplica is a real replica served on loopback in this process.
@@ -36,9 +37,9 @@ func listenOn(t *testing.T, addr string) net.Listener {
 	t.Helper()
 	var l net.Listener
 	var err error
-	deadline := time.Now().Add(10 * time.Second)
+	until := deadline.After(10 * time.Second)
 	for {
-		if l, err = net.Listen("tcp", addr); err == nil || time.Now().After(deadline) {
+		if l, err = net.Listen("tcp", addr); err == nil || time.Now().After(until) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond) // the old socket is still closing
@@ -71,9 +72,14 @@ func startReplica(t *testing.T, dir string, size int64, addr string) *testReplic
 
 func (tr *testReplica) kill() { tr.killOnce.Do(tr.run.Kill) }
 
+// dialer dials replicas with the data client's failure detection scaled
+// like the tests' deadlines: a replica is failed by these timeouts only
+// when it stops answering, which no test that uses dialer relies on (a
+// killed replica's connections break at once), and a loaded machine must
+// not fail a live one.
 func dialer() engine.Dialer {
 	return replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{
-		Conns: 2, RequestTimeout: 5 * time.Second, PingInterval: 200 * time.Millisecond, PingTimeout: 2 * time.Second}})
+		Conns: 2, RequestTimeout: deadline.Scale(5 * time.Second), PingInterval: 200 * time.Millisecond, PingTimeout: deadline.Scale(2 * time.Second)}})
 }
 
 func cluster(t *testing.T, n int, size int64) (*engine.Engine, []*testReplica) {
@@ -208,9 +214,9 @@ func (v *verifier) check(t *testing.T, read func(p []byte, off int64) error) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	until := deadline.After(60 * time.Second)
 	for !cond() {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -596,24 +602,73 @@ func TestReadsNeverTorn(t *testing.T) {
 	t.Logf("%d reads, none torn", reads)
 }
 
+// tailGate wraps the replica being rebuilt: the rebuild's copy into its
+// layers at or past from waits until release is called (or its context
+// ends), and held records that such a copy came.
+type tailGate struct {
+	engine.Replica
+	from    int64
+	gate    chan struct{}
+	release func()
+	held    atomic.Bool
+}
+
+func newTailGate(from int64) *tailGate {
+	g := &tailGate{from: from, gate: make(chan struct{})}
+	g.release = sync.OnceFunc(func() { close(g.gate) })
+	return g
+}
+
+func (g *tailGate) WriteLayer(ctx context.Context, name string, p []byte, off int64) error {
+	if off+int64(len(p)) > g.from {
+		g.held.Store(true)
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return g.Replica.WriteLayer(ctx, name, p, off)
+}
+
 // TestTrimAndPartialWriteDuringRebuild: a trim and a sub-block write that
 // reach the new replica before the rebuild copy has reached those blocks
-// must win over the older data copied in afterwards.
+// must win over the older data copied in afterwards. The copy of the end
+// of the volume is held until both are acknowledged, so they come first
+// however fast or slow the machine is.
 func TestTrimAndPartialWriteDuringRebuild(t *testing.T) {
 	ctx := context.Background()
-	const size = 64 << 20
-	e, reps := cluster(t, 2, size)
+	const size = 16 << 20 // four rebuild chunks
+	trimAt, partAt := int64(size-8192), int64(size-16384+100)
+	var reps []*testReplica
+	var addrs []string
+	for i := range 2 {
+		reps = append(reps, startReplica(t, filepath.Join(t.TempDir(), fmt.Sprint("r", i)), size, ""))
+		addrs = append(addrs, reps[i].addr)
+	}
+	fresh := startReplica(t, filepath.Join(t.TempDir(), "fresh"), size, "")
+	gate := newTailGate(partAt - partAt%4096)
+	t.Cleanup(gate.release) // before the engine is closed
+	dial := dialer()
+	e, err := engine.Open(ctx, engine.Options{Name: "test", Replicas: addrs, Dial: func(ctx context.Context, addr string) (engine.Replica, error) {
+		r, err := dial(ctx, addr)
+		if err != nil || addr != fresh.addr {
+			return r, err
+		}
+		gate.Replica = r
+		return gate, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
 	old := pattern(3, size)
 	if err := e.WriteAt(ctx, old, 0, false); err != nil {
 		t.Fatal(err)
 	}
-	fresh := startReplica(t, filepath.Join(t.TempDir(), "fresh"), size, "")
 	if err := e.AddReplica(ctx, fresh.addr); err != nil {
 		t.Fatal(err)
 	}
-	// The copy goes from offset 0 upwards: the end of the volume is copied
-	// last, after these.
-	trimAt, partAt := int64(size-8192), int64(size-16384+100)
 	if err := e.Unmap(ctx, trimAt, 8192); err != nil {
 		t.Fatal(err)
 	}
@@ -621,9 +676,18 @@ func TestTrimAndPartialWriteDuringRebuild(t *testing.T) {
 	if err := e.WriteAt(ctx, part, partAt, false); err != nil {
 		t.Fatal(err)
 	}
-	st, err := e.WaitRebuild(ctx, fresh.addr)
+	if m := modes(e)[fresh.addr]; m != "WO" {
+		t.Fatalf("the new replica is %s while its copy is held, want WO (being rebuilt)", m)
+	}
+	gate.release()
+	wctx, cancel := context.WithTimeout(ctx, deadline.Scale(60*time.Second))
+	defer cancel()
+	st, err := e.WaitRebuild(wctx, fresh.addr)
 	if err != nil || st.State != engine.RebuildComplete {
 		t.Fatalf("rebuild: %+v %v", st, err)
+	}
+	if !gate.held.Load() {
+		t.Fatal("the rebuild copied nothing into the blocks trimmed and written: the test checks nothing")
 	}
 	want := append([]byte(nil), old...)
 	clear(want[trimAt:])

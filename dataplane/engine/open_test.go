@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cairn-io/cairn/dataplane/engine"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // closedPort returns a loopback address nothing listens on.
@@ -38,7 +39,7 @@ func closedPort(t *testing.T) string {
 // and ErrReplicasMissing.
 func TestOpenErrorKeepsCauses(t *testing.T) {
 	open := func(addr string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(2*time.Second))
 		defer cancel()
 		_, err := engine.Open(ctx, engine.Options{Replicas: []string{addr}, Dial: dialer(), WaitInterval: 100 * time.Millisecond})
 		return err

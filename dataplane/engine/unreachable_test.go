@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/cairn-io/cairn/dataplane/engine"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // logRecorder keeps what a logger was given, one line per call.
@@ -163,7 +164,7 @@ func TestOpenWithoutUnreachableReplicasWhenSafe(t *testing.T) {
 	t.Cleanup(func() { e2.Close() })
 	// Bounded by the connect timeout; the limit is generous for a loaded
 	// machine, far below what a hung connect would take.
-	if took := time.Since(began); took > 10*connectTimeout {
+	if took := time.Since(began); took > deadline.Scale(10*connectTimeout) {
 		t.Fatalf("open took %v with a connect timeout of %v", took, connectTimeout)
 	}
 	if l := rec.find("still connecting", hole.addr); l == "" || strings.Contains(l, closed) {
@@ -254,7 +255,7 @@ func TestOpenWaitsForReplicaThatMayHoldNewestData(t *testing.T) {
 		t.Fatal(err)
 	}
 	var rec logRecorder
-	short, cancel := context.WithTimeout(ctx, 3*time.Second)
+	short, cancel := context.WithTimeout(ctx, deadline.Scale(3*time.Second))
 	_, err = engine.Open(short, opts(&rec, make(chan engine.Waiting, 1)))
 	cancel()
 	if !errors.Is(err, engine.ErrReplicasMissing) || !strings.Contains(err.Error(), hole.addr) || !strings.Contains(err.Error(), survivor) {
@@ -276,7 +277,7 @@ func TestOpenWaitsForReplicaThatMayHoldNewestData(t *testing.T) {
 		e, err := engine.Open(ctx, opts(&rec, waits))
 		opened <- result{e, err}
 	}()
-	deadline := time.After(60 * time.Second)
+	giveUp := time.After(deadline.Scale(60 * time.Second))
 	for seen := false; !seen; {
 		select {
 		case w := <-waits:
@@ -286,7 +287,7 @@ func TestOpenWaitsForReplicaThatMayHoldNewestData(t *testing.T) {
 				r.e.Close()
 			}
 			t.Fatalf("Open returned (%v) while the replica that may hold the newest data did not answer", r.err)
-		case <-deadline:
+		case <-giveUp:
 			t.Fatalf("no Waiting naming %s and replica %s; log:\n%s", hole.addr, survivor, rec.String())
 		}
 	}
@@ -298,7 +299,7 @@ func TestOpenWaitsForReplicaThatMayHoldNewestData(t *testing.T) {
 	var r result
 	select {
 	case r = <-opened:
-	case <-time.After(60 * time.Second):
+	case <-time.After(deadline.Scale(60 * time.Second)):
 		t.Fatalf("Open did not return once the replica answered; log:\n%s", rec.String())
 	}
 	if r.err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
 	"github.com/cairn-io/cairn/dataplane/replica"
 	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // These tests run the control API as the engine process serves it: real
@@ -31,7 +32,7 @@ import (
 // gRPC connection (bufconn) the test calls as a client would.
 
 // within bounds every wait: generous, for a loaded machine.
-const within = 60 * time.Second
+var within = deadline.Scale(60 * time.Second)
 
 const size = 8 << 20
 
@@ -57,7 +58,7 @@ func startReplica(t *testing.T) string {
 }
 
 func dialer() engine.Dialer {
-	return replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{Conns: 2, RequestTimeout: 10 * time.Second}})
+	return replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{Conns: 2, RequestTimeout: deadline.Scale(10 * time.Second)}})
 }
 
 // resizer records the sizes the server asks the frontend's device to
