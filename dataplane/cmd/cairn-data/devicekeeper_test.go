@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // The engine restart tests: a volume with the fuse frontend and a device
@@ -32,14 +33,17 @@ const (
 	fsSize        = "128M" // ext4 on the first 128 MiB
 	rawBase       = 160 << 20
 	rawBlocks     = 4096 // 16 MiB of 4 KiB blocks from rawBase
+)
+
+var (
 	// pauseBound is what the test tolerates as one I/O's wait; the
 	// target is under 10 s (the pause is printed, not asserted against
 	// the target: the machine may be loaded).
-	pauseBound = 60 * time.Second
+	pauseBound = deadline.Scale(60 * time.Second)
 	// keeperHold is the test keepers' --hold-for: above any pause here,
 	// and short enough that a failed test's writers, waiting on a device
 	// no engine serves, get their error and let the test end.
-	keeperHold = "90s"
+	keeperHold = deadline.Scale(90 * time.Second).String()
 )
 
 // ioLoad is the application: the two writers and what they saw.
@@ -181,12 +185,12 @@ func (l *ioLoad) appendRecords(f *os.File) {
 func (l *ioLoad) waitProgress(t *testing.T, n int64, what string) {
 	t.Helper()
 	raw, recs := l.rawOps.Load(), l.records.Load()
-	deadline := time.Now().Add(2 * pauseBound)
+	until := deadline.After(2 * pauseBound)
 	for l.rawOps.Load() < raw+n || l.records.Load() < recs+n {
 		if errs := l.errors(); len(errs) > 0 {
 			t.Fatalf("%s: the application saw I/O errors: %v", what, errs)
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("%s: the writers made no progress in %v (raw %d -> %d, records %d -> %d)", what, 2*pauseBound, raw, l.rawOps.Load(), recs, l.records.Load())
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -197,10 +201,10 @@ func (l *ioLoad) waitProgress(t *testing.T, n int64, what string) {
 // its write is held somewhere below.
 func (l *ioLoad) waitStuck(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(pauseBound)
+	until := deadline.After(pauseBound)
 	last, since := l.rawOps.Load(), time.Now()
 	for time.Since(since) < 300*time.Millisecond {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatal("the writer never waited on the stopped replica")
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -298,9 +302,9 @@ func newRestartSetup(t *testing.T) *restartSetup {
 // waitLog waits until p's log says what.
 func waitLog(t *testing.T, p *proc, what string) {
 	t.Helper()
-	deadline := time.Now().Add(pauseBound)
+	until := deadline.After(pauseBound)
 	for !strings.Contains(p.stderr.String(), what) {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("the log never said %q:\n%s", what, p.stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -346,9 +350,9 @@ func (s *restartSetup) finish(t *testing.T) {
 	if mounted(s.fuseDir) {
 		t.Fatal("the FUSE mount was left behind")
 	}
-	deadline := time.Now().Add(pauseBound)
+	until := deadline.After(pauseBound)
 	for loopAttached(s.dev) {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("%s is still attached after the engine stopped", s.dev)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -553,9 +557,9 @@ func TestFUSEInstanceManagerRestartIsAPause(t *testing.T) {
 	if _, err := im.c.ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: "vol-e"}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(pauseBound)
+	until := deadline.After(pauseBound)
 	for loopAttached(dev) {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("%s is still attached after the engine was deleted", dev)
 		}
 		time.Sleep(50 * time.Millisecond)

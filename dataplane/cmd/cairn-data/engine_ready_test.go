@@ -16,6 +16,7 @@ import (
 
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // startReady starts cairn-data with args and --ready-fd 3, descriptor 3
@@ -54,7 +55,7 @@ func startReady(t *testing.T, args ...string) (*proc, ready.Report) {
 	var res result
 	select {
 	case res = <-got:
-	case <-time.After(2 * time.Minute):
+	case <-time.After(deadline.Scale(2 * time.Minute)):
 		t.Fatalf("no ready report from cairn-data %v\n%s", args, p.stderr.String())
 	}
 	if res.err != nil {

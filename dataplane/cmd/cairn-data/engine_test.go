@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 func needTool(t *testing.T, tool string) {
@@ -220,13 +221,13 @@ func TestEngineRevertRefusedWhileInUse(t *testing.T) {
 	c.Close()
 	qemuIO(t, v.uri, "read -P 0x22 0 1M") // unchanged
 
-	deadline := time.Now().Add(10 * time.Second)
+	until := deadline.After(10 * time.Second)
 	for {
 		out, err := command("ctl", "--engine", v.engine.control, "snapshot", "revert", "before").CombinedOutput()
 		if err == nil {
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("revert after the client left: %v\n%s", err, out)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -286,9 +287,9 @@ func TestEngineSurvivesReplicaKillUnderFio(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Kill once writes are flowing.
-	deadline := time.Now().Add(30 * time.Second)
+	until := deadline.After(30 * time.Second)
 	for !strings.Contains(v.ctl(t, "metrics"), "write  ops=") || metricOps(v.ctl(t, "metrics"), "write") < 2000 {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatal("fio never got going")
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -305,9 +306,9 @@ func TestEngineSurvivesReplicaKillUnderFio(t *testing.T) {
 	}
 	// fio may end before a write reaches the dead replica; the engine then
 	// finds it at its next liveness ping (every 2 s).
-	deadline = time.Now().Add(15 * time.Second)
+	until = deadline.After(15 * time.Second)
 	for r := v.ctl(t, "replicas"); strings.Count(r, "ERR") != 1 || strings.Count(r, "RW") != 2; r = v.ctl(t, "replicas") {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("replicas after the kill:\n%s", r)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -364,9 +365,9 @@ func TestStaleSharedWriteIsRepaired(t *testing.T) {
 		}
 		return false
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	until := deadline.After(20 * time.Second)
 	for !landed() {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatal("the resumed replica never applied the queued write with the reused bytes: the test no longer sets up what it checks")
 		}
 		time.Sleep(20 * time.Millisecond)

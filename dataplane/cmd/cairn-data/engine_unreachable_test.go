@@ -15,6 +15,7 @@ import (
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // deadPort is a loopback port where a connect hangs as one to a dead
@@ -98,9 +99,9 @@ func failReplicasBut(t *testing.T, v *volume, keep int) {
 			<-p.exited
 		}
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	until := deadline.After(60 * time.Second)
 	for strings.Count(v.ctl(t, "replicas"), "ERR") != len(v.replicas)-1 {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("the killed replicas are not ERR:\n%s", v.ctl(t, "replicas"))
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -148,7 +149,7 @@ func TestEngineStartsWithoutDeadReplicaAddresses(t *testing.T) {
 	closed := freeAddr(t) + "," + freeAddr(t)
 	began := time.Now()
 	e, rep := startReady(t, engineArgs(t, v.addrs[0], dead, closed)...)
-	if took := time.Since(began); took > time.Minute {
+	if took := time.Since(began); took > deadline.Scale(time.Minute) {
 		t.Fatalf("ready after %v, beyond the instance manager's start timeout (1m)", took)
 	}
 	if rep.Size != 16<<20 {
@@ -224,14 +225,14 @@ func TestEngineWaitsForReplicaWithNewestData(t *testing.T) {
 	data, ctl := newDeadPort(t), newDeadPort(t)
 	dead := data.addr + "," + ctl.addr
 	e, waits, done := readyStream(t, engineArgs(t, addrs[0], addrs[1], dead)...)
-	deadline := time.After(60 * time.Second)
+	until := time.After(deadline.Scale(60 * time.Second))
 	for seen := false; !seen; {
 		select {
 		case msg := <-waits:
 			seen = strings.Contains(msg, dead) && strings.Contains(msg, survivor)
 		case err := <-done:
 			t.Fatalf("the engine reported ready (or exited: %v) while the replica with the newest data did not answer\n%s", err, e.stderr.String())
-		case <-deadline:
+		case <-until:
 			t.Fatalf("no waiting line naming %s and replica %s\n%s", dead, survivor, e.stderr.String())
 		}
 	}
@@ -246,7 +247,7 @@ func TestEngineWaitsForReplicaWithNewestData(t *testing.T) {
 		if err != nil {
 			t.Fatalf("ready report: %v\n%s", err, e.stderr.String())
 		}
-	case <-time.After(60 * time.Second):
+	case <-time.After(deadline.Scale(60 * time.Second)):
 		t.Fatalf("no ready report once the replica answered\n%s", e.stderr.String())
 	}
 	v.engine = e
@@ -274,13 +275,13 @@ func TestInstanceManagerShowsWhatEngineWaitsFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	until := deadline.After(60 * time.Second)
 	for {
 		p, err := im.c.ProcessGet(ctx, &imv1.ProcessGetRequest{Name: "ns/v-e"})
 		if err == nil && p.State == imv1.ProcessState_PROCESS_STATE_STARTING && strings.Contains(p.Waiting, data.addr) {
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("the engine is not shown waiting for %s: %v %v", data.addr, p, err)
 		}
 		time.Sleep(50 * time.Millisecond)

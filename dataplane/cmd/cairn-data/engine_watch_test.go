@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // watcher receives an engine's Watch stream in the background.
@@ -48,10 +49,12 @@ func watchEngine(t *testing.T, control string) *watcher {
 	return w
 }
 
-// next takes messages until one satisfies ok, failing after d.
+// next takes messages until one satisfies ok, failing after d (scaled
+// by the suite's deadline factor).
 func (w *watcher) next(d time.Duration, what string, ok func(*enginev1.VolumeStatus) bool) *enginev1.VolumeStatus {
 	w.t.Helper()
-	deadline := time.After(d)
+	d = deadline.Scale(d)
+	until := time.After(d)
 	for {
 		select {
 		case st := <-w.msgs:
@@ -65,7 +68,7 @@ func (w *watcher) next(d time.Duration, what string, ok func(*enginev1.VolumeSta
 			}
 		case err := <-w.errs:
 			w.t.Fatalf("the watch stream ended waiting for %s: %v", what, err)
-		case <-deadline:
+		case <-until:
 			w.t.Fatalf("no message with %s in %v", what, d)
 		}
 	}
@@ -75,7 +78,7 @@ func (w *watcher) next(d time.Duration, what string, ok func(*enginev1.VolumeSta
 func (w *watcher) quiet(d time.Duration) int {
 	w.t.Helper()
 	n := 0
-	deadline := time.After(d)
+	until := time.After(d)
 	for {
 		select {
 		case st := <-w.msgs:
@@ -84,7 +87,7 @@ func (w *watcher) quiet(d time.Duration) int {
 			n++
 		case err := <-w.errs:
 			w.t.Fatalf("the watch stream ended: %v", err)
-		case <-deadline:
+		case <-until:
 			return n
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestInstanceManagerNamespacedNames: two processes whose objects share a
@@ -154,9 +155,9 @@ func TestInstanceManagerDeleteDeadline(t *testing.T) {
 	if _, err := im.c.ProcessDelete(dctx, &imv1.ProcessDeleteRequest{Name: "slow"}); grpcstatus.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("delete with a short deadline: %v", err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	until := deadline.After(30 * time.Second)
 	for !strings.Contains(strings.Join(w.states("slow"), ","), "DELETED") {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("never deleted: %v", w.states("slow"))
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -34,6 +34,7 @@ import (
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 type imHandle struct {
@@ -139,13 +140,13 @@ func watch(t *testing.T, c imv1.InstanceManagerServiceClient) *watchLog {
 
 func waitState(t *testing.T, c imv1.InstanceManagerServiceClient, name string, want imv1.ProcessState) *imv1.Process {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	until := deadline.After(60 * time.Second)
 	for {
 		p, err := c.ProcessGet(context.Background(), &imv1.ProcessGetRequest{Name: name})
 		if err == nil && p.State == want {
 			return p
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("%s never reached %s: %v %v", name, want, p, err)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -241,7 +242,7 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 		if !strings.Contains(strings.Join(got, "\n"), "replica closed") {
 			t.Fatalf("followed lines lack the shutdown: %q", got)
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(deadline.Scale(30 * time.Second)):
 		t.Fatal("the follow stream did not end when the process was deleted")
 	}
 	if alive(running.Pid) {
@@ -254,8 +255,8 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 		t.Fatalf("get after delete: %v", err)
 	}
 	// The watcher saw every transition, in order, with consecutive seqs.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(w.states("vol-r-a")) < 5 && time.Now().Before(deadline) {
+	until := deadline.After(10 * time.Second)
+	for len(w.states("vol-r-a")) < 5 && time.Now().Before(until) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if got := strings.Join(w.states("vol-r-a"), ","); got != "STARTING,RUNNING,STOPPING,STOPPED,DELETED" {
@@ -429,10 +430,10 @@ func TestInstanceManagerStopsChildren(t *testing.T) {
 			if sig == syscall.SIGTERM && code != 0 {
 				t.Fatalf("exit %d\n%s", code, im.p.stderr.String())
 			}
-			deadline := time.Now().Add(10 * time.Second)
+			until := deadline.After(10 * time.Second)
 			for _, pid := range pids {
 				for alive(pid) {
-					if time.Now().After(deadline) {
+					if time.Now().After(until) {
 						t.Fatalf("child %d outlived the instance manager (%s)", pid, sig)
 					}
 					time.Sleep(10 * time.Millisecond)
@@ -477,7 +478,7 @@ func TestInstanceManagerTLS(t *testing.T) {
 			return err
 		}
 		defer cc.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(10*time.Second))
 		defer cancel()
 		_, err = imv1.NewInstanceManagerServiceClient(cc).NodeInfo(ctx, &imv1.NodeInfoRequest{})
 		return err
@@ -537,7 +538,7 @@ func TestInstanceManagerTLSReload(t *testing.T) {
 			return err
 		}
 		defer cc.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(10*time.Second))
 		defer cancel()
 		_, err = imv1.NewInstanceManagerServiceClient(cc).NodeInfo(ctx, &imv1.NodeInfoRequest{})
 		return err
@@ -691,7 +692,7 @@ func TestInstanceManagerVolumeKey(t *testing.T) {
 	}
 	ctx := context.Background()
 	dial := func(k []byte) (*dataconn.Client, error) {
-		return dataconn.Dial(ctx, "tcp", r.DataAddress, dataconn.ClientOptions{Conns: 1, Key: k, RequestTimeout: 2 * time.Second})
+		return dataconn.Dial(ctx, "tcp", r.DataAddress, dataconn.ClientOptions{Conns: 1, Key: k, RequestTimeout: deadline.Scale(2 * time.Second)})
 	}
 	good, err := dial(key)
 	if err != nil {
@@ -947,7 +948,7 @@ func childrenServeMutualTLS(t *testing.T, dataTLS bool) {
 	if _, err := ec.ReplicaAdd(ctx, &enginev1.ReplicaAddRequest{Address: second}); err != nil {
 		t.Fatalf("add a replica through the engine: %v", err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	until := deadline.After(60 * time.Second)
 	for {
 		l, err := ec.ReplicaList(ctx, &enginev1.ReplicaListRequest{})
 		if err != nil {
@@ -962,7 +963,7 @@ func childrenServeMutualTLS(t *testing.T, dataTLS bool) {
 		if rw == 2 {
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("the second replica never became RW: %v", l.Replicas)
 		}
 		time.Sleep(50 * time.Millisecond) // poll interval

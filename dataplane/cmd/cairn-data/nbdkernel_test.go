@@ -12,6 +12,7 @@ import (
 
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
 	"github.com/cairn-io/cairn/dataplane/internal/uml"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // startNBDKernelVolume skips without root, mkfs.ext4 or the nbd driver
@@ -130,7 +131,7 @@ func TestNBDKernelEngineRestart(t *testing.T) {
 		if err != nil {
 			t.Fatalf("writing while the engine restarted: %v\nengine:\n%s\nkernel:\n%s", err, eng2.stderr.String(), uml.KernelLog(25))
 		}
-	case <-time.After(90 * time.Second):
+	case <-time.After(deadline.Scale(90 * time.Second)):
 		t.Fatalf("the writes held while the engine was gone did not complete after it came back\nkernel:\n%s", uml.KernelLog(25))
 	}
 	checkFiles(t, mnt, 0, 20)

@@ -23,6 +23,7 @@ import (
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
 	"github.com/cairn-io/cairn/dataplane/internal/uml"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestMain lets tests run this package's main code as a real child
@@ -120,19 +121,19 @@ func (p *proc) waitExit(t testing.TB) int {
 	t.Helper()
 	select {
 	case <-p.exited:
-	case <-time.After(60 * time.Second):
+	case <-time.After(deadline.Scale(60 * time.Second)):
 		t.Fatalf("cairn-data did not exit\n%s", p.stderr.String())
 	}
 	return p.cmd.ProcessState.ExitCode()
 }
 
-// logged reports whether the process's stderr says s within 30 s. Its
+// logged reports whether the process's stderr says s within 30 s (scaled). Its
 // stderr reaches the buffer through a pipe the exec package copies from,
 // so a line logged before the ready line may arrive after it.
 func (p *proc) logged(s string) bool {
-	deadline := time.Now().Add(30 * time.Second)
+	until := deadline.After(30 * time.Second)
 	for !strings.Contains(p.stderr.String(), s) {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			return false
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -8,6 +8,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // The engine's loop gives an idle volume's shared memory back, keeps what
@@ -41,8 +42,8 @@ func TestReleaseIdleLoop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() { releaseIdle(ctx, a, 5*time.Millisecond, logr.Discard()); close(stopped) }()
-	for deadline := time.Now().Add(10 * time.Second); resident() != 64<<10; {
-		if time.Now().After(deadline) {
+	for until := deadline.After(10 * time.Second); resident() != 64<<10; {
+		if time.Now().After(until) {
 			t.Fatalf("the idle buffers were not given back: the region holds %d bytes, want the 64 KiB in use", resident())
 		}
 		time.Sleep(time.Millisecond) // polling the loop's effect, not waiting for it
@@ -53,7 +54,7 @@ func TestReleaseIdleLoop(t *testing.T) {
 	cancel()
 	select {
 	case <-stopped:
-	case <-time.After(10 * time.Second):
+	case <-time.After(deadline.Scale(10 * time.Second)):
 		t.Fatal("releaseIdle did not stop when its context ended")
 	}
 }
