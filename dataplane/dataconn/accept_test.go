@@ -14,6 +14,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // flakyListener is a real listener whose Accept first fails fails times
@@ -97,7 +99,7 @@ func TestServeRidesOutTransientAcceptErrors(t *testing.T) {
 			srv := NewServer(newMem(1<<20), ServerOptions{Logger: logs.logger()})
 			served := make(chan error, 1)
 			go func() { served <- srv.Serve(l) }()
-			cl, err := Dial(context.Background(), "tcp", l.Addr().String(), ClientOptions{Conns: 1, PingInterval: -1, RequestTimeout: 10 * time.Second})
+			cl, err := Dial(context.Background(), "tcp", l.Addr().String(), ClientOptions{Conns: 1, PingInterval: -1, RequestTimeout: deadline.Scale(10 * time.Second)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -132,7 +134,7 @@ func TestServeRidesOutTransientAcceptErrors(t *testing.T) {
 				if !errors.Is(err, ErrServerClosed) {
 					t.Fatalf("Serve after Close: %v", err)
 				}
-			case <-time.After(10 * time.Second):
+			case <-time.After(deadline.Scale(10 * time.Second)):
 				t.Fatal("Serve did not return after Close")
 			}
 		})
@@ -148,8 +150,8 @@ func TestServeStopsOnCloseOrPermanentAcceptError(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	// Let it fail a few times, so that Close comes during a back-off.
-	for deadline := time.Now().Add(10 * time.Second); len(l.callTimes()) < 3; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
+	for until := deadline.After(10 * time.Second); len(l.callTimes()) < 3; time.Sleep(time.Millisecond) {
+		if time.Now().After(until) {
 			t.Fatal("Serve did not retry")
 		}
 		select {
@@ -164,7 +166,7 @@ func TestServeStopsOnCloseOrPermanentAcceptError(t *testing.T) {
 		if !errors.Is(err, ErrServerClosed) {
 			t.Fatalf("Serve after Close: %v, want ErrServerClosed", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(deadline.Scale(10 * time.Second)):
 		t.Fatal("Serve did not return after Close")
 	}
 
@@ -177,7 +179,7 @@ func TestServeStopsOnCloseOrPermanentAcceptError(t *testing.T) {
 		if !errors.Is(err, syscall.EINVAL) {
 			t.Fatalf("Serve on EINVAL: %v", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(deadline.Scale(10 * time.Second)):
 		t.Fatal("Serve did not return on a permanent accept error")
 	}
 }
@@ -234,7 +236,7 @@ func TestAcceptorReportsALongRunPeriodically(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(deadline.Scale(10 * time.Second)):
 		t.Fatal("Accept did not return")
 	}
 	// 40 failures at least 1 ms apart take at least 40 ms: two reports

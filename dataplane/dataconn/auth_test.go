@@ -10,6 +10,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 func testKey(t testing.TB) []byte {
@@ -82,7 +84,7 @@ func authServer(t *testing.T, key []byte, opts ServerOptions) (string, *memBacke
 // than serving it, within a deadline.
 func closedByServer(t *testing.T, nc net.Conn) bool {
 	t.Helper()
-	nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	nc.SetReadDeadline(deadline.After(10 * time.Second))
 	var b [256]byte
 	for {
 		_, err := nc.Read(b[:])
@@ -195,7 +197,7 @@ func TestAuthRogueClients(t *testing.T) {
 			if !closedByServer(t, nc) {
 				t.Fatal("not disconnected")
 			}
-			if time.Since(start) > 8*time.Second {
+			if time.Since(start) > deadline.Scale(8*time.Second) {
 				t.Fatal("a stalled handshake outlived the handshake timeout")
 			}
 		},
@@ -257,8 +259,8 @@ func TestAuthHandshakeFlood(t *testing.T) {
 	}
 	var err error
 	var c *Client
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	until := deadline.After(10 * time.Second)
+	for time.Now().Before(until) {
 		if c, err = Dial(context.Background(), "tcp", addr, ClientOptions{Key: key, Conns: 1}); err == nil {
 			break
 		}

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // pipePair serves b over n net.Pipe streams and returns a client on them.
@@ -287,7 +289,7 @@ func TestWritesAreBatched(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = cl.WriteAt(ctx, []byte("abcd"), int64(i)*4096, false) }()
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	until := deadline.After(10 * time.Second)
 	for {
 		cc.mu.Lock()
 		k := len(cc.pending)
@@ -295,7 +297,7 @@ func TestWritesAreBatched(t *testing.T) {
 		if k == n {
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			close(gate.open)
 			t.Fatalf("only %d of %d requests registered", k, n)
 		}
@@ -306,7 +308,7 @@ func TestWritesAreBatched(t *testing.T) {
 	// The writer counts a batch after its write returns, which can be
 	// after the replies came back.
 	frames, batches := cl.SendStats()
-	for frames != n && time.Now().Before(deadline) {
+	for frames != n && time.Now().Before(until) {
 		time.Sleep(time.Millisecond)
 		frames, batches = cl.SendStats()
 	}
@@ -370,7 +372,7 @@ func TestPingDetectsHungServer(t *testing.T) {
 	defer cl.Close()
 	select {
 	case <-cl.Done():
-	case <-time.After(30 * time.Second):
+	case <-time.After(deadline.Scale(30 * time.Second)):
 		t.Fatal("the client never noticed the hung server")
 	}
 	if !errors.Is(cl.Err(), ErrTimeout) {
@@ -392,7 +394,7 @@ func TestServerRejectsMalformedStream(t *testing.T) {
 	if _, err := raw.Write(bad); err != nil {
 		t.Fatal(err)
 	}
-	_ = raw.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_ = raw.SetReadDeadline(deadline.After(30 * time.Second))
 	if n, err := raw.Read(make([]byte, 1)); err == nil {
 		t.Fatalf("the server answered a corrupt frame (%d bytes)", n)
 	}
@@ -473,9 +475,9 @@ func TestServerKilledMidStream(t *testing.T) {
 		go func() { errs <- cl.ReadAt(context.Background(), make([]byte, 4096), int64(i)*4096) }()
 	}
 	// Wait until all eight are in flight on the wire, then kill.
-	deadline := time.Now().Add(30 * time.Second)
+	until := deadline.After(30 * time.Second)
 	for f, _ := cl.SendStats(); f < pending+1; f, _ = cl.SendStats() {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatal("requests never went out")
 		}
 		time.Sleep(time.Millisecond)
@@ -681,14 +683,14 @@ func TestWaiterHandsOverToTheReader(t *testing.T) {
 		aDone := make(chan error, 1)
 		go func() { aDone <- a.Wait(ctx) }() // alone: reads for itself
 		cc := cl.conns[0]
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		for until := deadline.After(10 * time.Second); ; time.Sleep(time.Millisecond) {
 			cc.mu.Lock()
 			reading := cc.reader == readerInline
 			cc.mu.Unlock()
 			if reading {
 				break
 			}
-			if time.Now().After(deadline) {
+			if time.Now().After(until) {
 				t.Fatal("the lone request's waiter never started reading")
 			}
 		}
@@ -715,7 +717,7 @@ func TestWaiterHandsOverToTheReader(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-			case <-time.After(10 * time.Second):
+			case <-time.After(deadline.Scale(10 * time.Second)):
 				t.Fatalf("aFirst=%v: a write never completed", aFirst)
 			}
 		}
@@ -741,7 +743,7 @@ func TestIdleServerLossFoundByPing(t *testing.T) {
 		if err := cl.Err(); !errors.Is(err, ErrConnectionLost) {
 			t.Fatalf("client failed with %v, want a lost connection", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(deadline.Scale(10 * time.Second)):
 		t.Fatal("the client never noticed its server was gone")
 	}
 }

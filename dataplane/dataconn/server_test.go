@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // sparseBackend is a volume far larger than memory that stores nothing:
@@ -68,7 +70,7 @@ func rawConn(t *testing.T, b Backend, opts ServerOptions) (net.Conn, *Server) {
 	s, c := socketPair(t)
 	srv.ServeConn(s)
 	t.Cleanup(func() { c.Close(); srv.Close() })
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	_ = c.SetDeadline(deadline.After(30 * time.Second))
 	return c, srv
 }
 
@@ -203,7 +205,7 @@ func FuzzServer(f *testing.F) {
 		s, c := socketPair(t)
 		defer c.Close()
 		srv.ServeConn(s)
-		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		_ = c.SetDeadline(deadline.After(20 * time.Second))
 		go func() {
 			c.Write(fuzzFrames(in)) // fails once the server gives up on the stream
 			c.(*net.UnixConn).CloseWrite()

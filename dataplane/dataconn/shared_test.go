@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // listenUnix listens on a unix socket in a temporary directory.
@@ -125,9 +126,9 @@ func TestSharedWritesOverUnix(t *testing.T) {
 
 	// Closing the client lets the server unmap the region.
 	cl.Close()
-	deadline := time.Now().Add(10 * time.Second)
+	until := deadline.After(10 * time.Second)
 	for sharedMappings(t) != 1 {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("server still maps the region after the client closed (%d mappings)", sharedMappings(t))
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -160,7 +161,7 @@ func rawUnix(t *testing.T, path string) *net.UnixConn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	_ = c.SetDeadline(deadline.After(30 * time.Second))
 	return c.(*net.UnixConn)
 }
 
