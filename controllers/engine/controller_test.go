@@ -25,7 +25,7 @@ import (
 
 const timeout = 60 * time.Second
 
-func readyReason(g *WithT, key client.ObjectKey) string {
+func readyReason(key client.ObjectKey) string {
 	e := &v1.Engine{}
 	if err := k8sClient.Get(context.Background(), key, e); err != nil {
 		return err.Error()
@@ -114,9 +114,9 @@ func TestEngineNotRunnable(t *testing.T) {
 	bad := mk("bad-name", func(e *v1.Engine) { e.Spec.VolumeName = "Not_A_Label" })
 	nowhere := mk("nowhere", func(e *v1.Engine) { e.Spec.NodeName = "" })
 	ghost := mk("ghost", func(*v1.Engine) {})
-	g.Eventually(func() string { return readyReason(g, bad) }, timeout, 50*time.Millisecond).Should(Equal(v1.ReasonInvalidSpec))
-	g.Eventually(func() string { return readyReason(g, nowhere) }, timeout, 50*time.Millisecond).Should(Equal(ReasonNotPlaced))
-	g.Eventually(func() string { return readyReason(g, ghost) }, timeout, 50*time.Millisecond).Should(Equal(v1.ReasonNoInstanceManager))
+	g.Eventually(func() string { return readyReason(bad) }, timeout, 50*time.Millisecond).Should(Equal(v1.ReasonInvalidSpec))
+	g.Eventually(func() string { return readyReason(nowhere) }, timeout, 50*time.Millisecond).Should(Equal(ReasonNotPlaced))
+	g.Eventually(func() string { return readyReason(ghost) }, timeout, 50*time.Millisecond).Should(Equal(v1.ReasonNoInstanceManager))
 }
 
 // TestEngineGivesBackRecordedFailures: a replica process killed comes back

@@ -109,7 +109,11 @@ func TestEngineDeviceLost(t *testing.T) {
 		VolumeName: "vol-dl", NodeName: "node-dl", DesiredState: v1.DesiredInstanceStateRunning, Size: resource.MustParse("16Mi"),
 		Frontend: v1.FrontendFUSE, ReplicaAddresses: map[string]v1.ReplicaAddress{rep.Name: {Data: rep.Status.Address, Control: rep.Status.ControlAddress}}}}
 	g.Expect(k8sClient.Create(ctx, e)).To(Succeed())
-	t.Cleanup(func() { k8sClient.Delete(ctx, e) })
+	t.Cleanup(func() {
+		if err := client.IgnoreNotFound(k8sClient.Delete(ctx, e)); err != nil {
+			t.Errorf("deleting the engine: %v", err)
+		}
+	})
 	get := func() *v1.Engine {
 		out := &v1.Engine{}
 		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(e), out)).To(Succeed())
@@ -136,17 +140,19 @@ func TestEngineDeviceLost(t *testing.T) {
 
 // releaseMounts lazily unmounts the FUSE mounts below dir that killed
 // engines left, and detaches the loop devices backed by files below it.
+// Best effort: what it cannot release fails the temporary directory's
+// removal, which names it.
 func releaseMounts(dir string) {
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, l := range strings.Split(string(b), "\n") {
 		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			exec.Command("umount", "-l", f[4]).Run()
+			_ = exec.Command("umount", "-l", f[4]).Run()
 		}
 	}
 	out, _ := exec.Command("losetup", "-n", "-O", "NAME,BACK-FILE").Output()
 	for _, l := range strings.Split(string(out), "\n") {
 		if f := strings.Fields(l); len(f) == 2 && strings.HasPrefix(f[1], dir+"/") {
-			exec.Command("losetup", "-d", f[0]).Run()
+			_ = exec.Command("losetup", "-d", f[0]).Run()
 		}
 	}
 }
