@@ -19,6 +19,7 @@ import (
 
 	"github.com/cairn-io/cairn/dataplane/devicekeeper"
 	"github.com/cairn-io/cairn/dataplane/frontend/fuse"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // memDevice is a volume in memory.
@@ -115,7 +116,7 @@ func (r *rawConn) ask(t *testing.T, msg []byte, fds ...int) (string, int) {
 	if _, _, err := r.c.WriteMsgUnix(msg, oob, nil); err != nil {
 		t.Fatal(err)
 	}
-	r.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	r.c.SetReadDeadline(deadline.After(30 * time.Second))
 	buf, oobb := make([]byte, devicekeeper.MaxMessage), make([]byte, 256)
 	n, oobn, _, _, err := r.c.ReadMsgUnix(buf, oobb)
 	if err != nil {
@@ -250,7 +251,7 @@ func TestKeeperHoldsUntilTakenOver(t *testing.T) {
 
 	c2 := devicekeeper.NewClient(sock, testr.New(t))
 	defer c2.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(30*time.Second))
 	defer cancel()
 	s, files, err := c2.Claim(ctx, "vol-b")
 	if err != nil {
@@ -266,7 +267,7 @@ func TestKeeperHoldsUntilTakenOver(t *testing.T) {
 	// Attended again: never let go, while a second claimer is refused.
 	c3 := devicekeeper.NewClient(sock, testr.New(t))
 	defer c3.Close()
-	short, cancel3 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	short, cancel3 := context.WithTimeout(context.Background(), deadline.Scale(300*time.Millisecond)) // retried while busy until it ends
 	defer cancel3()
 	if _, _, err := c3.Claim(short, "vol-b"); !errors.Is(err, devicekeeper.ErrBusy) {
 		t.Fatalf("a second claim: %v, want ErrBusy", err)
@@ -282,9 +283,9 @@ func TestKeeperHoldsUntilTakenOver(t *testing.T) {
 
 func waitHeld(t *testing.T, k *devicekeeper.Keeper, ok func([]devicekeeper.Status) bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	until := deadline.After(30 * time.Second)
 	for !ok(k.Held()) {
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("held: %+v", k.Held())
 		}
 		time.Sleep(10 * time.Millisecond)

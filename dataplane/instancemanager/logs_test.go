@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestLogReopenFails: when the new file cannot be opened after a rotation,
@@ -80,7 +82,7 @@ func TestLogLinesDoesNotBlockWrites(t *testing.T) {
 	}()
 	select {
 	case <-wrote:
-	case <-time.After(20 * time.Second):
+	case <-time.After(deadline.Scale(20 * time.Second)):
 		w.Close() // unblock the reader so the test can end
 		t.Fatal("a write waited for a reader of the log")
 	}

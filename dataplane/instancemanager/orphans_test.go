@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestKillOrphans: a child recorded by a previous instance manager is
@@ -39,7 +41,7 @@ func TestKillOrphans(t *testing.T) {
 	}
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(deadline.Scale(10 * time.Second)):
 		t.Fatal("the orphan survived")
 	}
 	if err := bystander.Process.Signal(syscall.Signal(0)); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // These tests drive the Supervisor's state machine through a launcher that
@@ -28,7 +29,7 @@ import (
 // within bounds every wait for something the Supervisor does in the
 // background: generous, for a loaded machine; nothing waits this long
 // when the code is right.
-const within = 30 * time.Second
+var within = deadline.Scale(30 * time.Second)
 
 // fakeLauncher hands out fakeChildren, in order, on launched.
 type fakeLauncher struct {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 func open(t *testing.T, dir string, size int64) *Replica {
@@ -622,7 +624,7 @@ func TestDeleteSnapshotWhileWriting(t *testing.T) {
 					close(held)
 					<-release
 				}
-				for deadline := time.Now().Add(10 * time.Second); ops.Load() < int64(chunks*60) && time.Now().Before(deadline); {
+				for until := deadline.After(10 * time.Second); ops.Load() < int64(chunks*60) && time.Now().Before(until); {
 					time.Sleep(time.Millisecond)
 				}
 			}
@@ -637,7 +639,7 @@ func TestDeleteSnapshotWhileWriting(t *testing.T) {
 			}()
 			select {
 			case <-wrote:
-			case <-time.After(20 * time.Second):
+			case <-time.After(deadline.Scale(20 * time.Second)):
 				t.Fatal("a write waited for the whole deletion")
 			}
 			copy(want[40960:], bytes.Repeat([]byte{4}, 4096))

@@ -15,6 +15,8 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/sys/unix"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // memDevice is a volume in memory. With a gate, every read and write
@@ -245,7 +247,7 @@ func TestLoopRequestsInFlight(t *testing.T) {
 	loop := openDirect(t, f.Endpoint())
 	for _, write := range []bool{false, true} {
 		name := map[bool]string{false: "reads", true: "writes"}[write]
-		g := newGate(depth, 5*time.Second)
+		g := newGate(depth, deadline.Scale(5*time.Second))
 		dev.setGate(g)
 		var wg sync.WaitGroup
 		errs := make(chan error, depth)

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestFrontendWithoutKernelDriver walks the Frontend's modes on a host
@@ -104,7 +106,7 @@ func TestFrontendWithoutKernelDriver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(deadline.Scale(10 * time.Second)):
 		t.Fatal("Stop of a frontend never started hangs")
 	}
 	gone(sock)

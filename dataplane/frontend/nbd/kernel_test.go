@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cairn-io/cairn/dataplane/internal/uml"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestConnectMessageLayout checks NBD_CMD_CONNECT's and
@@ -216,7 +217,7 @@ func TestServeTransmission(t *testing.T) {
 	req(cmdDisc, 0, 5, 0, 0, nil)
 	select {
 	case <-ended:
-	case <-time.After(10 * time.Second):
+	case <-time.After(deadline.Scale(10 * time.Second)):
 		t.Fatal("ServeTransmission did not return after DISC")
 	}
 	s.Close()
@@ -358,13 +359,13 @@ func TestResizeKernel(t *testing.T) {
 // or devtmpfs create it asynchronously).
 func openDevice(t *testing.T, path string, flags int) *os.File {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	until := deadline.After(10 * time.Second)
 	for {
 		f, err := os.OpenFile(path, flags, 0)
 		if err == nil {
 			return f
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -439,7 +440,7 @@ func TestReattachKernel(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the write held while no engine served: %v", err)
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(deadline.Scale(30 * time.Second)):
 		t.Fatal("the held write did not complete after the reattach")
 	}
 	dev.mu.Lock()

@@ -17,6 +17,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
 	"github.com/cairn-io/cairn/dataplane/replica"
 	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestFullReplicaDiskIsENOSPC: a volume whose replica lives on a disk
@@ -55,7 +56,7 @@ func TestFullReplicaDiskIsENOSPC(t *testing.T) {
 		Name:     "full",
 		Replicas: []string{dl.Addr().String() + "," + cl.Addr().String()},
 		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{
-			Conns: 1, RequestTimeout: 10 * time.Second, PingInterval: -1}}),
+			Conns: 1, RequestTimeout: deadline.Scale(10 * time.Second), PingInterval: -1}}),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // memDevice is an in-memory Device for protocol tests; the end-to-end tests
@@ -193,7 +194,7 @@ func dialExport(t *testing.T, sock, name string, size uint64) net.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	_ = c.SetDeadline(deadline.After(30 * time.Second))
 	hello := make([]byte, 18)
 	readFull(t, c, hello)
 	if binary.BigEndian.Uint64(hello) != magicNBD || binary.BigEndian.Uint64(hello[8:]) != magicOpt {
@@ -265,8 +266,8 @@ func TestBuffersFromArena(t *testing.T) {
 		t.Fatalf("writes with the payload in the region: %d, elsewhere: %d; want 2 and 0", in, out)
 	}
 	// A reply's buffer goes back just after it is sent: poll.
-	for deadline := time.Now().Add(10 * time.Second); arena.InUse() != 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
+	for until := deadline.After(10 * time.Second); arena.InUse() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(until) {
 			t.Fatalf("%d region buffers not returned after the client left", arena.InUse())
 		}
 	}
@@ -314,7 +315,7 @@ func TestServeRidesOutTransientAcceptErrors(t *testing.T) {
 	defer func() { l.Close(); s.Close() }()
 
 	// Wait until Serve is past the failures, waiting in a real accept.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+	for until := deadline.After(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		l.mu.Lock()
 		calls := l.calls
 		l.mu.Unlock()
@@ -326,7 +327,7 @@ func TestServeRidesOutTransientAcceptErrors(t *testing.T) {
 			t.Fatalf("Serve returned on EMFILE: %v", err)
 		default:
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("Accept called %d times in 10 s", calls)
 		}
 	}
@@ -364,7 +365,7 @@ func TestServeRidesOutTransientAcceptErrors(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Serve after Close: %v", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(deadline.Scale(10 * time.Second)):
 		t.Fatal("Serve did not return after Close")
 	}
 }

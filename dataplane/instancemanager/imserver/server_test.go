@@ -21,6 +21,7 @@ import (
 
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 	im "github.com/cairn-io/cairn/dataplane/instancemanager"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // These tests call the InstanceManagerService as the manager does, over a
@@ -30,7 +31,7 @@ import (
 // engines and replicas is tested in cmd/cairn-data.
 
 // within bounds every wait: generous, for a loaded machine.
-const within = 60 * time.Second
+var within = deadline.Scale(60 * time.Second)
 
 // child is the script run as "child <kind> <args...>": it prints what it
 // was started as, and reports ready on descriptor 3 with the control

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // pair returns both ends of a unix stream socket pair.
@@ -110,8 +112,8 @@ func queued[T any](w *Writer[T]) int {
 // waitQueued polls until w's queue holds n items.
 func waitQueued[T any](t *testing.T, w *Writer[T], n int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); queued(w) != n; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
+	for until := deadline.After(10 * time.Second); queued(w) != n; time.Sleep(time.Millisecond) {
+		if time.Now().After(until) {
 			t.Fatalf("%d items queued, want %d", queued(w), n)
 		}
 	}
@@ -132,8 +134,8 @@ func TestQueuedBehindAWriterInOneBatch(t *testing.T) {
 	}
 	first := make(chan struct{})
 	go func() { w.Send(newFrame(0)); close(first) }()
-	for deadline := time.Now().Add(10 * time.Second); w.Idle(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
+	for until := deadline.After(10 * time.Second); w.Idle(); time.Sleep(time.Millisecond) {
+		if time.Now().After(until) {
 			t.Fatal("the first Send did not start writing")
 		}
 	}
@@ -148,7 +150,7 @@ func TestQueuedBehindAWriterInOneBatch(t *testing.T) {
 	waitQueued(t, w, n-1)
 	select {
 	case <-sent:
-	case <-time.After(10 * time.Second):
+	case <-time.After(deadline.Scale(10 * time.Second)):
 		t.Fatal("Send waited with no bound on the queue")
 	}
 	read := make(chan error, 1)
@@ -156,7 +158,7 @@ func TestQueuedBehindAWriterInOneBatch(t *testing.T) {
 	close(gate.open)
 	select {
 	case <-first:
-	case <-time.After(10 * time.Second):
+	case <-time.After(deadline.Scale(10 * time.Second)):
 		t.Fatal("the writing Send did not return")
 	}
 	// Its Send has returned: everything queued behind it is written.
@@ -179,8 +181,8 @@ func TestQueueBound(t *testing.T) {
 	var st writerStats
 	w := New(gate, Options[frame]{Buffers: bufsOf, Done: st.done(t), Queue: 8})
 	go w.Send(newFrame(0))
-	for deadline := time.Now().Add(10 * time.Second); w.Idle(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
+	for until := deadline.After(10 * time.Second); w.Idle(); time.Sleep(time.Millisecond) {
+		if time.Now().After(until) {
 			t.Fatal("the first Send did not start writing")
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // pair returns both ends of a real connection of the given network, the
@@ -195,7 +197,7 @@ func TestConnWriteToAGonePeerFails(t *testing.T) {
 	c, peer := pair(t, "tcp")
 	peer.Close()
 	b := make([]byte, 64<<10)
-	deadline := time.Now().Add(10 * time.Second)
+	until := deadline.After(10 * time.Second)
 	for {
 		_, err := c.Write(b)
 		if err != nil {
@@ -205,7 +207,7 @@ func TestConnWriteToAGonePeerFails(t *testing.T) {
 			}
 			return
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatal("writes to a closed peer kept succeeding")
 		}
 	}
