@@ -15,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -24,7 +26,11 @@ import (
 )
 
 type options struct {
-	c         client.Client
+	c client.Client
+	// kube and rest reach what the object client does not (logs, exec,
+	// the server's version): support-bundle only.
+	kube      kubernetes.Interface
+	rest      *rest.Config
 	out       io.Writer
 	namespace string
 	output    string

@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -45,6 +47,13 @@ commands:
   drain-check NODE     what holds a drain of the node (kubectl drain waits for it): engines
                        running there, volumes whose every healthy replica is there;
                        exit code 3 while something does
+  support-bundle [FILE]
+                       write one archive (tar.gz; default cairn-support-TIME.tar.gz) for a bug
+                       report: every Cairn object, the PersistentVolumes, claims, attachments and
+                       StorageClasses of Cairn's driver, events, the logs of every pod of the
+                       namespace (current and previous), each instance manager's processes,
+                       each node's mounts, loop/nbd devices and disk usage, versions. Never a
+                       Secret. Progress on stderr
   key-check            the key check (spec.encryption.keyCheck) of the passphrase on stdin,
                        for an encrypted Volume made by hand; reads no object
 
@@ -64,9 +73,16 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil))
 }
 
-// run is the whole command; c is the client to use (tests), or nil to
-// build one from the kubeconfig.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, c client.Client) int {
+// clients are what the commands talk to the API server with.
+type clients struct {
+	c    client.Client
+	kube kubernetes.Interface
+	rest *rest.Config
+}
+
+// run is the whole command; cl holds the clients to use (tests), or nil
+// to build them from the kubeconfig.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, cl *clients) int {
 	fs := flag.NewFlagSet("kubectl-cairn", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage) }
@@ -107,14 +123,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, c client.
 	if rest[0] == "key-check" {
 		return keyCheck(stdin, stdout, stderr)
 	}
-	if c == nil {
+	if cl == nil {
 		var err error
-		if c, err = newClient(*kubeconfig, *kubecontext); err != nil {
+		if cl, err = newClients(*kubeconfig, *kubecontext); err != nil {
 			fmt.Fprintln(stderr, "kubectl cairn:", err)
 			return 1
 		}
 	}
-	o.c, o.out = c, stdout
+	o.c, o.kube, o.rest, o.out = cl.c, cl.kube, cl.rest, stdout
 	var err error
 	switch cmd := rest[0]; cmd {
 	case "volumes":
@@ -157,6 +173,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, c client.
 			giveUps = strings.Split(*giveUp, ",")
 		}
 		err = o.salvage(ctx, rest[1], giveUps)
+	case "support-bundle":
+		if len(rest) > 2 {
+			fmt.Fprintln(stderr, "kubectl cairn: support-bundle takes at most one FILE")
+			return 2
+		}
+		file := ""
+		if len(rest) == 2 {
+			file = rest[1]
+		}
+		err = o.supportBundle(ctx, file, stderr)
 	default:
 		fmt.Fprintf(stderr, "kubectl cairn: unknown command %q\n\n%s", cmd, usage)
 		return 2
@@ -168,7 +194,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, c client.
 	return 0
 }
 
-func newClient(kubeconfig, kubecontext string) (client.Client, error) {
+func newClients(kubeconfig, kubecontext string) (*clients, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if kubeconfig != "" {
 		rules.ExplicitPath = kubeconfig
@@ -185,7 +211,15 @@ func newClient(kubeconfig, kubecontext string) (client.Client, error) {
 	if err := v1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
-	return client.New(cfg, client.Options{Scheme: scheme})
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &clients{c: c, kube: kube, rest: cfg}, nil
 }
 
 // keyCheck prints the key check of the passphrase on stdin (one trailing

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -177,7 +178,7 @@ func TestPlugin(t *testing.T) {
 
 	kc := func(args ...string) (string, int) {
 		var out, errb bytes.Buffer
-		code := run(ctx, args, &out, &errb, c)
+		code := run(ctx, args, &out, &errb, &clients{c: c, kube: kubernetes.NewForConfigOrDie(cfg), rest: cfg})
 		return out.String() + errb.String(), code
 	}
 	contains := func(out string, want ...string) {
