@@ -21,9 +21,10 @@ import (
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
 	"github.com/cairn-io/cairn/controllers/internal/process"
 	"github.com/cairn-io/cairn/controllers/replica"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
-const timeout = 60 * time.Second
+var timeout = deadline.Scale(60 * time.Second)
 
 func readyReason(key client.ObjectKey) string {
 	e := &v1.Engine{}
