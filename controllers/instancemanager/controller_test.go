@@ -16,6 +16,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
 	"github.com/cairn-io/cairn/dataplane"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestInstanceManagerStatus: the status follows a real instance manager:
@@ -35,7 +36,7 @@ func TestInstanceManagerStatus(t *testing.T) {
 		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), out)).To(Succeed())
 		return out
 	}
-	g.Eventually(func() v1.InstanceManagerState { return get().Status.State }, 30*time.Second, 50*time.Millisecond).
+	g.Eventually(func() v1.InstanceManagerState { return get().Status.State }, deadline.Scale(30*time.Second), 50*time.Millisecond).
 		Should(Equal(v1.InstanceManagerStateRunning))
 	g.Expect(get().Status.Version).To(Equal(dataplane.Version))
 	g.Expect(meta.IsStatusConditionTrue(get().Status.Conditions, v1.ConditionReady)).To(BeTrue())
@@ -48,12 +49,12 @@ func TestInstanceManagerStatus(t *testing.T) {
 	_, err = conn.Client.ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: "default/v-r-0",
 		Spec: &imv1.ProcessCreateRequest_Replica{Replica: &imv1.ReplicaSpec{DataDir: filepath.Join(dir, "r0"), SizeBytes: 16 << 20}}})
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Eventually(func() []v1.ProcessStatus { return get().Status.Processes }, 30*time.Second, 50*time.Millisecond).Should(ConsistOf(
+	g.Eventually(func() []v1.ProcessStatus { return get().Status.Processes }, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(ConsistOf(
 		And(HaveField("Name", "default/v-r-0"), HaveField("Kind", v1.ProcessKindReplica), HaveField("State", v1.InstanceStateRunning))))
 
 	// The instance manager goes: unknown, with the reason; its processes unknown.
 	im.Kill()
-	g.Eventually(func() v1.InstanceManagerState { return get().Status.State }, 30*time.Second, 50*time.Millisecond).
+	g.Eventually(func() v1.InstanceManagerState { return get().Status.State }, deadline.Scale(30*time.Second), 50*time.Millisecond).
 		Should(Equal(v1.InstanceManagerStateUnknown))
 	got := get()
 	g.Expect(meta.FindStatusCondition(got.Status.Conditions, v1.ConditionReady)).To(And(
@@ -62,9 +63,9 @@ func TestInstanceManagerStatus(t *testing.T) {
 
 	// It comes back on the same address: running, and its (new, empty) process list.
 	imtest.Start(t, "node-1", im.Addr, dir)
-	g.Eventually(func() v1.InstanceManagerState { return get().Status.State }, 30*time.Second, 50*time.Millisecond).
+	g.Eventually(func() v1.InstanceManagerState { return get().Status.State }, deadline.Scale(30*time.Second), 50*time.Millisecond).
 		Should(Equal(v1.InstanceManagerStateRunning))
-	g.Eventually(func() []v1.ProcessStatus { return get().Status.Processes }, 30*time.Second, 50*time.Millisecond).Should(BeEmpty())
+	g.Eventually(func() []v1.ProcessStatus { return get().Status.Processes }, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(BeEmpty())
 
 	// No address: unknown, saying so.
 	bare := &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-2", Namespace: "default"}, Spec: v1.InstanceManagerSpec{NodeName: "node-2"}}
@@ -76,5 +77,5 @@ func TestInstanceManagerStatus(t *testing.T) {
 			return c.Reason
 		}
 		return ""
-	}, 30*time.Second, 50*time.Millisecond).Should(Equal(ReasonNoAddress))
+	}, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(Equal(ReasonNoAddress))
 }

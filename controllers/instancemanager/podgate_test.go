@@ -18,9 +18,10 @@ import (
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
-const gateTimeout = 60 * time.Second
+var gateTimeout = deadline.Scale(60 * time.Second)
 
 // TestPodGate runs the gate on a real Pod object and a real instance
 // manager: a pod whose containers are ready but which is not Ready (its

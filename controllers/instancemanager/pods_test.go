@@ -14,9 +14,10 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
-const timeout = 30 * time.Second
+var timeout = deadline.Scale(30 * time.Second)
 
 // TestPodDiscovery: a ready pod of the instance-manager DaemonSet on a
 // node gives that node an InstanceManager with the pod's IP and gRPC port
