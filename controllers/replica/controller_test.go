@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestReplicaLifecycle: a scheduled Replica asked to run gets a process on
@@ -39,7 +40,7 @@ func TestReplicaLifecycle(t *testing.T) {
 		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(rep), out)).To(Succeed())
 		return out
 	}
-	g.Eventually(func() v1.InstanceState { return get().Status.InstanceState }, 60*time.Second, 50*time.Millisecond).Should(Equal(v1.InstanceStateRunning))
+	g.Eventually(func() v1.InstanceState { return get().Status.InstanceState }, deadline.Scale(60*time.Second), 50*time.Millisecond).Should(Equal(v1.InstanceStateRunning))
 	got := get()
 	g.Expect(meta.IsStatusConditionTrue(got.Status.Conditions, v1.ConditionReady)).To(BeTrue())
 	g.Expect(got.Finalizers).To(ContainElement(Finalizer))
@@ -56,7 +57,7 @@ func TestReplicaLifecycle(t *testing.T) {
 	before := got.DeepCopy()
 	got.Spec.DesiredState = v1.DesiredInstanceStateStopped
 	g.Expect(k8sClient.Patch(ctx, got, client.MergeFrom(before))).To(Succeed())
-	g.Eventually(func() v1.InstanceState { return get().Status.InstanceState }, 60*time.Second, 50*time.Millisecond).Should(Equal(v1.InstanceStateStopped))
+	g.Eventually(func() v1.InstanceState { return get().Status.InstanceState }, deadline.Scale(60*time.Second), 50*time.Millisecond).Should(Equal(v1.InstanceStateStopped))
 	g.Expect(get().Status.Address).To(BeEmpty())
 	g.Expect(dataDir).To(BeADirectory())
 
@@ -65,7 +66,7 @@ func TestReplicaLifecycle(t *testing.T) {
 	g.Eventually(func() bool {
 		err := k8sClient.Get(ctx, client.ObjectKeyFromObject(rep), &v1.Replica{})
 		return apierrors.IsNotFound(err)
-	}, 60*time.Second, 50*time.Millisecond).Should(BeTrue())
+	}, deadline.Scale(60*time.Second), 50*time.Millisecond).Should(BeTrue())
 	_, err := os.Stat(dataDir)
 	g.Expect(errors.Is(err, os.ErrNotExist)).To(BeTrue(), "data directory after deletion: %v", err)
 }
@@ -92,8 +93,8 @@ func TestReplicaNotRunnable(t *testing.T) {
 	} {
 		g.Expect(k8sClient.Create(ctx, r)).To(Succeed())
 	}
-	g.Eventually(func() string { return reason("unscheduled") }, 30*time.Second, 50*time.Millisecond).Should(Equal(ReasonNotScheduled))
-	g.Eventually(func() string { return reason("nowhere") }, 30*time.Second, 50*time.Millisecond).Should(Equal(v1.ReasonNoInstanceManager))
+	g.Eventually(func() string { return reason("unscheduled") }, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(Equal(ReasonNotScheduled))
+	g.Eventually(func() string { return reason("nowhere") }, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(Equal(v1.ReasonNoInstanceManager))
 }
 
 // TestReplicaBackOff: a replica process that keeps exiting (its data
@@ -117,7 +118,7 @@ func TestReplicaBackOff(t *testing.T) {
 		g.Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, rep))).To(Succeed())
 		g.Eventually(func() bool {
 			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(rep), &v1.Replica{}))
-		}, 60*time.Second, 50*time.Millisecond).Should(BeTrue())
+		}, deadline.Scale(60*time.Second), 50*time.Millisecond).Should(BeTrue())
 	}()
 	ready := func() metav1.Condition {
 		out := &v1.Replica{}
@@ -128,12 +129,12 @@ func TestReplicaBackOff(t *testing.T) {
 		return metav1.Condition{}
 	}
 	var c metav1.Condition
-	g.Eventually(func() string { c = ready(); return c.Reason }, 60*time.Second, 20*time.Millisecond).Should(Equal(v1.ReasonProcessBackOff))
+	g.Eventually(func() string { c = ready(); return c.Reason }, deadline.Scale(60*time.Second), 20*time.Millisecond).Should(Equal(v1.ReasonProcessBackOff))
 	g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
 	g.Expect(c.Message).To(And(ContainSubstring("times in a row"), ContainSubstring("exited (code"), ContainSubstring("started again at")),
 		"the message names the count, the last exit and the next start")
 
 	g.Expect(os.Remove(bad)).To(Succeed())
-	g.Eventually(func() metav1.ConditionStatus { return ready().Status }, 60*time.Second, 50*time.Millisecond).Should(Equal(metav1.ConditionTrue),
+	g.Eventually(func() metav1.ConditionStatus { return ready().Status }, deadline.Scale(60*time.Second), 50*time.Millisecond).Should(Equal(metav1.ConditionTrue),
 		"once the cause is gone the back-off ends and the process runs")
 }
