@@ -14,6 +14,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 func cond(conds []metav1.Condition, typ string) string {
@@ -38,12 +39,12 @@ func TestStorageNodeStatus(t *testing.T) {
 		return out
 	}
 	// No instance manager on the node yet.
-	g.Eventually(func() string { return cond(get().Status.Conditions, v1.ConditionReady) }, 30*time.Second, 50*time.Millisecond).
+	g.Eventually(func() string { return cond(get().Status.Conditions, v1.ConditionReady) }, deadline.Scale(30*time.Second), 50*time.Millisecond).
 		Should(Equal("False/" + ReasonNoInstanceManager))
 
 	g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-a", Namespace: "default"},
 		Spec: v1.InstanceManagerSpec{NodeName: "node-a", Address: im.Addr}})).To(Succeed())
-	g.Eventually(func() string { return cond(get().Status.Conditions, v1.StorageNodeConditionSchedulable) }, 30*time.Second, 50*time.Millisecond).
+	g.Eventually(func() string { return cond(get().Status.Conditions, v1.StorageNodeConditionSchedulable) }, deadline.Scale(30*time.Second), 50*time.Millisecond).
 		Should(Equal("True/" + v1.ReasonAsExpected))
 	d := get().Status.Disks
 	g.Expect(d).To(HaveLen(1))
@@ -57,7 +58,7 @@ func TestStorageNodeStatus(t *testing.T) {
 	rep := &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: "v-r-0", Namespace: "default"}, Spec: v1.ReplicaSpec{
 		VolumeName: "v", NodeName: "node-a", DiskName: DefaultDiskName, DiskPath: im.DataDir, Size: resource.MustParse("1Gi")}}
 	g.Expect(k8sClient.Create(ctx, rep)).To(Succeed())
-	g.Eventually(func() int64 { return get().Status.Disks[0].Scheduled.Value() }, 30*time.Second, 50*time.Millisecond).Should(Equal(int64(1 << 30)))
+	g.Eventually(func() int64 { return get().Status.Disks[0].Scheduled.Value() }, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(Equal(int64(1 << 30)))
 
 	// A disk that is not one of the instance manager's data directories,
 	// and the node switched off for scheduling.
@@ -72,7 +73,7 @@ func TestStorageNodeStatus(t *testing.T) {
 			out = append(out, ds.Name+":"+cond(ds.Conditions, v1.ConditionReady)+":"+cond(ds.Conditions, v1.StorageNodeConditionSchedulable))
 		}
 		return out
-	}, 30*time.Second, 50*time.Millisecond).Should(Equal([]string{
+	}, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(Equal([]string{
 		"default:True/AsExpected:False/" + ReasonSchedulingDisabled,
 		"other:False/" + ReasonNotADataDirectory + ":False/" + ReasonNoSchedulableDisk,
 	}))
@@ -80,6 +81,6 @@ func TestStorageNodeStatus(t *testing.T) {
 
 	// The instance manager goes: the node is not ready, and says why.
 	im.Kill()
-	g.Eventually(func() string { return cond(get().Status.Conditions, v1.ConditionReady) }, 30*time.Second, 50*time.Millisecond).
+	g.Eventually(func() string { return cond(get().Status.Conditions, v1.ConditionReady) }, deadline.Scale(30*time.Second), 50*time.Millisecond).
 		Should(Equal("False/" + ReasonInstanceManagerDown))
 }
