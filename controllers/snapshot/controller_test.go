@@ -32,12 +32,12 @@ import (
 	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
 	"github.com/cairn-io/cairn/dataplane/replica"
 	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
-const (
-	size    = 16 << 20
-	timeout = 60 * time.Second
-)
+const size = 16 << 20
+
+var timeout = deadline.Scale(60 * time.Second)
 
 // startEngine runs an engine over two replicas in process, its control
 // API on loopback, as `cairn-data engine` serves it; it returns the
