@@ -19,13 +19,16 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/volumes"
 	"github.com/cairn-io/cairn/controllers/volume"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
-// Deadlines are generous: the suite must pass on a loaded 2-core machine.
+// Deadlines are generous (and scaled by CAIRN_TEST_DEADLINE_SCALE): the
+// suite must pass on a loaded 2-core machine.
+var within = deadline.Scale(60 * time.Second)
+
 const (
-	deadline = 60 * time.Second
-	poll     = 100 * time.Millisecond
-	ns       = "cairn-system"
+	poll = 100 * time.Millisecond
+	ns   = "cairn-system"
 )
 
 var ctx = context.Background()
@@ -124,14 +127,14 @@ func TestDrainGuard(t *testing.T) {
 	n1, n2 := w.node("n1"), w.node("n2")
 	v, e := w.volume("v", "n2", "n1")
 
-	g.Eventually(func(g Gomega) []v1.DrainBlocker { return drainOf(g, n1).Blockers }, deadline, poll).Should(ConsistOf(
+	g.Eventually(func(g Gomega) []v1.DrainBlocker { return drainOf(g, n1).Blockers }, within, poll).Should(ConsistOf(
 		And(HaveField("Volume", v.Name), HaveField("Reason", v1.DrainBlockLastHealthyReplica))))
-	g.Eventually(func(g Gomega) []v1.DrainBlocker { return drainOf(g, n2).Blockers }, deadline, poll).Should(ConsistOf(
+	g.Eventually(func(g Gomega) []v1.DrainBlocker { return drainOf(g, n2).Blockers }, within, poll).Should(ConsistOf(
 		And(HaveField("Volume", v.Name), HaveField("Reason", v1.DrainBlockEngineRunning))))
 	guard := &corev1.Pod{}
 	g.Eventually(func() error {
 		return k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: GuardName(n1)}, guard)
-	}, deadline, poll).Should(Succeed())
+	}, within, poll).Should(Succeed())
 	// The kubelet would run it: the eviction API lets a pending pod go
 	// whatever its budget says.
 	running(g, guard)
@@ -141,7 +144,7 @@ func TestDrainGuard(t *testing.T) {
 	budget := &policyv1.PodDisruptionBudget{}
 	g.Eventually(func() error {
 		return k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: GuardName(n1)}, budget)
-	}, deadline, poll).Should(Succeed())
+	}, within, poll).Should(Succeed())
 	g.Expect(budget.Spec.MaxUnavailable.IntValue()).To(BeZero())
 	disruptionController(g, budget)
 	err := evict(n1)
@@ -154,24 +157,24 @@ func TestDrainGuard(t *testing.T) {
 	node.Spec.Unschedulable = true
 	g.Expect(k8sClient.Patch(ctx, node, client.MergeFrom(before))).To(Succeed())
 	var repl []v1.Replica
-	g.Eventually(func(g Gomega) []v1.Replica { repl = replacements(g, v.Name); return repl }, deadline, poll).Should(HaveLen(1))
+	g.Eventually(func(g Gomega) []v1.Replica { repl = replacements(g, v.Name); return repl }, within, poll).Should(HaveLen(1))
 	g.Expect(repl[0].Spec.NodeName).NotTo(Equal(n1.Spec.NodeName))
 	g.Expect(repl[0].Labels[volume.LabelReplaces]).To(Equal(v.Name + "-r-a"))
 	g.Expect(metav1.IsControlledBy(&repl[0], v)).To(BeTrue())
-	g.Eventually(func(g Gomega) string { return drainOf(g, n1).Moving }, deadline, poll).Should(ContainSubstring(repl[0].Name + " on " + repl[0].Spec.NodeName + " is being rebuilt"))
+	g.Eventually(func(g Gomega) string { return drainOf(g, n1).Moving }, within, poll).Should(ContainSubstring(repl[0].Name + " on " + repl[0].Spec.NodeName + " is being rebuilt"))
 	g.Expect(apierrors.IsTooManyRequests(evict(n1))).To(BeTrue(), "evicted while the replacement is rebuilt")
 
 	// The engine rebuilt it: RW.
 	w.setModes(e, map[string]v1.ReplicaMode{v.Name + "-r-a": v1.ReplicaModeRW, repl[0].Name: v1.ReplicaModeRW})
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: v.Name + "-r-a"}, &v1.Replica{}))
-	}, deadline, poll).Should(BeTrue())
-	g.Eventually(func(g Gomega) bool { return drainOf(g, n1).Safe }, deadline, poll).Should(BeTrue())
+	}, within, poll).Should(BeTrue())
+	g.Eventually(func(g Gomega) bool { return drainOf(g, n1).Safe }, within, poll).Should(BeTrue())
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: GuardName(n1)}, &policyv1.PodDisruptionBudget{}))
-	}, deadline, poll).Should(BeTrue())
+	}, within, poll).Should(BeTrue())
 	g.Expect(evict(n1)).To(Succeed())
-	g.Eventually(func(g Gomega) int32 { return drainOf(g, n1).Replicas }, deadline, poll).Should(BeZero())
+	g.Eventually(func(g Gomega) int32 { return drainOf(g, n1).Replicas }, within, poll).Should(BeZero())
 	g.Expect(drainOf(g, n2).Safe).To(BeFalse())
 	guard2 := &corev1.Pod{}
 	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: GuardName(n2)}, guard2)).To(Succeed())
@@ -192,8 +195,8 @@ func TestEvictionRequested(t *testing.T) {
 	w.node("n5")
 	va, ea := w.volume("a", "n4", "n3", "n4")
 	vb, eb := w.volume("b", "n4", "n3", "n4")
-	g.Eventually(func(g Gomega) bool { return drainOf(g, n3).Safe }, deadline, poll).Should(BeTrue()) // each has a healthy replica on n4
-	g.Eventually(func(g Gomega) int32 { return drainOf(g, n3).Replicas }, deadline, poll).Should(BeEquivalentTo(2))
+	g.Eventually(func(g Gomega) bool { return drainOf(g, n3).Safe }, within, poll).Should(BeTrue()) // each has a healthy replica on n4
+	g.Eventually(func(g Gomega) int32 { return drainOf(g, n3).Replicas }, within, poll).Should(BeEquivalentTo(2))
 
 	before := n3.DeepCopy()
 	n3.Spec.EvictionRequested = true
@@ -204,10 +207,10 @@ func TestEvictionRequested(t *testing.T) {
 		other *v1.Volume
 	}{{va, ea, vb}, {vb, eb, va}} {
 		var repl []v1.Replica
-		g.Eventually(func(g Gomega) []v1.Replica { repl = replacements(g, step.v.Name); return repl }, deadline, poll).Should(HaveLen(1))
+		g.Eventually(func(g Gomega) []v1.Replica { repl = replacements(g, step.v.Name); return repl }, within, poll).Should(HaveLen(1))
 		// Neither the node left nor one holding a replica of the volume.
 		g.Expect(repl[0].Spec.NodeName).NotTo(BeElementOf(n3.Spec.NodeName, n4.Spec.NodeName))
-		g.Eventually(func(g Gomega) string { return drainOf(g, n3).Moving }, deadline, poll).Should(ContainSubstring(repl[0].Name))
+		g.Eventually(func(g Gomega) string { return drainOf(g, n3).Moving }, within, poll).Should(ContainSubstring(repl[0].Name))
 		// Until it is RW, the other volume's replica stays put, however
 		// often the reconciler is woken (the StorageNode changed).
 		g.Consistently(func(g Gomega) {
@@ -222,9 +225,9 @@ func TestEvictionRequested(t *testing.T) {
 		w.setModes(step.e, modes)
 		g.Eventually(func() bool {
 			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: step.v.Name + "-r-a"}, &v1.Replica{}))
-		}, deadline, poll).Should(BeTrue())
+		}, within, poll).Should(BeTrue())
 	}
-	g.Eventually(func(g Gomega) int32 { return drainOf(g, n3).Replicas }, deadline, poll).Should(BeZero())
+	g.Eventually(func(g Gomega) int32 { return drainOf(g, n3).Replicas }, within, poll).Should(BeZero())
 	g.Expect(drainOf(g, n3).Safe).To(BeTrue())
 }
 
