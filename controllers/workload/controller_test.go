@@ -19,12 +19,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
-// Deadlines are generous: the suite must pass on a loaded 2-core machine.
+// Deadlines are generous (and scaled by CAIRN_TEST_DEADLINE_SCALE): the
+// suite must pass on a loaded 2-core machine.
+var within = deadline.Scale(60 * time.Second)
+
 const (
-	deadline = 60 * time.Second
-	poll     = 100 * time.Millisecond
+	poll = 100 * time.Millisecond
 )
 
 // volumeNamespace is where the suite's reconciler looks for Engines;
@@ -126,12 +129,12 @@ func TestDeviceLossDeletesOwnedPods(t *testing.T) {
 	f.pod(g, "other-claim", "node-a", "other", true)
 	f.lose(g, time.Now())
 
-	g.Eventually(func(g Gomega) bool { return f.deleting(g, "web-0") }, deadline, poll).Should(BeTrue())
-	g.Eventually(func(g Gomega) []string { return f.events(g, "Pod", "web-0") }, deadline, poll).Should(ContainElement(And(
+	g.Eventually(func(g Gomega) bool { return f.deleting(g, "web-0") }, within, poll).Should(BeTrue())
+	g.Eventually(func(g Gomega) []string { return f.events(g, "Pod", "web-0") }, within, poll).Should(ContainElement(And(
 		HavePrefix(EventPodDeleted+": "), ContainSubstring("lost /dev/loop3 on node node-a"), ContainSubstring("StatefulSet web recreates it"))))
-	g.Eventually(func(g Gomega) []string { return f.events(g, "Pod", "bare") }, deadline, poll).Should(ContainElement(And(
+	g.Eventually(func(g Gomega) []string { return f.events(g, "Pod", "bare") }, within, poll).Should(ContainElement(And(
 		HavePrefix(EventRestartNeeded+": "), ContainSubstring("no controller owns the pod"))))
-	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, deadline, poll).Should(ContainElement(And(
+	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, within, poll).Should(ContainElement(And(
 		HavePrefix(EventDeviceLost+": "), ContainSubstring("could not take the device over"),
 		ContainSubstring("recreate them: web-0"), ContainSubstring("by hand: bare"))))
 	// The reconcile that recorded these decided about every pod at once.
@@ -207,7 +210,7 @@ func TestDeviceLossWithoutPersistentVolume(t *testing.T) {
 	g.Expect(k8sClient.Delete(context.Background(), pv)).To(Succeed())
 	g.Eventually(func() error {
 		return k8sClient.Get(context.Background(), client.ObjectKey{Name: f.volume}, &corev1.PersistentVolume{})
-	}, deadline, poll).Should(Satisfy(apierrors.IsNotFound))
+	}, within, poll).Should(Satisfy(apierrors.IsNotFound))
 	f.lose(g, time.Now())
 	g.Expect(reconcileOnce(g, f, true)).To(BeEmpty())
 	g.Expect(f.deleting(g, "web-0")).To(BeFalse())
