@@ -14,6 +14,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 	"github.com/cairn-io/cairn/dataplane/grpcalive"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestPoolFollowsWatch: the pool's copy of an instance manager's
@@ -32,7 +33,7 @@ func TestPoolFollowsWatch(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	again, _ := pool.Get(addr)
 	g.Expect(again).To(BeIdenticalTo(c), "one connection per instance manager")
-	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, 20*time.Second, 10*time.Millisecond).Should(BeTrue())
+	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, deadline.Scale(20*time.Second), 10*time.Millisecond).Should(BeTrue())
 
 	_, err = c.Client.ProcessCreate(context.Background(), &imv1.ProcessCreateRequest{Name: "ns/v-r-0",
 		Spec: &imv1.ProcessCreateRequest_Replica{Replica: &imv1.ReplicaSpec{DataDir: filepath.Join(dir, "r0"), SizeBytes: 16 << 20}}})
@@ -43,18 +44,18 @@ func TestPoolFollowsWatch(t *testing.T) {
 			return ""
 		}
 		return p.GetDataAddress()
-	}, 30*time.Second, 10*time.Millisecond).ShouldNot(BeEmpty())
+	}, deadline.Scale(30*time.Second), 10*time.Millisecond).ShouldNot(BeEmpty())
 	g.Expect(changes.Load()).To(BeNumerically(">=", 3), "snapshot, starting, running each notify")
 
 	before := changes.Load()
 	im.Kill()
-	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, 20*time.Second, 10*time.Millisecond).Should(BeFalse())
+	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, deadline.Scale(20*time.Second), 10*time.Millisecond).Should(BeFalse())
 	_, _, err = c.Processes()
 	g.Expect(err).To(HaveOccurred(), "the copy says why it is not current")
 	g.Expect(changes.Load()).To(BeNumerically(">", before), "losing the stream notifies")
 
 	imtest.Start(t, "n1", addr, dir)
-	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, 30*time.Second, 10*time.Millisecond).Should(BeTrue())
+	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, deadline.Scale(30*time.Second), 10*time.Millisecond).Should(BeTrue())
 	procs, _, _ := c.Processes()
 	g.Expect(procs).To(BeEmpty(), "the new instance manager killed the old one's children and reports none")
 }
@@ -71,18 +72,18 @@ func TestPoolNoticesASilentInstanceManager(t *testing.T) {
 	defer pool.Close()
 	c, err := pool.Get(im.Addr)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, 20*time.Second, 10*time.Millisecond).Should(BeTrue())
+	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, deadline.Scale(20*time.Second), 10*time.Millisecond).Should(BeTrue())
 
 	g.Expect(im.Cmd.Process.Signal(syscall.SIGSTOP)).To(Succeed())
 	t.Cleanup(func() { im.Cmd.Process.Signal(syscall.SIGCONT) })
 	stopped := time.Now()
-	limit := grpcalive.PingEvery + grpcalive.PingTimeout + 10*time.Second
+	limit := grpcalive.PingEvery + grpcalive.PingTimeout + deadline.Scale(10*time.Second)
 	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, limit, 50*time.Millisecond).Should(BeFalse(),
 		"a silent instance manager is noticed within %s", limit)
 	t.Logf("noticed after %s", time.Since(stopped).Round(100*time.Millisecond))
 
 	g.Expect(im.Cmd.Process.Signal(syscall.SIGCONT)).To(Succeed())
-	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, 30*time.Second, 50*time.Millisecond).Should(BeTrue())
+	g.Eventually(func() bool { _, cur, _ := c.Processes(); return cur }, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(BeTrue())
 }
 
 // TestWaitSettled: on a new connection WaitSettled returns once the first
@@ -162,14 +163,14 @@ func TestPoolClosesIdleUnreachable(t *testing.T) {
 	}
 	live, err := pool.Get(im.Addr)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Eventually(func() bool { _, cur, _ := live.Processes(); return cur }, 20*time.Second, 10*time.Millisecond).Should(BeTrue())
+	g.Eventually(func() bool { _, cur, _ := live.Processes(); return cur }, deadline.Scale(20*time.Second), 10*time.Millisecond).Should(BeTrue())
 	gone, asked := imtest.FreeAddr(t), imtest.FreeAddr(t)
 	_, err = pool.Get(gone)
 	g.Expect(err).NotTo(HaveOccurred())
 	_, err = pool.Get(asked)
 	g.Expect(err).NotTo(HaveOccurred())
 
-	g.Eventually(func() bool { pool.Get(asked); return held(gone) }, 20*time.Second, 20*time.Millisecond).Should(BeFalse(),
+	g.Eventually(func() bool { pool.Get(asked); return held(gone) }, deadline.Scale(20*time.Second), 20*time.Millisecond).Should(BeFalse(),
 		"the unreachable address nobody asks for is closed")
 	g.Expect(held(asked)).To(BeTrue(), "an unreachable address still asked for is kept")
 	g.Expect(held(im.Addr)).To(BeTrue(), "a current connection is kept however long nobody asks")
