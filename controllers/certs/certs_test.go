@@ -28,6 +28,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
 	"github.com/cairn-io/cairn/controllers/internal/suite"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // The tests run against a real kube-apiserver and etcd (envtest) and real
@@ -100,7 +101,7 @@ func nodeInfo(addr string, cfg *tls.Config) (issuer string, err error) {
 		return "", err
 	}
 	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(10*time.Second))
 	defer cancel()
 	_, err = imv1.NewInstanceManagerServiceClient(cc).NodeInfo(ctx, &imv1.NodeInfoRequest{})
 	return issuer, err
@@ -164,7 +165,7 @@ func TestAuthorityWithInstanceManager(t *testing.T) {
 	conn, err := pool.Get(im.Addr)
 	g.Expect(err).NotTo(HaveOccurred())
 	current := func() bool { _, cur, _ := conn.Processes(); return cur }
-	g.Eventually(current, 20*time.Second, 20*time.Millisecond).Should(BeTrue(), "the pool's watch runs over mutual TLS")
+	g.Eventually(current, deadline.Scale(20*time.Second), 20*time.Millisecond).Should(BeTrue(), "the pool's watch runs over mutual TLS")
 
 	// Nobody else gets in: no client certificate, or another CA's.
 	noCert := &tls.Config{RootCAs: roots, ServerName: ServerName, MinVersion: tls.VersionTLS13}
