@@ -22,6 +22,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestAuthenticated runs the metrics filter against a real API server
@@ -127,13 +129,13 @@ func TestAuthenticated(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The refusal is kept for refusedTTL; then the grant is seen.
-	deadline := time.Now().Add(refusedTTL + 20*time.Second)
+	until := time.Now().Add(refusedTTL + deadline.Scale(20*time.Second))
 	for {
 		code, body := get("/metrics", token)
 		if code == http.StatusOK && strings.Contains(body, "cairn_volume_size_bytes") {
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(until) {
 			t.Fatalf("the bound account still gets %d %q", code, body)
 		}
 		time.Sleep(200 * time.Millisecond)
