@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestGetCapacityIsTheSchedulersRoom: GetCapacity reports what the replica
@@ -65,7 +66,7 @@ func TestGetCapacityIsTheSchedulersRoom(t *testing.T) {
 	}
 
 	// The empty disk: all of it, once its StorageNode reports it.
-	g.Eventually(func() []int64 { a, l := capacity(); return []int64{a, l} }, 60*time.Second, 100*time.Millisecond).Should(Equal([]int64{size, size}))
+	g.Eventually(func() []int64 { a, l := capacity(); return []int64{a, l} }, deadline.Scale(60*time.Second), 100*time.Millisecond).Should(Equal([]int64{size, size}))
 
 	g.Expect(create("cap-40", 40<<20)).To(Succeed())
 	a, l := capacity()

@@ -21,6 +21,7 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/harness"
 	"github.com/cairn-io/cairn/controllers/replica"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // marker is plaintext an encrypted volume's replicas must never hold.
@@ -86,7 +87,7 @@ func TestEncryptedVolume(t *testing.T) {
 
 	t.Log("the key Secret holds another passphrase")
 	setPassphrase(g, keySecret, wrong[v1.EncryptionPassphraseKey])
-	pctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, deadline.Scale(90*time.Second))
 	defer cancel()
 	_, err = ctrl.controller.ControllerPublishVolume(pctx, &csipb.ControllerPublishVolumeRequest{VolumeId: enc.GetVolumeId(), NodeId: "enc-b", VolumeCapability: vc})
 	g.Expect(status.Code(err)).To(Equal(codes.FailedPrecondition), "%v", err)

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // fakeMounter is a Mounter that mounts nothing: it keeps its mount table
@@ -214,12 +216,12 @@ type nbdConn struct {
 // default export (fixed newstyle, NBD_OPT_EXPORT_NAME ""), runs fn and
 // disconnects.
 func nbdDo(socket string, fn func(*nbdConn) error) error {
-	conn, err := net.DialTimeout("unix", socket, 10*time.Second)
+	conn, err := net.DialTimeout("unix", socket, deadline.Scale(10*time.Second))
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(time.Minute)); err != nil {
+	if err := conn.SetDeadline(deadline.After(time.Minute)); err != nil {
 		return err
 	}
 	c := &nbdConn{Conn: conn}

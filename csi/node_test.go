@@ -17,6 +17,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestNodePluginRestart restarts the node plugin while a volume is staged
@@ -83,7 +84,7 @@ func TestProbe(t *testing.T) {
 	g.Eventually(func() bool {
 		r, err := d.identity.Probe(ctx, &csipb.ProbeRequest{})
 		return err == nil && r.GetReady().GetValue()
-	}, 30*time.Second, 100*time.Millisecond).Should(BeTrue())
+	}, deadline.Scale(30*time.Second), 100*time.Millisecond).Should(BeTrue())
 
 	ctrlOnly, err := New(Options{Mode: ModeController, Client: cluster.Client, Namespace: testNamespace, Logger: logr.Discard()})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -109,7 +110,7 @@ func TestRegistration(t *testing.T) {
 	go reg.Serve(ctx, dir)
 	sock := SocketPath(dir)
 	g.Expect(filepath.Base(sock)).To(Equal("storage.cairn.io-reg.sock"))
-	g.Eventually(func() error { _, err := os.Stat(sock); return err }, 10*time.Second, 20*time.Millisecond).Should(Succeed())
+	g.Eventually(func() error { _, err := os.Stat(sock); return err }, deadline.Scale(10*time.Second), 20*time.Millisecond).Should(Succeed())
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	g.Expect(err).NotTo(HaveOccurred())
 	defer conn.Close()
@@ -162,7 +163,7 @@ func TestGetCapacity(t *testing.T) {
 	}
 	// Both nodes' disks reported: a two-replica volume fits somewhere.
 	g.Eventually(func() int64 { return capacity("2").GetMaximumVolumeSize().GetValue() },
-		30*time.Second, 100*time.Millisecond).Should(BeNumerically(">", 0), "the disks report their space")
+		deadline.Scale(30*time.Second), 100*time.Millisecond).Should(BeNumerically(">", 0), "the disks report their space")
 	one, two := capacity("1").GetAvailableCapacity(), capacity("2").GetAvailableCapacity()
 	g.Expect(two).To(BeNumerically("<", one), "two replicas take twice the space")
 	g.Expect(capacity("3").GetMaximumVolumeSize().GetValue()).To(BeZero(), "three replicas need three disks; there are two")

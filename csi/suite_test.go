@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/harness"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // The tests run the driver against the whole control plane: envtest, the
@@ -70,7 +71,7 @@ func addNodes(t *testing.T, names ...string) {
 				}
 			}
 			return false
-		}, 60*time.Second, 100*time.Millisecond).Should(BeTrue(), "node %s reports a disk", n)
+		}, deadline.Scale(60*time.Second), 100*time.Millisecond).Should(BeTrue(), "node %s reports a disk", n)
 	}
 }
 
@@ -124,7 +125,7 @@ func serveDriver(t *testing.T, opts Options) *driver {
 
 // callCtx bounds one CSI call as the sidecars do.
 func callCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(2*time.Minute))
 	t.Cleanup(cancel)
 	return ctx
 }
