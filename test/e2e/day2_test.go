@@ -10,6 +10,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // recordWriter appends "rec N" to /data/log with fsync every 0.2 s until
@@ -52,7 +54,7 @@ func checkRecords(pod string) int {
 	Eventually(func() string {
 		out, _ := kubectl("", "-n", "default", "exec", pod, "--", "sh", "-c", "cat /tmp/writer 2>/dev/null")
 		return out
-	}, 2*time.Minute, time.Second).Should(Equal("done"))
+	}, deadline.Scale(2*time.Minute), time.Second).Should(Equal("done"))
 	acked := writerState(pod, "acked")
 	Expect(acked).To(BeNumerically(">", 0))
 	podExec(pod, fmt.Sprintf("seq 1 %d | sed 's/^/rec /' > /tmp/want && head -n %d /data/log | cmp - /tmp/want", acked, acked))
@@ -72,7 +74,7 @@ func deleteInstanceManager(node string) {
 	Eventually(func() string {
 		out, _ := kubectl("", append(sel, "-o", `jsonpath={.items[?(@.status.phase=="Running")].metadata.name}`)...)
 		return out
-	}, 3*time.Minute, time.Second).ShouldNot(Or(BeEmpty(), Equal(old)), "a new instance-manager pod on %s", node)
+	}, deadline.Scale(3*time.Minute), time.Second).ShouldNot(Or(BeEmpty(), Equal(old)), "a new instance-manager pod on %s", node)
 	GinkgoWriter.Printf("instance manager on %s: %s (%s) replaced by %s (%s)\n", node, old, oldIP,
 		must("", append(sel, "-o", "jsonpath={.items[*].metadata.name}")...), must("", append(sel, "-o", "jsonpath={.items[*].status.podIP}")...))
 }
@@ -96,8 +98,8 @@ var _ = Describe("day 2: the data plane restarted under a writing application", 
 			waitPod(claim, 4*time.Minute)
 			vol := volumeOf(claim)
 			Expect(volumeField(vol, "{.status.currentNodeName}")).To(Equal(app))
-			Eventually(robustness(vol), 2*time.Minute, time.Second).Should(Equal("healthy"))
-			Eventually(func() int { return writerState(claim, "acked") }, time.Minute, time.Second).Should(BeNumerically(">=", 10))
+			Eventually(robustness(vol), deadline.Scale(2*time.Minute), time.Second).Should(Equal("healthy"))
+			Eventually(func() int { return writerState(claim, "acked") }, deadline.Scale(time.Minute), time.Second).Should(BeNumerically(">=", 10))
 			before := writerState(claim, "acked")
 			start := time.Now()
 			if fault == "engine process killed" {
@@ -106,9 +108,9 @@ var _ = Describe("day 2: the data plane restarted under a writing application", 
 				deleteInstanceManager(app)
 			}
 			// Writes go on: the writer gets past what it had before the fault.
-			Eventually(func() int { return writerState(claim, "acked") }, 3*time.Minute, time.Second).Should(BeNumerically(">", before+10),
+			Eventually(func() int { return writerState(claim, "acked") }, deadline.Scale(3*time.Minute), time.Second).Should(BeNumerically(">", before+10),
 				"the writer makes progress again after the %s", fault)
-			Eventually(robustness(vol), 4*time.Minute, time.Second).Should(Equal("healthy"), "volume %s healthy again", vol)
+			Eventually(robustness(vol), deadline.Scale(4*time.Minute), time.Second).Should(Equal("healthy"), "volume %s healthy again", vol)
 			GinkgoWriter.Printf("%s: healthy again %s after the fault; longest pause between fsyncs %d ms\n", fault, time.Since(start).Round(time.Second), writerState(claim, "maxgap"))
 			Expect(writerState(claim, "errors")).To(Equal(0), "I/O errors seen by the application: %s",
 				podExec(claim, "cat /tmp/werr 2>/dev/null; true"))
@@ -158,19 +160,19 @@ var _ = Describe("day 2: the data plane restarted under fio --verify", func() {
 		}
 		for _, v := range vols {
 			Expect(volumeField(v, "{.status.currentNodeName}")).To(Equal(app))
-			Eventually(robustness(v), 2*time.Minute, time.Second).Should(Equal("healthy"))
+			Eventually(robustness(v), deadline.Scale(2*time.Minute), time.Second).Should(Equal("healthy"))
 		}
 		progress := func(what string) {
 			GinkgoHelper()
 			for _, p := range pods {
 				at := fioPasses(p)
-				Eventually(func() int { return fioPasses(p) }, 4*time.Minute, time.Second).Should(BeNumerically(">", at),
+				Eventually(func() int { return fioPasses(p) }, deadline.Scale(4*time.Minute), time.Second).Should(BeNumerically(">", at),
 					"%s: a verified fio pass in %s after %s", p, p, what)
 				rc, out := fioResult(p)
 				Expect(rc).To(BeEmpty(), "%s: fio stopped after %s:\n%s", p, what, out)
 			}
 			for _, v := range vols {
-				Eventually(robustness(v), 4*time.Minute, time.Second).Should(Equal("healthy"), "volume %s healthy again after %s", v, what)
+				Eventually(robustness(v), deadline.Scale(4*time.Minute), time.Second).Should(Equal("healthy"), "volume %s healthy again after %s", v, what)
 			}
 		}
 		progress("start")
@@ -182,7 +184,7 @@ var _ = Describe("day 2: the data plane restarted under fio --verify", func() {
 		progress("the engines were killed")
 		for _, p := range pods {
 			podExec(p, "touch /tmp/stop")
-			Eventually(func() string { rc, _ := fioResult(p); return rc }, 3*time.Minute, time.Second).Should(Equal("ok"),
+			Eventually(func() string { rc, _ := fioResult(p); return rc }, deadline.Scale(3*time.Minute), time.Second).Should(Equal("ok"),
 				func() string { _, out := fioResult(p); return out })
 		}
 	})

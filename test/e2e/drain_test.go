@@ -10,6 +10,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // drainAsync runs `kubectl drain node` in the background (it waits while
@@ -20,7 +22,7 @@ func drainAsync(node string) <-chan error {
 	done := make(chan error, 1)
 	go func() {
 		defer GinkgoRecover()
-		out, err := exec.Command("kubectl", "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=12m").CombinedOutput()
+		out, err := exec.Command("kubectl", "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", timeoutFlag(12*time.Minute)).CombinedOutput()
 		GinkgoWriter.Printf("kubectl drain %s: %s\n", node, out)
 		if err != nil {
 			err = fmt.Errorf("kubectl drain %s: %w: %s", node, err, out)
@@ -78,7 +80,7 @@ volumeBindingMode: Immediate
 		}
 		pvc("dr-app", "cairn-e2e-1r", "128Mi", false, "")
 		vol := volumeOf("dr-app")
-		Eventually(func() []string { return replicaNodes(vol) }, 2*time.Minute, time.Second).Should(Equal([]string{target}))
+		Eventually(func() []string { return replicaNodes(vol) }, deadline.Scale(2*time.Minute), time.Second).Should(Equal([]string{target}))
 		for _, x := range n {
 			if x != target {
 				setSchedulable(x, true)
@@ -118,10 +120,10 @@ spec:
 			}
 			return f[0], f[1]
 		}
-		Eventually(func() string { _, node := appPod(); return node }, 4*time.Minute, time.Second).Should(Equal(target))
+		Eventually(func() string { _, node := appPod(); return node }, deadline.Scale(4*time.Minute), time.Second).Should(Equal(target))
 		first, _ := appPod()
-		Eventually(func() string { return podExec(first, "cat /tmp/verified 2>/dev/null; true") }, 2*time.Minute, time.Second).Should(Equal("first"))
-		Eventually(robustness(vol), 2*time.Minute, time.Second).Should(Equal("healthy"))
+		Eventually(func() string { return podExec(first, "cat /tmp/verified 2>/dev/null; true") }, deadline.Scale(2*time.Minute), time.Second).Should(Equal("first"))
+		Eventually(robustness(vol), deadline.Scale(2*time.Minute), time.Second).Should(Equal("healthy"))
 
 		done := drainAsync(target)
 		// The drain evicts the app; it starts on another node and attaches
@@ -133,12 +135,12 @@ spec:
 				return ""
 			}
 			return podExec(name, "cat /tmp/verified 2>/dev/null; true")
-		}, 8*time.Minute, 2*time.Second).Should(Equal("ok"), "the app, evicted, reads its data back on another node")
+		}, deadline.Scale(8*time.Minute), 2*time.Second).Should(Equal("ok"), "the app, evicted, reads its data back on another node")
 		var err error
-		Eventually(done, 12*time.Minute, time.Second).Should(Receive(&err))
+		Eventually(done, deadline.Scale(12*time.Minute), time.Second).Should(Receive(&err))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(replicaNodes(vol)).NotTo(ContainElement(target), "the drain ended while the volume's only healthy replica was still on %s", target)
-		Eventually(robustness(vol), 2*time.Minute, time.Second).Should(Equal("healthy"))
+		Eventually(robustness(vol), deadline.Scale(2*time.Minute), time.Second).Should(Equal("healthy"))
 		events := must("", "-n", ns, "get", "events", "--field-selector", "involvedObject.name="+vol, "-o", "jsonpath={.items[*].reason}")
 		Expect(events).To(ContainSubstring("ReplicaMoved"))
 	})
@@ -158,14 +160,14 @@ spec:
 		waitPod("dr-rep", 4*time.Minute)
 		vol := volumeOf("dr-rep")
 		Expect(replicaNodes(vol)).To(ContainElement(target))
-		Eventually(robustness(vol), 2*time.Minute, time.Second).Should(Equal("healthy"))
-		Eventually(func() int { return writerState("dr-rep", "acked") }, time.Minute, time.Second).Should(BeNumerically(">=", 10))
+		Eventually(robustness(vol), deadline.Scale(2*time.Minute), time.Second).Should(Equal("healthy"))
+		Eventually(func() int { return writerState("dr-rep", "acked") }, deadline.Scale(time.Minute), time.Second).Should(BeNumerically(">=", 10))
 		before := writerState("dr-rep", "acked")
 		done := drainAsync(target)
 		var err error
-		Eventually(done, 5*time.Minute, time.Second).Should(Receive(&err), "a node whose replicas all have healthy copies elsewhere is not held")
+		Eventually(done, deadline.Scale(5*time.Minute), time.Second).Should(Receive(&err), "a node whose replicas all have healthy copies elsewhere is not held")
 		Expect(err).NotTo(HaveOccurred())
-		Eventually(func() int { return writerState("dr-rep", "acked") }, time.Minute, time.Second).Should(BeNumerically(">", before+10))
+		Eventually(func() int { return writerState("dr-rep", "acked") }, deadline.Scale(time.Minute), time.Second).Should(BeNumerically(">", before+10))
 		Expect(writerState("dr-rep", "errors")).To(Equal(0))
 		checkRecords("dr-rep")
 	})

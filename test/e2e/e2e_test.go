@@ -19,6 +19,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 func TestE2E(t *testing.T) {
@@ -130,9 +132,16 @@ spec:
 
 // waitPod waits until the pod is Ready, and fails with its logs and
 // description if it is not within timeout.
+// timeoutFlag is kubectl's --timeout for a wait of d, scaled by the
+// suite's deadline factor (CAIRN_TEST_DEADLINE_SCALE).
+func timeoutFlag(d time.Duration) string {
+	return fmt.Sprintf("--timeout=%ds", int(deadline.Scale(d).Seconds()))
+}
+
+// waitPod waits up to timeout (scaled) for pod name to be Ready.
 func waitPod(name string, timeout time.Duration) {
 	GinkgoHelper()
-	_, err := kubectl("", "-n", "default", "wait", "pod/"+name, "--for=condition=Ready", fmt.Sprintf("--timeout=%ds", int(timeout.Seconds())))
+	_, err := kubectl("", "-n", "default", "wait", "pod/"+name, "--for=condition=Ready", timeoutFlag(timeout))
 	if err != nil {
 		logs, _ := kubectl("", "-n", "default", "logs", name)
 		desc, _ := kubectl("", "-n", "default", "describe", "pod", name)
@@ -142,7 +151,7 @@ func waitPod(name string, timeout time.Duration) {
 
 func deletePod(name string) {
 	GinkgoHelper()
-	must("", "-n", "default", "delete", "pod", name, "--wait=true", "--timeout=3m")
+	must("", "-n", "default", "delete", "pod", name, "--wait=true", timeoutFlag(3*time.Minute))
 }
 
 func podExec(name string, script string) string {
@@ -197,19 +206,19 @@ func stopNode(node string) {
 func restartNode(node string) {
 	GinkgoHelper()
 	docker("start", node)
-	Eventually(func() string { return nodeReady(node) }, 3*time.Minute, 2*time.Second).Should(Equal("True"), "node %s Ready", node)
+	Eventually(func() string { return nodeReady(node) }, deadline.Scale(3*time.Minute), 2*time.Second).Should(Equal("True"), "node %s Ready", node)
 	if out, _ := kubectl("", "get", "node", node, "-o", "jsonpath={.spec.taints[*].key}"); strings.Contains(out, "out-of-service") {
 		must("", "taint", "node", node, strings.SplitN(outOfService, "=", 2)[0]+"-")
 	}
 	Eventually(func() string {
 		out, _ := kubectl("", "-n", ns, "get", "instancemanagers.storage.cairn.io", "im-"+node, "-o", "jsonpath={.status.state}")
 		return out
-	}, 3*time.Minute, 2*time.Second).Should(Equal("running"), "the instance manager on %s", node)
+	}, deadline.Scale(3*time.Minute), 2*time.Second).Should(Equal("running"), "the instance manager on %s", node)
 	Eventually(func() string {
 		out, _ := kubectl("", "-n", ns, "get", "pod", "-l", "app.kubernetes.io/component=csi-node", "--field-selector", "spec.nodeName="+node,
 			"-o", `jsonpath={.items[*].status.conditions[?(@.type=="Ready")].status}`)
 		return out
-	}, 3*time.Minute, 2*time.Second).Should(Equal("True"), "the CSI node plugin on %s", node)
+	}, deadline.Scale(3*time.Minute), 2*time.Second).Should(Equal("True"), "the CSI node plugin on %s", node)
 }
 
 // replicaOn is the name of the volume's replica on node.
@@ -285,9 +294,9 @@ var _ = Describe("a replica's instance manager lost", func() {
 		imPod := must("", "-n", ns, "get", "pod", "-l", "app.kubernetes.io/component=instance-manager",
 			"--field-selector", "spec.nodeName="+victim, "-o", "name")
 		must("", "-n", ns, "delete", imPod, "--wait=false")
-		Eventually(func() string { return volumeField(vol, "{.status.robustness}") }, 2*time.Minute, time.Second).Should(Equal("degraded"))
+		Eventually(func() string { return volumeField(vol, "{.status.robustness}") }, deadline.Scale(2*time.Minute), time.Second).Should(Equal("degraded"))
 		podExec("im-a", "cd /data && dd if=/dev/urandom of=g bs=1M count=8 status=none && sync && sha256sum g >> sum && sync")
-		Eventually(func() string { return volumeField(vol, "{.status.robustness}") }, 4*time.Minute, time.Second).Should(Equal("healthy"))
+		Eventually(func() string { return volumeField(vol, "{.status.robustness}") }, deadline.Scale(4*time.Minute), time.Second).Should(Equal("healthy"))
 		deletePod("im-a")
 		pod("im-b", n[0], "im", false, "cd /data && sha256sum -c sum")
 	})
@@ -316,18 +325,18 @@ var _ = Describe("a replica's instance manager lost", func() {
 			out, _ := kubectl("", "-n", "default", "exec", "fio-a", "--", "sh", "-c", "cat /tmp/fio.log /tmp/fio.out")
 			return out
 		}
-		Eventually(passes, 2*time.Minute, time.Second).Should(BeNumerically(">=", 1), "a first verified pass")
+		Eventually(passes, deadline.Scale(2*time.Minute), time.Second).Should(BeNumerically(">=", 1), "a first verified pass")
 		imPod := must("", "-n", ns, "get", "pod", "-l", "app.kubernetes.io/component=instance-manager",
 			"--field-selector", "spec.nodeName="+n[2], "-o", "name")
 		must("", "-n", ns, "delete", imPod, "--wait=false")
-		Eventually(robustness(vol), 2*time.Minute, time.Second).Should(Equal("degraded"))
+		Eventually(robustness(vol), deadline.Scale(2*time.Minute), time.Second).Should(Equal("degraded"))
 		Expect(result()).To(BeEmpty(), "fio still running: %s", fioOut())
-		Eventually(robustness(vol), 4*time.Minute, time.Second).Should(Equal("healthy"))
+		Eventually(robustness(vol), deadline.Scale(4*time.Minute), time.Second).Should(Equal("healthy"))
 		// One more whole pass on the repaired volume.
 		atHealthy := passes()
-		Eventually(passes, 3*time.Minute, time.Second).Should(BeNumerically(">", atHealthy), fioOut)
+		Eventually(passes, deadline.Scale(3*time.Minute), time.Second).Should(BeNumerically(">", atHealthy), fioOut)
 		podExec("fio-a", "touch /tmp/stop")
-		Eventually(result, 3*time.Minute, time.Second).Should(Equal("ok"), fioOut)
+		Eventually(result, deadline.Scale(3*time.Minute), time.Second).Should(Equal("ok"), fioOut)
 		// The last pass's blocks, read through a new engine on another node.
 		deletePod("fio-a")
 		startPod("fio-b", n[0], "fio", false, fioImage, "fio "+fioJob+" --verify_only")
@@ -359,7 +368,7 @@ spec: {volumeSnapshotClassName: cairn, source: {persistentVolumeClaimName: src}}
 		Eventually(func() string {
 			out, _ := kubectl("", "-n", "default", "get", "volumesnapshot", "src-snap", "-o", "jsonpath={.status.readyToUse}")
 			return out
-		}, 2*time.Minute, time.Second).Should(Equal("true"))
+		}, deadline.Scale(2*time.Minute), time.Second).Should(Equal("true"))
 		podExec("src-a", "cd /data && echo after > f && sync")
 		pvc("restored", "cairn-e2e-xfs", "320Mi", false, "  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: src-snap}")
 		pvc("cloned", "cairn-e2e-xfs", "320Mi", false, "  dataSource: {kind: PersistentVolumeClaim, name: src}")
@@ -368,7 +377,7 @@ spec: {volumeSnapshotClassName: cairn, source: {persistentVolumeClaimName: src}}
 
 		before := podExec("src-a", "df -k /data | tail -1 | awk '{print $2}'")
 		must("", "-n", "default", "patch", "pvc", "src", "-p", `{"spec":{"resources":{"requests":{"storage":"640Mi"}}}}`)
-		Eventually(func() string { return podExec("src-a", "df -k /data | tail -1 | awk '{print $2}'") }, 3*time.Minute, 2*time.Second).
+		Eventually(func() string { return podExec("src-a", "df -k /data | tail -1 | awk '{print $2}'") }, deadline.Scale(3*time.Minute), 2*time.Second).
 			ShouldNot(Equal(before), "the filesystem grew in the pod")
 		Expect(podExec("src-a", "cat /data/f")).To(Equal("after"))
 	})
@@ -393,9 +402,9 @@ var _ = Describe("a replica's node stopped and started again", func() {
 		// Written while the node is away: the engine finds the replica
 		// gone, and these are the regions it misses.
 		podExec("ns-a", "cd /data && dd if=/dev/urandom of=g bs=1M count=8 conv=fsync status=none && sha256sum g >> sum && sync")
-		Eventually(robustness(vol), 2*time.Minute, time.Second).Should(Equal("degraded"))
+		Eventually(robustness(vol), deadline.Scale(2*time.Minute), time.Second).Should(Equal("degraded"))
 		restartNode(victim)
-		Eventually(robustness(vol), 4*time.Minute, time.Second).Should(Equal("healthy"))
+		Eventually(robustness(vol), deadline.Scale(4*time.Minute), time.Second).Should(Equal("healthy"))
 		rb := rebuildOf(vol, rep)
 		GinkgoWriter.Printf("the rebuild of %s: %+v\n", rep, rb)
 		Expect(rb.State).To(Equal("complete"), "%+v", rb)
@@ -430,7 +439,7 @@ var _ = Describe("the engine's node lost under the app", func() {
 		pod("eng-b", next, "eng", false, "cd /data && sha256sum -c sums && test $(wc -l < log) -eq 50 && test \"$(tail -1 log)\" = line50")
 		Expect(volumeField(vol, "{.status.currentNodeName}")).To(Equal(next))
 		restartNode(victim)
-		Eventually(robustness(vol), 4*time.Minute, time.Second).Should(Equal("healthy"), "the replica on %s given back", victim)
+		Eventually(robustness(vol), deadline.Scale(4*time.Minute), time.Second).Should(Equal("healthy"), "the replica on %s given back", victim)
 	})
 })
 
@@ -483,7 +492,7 @@ var _ = BeforeSuite(func() {
 			continue
 		}
 		must("", "-n", d[0], "patch", "deployment", d[1], "-p", pin)
-		must("", "-n", d[0], "rollout", "status", "deployment", d[1], "--timeout=3m")
+		must("", "-n", d[0], "rollout", "status", "deployment", d[1], timeoutFlag(3*time.Minute))
 	}
 })
 
@@ -494,12 +503,12 @@ var _ = AfterSuite(func() {
 	Eventually(func() string {
 		out, _ := kubectl("", "-n", ns, "get", "volumes.storage.cairn.io,engines.storage.cairn.io,replicas.storage.cairn.io,snapshots.storage.cairn.io", "-o", "name")
 		return out
-	}, 4*time.Minute, 2*time.Second).Should(BeEmpty())
+	}, deadline.Scale(4*time.Minute), 2*time.Second).Should(BeEmpty())
 	for _, node := range nodes() {
 		Eventually(func() string {
 			out, _ := exec.Command("docker", "exec", node, "ls", "-A", "/var/lib/cairn/replicas").CombinedOutput()
 			return strings.TrimSpace(string(out))
-		}, time.Minute, 2*time.Second).Should(BeEmpty(), "no replica data on %s", node)
+		}, deadline.Scale(time.Minute), 2*time.Second).Should(BeEmpty(), "no replica data on %s", node)
 	}
 })
 
@@ -537,7 +546,7 @@ var _ = Describe("an encrypted volume", func() {
 				Eventually(func() string {
 					out, _ := kubectl("", "get", "pv", pv, "--ignore-not-found", "-o", "name")
 					return out
-				}, 4*time.Minute, 2*time.Second).Should(BeEmpty(), "PV %s deleted", pv)
+				}, deadline.Scale(4*time.Minute), 2*time.Second).Should(BeEmpty(), "PV %s deleted", pv)
 			}
 			kubectl("", "delete", "storageclass", "cairn-encrypted")
 			kubectl("", "-n", ns, "delete", "secret", "cairn-encryption")

@@ -15,6 +15,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // images are the three images `make deploy` takes.
@@ -82,7 +84,7 @@ func makeDeploy(im images) {
 	if args := must("", "-n", ns, "get", "deployment", "cairn-manager", "-o", "jsonpath={.spec.template.spec.containers[0].args}"); !strings.Contains(args, "--replenishment-wait") {
 		must("", "-n", ns, "patch", "deployment", "cairn-manager", "--type=json",
 			"-p", `[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--replenishment-wait=3m"}]`)
-		must("", "-n", ns, "rollout", "status", "deployment", "cairn-manager", "--timeout=3m")
+		must("", "-n", ns, "rollout", "status", "deployment", "cairn-manager", timeoutFlag(3*time.Minute))
 	}
 }
 
@@ -183,7 +185,7 @@ func expectRolledOut(im images, nodeCount int) {
 		Eventually(func() string {
 			out, _ := kubectl("", "-n", ns, "get", "instancemanagers.storage.cairn.io", "im-"+p.Spec.NodeName, "-o", "jsonpath={.status.state}/{.status.version}")
 			return out
-		}, time.Minute, 2*time.Second).Should(MatchRegexp(`^running/.+`), "instance manager on %s running and reporting its version", p.Spec.NodeName)
+		}, deadline.Scale(time.Minute), 2*time.Second).Should(MatchRegexp(`^running/.+`), "instance manager on %s running and reporting its version", p.Spec.NodeName)
 	}
 }
 
@@ -297,7 +299,7 @@ var _ = Describe("an upgrade and a rollback under load", func() {
 			vols = append(vols, volumeOf(p))
 		}
 		for _, v := range vols {
-			Eventually(robustness(v), 2*time.Minute, time.Second).Should(Equal("healthy"), "volume %s", v)
+			Eventually(robustness(v), deadline.Scale(2*time.Minute), time.Second).Should(Equal("healthy"), "volume %s", v)
 		}
 		fioState := func(pod, file string) string {
 			out, _ := kubectl("", "-n", "default", "exec", pod, "--", "sh", "-c", "cat /tmp/"+file+" 2>/dev/null")
@@ -312,7 +314,7 @@ var _ = Describe("an upgrade and a rollback under load", func() {
 		}
 		fioLog := func(pod string) string { return fioState(pod, "fio.log") + fioState(pod, "fio.out") }
 		for _, p := range fios {
-			Eventually(fioPasses(p), 3*time.Minute, time.Second).Should(BeNumerically(">=", 1), "a first verified fio pass in %s", p)
+			Eventually(fioPasses(p), deadline.Scale(3*time.Minute), time.Second).Should(BeNumerically(">=", 1), "a first verified fio pass in %s", p)
 		}
 
 		// Every check after a deploy: the components run the images, rolled
@@ -322,7 +324,7 @@ var _ = Describe("an upgrade and a rollback under load", func() {
 			GinkgoHelper()
 			acked := map[string]int{}
 			for _, w := range writers {
-				Eventually(func() int { return writerState(w, "acked") }, time.Minute, time.Second).Should(BeNumerically(">=", 10))
+				Eventually(func() int { return writerState(w, "acked") }, deadline.Scale(time.Minute), time.Second).Should(BeNumerically(">=", 10))
 				acked[w] = writerState(w, "acked")
 			}
 			passes := map[string]int{}
@@ -338,18 +340,18 @@ var _ = Describe("an upgrade and a rollback under load", func() {
 			}
 			expectRolledOut(im, len(n))
 			for _, v := range vols {
-				Eventually(robustness(v), 4*time.Minute, time.Second).Should(Equal("healthy"), "%s: volume %s healthy", what, v)
+				Eventually(robustness(v), deadline.Scale(4*time.Minute), time.Second).Should(Equal("healthy"), "%s: volume %s healthy", what, v)
 				Expect(volumeField(v, "{.status.state}")).To(Equal("attached"))
 			}
 			for _, w := range writers {
-				Eventually(func() int { return writerState(w, "acked") }, 3*time.Minute, time.Second).Should(BeNumerically(">", acked[w]+10),
+				Eventually(func() int { return writerState(w, "acked") }, deadline.Scale(3*time.Minute), time.Second).Should(BeNumerically(">", acked[w]+10),
 					"%s: writer %s makes progress", what, w)
 				Expect(writerState(w, "errors")).To(Equal(0), "%s: I/O errors seen by %s: %s", what, w, podExec(w, "cat /tmp/werr 2>/dev/null; true"))
 				GinkgoWriter.Printf("%s: %s longest pause between fsyncs so far %d ms\n", what, w, writerState(w, "maxgap"))
 			}
 			for _, p := range fios {
 				Expect(fioState(p, "fio.rc")).To(BeEmpty(), "%s: fio in %s still running without an error: %s", what, p, fioLog(p))
-				Eventually(fioPasses(p), 3*time.Minute, time.Second).Should(BeNumerically(">", passes[p]), "%s: fio in %s verifies another pass: %s", what, p, fioLog(p))
+				Eventually(fioPasses(p), deadline.Scale(3*time.Minute), time.Second).Should(BeNumerically(">", passes[p]), "%s: fio in %s verifies another pass: %s", what, p, fioLog(p))
 			}
 		}
 
@@ -367,7 +369,7 @@ var _ = Describe("an upgrade and a rollback under load", func() {
 		}
 		for _, p := range fios {
 			podExec(p, "touch /tmp/stop")
-			Eventually(func() string { return fioState(p, "fio.rc") }, 3*time.Minute, time.Second).Should(Equal("ok"), fioLog(p))
+			Eventually(func() string { return fioState(p, "fio.rc") }, deadline.Scale(3*time.Minute), time.Second).Should(Equal("ok"), fioLog(p))
 		}
 	})
 })
