@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -191,6 +192,55 @@ func TestPlanRepair(t *testing.T) {
 				t.Fatalf("%+v", p)
 			}
 		},
+	}, {
+		name:  "nothing yet: numberOfReplicas are created",
+		in:    repairInput{want: 3},
+		addrs: nil,
+		check: func(t *testing.T, p repairPlan) {
+			if p.replace != 3 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name:  "faulted: a given-up replica still counts, as there is nothing to rebuild a replacement from",
+		in:    repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 30*time.Second), rep("b", false, true, 2*time.Minute)}, modes: modes{"a": ERR, "b": ERR}},
+		addrs: []string{"a"},
+		check: func(t *testing.T, p repairPlan) {
+			if !p.faulted || p.replace != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name:  "the engine does not run: a given-up replica still counts (a replacement would be an empty replica an attach waits for)",
+		in:    repairInput{want: 2, replicas: []*v1.Replica{rep("a", false, true, 0), rep("b", false, true, 2*time.Minute)}},
+		addrs: nil,
+		check: func(t *testing.T, p repairPlan) {
+			if p.replace != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name: "the engine does not run: a replica being deleted is replaced",
+		in: repairInput{want: 2, replicas: []*v1.Replica{rep("a", false, true, 0), func() *v1.Replica {
+			r := rep("b", false, true, 0)
+			r.DeletionTimestamp = at(time.Second)
+			return r
+		}()}},
+		addrs: nil,
+		check: func(t *testing.T, p repairPlan) {
+			if p.replace != 1 {
+				t.Fatalf("%+v", p)
+			}
+		},
+	}, {
+		name:  "a given-up replica the engine rebuilds (WO) still counts: not replaced, not removed",
+		in:    repairInput{want: 2, replicas: []*v1.Replica{rep("a", true, true, 0), rep("b", true, true, 2*time.Minute)}, modes: modes{"a": RW, "b": WO}},
+		addrs: []string{"a", "b"},
+		check: func(t *testing.T, p repairPlan) {
+			if p.replace != 0 || len(p.remove) != 0 {
+				t.Fatalf("%+v", p)
+			}
+		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.in.now, tc.in.wait = now, wait
@@ -214,5 +264,38 @@ func TestPlanRepair(t *testing.T) {
 				tc.check(t, p)
 			}
 		})
+	}
+}
+
+// TestPlanReplicasEngineModes: the engine's replica modes are facts only
+// while its process runs. A stopped engine's last reported modes (an RW
+// replica) must not let a given-up replica be replaced: nothing would
+// rebuild the replacement.
+func TestPlanReplicasEngineModes(t *testing.T) {
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	r := &Reconciler{ReplenishmentWait: time.Minute}
+	for _, tc := range []struct {
+		state   v1.InstanceState
+		replace int
+	}{
+		{v1.InstanceStateRunning, 1},
+		{v1.InstanceStateStopped, 0},
+		{v1.InstanceStateError, 0},
+		{"", 0},
+	} {
+		s := &scope{now: now,
+			v: &v1.Volume{Spec: v1.VolumeSpec{NumberOfReplicas: 2}},
+			engine: &v1.Engine{Status: v1.EngineStatus{InstanceState: tc.state,
+				ReplicaModeMap: map[string]v1.ReplicaMode{"a": v1.ReplicaModeRW, "b": v1.ReplicaModeERR}}},
+			replicas: []*v1.Replica{
+				{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Spec: v1.ReplicaSpec{HealthyAt: &metav1.Time{Time: now.Add(-time.Hour)}}},
+				{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Spec: v1.ReplicaSpec{HealthyAt: &metav1.Time{Time: now.Add(-time.Hour)}, FailedAt: &metav1.Time{Time: now.Add(-2 * time.Minute)}}},
+			}}
+		if err := r.planReplicas(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+		if s.plan.replace != tc.replace {
+			t.Errorf("engine %q: replace %d, want %d (%+v)", tc.state, s.plan.replace, tc.replace, s.plan)
+		}
 	}
 }

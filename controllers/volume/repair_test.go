@@ -58,6 +58,18 @@ func replicaPID(t *testing.T, dataDir string) int {
 	return 0
 }
 
+// waitPlaced waits until a new volume is detached with every replica
+// placed. Detached alone does not say so: the manager's cache may not show
+// a node's disk yet when the volume is first reconciled (startNodes reads
+// the StorageNodes from the API server), and an unplaced replica is placed
+// only when the cache does.
+func waitPlaced(g *WithT, key client.ObjectKey) {
+	g.Eventually(func() v1.VolumeState { return getVolume(g, key).Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
+	g.Eventually(func() bool {
+		return meta.IsStatusConditionTrue(getVolume(g, key).Status.Conditions, v1.VolumeConditionScheduled)
+	}, timeout, 100*time.Millisecond).Should(BeTrue(), "every replica of %s placed", key.Name)
+}
+
 // TestVolumeRepair: on four simulated nodes a volume with three replicas
 // is attached and written to with qemu-io. A replica process killed with
 // SIGKILL makes the volume degraded; it is restarted, given back to the
@@ -89,7 +101,7 @@ func TestVolumeRepair(t *testing.T) {
 		return out
 	}
 	robustness := func() v1.VolumeRobustness { return get().Status.Robustness }
-	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
+	waitPlaced(g, client.ObjectKeyFromObject(vol))
 
 	// Attach on a node that holds a replica; the spare node holds none.
 	onNode := map[string]string{}
@@ -232,7 +244,7 @@ func TestVolumeSalvage(t *testing.T) {
 		return out
 	}
 	robustness := func() v1.VolumeRobustness { return get().Status.Robustness }
-	g.Eventually(func() v1.VolumeState { return get().Status.State }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeStateDetached))
+	waitPlaced(g, client.ObjectKeyFromObject(vol))
 	reps := replicas()
 	var engineNode string
 	var repNodes []string

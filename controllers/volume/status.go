@@ -13,74 +13,86 @@ import (
 	"github.com/cairn-io/cairn/controllers/internal/objects"
 )
 
+// Ready condition reasons.
+const (
+	ReasonAttaching = "Attaching"
+	ReasonDetaching = "Detaching"
+	ReasonCreating  = "Creating"
+)
+
+// condFunc sets one of the Volume's conditions.
+type condFunc func(typ string, ok bool, reason, msg string)
+
 // computeStatus derives the Volume's status from the scope's observations.
 func computeStatus(s *scope) {
 	v := s.v
-	st := &v.Status
-	st.ObservedGeneration = v.Generation
-	want := wantReplicas(v)
-	scheduled, running := 0, 0
-	for _, r := range s.replicas {
-		if r.Spec.NodeName != "" {
-			scheduled++
-		}
-		if r.Status.InstanceState == v1.InstanceStateRunning {
-			running++
-		}
-	}
+	v.Status.ObservedGeneration = v.Generation
 	cond := func(typ string, ok bool, reason, msg string) {
-		objects.SetCondition(&st.Conditions, v.Generation, typ, ok, reason, msg)
+		objects.SetCondition(&v.Status.Conditions, v.Generation, typ, ok, reason, msg)
 	}
-	switch {
-	case scheduled >= want:
-		cond(v1.VolumeConditionScheduled, true, v1.ReasonAsExpected, fmt.Sprintf("%d replicas placed", scheduled))
-	case s.reason != "":
-		cond(v1.VolumeConditionScheduled, false, v1.VolumeReasonReplicaSchedulingFailed, s.reason)
-	default:
-		cond(v1.VolumeConditionScheduled, false, v1.ReasonReconciling, fmt.Sprintf("%d of %d replicas placed", scheduled, want))
-	}
-
+	n := countReplicas(s)
+	setScheduled(s, cond, n)
 	if !s.targeted {
 		s.target() // a phase failed before attachOrDetach: as it would have
 	}
-	e := s.engine
-	// Only a user's engine attaches the volume: a maintenance engine has
-	// no device, and one runs on the user's node while a clone is copied.
-	engineRunning := e != nil && e.Status.InstanceState == v1.InstanceStateRunning && e.Spec.NodeName == v.Spec.NodeName && e.Status.Endpoint != "" && !e.Spec.Maintenance
-	userEngineAlive := e != nil && !e.Spec.Maintenance && e.Status.InstanceState != "" && e.Status.InstanceState != v1.InstanceStateStopped
-	anyProcess := e != nil && e.Status.InstanceState != "" && e.Status.InstanceState != v1.InstanceStateStopped
+	setState(s, cond, n)
+	setRobustness(s, cond, n)
+	setRebuilding(s, cond)
+	setCloned(s, cond)
+}
+
+// replicaCounts are the replicas wanted, placed and running.
+type replicaCounts struct {
+	want, scheduled, running int
+}
+
+func countReplicas(s *scope) replicaCounts {
+	n := replicaCounts{want: wantReplicas(s.v)}
 	for _, r := range s.replicas {
-		if r.Status.InstanceState != "" && r.Status.InstanceState != v1.InstanceStateStopped {
-			anyProcess = true
+		if r.Spec.NodeName != "" {
+			n.scheduled++
+		}
+		if r.Status.InstanceState == v1.InstanceStateRunning {
+			n.running++
 		}
 	}
+	return n
+}
+
+// setScheduled sets the Scheduled condition: every wanted replica placed,
+// or the scheduler's reason why not.
+func setScheduled(s *scope, cond condFunc, n replicaCounts) {
+	switch {
+	case n.scheduled >= n.want:
+		cond(v1.VolumeConditionScheduled, true, v1.ReasonAsExpected, fmt.Sprintf("%d replicas placed", n.scheduled))
+	case s.reason != "":
+		cond(v1.VolumeConditionScheduled, false, v1.VolumeReasonReplicaSchedulingFailed, s.reason)
+	default:
+		cond(v1.VolumeConditionScheduled, false, v1.ReasonReconciling, fmt.Sprintf("%d of %d replicas placed", n.scheduled, n.want))
+	}
+}
+
+// setState sets status.state, the Ready condition and, attached, the
+// endpoint, node and size the engine serves.
+func setState(s *scope, cond condFunc, n replicaCounts) {
+	v, st, e := s.v, &s.v.Status, s.engine
+	p := observeProcesses(s)
 	st.Endpoint, st.CurrentNodeName = "", ""
 	switch {
-	case e == nil || len(s.replicas) < want:
+	case e == nil || len(s.replicas) < n.want:
 		st.State = v1.VolumeStateCreating
 		cond(v1.ConditionReady, false, ReasonCreating, "creating the engine and replica objects")
-	case v.Spec.NodeName != "" && engineRunning:
+	case v.Spec.NodeName != "" && p.userEngineServes:
 		st.State = v1.VolumeStateAttached
 		st.Endpoint, st.CurrentNodeName, st.Size = e.Status.Endpoint, e.Spec.NodeName, e.Status.Size
 		if e.Status.ActualSize != nil {
 			st.ActualSize = e.Status.ActualSize
 		}
 		cond(v1.ConditionReady, true, v1.ReasonAsExpected, "attached to "+e.Spec.NodeName+" at "+e.Status.Endpoint)
-	case v.Spec.NodeName != "" && !Cloned(v) && (s.clone == nil || s.clone.State != v1.CloneStateCompleted):
-		st.State = v1.VolumeStateAttaching
-		msg := "the copy from the data source has not started"
-		if s.clone != nil {
-			msg = s.clone.Message
-		}
-		cond(v1.ConditionReady, false, ReasonAttaching, fmt.Sprintf("attaching to %s waits for the copy from the data source to complete: %s", v.Spec.NodeName, msg))
 	case v.Spec.NodeName != "":
 		st.State = v1.VolumeStateAttaching
-		reason := ReasonAttaching
-		if c := engineReady(e); c != nil && c.Status != metav1.ConditionTrue && c.Reason == v1.ReasonEncryptionKeyUnusable {
-			reason = c.Reason // the CSI driver fails the attach on it
-		}
-		cond(v1.ConditionReady, false, reason, fmt.Sprintf("attaching to %s: %d of %d scheduled replicas running, engine %s", v.Spec.NodeName, running, scheduled, engineState(e)))
-	case s.node != "" && s.maintenance && !userEngineAlive:
+		setAttaching(s, cond, n)
+	case s.node != "" && s.maintenance && !p.userEngineAlive:
 		// No user has the volume; Cairn's own work runs its processes.
 		st.State = v1.VolumeStateDetached
 		why := s.work
@@ -88,17 +100,69 @@ func computeStatus(s *scope) {
 			why = strings.Join(slices.DeleteFunc([]string{"copying from the data source", s.work}, func(x string) bool { return x == "" }), "; ")
 		}
 		cond(v1.ConditionReady, false, v1.VolumeReasonDetached, fmt.Sprintf("not attached to any node; its replicas and an engine without a device are run on %s for %s (%d of %d scheduled replicas running, engine %s), and stopped when that is done",
-			s.node, why, running, scheduled, engineState(e)))
-	case anyProcess:
+			s.node, why, n.running, n.scheduled, engineState(e)))
+	case p.anyProcess:
 		st.State = v1.VolumeStateDetaching
 		cond(v1.ConditionReady, false, ReasonDetaching, "stopping the engine, then the replicas")
 	default:
 		st.State = v1.VolumeStateDetached
 		cond(v1.ConditionReady, false, v1.VolumeReasonDetached, "not attached to any node")
 	}
-	st.Robustness = robustness(st.State, running, want)
+}
+
+// processes is what setState reads of the volume's processes.
+type processes struct {
+	// userEngineServes: a user's engine runs on spec.nodeName with a
+	// device. Only a user's engine attaches the volume: a maintenance
+	// engine has no device, and one runs on the user's node while a
+	// clone is copied.
+	userEngineServes bool
+	// userEngineAlive: a user's engine has a process, in any state.
+	userEngineAlive bool
+	// anyProcess: the engine or a replica has a process, in any state.
+	anyProcess bool
+}
+
+func observeProcesses(s *scope) processes {
+	e := s.engine
+	alive := func(st v1.InstanceState) bool { return st != "" && st != v1.InstanceStateStopped }
+	p := processes{
+		userEngineServes: e != nil && e.Status.InstanceState == v1.InstanceStateRunning && e.Spec.NodeName == s.v.Spec.NodeName && e.Status.Endpoint != "" && !e.Spec.Maintenance,
+		userEngineAlive:  e != nil && !e.Spec.Maintenance && alive(e.Status.InstanceState),
+		anyProcess:       e != nil && alive(e.Status.InstanceState),
+	}
+	for _, r := range s.replicas {
+		p.anyProcess = p.anyProcess || alive(r.Status.InstanceState)
+	}
+	return p
+}
+
+// setAttaching sets the Ready condition of a volume attaching to
+// spec.nodeName: what it waits for, the copy from its data source first.
+func setAttaching(s *scope, cond condFunc, n replicaCounts) {
+	v, e := s.v, s.engine
+	if !Cloned(v) && (s.clone == nil || s.clone.State != v1.CloneStateCompleted) {
+		msg := "the copy from the data source has not started"
+		if s.clone != nil {
+			msg = s.clone.Message
+		}
+		cond(v1.ConditionReady, false, ReasonAttaching, fmt.Sprintf("attaching to %s waits for the copy from the data source to complete: %s", v.Spec.NodeName, msg))
+		return
+	}
+	reason := ReasonAttaching
+	if c := engineReady(e); c != nil && c.Status != metav1.ConditionTrue && c.Reason == v1.ReasonEncryptionKeyUnusable {
+		reason = c.Reason // the CSI driver fails the attach on it
+	}
+	cond(v1.ConditionReady, false, reason, fmt.Sprintf("attaching to %s: %d of %d scheduled replicas running, engine %s", v.Spec.NodeName, n.running, n.scheduled, engineState(e)))
+}
+
+// setRobustness sets status.robustness: from the engine's replica modes
+// once attached and reported, from the running replicas before.
+func setRobustness(s *scope, cond condFunc, n replicaCounts) {
+	st, e := &s.v.Status, s.engine
+	st.Robustness = robustness(st.State, n.running, n.want)
 	if st.State == v1.VolumeStateAttached && len(e.Status.ReplicaModeMap) > 0 {
-		st.Robustness = robustnessFromModes(e.Status.ReplicaModeMap, want)
+		st.Robustness = robustnessFromModes(e.Status.ReplicaModeMap, n.want)
 		if st.Robustness == v1.VolumeRobustnessFaulted {
 			msg := "no replica is RW: the volume cannot serve I/O; salvaging it"
 			if s.salvageWait != "" {
@@ -107,13 +171,11 @@ func computeStatus(s *scope) {
 			cond(v1.ConditionReady, false, v1.VolumeReasonFaulted, msg)
 		}
 	}
-	setRebuilding(s, cond)
-	setCloned(s, cond)
 }
 
 // setCloned reports the copy from spec.dataSource in status.clone and the
 // Cloned condition.
-func setCloned(s *scope, cond func(typ string, ok bool, reason, msg string)) {
+func setCloned(s *scope, cond condFunc) {
 	if s.v.Spec.DataSource == nil || s.clone == nil {
 		return
 	}
@@ -155,7 +217,7 @@ func robustnessOf(usable, want int) v1.VolumeRobustness {
 
 // setRebuilding shows the rebuilds in progress, with their progress, in
 // the Rebuilding condition.
-func setRebuilding(s *scope, cond func(typ string, ok bool, reason, msg string)) {
+func setRebuilding(s *scope, cond condFunc) {
 	var parts []string
 	if e := s.engine; e != nil && e.Status.InstanceState == v1.InstanceStateRunning {
 		names := make([]string, 0, len(e.Status.RebuildStatus))
