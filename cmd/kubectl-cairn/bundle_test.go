@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/base64"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -37,15 +38,23 @@ func startAPI(t *testing.T) *clients {
 	}
 	_, file, _, _ := runtime.Caller(0)
 	scheme := kruntime.NewScheme()
-	clientgoscheme.AddToScheme(scheme)
-	v1.AddToScheme(scheme)
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
 	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join(filepath.Dir(file), "..", "..", "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true, Scheme: scheme}
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { env.Stop() })
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Log("stop envtest:", err)
+		}
+	})
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +212,7 @@ func readBundle(t *testing.T, file string) (map[string]string, []byte) {
 	tr := tar.NewReader(bytes.NewReader(raw))
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

@@ -391,22 +391,8 @@ func (o *options) doctor(ctx context.Context, arg string) (bool, error) {
 	}
 	fmt.Fprintln(o.out)
 
-	var found []finding
+	found := o.conditionFindings(v)
 	add := func(what, fix string) { found = append(found, finding{what, fix}) }
-	for _, c := range v.Status.Conditions {
-		if c.Status == metav1.ConditionTrue || c.Type == v1.VolumeConditionRebuilding || c.Type == v1.VolumeConditionCloned && v.Spec.DataSource == nil {
-			continue
-		}
-		switch c.Type {
-		case v1.VolumeConditionScheduled:
-			add("not every replica has a disk: "+c.Message,
-				"add nodes or disks with room (kubectl -n "+o.namespace+" get storagenodes), lower numberOfReplicas, or relax the disk selector")
-		case v1.VolumeConditionCloned:
-			add("the copy from its data source is not complete: "+c.Message, "wait for it (the Cloned condition shows progress); it attaches once verified")
-		default:
-			add(c.Type+" is "+string(c.Status)+" ("+c.Reason+"): "+c.Message, "")
-		}
-	}
 	if c := meta.FindStatusCondition(v.Status.Conditions, v1.VolumeConditionRebuilding); c != nil && c.Status == metav1.ConditionTrue {
 		add("a replica is being rebuilt: "+c.Message, "nothing to do: `kubectl cairn rebuilds --watch` shows its progress")
 	}
@@ -480,6 +466,29 @@ func (o *options) doctor(ctx context.Context, arg string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// conditionFindings are the volume's conditions that are not met, each
+// with what to do (Rebuilding is reported on its own, Cloned only for a
+// volume with a data source).
+func (o *options) conditionFindings(v *v1.Volume) []finding {
+	var found []finding
+	add := func(what, fix string) { found = append(found, finding{what, fix}) }
+	for _, c := range v.Status.Conditions {
+		if c.Status == metav1.ConditionTrue || c.Type == v1.VolumeConditionRebuilding || c.Type == v1.VolumeConditionCloned && v.Spec.DataSource == nil {
+			continue
+		}
+		switch c.Type {
+		case v1.VolumeConditionScheduled:
+			add("not every replica has a disk: "+c.Message,
+				"add nodes or disks with room (kubectl -n "+o.namespace+" get storagenodes), lower numberOfReplicas, or relax the disk selector")
+		case v1.VolumeConditionCloned:
+			add("the copy from its data source is not complete: "+c.Message, "wait for it (the Cloned condition shows progress); it attaches once verified")
+		default:
+			add(c.Type+" is "+string(c.Status)+" ("+c.Reason+"): "+c.Message, "")
+		}
+	}
+	return found
 }
 
 // resolve takes a Volume's name or a claim (NAMESPACE/NAME) and returns

@@ -263,36 +263,7 @@ func (s *Server) data(ctx context.Context, filter string) (*pageData, error) {
 		hist[k] = *v
 	}
 	s.mu.Unlock()
-	for _, v := range vols.Items {
-		if !shown(v.Name) {
-			continue
-		}
-		row := volumeRow{Name: v.Name, State: string(v.Status.State), Robustness: string(v.Status.Robustness),
-			Size: v.Spec.Size.String(), Node: v.Status.CurrentNodeName, Claim: claimOf[v.Name]}
-		if v.Status.ActualSize != nil {
-			row.Used = v.Status.ActualSize.String()
-		}
-		if row.Robustness == "" {
-			row.Robustness = "unknown"
-		}
-		d.Counts[row.Robustness]++
-		if e := engineOf[v.Name]; e != nil {
-			for _, m := range e.Status.ReplicaModeMap {
-				if m == v1.ReplicaModeRW {
-					row.RW++
-				}
-			}
-			if h, ok := hist[types.NamespacedName{Namespace: e.Namespace, Name: e.Name}]; ok {
-				row.Reads, row.Writes = spark(h.readRates), spark(h.writeRates)
-			}
-		}
-		for _, c := range v.Status.Conditions {
-			if c.Status != "True" && c.Message != "" && row.Message == "" && c.Type != v1.VolumeConditionRebuilding {
-				row.Message = c.Message
-			}
-		}
-		d.Volumes = append(d.Volumes, row)
-	}
+	d.Volumes = volumeRows(vols.Items, engineOf, hist, claimOf, shown, d.Counts)
 	byNode := map[string]*nodeRow{}
 	nodeOf := func(n string) *nodeRow {
 		if byNode[n] == nil {
@@ -425,4 +396,42 @@ func (s *Server) only(ctx context.Context, filter string, vols []v1.Volume) (vol
 		return "", fmt.Sprintf("claim %s is bound to volume %s, which is not in namespace %s", filter, vol, s.Namespace), nil
 	}
 	return "", fmt.Sprintf("no volume %s in namespace %s (a claim is given as NAMESPACE/NAME)", filter, s.Namespace), nil
+}
+
+// volumeRows are the rows of the volumes shown, counting them by
+// robustness into counts.
+func volumeRows(vols []v1.Volume, engineOf map[string]*v1.Engine, hist map[types.NamespacedName]series, claimOf map[string]string,
+	shown func(string) bool, counts map[string]int) []volumeRow {
+	var out []volumeRow
+	for _, v := range vols {
+		if !shown(v.Name) {
+			continue
+		}
+		row := volumeRow{Name: v.Name, State: string(v.Status.State), Robustness: string(v.Status.Robustness),
+			Size: v.Spec.Size.String(), Node: v.Status.CurrentNodeName, Claim: claimOf[v.Name]}
+		if v.Status.ActualSize != nil {
+			row.Used = v.Status.ActualSize.String()
+		}
+		if row.Robustness == "" {
+			row.Robustness = "unknown"
+		}
+		counts[row.Robustness]++
+		if e := engineOf[v.Name]; e != nil {
+			for _, m := range e.Status.ReplicaModeMap {
+				if m == v1.ReplicaModeRW {
+					row.RW++
+				}
+			}
+			if h, ok := hist[types.NamespacedName{Namespace: e.Namespace, Name: e.Name}]; ok {
+				row.Reads, row.Writes = spark(h.readRates), spark(h.writeRates)
+			}
+		}
+		for _, c := range v.Status.Conditions {
+			if c.Status != "True" && c.Message != "" && row.Message == "" && c.Type != v1.VolumeConditionRebuilding {
+				row.Message = c.Message
+			}
+		}
+		out = append(out, row)
+	}
+	return out
 }

@@ -166,7 +166,7 @@ func TestPage(t *testing.T) {
 		g.Expect(page).To(ContainSubstring(`value="`+filter+`"`), "the form shows what was asked")
 		g.Expect(page).NotTo(ContainSubstring(`id="notice"`))
 	}
-	resp, page = get(g, srv, "/?volume=vol-b")
+	_, page = get(g, srv, "/?volume=vol-b")
 	g.Expect(page).NotTo(ContainSubstring(`data-replica="vol-a-r1"`), "another volume's replicas")
 	// A filter that names no volume: 404, a notice with the cause, and
 	// every volume.
