@@ -16,13 +16,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
-// Deadlines are generous: the suite must pass on a loaded 2-core machine.
-const (
-	deadline = 60 * time.Second
-	poll     = 100 * time.Millisecond
-)
+// Deadlines are generous (the suite must pass on a loaded 2-core
+// machine) and scaled by CAIRN_TEST_DEADLINE_SCALE.
+var waitFor = deadline.Scale(60 * time.Second)
+
+const poll = 100 * time.Millisecond
 
 // fixture is a Volume provisioned for a claim in its own namespace: the
 // PersistentVolume of Cairn's driver with the Volume's name as handle,
@@ -132,7 +133,7 @@ func TestDegradedAndHealthy(t *testing.T) {
 		s.Robustness = v1.VolumeRobustnessDegraded
 		setCond(s, v1.ConditionReady, false, v1.ReasonReconciling, "replica r-2 on node-c failed: connection refused")
 	})
-	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, deadline, poll).Should(ContainElement(And(
+	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, waitFor, poll).Should(ContainElement(And(
 		HavePrefix("Warning "+v1.EventReasonVolumeDegraded+": volume "+f.vol.Name+" is degraded"),
 		ContainSubstring("replica r-2 on node-c failed: connection refused"),
 		ContainSubstring("kubectl cairn doctor "+f.ns+"/"+f.claim))))
@@ -140,7 +141,7 @@ func TestDegradedAndHealthy(t *testing.T) {
 		s.Robustness = v1.VolumeRobustnessHealthy
 		setCond(s, v1.ConditionReady, true, v1.ReasonAsExpected, "attached to node-a")
 	})
-	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, deadline, poll).Should(ContainElement(
+	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, waitFor, poll).Should(ContainElement(
 		HavePrefix("Normal " + v1.EventReasonVolumeHealthy + ": volume " + f.vol.Name + " is healthy again")))
 	g.Expect(f.events(g, "Pod", "web-0")).To(BeEmpty(), "a degraded volume still serves its pods")
 	g.Expect(f.count(g, "PersistentVolumeClaim", f.claim, v1.EventReasonVolumeDegraded)).To(Equal(1))
@@ -158,8 +159,8 @@ func TestFaulted(t *testing.T) {
 		setCond(s, v1.ConditionReady, false, v1.VolumeReasonFaulted, "no replica is RW; salvage waits for r-1")
 	})
 	faulted := And(HavePrefix("Warning "+v1.EventReasonVolumeFaulted+": "), ContainSubstring("salvage waits for r-1"))
-	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, deadline, poll).Should(ContainElement(faulted))
-	g.Eventually(func(g Gomega) []string { return f.events(g, "Pod", "web-0") }, deadline, poll).Should(ContainElement(And(faulted,
+	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, waitFor, poll).Should(ContainElement(faulted))
+	g.Eventually(func(g Gomega) []string { return f.events(g, "Pod", "web-0") }, waitFor, poll).Should(ContainElement(And(faulted,
 		ContainSubstring("claim "+f.claim+": volume "+f.vol.Name+" is faulted"))))
 	g.Expect(f.events(g, "Pod", "job-done")).To(BeEmpty())
 }
@@ -172,7 +173,7 @@ func TestUnschedulable(t *testing.T) {
 	f.status(g, func(s *v1.VolumeStatus) {
 		setCond(s, v1.VolumeConditionScheduled, false, v1.VolumeReasonReplicaSchedulingFailed, "1 of 3 replicas unplaced: no disk has 1Gi free")
 	})
-	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, deadline, poll).Should(ContainElement(And(
+	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, waitFor, poll).Should(ContainElement(And(
 		HavePrefix("Warning "+v1.EventReasonReplicaUnschedulable+": a replica of volume "+f.vol.Name+" has no disk"),
 		ContainSubstring("1 of 3 replicas unplaced: no disk has 1Gi free"), ContainSubstring("lower numberOfReplicas"))))
 }
@@ -192,8 +193,8 @@ func TestAttachWaiting(t *testing.T) {
 	})
 	waiting := And(HavePrefix("Warning "+v1.EventReasonAttachWaiting+": "), ContainSubstring("not attached to node node-a after "+testAttachWait.String()),
 		ContainSubstring("its instance manager does not answer"))
-	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, deadline, poll).Should(ContainElement(waiting))
-	g.Eventually(func(g Gomega) []string { return f.events(g, "Pod", "web-0") }, deadline, poll).Should(ContainElement(waiting))
+	g.Eventually(func(g Gomega) []string { return f.events(g, "PersistentVolumeClaim", f.claim) }, waitFor, poll).Should(ContainElement(waiting))
+	g.Eventually(func(g Gomega) []string { return f.events(g, "Pod", "web-0") }, waitFor, poll).Should(ContainElement(waiting))
 	g.Expect(f.events(g, "Pod", "other")).To(BeEmpty(), "a pod on another node does not wait for this attach")
 
 	quick := newFixture(t, g)
@@ -218,5 +219,5 @@ func TestVolumeWithoutClaim(t *testing.T) {
 	// went on.
 	f := newFixture(t, g)
 	f.status(g, func(s *v1.VolumeStatus) { s.Robustness = v1.VolumeRobustnessDegraded })
-	g.Eventually(func(g Gomega) int { return f.count(g, "PersistentVolumeClaim", f.claim, v1.EventReasonVolumeDegraded) }, deadline, poll).Should(Equal(1))
+	g.Eventually(func(g Gomega) int { return f.count(g, "PersistentVolumeClaim", f.claim, v1.EventReasonVolumeDegraded) }, waitFor, poll).Should(Equal(1))
 }

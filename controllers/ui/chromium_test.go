@@ -20,6 +20,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/claims"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // measure is a page that loads the web page in a 1280 px wide frame and,
@@ -88,7 +89,7 @@ func chromium(t *testing.T, url, shot string) string {
 	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--hide-scrollbars",
 		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir=" + t.TempDir(),
 		"--window-size=1280,1700"}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(3*time.Minute))
 	defer cancel()
 	if shot != "" {
 		if out, err := exec.CommandContext(ctx, bin, append(args, "--screenshot="+shot, url)...).CombinedOutput(); err != nil {
