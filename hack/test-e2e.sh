@@ -35,6 +35,12 @@ say "e2e suite"
 rc=0
 # -v streams the specs' progress (ginkgo -v) to the log as they run.
 go test -v -tags e2e -count=1 -timeout 60m ./test/e2e -args -ginkgo.v || rc=$?
+# A short whole-stack fault schedule (docs/reliability.md, "Cluster fault
+# schedules"): three faults drawn from a seed it prints, 4 to 10 minutes.
+if [[ $rc == 0 ]]; then
+  say "cluster fault schedule"
+  make -s chaos-cluster SCHEDULES=1 STEPS=3 SEED="${CHAOS_SEED:-0}" || rc=$?
+fi
 if [[ $rc != 0 ]]; then
   mkdir -p "$ARTIFACTS"
   k() { kubectl --context "kind-$CLUSTER" "$@"; }

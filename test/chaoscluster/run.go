@@ -141,6 +141,7 @@ func (r *runner) step(ctx context.Context, i int, s Step) (string, error) {
 	if s.Overlap {
 		return line + ", next step at once", nil
 	}
+	ended := time.Now()
 	took, err := r.waitHealthy(ctx, healthyBound)
 	if err != nil {
 		return line, fmt.Errorf("volumes not healthy within %s: %w", healthyBound, err)
@@ -148,7 +149,11 @@ func (r *runner) step(ctx context.Context, i int, s Step) (string, error) {
 	if err := r.waitProgress(ctx, progressBound); err != nil {
 		return line, fmt.Errorf("a volume is stuck: %w", err)
 	}
-	line += fmt.Sprintf(", healthy %s after it ended", took.Round(time.Second))
+	// A Volume's status may not show the fault yet when it is first read,
+	// so the second figure (each workload did new work since) is the one
+	// that says the volumes serve again.
+	line += fmt.Sprintf(", volumes read healthy %s and every workload did new work %s after it ended",
+		took.Round(time.Second), time.Since(ended).Round(time.Second))
 	c.logf("step %d: %s", i+1, line)
 	return line, nil
 }
