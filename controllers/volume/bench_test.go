@@ -56,7 +56,7 @@ func TestBenchControl(t *testing.T) {
 			_, err := clients[n].ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Replica{
 				Replica: &imv1.ReplicaSpec{DataDir: dirs[n] + fmt.Sprintf("/raw-%d", i), SizeBytes: 16 << 20}}})
 			g.Expect(err).NotTo(HaveOccurred())
-			defer clients[n].ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: name})
+			defer func() { _, _ = clients[n].ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: name}) }()
 		}
 		for _, n := range names[:3] {
 			name := fmt.Sprintf("raw/r-%d-%s", i, n)
@@ -73,7 +73,7 @@ func TestBenchControl(t *testing.T) {
 		_, err := clients[names[0]].ProcessCreate(ctx, &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Engine{
 			Engine: &imv1.EngineSpec{VolumeName: fmt.Sprintf("raw-%d", i), Replicas: addrs, Frontend: imv1.Frontend_FRONTEND_NBD}}})
 		g.Expect(err).NotTo(HaveOccurred())
-		defer clients[names[0]].ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: name})
+		defer func() { _, _ = clients[names[0]].ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: name}) }()
 		g.Eventually(func() imv1.ProcessState {
 			p, err := clients[names[0]].ProcessGet(ctx, &imv1.ProcessGetRequest{Name: name})
 			g.Expect(err).NotTo(HaveOccurred())

@@ -46,8 +46,8 @@ func startNodes(t *testing.T, g *WithT, names ...string) (map[string]string, map
 		sn := &v1.StorageNode{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "default"}, Spec: v1.StorageNodeSpec{NodeName: n}}
 		g.Expect(k8sClient.Create(ctx, sn)).To(Succeed())
 		t.Cleanup(func() {
-			k8sClient.Delete(ctx, sn)
-			k8sClient.Delete(ctx, imObj)
+			_ = k8sClient.Delete(ctx, sn)
+			_ = k8sClient.Delete(ctx, imObj)
 		})
 		dirs[n], ims[n] = dir, im
 	}

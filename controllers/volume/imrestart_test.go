@@ -155,7 +155,7 @@ func blackholes(t *testing.T, addrs ...string) *atomic.Int32 {
 	var held []net.Conn
 	for _, a := range addrs {
 		var l net.Listener
-		if !poll(timeout, func() bool {
+		if !poll(func() bool {
 			var err error
 			l, err = net.Listen("tcp", a)
 			return err == nil

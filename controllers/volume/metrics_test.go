@@ -91,7 +91,7 @@ func TestMetrics(t *testing.T) {
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
 	key := client.ObjectKeyFromObject(vol)
 	cleanupVolume(t, vol)
-	waitState(t, g, key, v1.VolumeStateDetached)
+	waitDetached(t, g, key)
 	fams := scrape(g, srv.URL)
 	vl := map[string]string{"namespace": "default", "volume": "metered"}
 	g.Expect(value(fams, "cairn_volume_size_bytes", vl)).To(Equal(float64(16 << 20)))

@@ -64,7 +64,7 @@ func countingClient(t *testing.T, g *WithT, w *writeLog) client.Client {
 		}
 		return nil
 	})).To(Succeed())
-	go c.Start(ctx)
+	go func() { _ = c.Start(ctx) }()
 	g.Expect(c.WaitForCacheSync(ctx)).To(BeTrue())
 	direct, err := client.NewWithWatch(cfg, client.Options{Scheme: k8sClient.Scheme(), Cache: &client.CacheOptions{Reader: c}})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -112,7 +112,7 @@ func TestSettledVolumeIsNotWritten(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "nw-key", Namespace: "default"}, Data: map[string][]byte{v1.EncryptionPassphraseKey: pass}}
 	g.Expect(k8sClient.Create(ctx, secret)).To(Succeed())
-	t.Cleanup(func() { k8sClient.Delete(ctx, secret) })
+	t.Cleanup(func() { _ = k8sClient.Delete(ctx, secret) })
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "settled", Namespace: "default"}, Spec: v1.VolumeSpec{
 		Size: resource.MustParse("16Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, NodeName: "nw-a",
 		Encryption: &v1.VolumeEncryption{KeySecret: secret.Name, KeyCheck: volcrypt.KeyCheck(key)}}}

@@ -63,7 +63,7 @@ func TestVolumeNodeOutOfService(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "oos-a"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{
 		{Key: corev1.TaintNodeOutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute}}}}
 	g.Expect(k8sClient.Create(ctx, node)).To(Succeed())
-	t.Cleanup(func() { k8sClient.Delete(ctx, node) })
+	t.Cleanup(func() { _ = k8sClient.Delete(ctx, node) })
 	g.Eventually(func() string { v := get(); return string(v.Status.State) + " on " + v.Status.CurrentNodeName }, timeout, 100*time.Millisecond).
 		Should(Equal("attached on oos-b"))
 	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessDegraded))

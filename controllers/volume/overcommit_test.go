@@ -33,7 +33,7 @@ func smallDisk(t *testing.T, g *WithT, node, tag string, size int64) int64 {
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
 		t.Fatalf("mount a tmpfs at %s: %v", dir, err)
 	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	im := imtest.Start(t, node, "", dir)
 	imObj := &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-" + node, Namespace: "default"},
 		Spec: v1.InstanceManagerSpec{NodeName: node, Address: im.Addr}}
@@ -42,8 +42,8 @@ func smallDisk(t *testing.T, g *WithT, node, tag string, size int64) int64 {
 		Disks: []v1.DiskSpec{{Name: "small", Path: dir, Tags: []string{tag}}}}}
 	g.Expect(k8sClient.Create(ctx, sn)).To(Succeed())
 	t.Cleanup(func() {
-		k8sClient.Delete(ctx, sn)
-		k8sClient.Delete(ctx, imObj)
+		_ = k8sClient.Delete(ctx, sn)
+		_ = k8sClient.Delete(ctx, imObj)
 	})
 	var capacity int64
 	g.Eventually(func() int64 {

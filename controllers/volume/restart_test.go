@@ -41,7 +41,11 @@ func TestManagerRestartConverges(t *testing.T) {
 	})
 	t.Run("SIGKILL", func(t *testing.T) {
 		testEnv.StopManager()
-		defer testEnv.StartManager()
+		defer func() {
+			if err := testEnv.StartManager(); err != nil {
+				t.Errorf("start the in-process manager again: %v", err)
+			}
+		}()
 		bin := managerBinary(t)
 		kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 		kc, err := testEnv.KubeConfig()
@@ -62,7 +66,7 @@ func TestManagerRestartConverges(t *testing.T) {
 		}
 		kill := func() {
 			cmd.Process.Signal(syscall.SIGKILL)
-			cmd.Wait()
+			_ = cmd.Wait() // killed: it exits with the signal
 		}
 		if err := start(); err != nil {
 			t.Fatal(err)
@@ -257,7 +261,7 @@ func TestConcurrentVolumes(t *testing.T) {
 	attached := func(v *v1.Volume) bool {
 		return v.Status.State == v1.VolumeStateAttached && v.Status.Robustness == v1.VolumeRobustnessHealthy
 	}
-	if !poll(timeout, func() bool { return all(attached)() == n }) {
+	if !poll(func() bool { return all(attached)() == n }) {
 		for _, v := range vols {
 			cur := &v1.Volume{}
 			if k8sClient.Get(ctx, client.ObjectKeyFromObject(v), cur) == nil && !attached(cur) {
@@ -331,9 +335,9 @@ func describe(ctx context.Context, v *v1.Volume) string {
 	return b.String()
 }
 
-// poll reports whether cond held within d.
-func poll(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+// poll reports whether cond held within the suite's timeout.
+func poll(cond func() bool) bool {
+	for end := time.Now().Add(timeout); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 		if cond() {
 			return true
 		}

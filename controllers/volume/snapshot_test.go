@@ -81,7 +81,7 @@ func snapshotGone(name string) func() bool {
 func waitAttached(t *testing.T, g *WithT, key client.ObjectKey) *v1.Volume {
 	t.Helper()
 	var v *v1.Volume
-	ok := poll(timeout, func() bool {
+	ok := poll(func() bool {
 		v = getVolume(g, key)
 		if v.Status.State == v1.VolumeStateAttached && v.Spec.DataSource != nil {
 			g.Expect(meta.IsStatusConditionTrue(v.Status.Conditions, v1.VolumeConditionCloned)).To(BeTrue(),
@@ -109,8 +109,8 @@ func describeKey(key client.ObjectKey) string {
 func cleanupVolume(t *testing.T, v *v1.Volume) {
 	t.Cleanup(func() {
 		ctx := context.Background()
-		k8sClient.Delete(ctx, v)
-		if !poll(timeout, func() bool {
+		_ = k8sClient.Delete(ctx, v)
+		if !poll(func() bool {
 			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(v), &v1.Volume{}))
 		}) {
 			t.Errorf("volume %s not deleted: %s", v.Name, describeKey(client.ObjectKeyFromObject(v)))
@@ -118,10 +118,11 @@ func cleanupVolume(t *testing.T, v *v1.Volume) {
 	})
 }
 
-func waitState(t *testing.T, g *WithT, key client.ObjectKey, want v1.VolumeState) {
+// waitDetached waits until the volume reads detached.
+func waitDetached(t *testing.T, g *WithT, key client.ObjectKey) {
 	t.Helper()
-	if !poll(timeout, func() bool { return getVolume(g, key).Status.State == want }) {
-		t.Fatalf("volume %s not %s: %s", key.Name, want, describeKey(key))
+	if !poll(func() bool { return getVolume(g, key).Status.State == v1.VolumeStateDetached }) {
+		t.Fatalf("volume %s not %s: %s", key.Name, v1.VolumeStateDetached, describeKey(key))
 	}
 }
 
@@ -142,7 +143,7 @@ func TestSnapshots(t *testing.T) {
 	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
 	key := client.ObjectKeyFromObject(vol)
 	cleanupVolume(t, vol)
-	waitState(t, g, key, v1.VolumeStateDetached)
+	waitDetached(t, g, key)
 
 	// Attached.
 	setNode(g, key, "sn-a")
@@ -160,7 +161,7 @@ func TestSnapshots(t *testing.T) {
 	// Detached: the snapshot is taken by a maintenance engine, and the
 	// processes stop again once it is.
 	setNode(g, key, "")
-	waitState(t, g, key, v1.VolumeStateDetached)
+	waitDetached(t, g, key)
 	createSnapshot(g, "snap-det", vol.Name)
 	g.Eventually(func() bool { return getSnapshot(g, "snap-det").Status.ReadyToUse }, timeout, 100*time.Millisecond).Should(BeTrue(),
 		func() string { return describeKey(key) })
@@ -280,14 +281,14 @@ func TestClones(t *testing.T) {
 	// again over the user's data.
 	qemuIO(t, c1.Name, v.Status.Endpoint, "write -P 0x44 0 1M", "flush")
 	setNode(g, c1key, "")
-	waitState(t, g, c1key, v1.VolumeStateDetached)
+	waitDetached(t, g, c1key)
 	setNode(g, c1key, "cl-c")
 	v = waitAttached(t, g, c1key)
 	qemuIO(t, c1.Name, v.Status.Endpoint, "read -P 0x44 0 1M", "read -P 0x11 1M 1M")
 
 	// The whole source volume, detached.
 	setNode(g, skey, "")
-	waitState(t, g, skey, v1.VolumeStateDetached)
+	waitDetached(t, g, skey)
 	c2 := mk("from-volume", &v1.VolumeDataSource{Volume: src.Name}, "cl-c")
 	c2key := client.ObjectKeyFromObject(c2)
 	// A snapshot of the clone asked for at once is taken only once the
@@ -302,7 +303,7 @@ func TestClones(t *testing.T) {
 	g.Expect(v.Status.Clone.Snapshot).To(Equal(CloneSnapshotName(c2)))
 	qemuIO(t, c2.Name, v.Status.Endpoint, "read -P 0x22 0 1M", "read -P 0x11 1M 1M", "read -P 0x33 12M 64k")
 	g.Eventually(snapshotGone(CloneSnapshotName(c2)), timeout, 100*time.Millisecond).Should(BeTrue(), "the snapshot taken for the clone is deleted after the copy")
-	waitState(t, g, skey, v1.VolumeStateDetached)
+	waitDetached(t, g, skey)
 	g.Eventually(func() bool {
 		for _, r := range listReplicas(g, src) {
 			if r.Status.InstanceState != v1.InstanceStateStopped {
@@ -367,7 +368,7 @@ func TestSnapshotAndCloneAcrossManagerRestart(t *testing.T) {
 	}
 	restartWhen := func(what string, cond func() bool) {
 		t.Helper()
-		if !poll(timeout, cond) {
+		if !poll(cond) {
 			t.Fatalf("never saw %s", what)
 		}
 		testEnv.StopManager()
@@ -378,7 +379,7 @@ func TestSnapshotAndCloneAcrossManagerRestart(t *testing.T) {
 	sock := waitAttached(t, g, skey).Status.Endpoint
 	qemuIO(t, src.Name, sock, "write -P 0x5a 0 64M", "flush")
 	setNode(g, skey, "")
-	waitState(t, g, skey, v1.VolumeStateDetached)
+	waitDetached(t, g, skey)
 
 	createSnapshot(g, "rs-snap", src.Name)
 	restartWhen("the snapshot labelled", func() bool { return getSnapshot(g, "rs-snap").Labels[LabelVolume] != "" })
