@@ -103,7 +103,8 @@ func bool01(b bool) float64 {
 	return 0
 }
 
-// Collect implements prometheus.Collector.
+// Collect implements prometheus.Collector: each kind is listed and turned
+// into gauges; a list that fails is logged and its gauges left out.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	timeout := c.Timeout
 	if timeout <= 0 {
@@ -112,6 +113,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 
+	c.collectVolumes(ctx, ch)
+	volumeOf := c.collectEngines(ctx, ch)
+	c.collectDisks(ctx, ch)
+	c.collectProcesses(ctx, ch)
+	if c.Engines != nil {
+		if es := c.Engines(); es != nil {
+			c.collectIO(ctx, es, volumeOf, ch)
+		}
+	}
+}
+
+// collectVolumes: each Volume's size, actual size, robustness and state.
+func (c *Collector) collectVolumes(ctx context.Context, ch chan<- prometheus.Metric) {
 	var vols v1.VolumeList
 	if err := c.Client.List(ctx, &vols); err != nil {
 		c.Logger.Error(err, "metrics: list volumes")
@@ -137,7 +151,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(ch, descState, bool01(s == v.Status.State), ns, name, string(s))
 		}
 	}
+}
 
+// collectEngines: each rebuild's progress and each replica's mode, by
+// volume; it returns the volume of each Engine, for the I/O counters.
+func (c *Collector) collectEngines(ctx context.Context, ch chan<- prometheus.Metric) map[types.NamespacedName]string {
 	var engines v1.EngineList
 	if err := c.Client.List(ctx, &engines); err != nil {
 		c.Logger.Error(err, "metrics: list engines")
@@ -156,7 +174,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+	return volumeOf
+}
 
+// collectDisks: each StorageNode disk's capacity, free and scheduled bytes.
+func (c *Collector) collectDisks(ctx context.Context, ch chan<- prometheus.Metric) {
 	var nodes v1.StorageNodeList
 	if err := c.Client.List(ctx, &nodes); err != nil {
 		c.Logger.Error(err, "metrics: list storage nodes")
@@ -178,7 +200,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+}
 
+// collectProcesses: each instance manager's processes, counted by kind
+// and state.
+func (c *Collector) collectProcesses(ctx context.Context, ch chan<- prometheus.Metric) {
 	var ims v1.InstanceManagerList
 	if err := c.Client.List(ctx, &ims); err != nil {
 		c.Logger.Error(err, "metrics: list instance managers")
@@ -191,12 +217,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for ks, n := range count {
 			gauge(ch, descProcesses, float64(n), im.Name, im.Spec.NodeName, ks.kind, ks.state)
-		}
-	}
-
-	if c.Engines != nil {
-		if es := c.Engines(); es != nil {
-			c.collectIO(ctx, es, volumeOf, ch)
 		}
 	}
 }

@@ -103,158 +103,206 @@ func arg(rest []string, i int, what string) (string, error) {
 	return rest[i], nil
 }
 
+// ctlCommand runs one ctl command: rest is the command line from its
+// name on.
+type ctlCommand func(ctx context.Context, c enginev1.EngineServiceClient, rest []string, out io.Writer) error
+
+// ctlCommands are the ctl commands by name (ctlUsage lists them).
+var ctlCommands = map[string]ctlCommand{
+	"info":     ctlInfo,
+	"replicas": ctlReplicas,
+	"add":      ctlAdd,
+	"remove":   ctlRemove,
+	"rebuilds": ctlRebuilds,
+	"cancel":   ctlCancel,
+	"snapshot": ctlSnapshot,
+	"clone":    ctlClone,
+	"expand":   ctlExpand,
+	"metrics":  ctlMetrics,
+	"watch":    ctlWatch,
+}
+
 func ctlDo(ctx context.Context, c enginev1.EngineServiceClient, rest []string, out io.Writer) error {
-	switch rest[0] {
-	case "info":
-		in, err := c.VolumeInfo(ctx, &enginev1.VolumeInfoRequest{})
-		if err != nil {
-			return err
-		}
-		endpoint := in.Endpoint
-		if in.EndpointKind != "" {
-			endpoint += " (" + in.EndpointKind + ")"
-		}
-		fmt.Fprintf(out, "volume %s: %s, %s frontend at %s, %s, epoch %d\n", in.Name, human(in.Size), in.Frontend, endpoint, in.Robustness, in.Epoch)
-		if in.Fallback != "" {
-			fmt.Fprintf(out, "no kernel block device: %s\n", in.Fallback)
-		}
-	case "replicas":
-		rs, err := c.ReplicaList(ctx, &enginev1.ReplicaListRequest{})
-		if err != nil {
-			return err
-		}
-		for _, r := range rs.Replicas {
-			line := fmt.Sprintf("%-4s %s", r.Mode, r.Address)
-			if r.Error != "" {
-				line += "  (" + r.Error + ")"
-			}
-			fmt.Fprintln(out, line)
-		}
-	case "add":
-		a, err := arg(rest, 1, "ADDRESS")
-		if err != nil {
-			return err
-		}
-		if _, err := c.ReplicaAdd(ctx, &enginev1.ReplicaAddRequest{Address: a}); err != nil {
-			return err
-		}
-		fmt.Fprintf(out, "added %s (write-only); rebuilding\n", a)
-		if len(rest) > 2 && rest[2] == "--wait" {
-			return waitRebuild(ctx, c, a, out)
-		}
-	case "remove":
-		a, err := arg(rest, 1, "ADDRESS")
-		if err != nil {
-			return err
-		}
-		_, err = c.ReplicaRemove(ctx, &enginev1.ReplicaRemoveRequest{Address: a})
-		return err
-	case "rebuilds":
-		rs, err := c.RebuildStatus(ctx, &enginev1.RebuildStatusRequest{})
-		if err != nil {
-			return err
-		}
-		for _, r := range rs.Rebuilds {
-			fmt.Fprintln(out, rebuildLine(r))
-		}
-	case "cancel":
-		a, err := arg(rest, 1, "ADDRESS")
-		if err != nil {
-			return err
-		}
-		_, err = c.RebuildCancel(ctx, &enginev1.RebuildCancelRequest{Replica: a})
-		return err
-	case "snapshot":
-		sub, err := arg(rest, 1, "create, list, delete or revert")
-		if err != nil {
-			return err
-		}
-		if sub == "list" {
-			ss, err := c.SnapshotList(ctx, &enginev1.SnapshotListRequest{})
-			if err != nil {
-				return err
-			}
-			for _, s := range ss.Snapshots {
-				fmt.Fprintf(out, "%s\t%s\t%s\tuser=%v\n", s.Name, time.Unix(0, s.CreatedUnixNano).UTC().Format(time.RFC3339), human(s.DataBytes), s.UserCreated)
-			}
-			return nil
-		}
-		name, err := arg(rest, 2, "NAME")
-		if err != nil {
-			return err
-		}
-		switch sub {
-		case "create":
-			_, err = c.SnapshotCreate(ctx, &enginev1.SnapshotCreateRequest{Name: name})
-		case "delete":
-			_, err = c.SnapshotDelete(ctx, &enginev1.SnapshotDeleteRequest{Name: name})
-		case "revert":
-			_, err = c.SnapshotRevert(ctx, &enginev1.SnapshotRevertRequest{Name: name})
-		default:
-			return fmt.Errorf("snapshot %s: use create, list, delete or revert", sub)
-		}
-		return err
-	case "clone":
-		src, err := arg(rest, 1, "SOURCE")
-		if err != nil {
-			return err
-		}
-		snap, err := arg(rest, 2, "SNAPSHOT")
-		if err != nil {
-			return err
-		}
-		if _, err := c.CloneFrom(ctx, &enginev1.CloneFromRequest{Source: src, Snapshot: snap}); err != nil {
-			return err
-		}
-		fmt.Fprintf(out, "copying snapshot %s from %s\n", snap, src)
-		if len(rest) > 3 && rest[3] == "--wait" {
-			return waitClone(ctx, c, out)
-		}
-	case "expand":
-		s, err := arg(rest, 1, "SIZE")
-		if err != nil {
-			return err
-		}
-		size, err := parseSize(s)
-		if err != nil {
-			return err
-		}
-		_, err = c.Expand(ctx, &enginev1.ExpandRequest{Size: size})
-		return err
-	case "metrics":
-		m, err := c.Metrics(ctx, &enginev1.MetricsRequest{})
-		if err != nil {
-			return err
-		}
-		for _, x := range []struct {
-			n string
-			m *enginev1.OpMetrics
-		}{{"read", m.Read}, {"write", m.Write}, {"flush", m.Flush}, {"unmap", m.Unmap}} {
-			fmt.Fprintf(out, "%-6s ops=%d bytes=%d errors=%d\n", x.n, x.m.GetOps(), x.m.GetBytes(), x.m.GetErrors())
-		}
-		for _, r := range m.Replicas {
-			fmt.Fprintf(out, "replica %s: read ops=%d write ops=%d (shared memory %d) errors=%d\n", r.Address, r.Read.GetOps(), r.Write.GetOps(),
-				r.SharedWrites, r.Read.GetErrors()+r.Write.GetErrors()+r.Flush.GetErrors()+r.Unmap.GetErrors())
-		}
-	case "watch":
-		w, err := c.Watch(ctx, &enginev1.WatchRequest{})
-		if err != nil {
-			return err
-		}
-		for {
-			st, err := w.Recv()
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil // interrupted
-				}
-				return err
-			}
-			fmt.Fprintln(out, statusLine(st))
-		}
-	default:
+	cmd, ok := ctlCommands[rest[0]]
+	if !ok {
 		return fmt.Errorf("unknown command %q\n\n%s", rest[0], ctlUsage)
 	}
+	return cmd(ctx, c, rest, out)
+}
+
+func ctlInfo(ctx context.Context, c enginev1.EngineServiceClient, _ []string, out io.Writer) error {
+	in, err := c.VolumeInfo(ctx, &enginev1.VolumeInfoRequest{})
+	if err != nil {
+		return err
+	}
+	endpoint := in.Endpoint
+	if in.EndpointKind != "" {
+		endpoint += " (" + in.EndpointKind + ")"
+	}
+	fmt.Fprintf(out, "volume %s: %s, %s frontend at %s, %s, epoch %d\n", in.Name, human(in.Size), in.Frontend, endpoint, in.Robustness, in.Epoch)
+	if in.Fallback != "" {
+		fmt.Fprintf(out, "no kernel block device: %s\n", in.Fallback)
+	}
 	return nil
+}
+
+func ctlReplicas(ctx context.Context, c enginev1.EngineServiceClient, _ []string, out io.Writer) error {
+	rs, err := c.ReplicaList(ctx, &enginev1.ReplicaListRequest{})
+	if err != nil {
+		return err
+	}
+	for _, r := range rs.Replicas {
+		line := fmt.Sprintf("%-4s %s", r.Mode, r.Address)
+		if r.Error != "" {
+			line += "  (" + r.Error + ")"
+		}
+		fmt.Fprintln(out, line)
+	}
+	return nil
+}
+
+func ctlAdd(ctx context.Context, c enginev1.EngineServiceClient, rest []string, out io.Writer) error {
+	a, err := arg(rest, 1, "ADDRESS")
+	if err != nil {
+		return err
+	}
+	if _, err := c.ReplicaAdd(ctx, &enginev1.ReplicaAddRequest{Address: a}); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "added %s (write-only); rebuilding\n", a)
+	if len(rest) > 2 && rest[2] == "--wait" {
+		return waitRebuild(ctx, c, a, out)
+	}
+	return nil
+}
+
+func ctlRemove(ctx context.Context, c enginev1.EngineServiceClient, rest []string, _ io.Writer) error {
+	a, err := arg(rest, 1, "ADDRESS")
+	if err != nil {
+		return err
+	}
+	_, err = c.ReplicaRemove(ctx, &enginev1.ReplicaRemoveRequest{Address: a})
+	return err
+}
+
+func ctlRebuilds(ctx context.Context, c enginev1.EngineServiceClient, _ []string, out io.Writer) error {
+	rs, err := c.RebuildStatus(ctx, &enginev1.RebuildStatusRequest{})
+	if err != nil {
+		return err
+	}
+	for _, r := range rs.Rebuilds {
+		fmt.Fprintln(out, rebuildLine(r))
+	}
+	return nil
+}
+
+func ctlCancel(ctx context.Context, c enginev1.EngineServiceClient, rest []string, _ io.Writer) error {
+	a, err := arg(rest, 1, "ADDRESS")
+	if err != nil {
+		return err
+	}
+	_, err = c.RebuildCancel(ctx, &enginev1.RebuildCancelRequest{Replica: a})
+	return err
+}
+
+func ctlSnapshot(ctx context.Context, c enginev1.EngineServiceClient, rest []string, out io.Writer) error {
+	sub, err := arg(rest, 1, "create, list, delete or revert")
+	if err != nil {
+		return err
+	}
+	if sub == "list" {
+		ss, err := c.SnapshotList(ctx, &enginev1.SnapshotListRequest{})
+		if err != nil {
+			return err
+		}
+		for _, s := range ss.Snapshots {
+			fmt.Fprintf(out, "%s\t%s\t%s\tuser=%v\n", s.Name, time.Unix(0, s.CreatedUnixNano).UTC().Format(time.RFC3339), human(s.DataBytes), s.UserCreated)
+		}
+		return nil
+	}
+	name, err := arg(rest, 2, "NAME")
+	if err != nil {
+		return err
+	}
+	switch sub {
+	case "create":
+		_, err = c.SnapshotCreate(ctx, &enginev1.SnapshotCreateRequest{Name: name})
+	case "delete":
+		_, err = c.SnapshotDelete(ctx, &enginev1.SnapshotDeleteRequest{Name: name})
+	case "revert":
+		_, err = c.SnapshotRevert(ctx, &enginev1.SnapshotRevertRequest{Name: name})
+	default:
+		return fmt.Errorf("snapshot %s: use create, list, delete or revert", sub)
+	}
+	return err
+}
+
+func ctlClone(ctx context.Context, c enginev1.EngineServiceClient, rest []string, out io.Writer) error {
+	src, err := arg(rest, 1, "SOURCE")
+	if err != nil {
+		return err
+	}
+	snap, err := arg(rest, 2, "SNAPSHOT")
+	if err != nil {
+		return err
+	}
+	if _, err := c.CloneFrom(ctx, &enginev1.CloneFromRequest{Source: src, Snapshot: snap}); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "copying snapshot %s from %s\n", snap, src)
+	if len(rest) > 3 && rest[3] == "--wait" {
+		return waitClone(ctx, c, out)
+	}
+	return nil
+}
+
+func ctlExpand(ctx context.Context, c enginev1.EngineServiceClient, rest []string, _ io.Writer) error {
+	s, err := arg(rest, 1, "SIZE")
+	if err != nil {
+		return err
+	}
+	size, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	_, err = c.Expand(ctx, &enginev1.ExpandRequest{Size: size})
+	return err
+}
+
+func ctlMetrics(ctx context.Context, c enginev1.EngineServiceClient, _ []string, out io.Writer) error {
+	m, err := c.Metrics(ctx, &enginev1.MetricsRequest{})
+	if err != nil {
+		return err
+	}
+	for _, x := range []struct {
+		n string
+		m *enginev1.OpMetrics
+	}{{"read", m.Read}, {"write", m.Write}, {"flush", m.Flush}, {"unmap", m.Unmap}} {
+		fmt.Fprintf(out, "%-6s ops=%d bytes=%d errors=%d\n", x.n, x.m.GetOps(), x.m.GetBytes(), x.m.GetErrors())
+	}
+	for _, r := range m.Replicas {
+		fmt.Fprintf(out, "replica %s: read ops=%d write ops=%d (shared memory %d) errors=%d\n", r.Address, r.Read.GetOps(), r.Write.GetOps(),
+			r.SharedWrites, r.Read.GetErrors()+r.Write.GetErrors()+r.Flush.GetErrors()+r.Unmap.GetErrors())
+	}
+	return nil
+}
+
+// ctlWatch prints the volume's status at every change until interrupted.
+func ctlWatch(ctx context.Context, c enginev1.EngineServiceClient, _ []string, out io.Writer) error {
+	w, err := c.Watch(ctx, &enginev1.WatchRequest{})
+	if err != nil {
+		return err
+	}
+	for {
+		st, err := w.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // interrupted
+			}
+			return err
+		}
+		fmt.Fprintln(out, statusLine(st))
+	}
 }
 
 func rebuildLine(r *enginev1.Rebuild) string {

@@ -77,16 +77,37 @@ func addrString(l net.Listener) string {
 	return l.Addr().String()
 }
 
-func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// replicaFlags is a replica's command line, parsed and checked.
+type replicaFlags struct {
+	dir, listen, control string
+	size                 int64 // 0: an existing replica's
+	direct               bool
+	workers              int
+	readyFD              int
+	key                  []byte
+	controlTLS, dataTLS  *tls.Config // nil: plain
+}
+
+// replicaFail prints a replica's fatal error and returns its exit code.
+func replicaFail(stderr io.Writer, format string, a ...any) int {
+	fmt.Fprintf(stderr, "cairn-data replica: "+format+"\n", a...)
+	return 1
+}
+
+// parseReplicaFlags parses and checks the command line, reads the volume's
+// key and loads the TLS files; with a nil result the command exits with
+// the code.
+func parseReplicaFlags(args []string, stderr io.Writer) (*replicaFlags, int) {
+	c := &replicaFlags{}
 	fs := flag.NewFlagSet("cairn-data replica", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dir := fs.String("dir", "", "replica directory; created with an empty replica if it does not exist (required)")
+	fs.StringVar(&c.dir, "dir", "", "replica directory; created with an empty replica if it does not exist (required)")
 	sizeFlag := fs.String("size", "", "volume size, e.g. 10Gi; required to create a replica, must match an existing one")
-	listenAddr := fs.String("listen", "", "host:port to serve data on (dataconn), or unix:PATH for a unix socket that an engine on the same node reaches with less overhead (required; port 0 picks one)")
-	controlAddr := fs.String("control-listen", "", "host:port to serve the gRPC control API on (default: none)")
-	direct := fs.Bool("direct-io", false, "read and write the data files with O_DIRECT, bypassing this node's page cache")
-	workers := fs.Int("workers", 0, "concurrent I/O requests against the disk (default 4 x CPUs)")
-	readyFD := fs.Int("ready-fd", -1, "once serving, write the ready report (JSON: addresses, size) to this descriptor and close it (the instance manager's contract)")
+	fs.StringVar(&c.listen, "listen", "", "host:port to serve data on (dataconn), or unix:PATH for a unix socket that an engine on the same node reaches with less overhead (required; port 0 picks one)")
+	fs.StringVar(&c.control, "control-listen", "", "host:port to serve the gRPC control API on (default: none)")
+	fs.BoolVar(&c.direct, "direct-io", false, "read and write the data files with O_DIRECT, bypassing this node's page cache")
+	fs.IntVar(&c.workers, "workers", 0, "concurrent I/O requests against the disk (default 4 x CPUs)")
+	fs.IntVar(&c.readyFD, "ready-fd", -1, "once serving, write the ready report (JSON: addresses, size) to this descriptor and close it (the instance manager's contract)")
 	var files tlsfiles.Files
 	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with; with --tls-key and --tls-client-ca the control API requires a client certificate of that CA")
 	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
@@ -98,49 +119,51 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return nil, 2
 	}
-	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "cairn-data replica: "+format+"\n", a...)
-		return 1
-	}
-	if *dir == "" || *listenAddr == "" {
+	if c.dir == "" || c.listen == "" {
 		fs.Usage()
-		return 2
+		return nil, 2
 	}
-	var size int64
 	if *sizeFlag != "" {
 		var err error
-		if size, err = parseSize(*sizeFlag); err != nil {
-			return fail("--size: %v", err)
+		if c.size, err = parseSize(*sizeFlag); err != nil {
+			return nil, replicaFail(stderr, "--size: %v", err)
 		}
 	}
-	key, err := readKey(*keyFD)
-	if err != nil {
-		return fail("%v", err)
+	var err error
+	if c.key, err = readKey(*keyFD); err != nil {
+		return nil, replicaFail(stderr, "%v", err)
 	}
 	if err := files.Check(); err != nil {
-		return fail("%v", err)
+		return nil, replicaFail(stderr, "%v", err)
 	}
-	var controlTLS, dataServerTLS *tls.Config
 	if files.Set() {
 		src, err := tlsfiles.New(files, newLogger(stderr, "replica"))
 		if err != nil {
-			return fail("%v", err)
+			return nil, replicaFail(stderr, "%v", err)
 		}
-		controlTLS = src.Server()
-		if *dataTLS && !strings.HasPrefix(*listenAddr, "unix:") {
-			dataServerTLS = src.Server()
+		c.controlTLS = src.Server()
+		if *dataTLS && !strings.HasPrefix(c.listen, "unix:") {
+			c.dataTLS = src.Server()
 		}
 	} else if *dataTLS {
-		return fail("--data-tls needs --tls-cert, --tls-key and --tls-client-ca")
+		return nil, replicaFail(stderr, "--data-tls needs --tls-cert, --tls-key and --tls-client-ca")
+	}
+	return c, 0
+}
+
+func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, code := parseReplicaFlags(args, stderr)
+	if c == nil {
+		return code
 	}
 	log := newLogger(stderr, "replica")
-	r, err := replica.Open(*dir, replica.Options{Size: size, Logger: log, DirectIO: *direct})
+	r, err := replica.Open(c.dir, replica.Options{Size: c.size, Logger: log, DirectIO: c.direct})
 	if err != nil {
-		return fail("%v", err)
+		return replicaFail(stderr, "%v", err)
 	}
-	if *direct {
+	if c.direct {
 		log.Info("direct I/O", "through", replica.DirectIOPath())
 	}
 	closeReplica := func() {
@@ -151,31 +174,20 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			log.Error(err, "close failed")
 		}
 	}
-	// The data listener opens before the control one: an instance manager
-	// that sees the control port accept (its readiness check) knows a
-	// unix-socket data listener, which it did not allocate, is up too.
-	dl, err := listen("--listen", *listenAddr)
+	dl, cl, err := replicaListeners(c)
 	if err != nil {
 		closeReplica()
-		return fail("%v", err)
+		return replicaFail(stderr, "%v", err)
 	}
-	var cl net.Listener
+	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: c.workers, Key: c.key, ControlTLS: c.controlTLS, DataTLS: c.dataTLS, Logger: log})
 	controlShown := "none"
-	if *controlAddr != "" {
-		if cl, err = listen("--control-listen", *controlAddr); err != nil {
-			dl.Close()
-			closeReplica()
-			return fail("%v", err)
-		}
-		controlShown = addrString(cl)
-	}
-	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: *workers, Key: key, ControlTLS: controlTLS, DataTLS: dataServerTLS, Logger: log})
-	fmt.Fprintf(stdout, "ready data=%s control=%s size=%d\n", addrString(dl), controlShown, r.Size())
 	rep := ready.Report{Data: addrString(dl), Size: r.Size()}
 	if cl != nil {
+		controlShown = addrString(cl)
 		rep.Control = addrString(cl)
 	}
-	if err := ready.Write(*readyFD, rep); err != nil {
+	fmt.Fprintf(stdout, "ready data=%s control=%s size=%d\n", addrString(dl), controlShown, r.Size())
+	if err := ready.Write(c.readyFD, rep); err != nil {
 		log.Error(err, "could not report ready")
 	}
 	select {
@@ -187,4 +199,22 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	run.Shutdown(sctx)
 	log.Info("stopped")
 	return 0
+}
+
+// replicaListeners opens the data listener and, with --control-listen,
+// the control one (nil without). The data listener opens first: an
+// instance manager that sees the control port accept (its readiness
+// check) knows a unix-socket data listener, which it did not allocate, is
+// up too.
+func replicaListeners(c *replicaFlags) (data, control net.Listener, err error) {
+	if data, err = listen("--listen", c.listen); err != nil {
+		return nil, nil, err
+	}
+	if c.control != "" {
+		if control, err = listen("--control-listen", c.control); err != nil {
+			data.Close()
+			return nil, nil, err
+		}
+	}
+	return data, control, nil
 }

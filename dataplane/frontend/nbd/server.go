@@ -159,107 +159,141 @@ func (s *Server) serveConn(c net.Conn) error {
 // handshake runs the fixed-newstyle negotiation until the client picks the
 // export (EXPORT_NAME or GO). It returns an error to close the connection.
 func (s *Server) handshake(c net.Conn) error {
+	noZeroes, err := greet(c)
+	if err != nil {
+		return err
+	}
+	for {
+		opt, data, err := readOption(c)
+		if err != nil {
+			return err
+		}
+		if done, err := s.option(c, opt, data, noZeroes); done || err != nil {
+			return err
+		}
+	}
+}
+
+// greet sends the server's hello and checks the client's flags; noZeroes:
+// the client wants no 124 zero bytes after EXPORT_NAME's reply.
+func greet(c net.Conn) (noZeroes bool, err error) {
 	var hello [18]byte
 	binary.BigEndian.PutUint64(hello[0:], magicNBD)
 	binary.BigEndian.PutUint64(hello[8:], magicOpt)
 	binary.BigEndian.PutUint16(hello[16:], flagFixedNewstyle|flagNoZeroes)
 	if _, err := c.Write(hello[:]); err != nil {
-		return err
+		return false, err
 	}
 	var cf [4]byte
 	if _, err := io.ReadFull(c, cf[:]); err != nil {
-		return err
+		return false, err
 	}
 	clientFlags := binary.BigEndian.Uint32(cf[:])
 	if clientFlags&clientFixed == 0 {
-		return errors.New("client does not speak fixed newstyle")
+		return false, errors.New("client does not speak fixed newstyle")
 	}
 	if clientFlags&^(clientFixed|clientNoZeroes) != 0 {
-		return fmt.Errorf("unknown client flags 0x%x", clientFlags)
+		return false, fmt.Errorf("unknown client flags 0x%x", clientFlags)
 	}
-	noZeroes := clientFlags&clientNoZeroes != 0
-	for {
-		var oh [16]byte
-		if _, err := io.ReadFull(c, oh[:]); err != nil {
-			return err
-		}
-		if binary.BigEndian.Uint64(oh[0:]) != magicOpt {
-			return errors.New("bad option magic")
-		}
-		opt := binary.BigEndian.Uint32(oh[8:])
-		n := binary.BigEndian.Uint32(oh[12:])
-		if n > maxOptionLength {
-			return fmt.Errorf("option %d: %d bytes of data is too long", opt, n)
-		}
-		data := make([]byte, n)
-		if _, err := io.ReadFull(c, data); err != nil {
-			return err
-		}
-		switch opt {
-		case optExportName:
-			if !s.nameOK(string(data)) {
-				return fmt.Errorf("unknown export %q", data)
-			}
-			reply := make([]byte, 10, 10+124)
-			binary.BigEndian.PutUint64(reply[0:], uint64(s.dev.Size()))
-			binary.BigEndian.PutUint16(reply[8:], s.TransmissionFlags())
-			if !noZeroes {
-				reply = append(reply, make([]byte, 124)...)
-			}
-			_, err := c.Write(reply)
-			return err
-		case optAbort:
-			s.optReply(c, opt, repAck, nil)
-			return io.EOF
-		case optList:
-			if n != 0 {
-				if err := s.optReply(c, opt, repErrInvalid, []byte("LIST takes no data")); err != nil {
-					return err
-				}
-				continue
-			}
-			name := []byte(s.opts.ExportName)
-			d := binary.BigEndian.AppendUint32(nil, uint32(len(name)))
-			if err := s.optReply(c, opt, repServer, append(d, name...)); err != nil {
-				return err
-			}
-			if err := s.optReply(c, opt, repAck, nil); err != nil {
-				return err
-			}
-		case optInfo, optGo:
-			name, ok := parseInfoRequest(data)
-			var err error
-			switch {
-			case !ok:
-				err = s.optReply(c, opt, repErrInvalid, []byte("malformed INFO/GO request"))
-			case !s.nameOK(name):
-				err = s.optReply(c, opt, repErrUnknown, []byte("no such export: "+name))
-			default:
-				ex := binary.BigEndian.AppendUint16(nil, infoExport)
-				ex = binary.BigEndian.AppendUint64(ex, uint64(s.dev.Size()))
-				ex = binary.BigEndian.AppendUint16(ex, s.TransmissionFlags())
-				bs := binary.BigEndian.AppendUint16(nil, infoBlockSize)
-				bs = binary.BigEndian.AppendUint32(bs, 512)        // minimum
-				bs = binary.BigEndian.AppendUint32(bs, 4096)       // preferred
-				bs = binary.BigEndian.AppendUint32(bs, MaxRequest) // maximum
-				if err = s.optReply(c, opt, repInfo, ex); err == nil {
-					if err = s.optReply(c, opt, repInfo, bs); err == nil {
-						err = s.optReply(c, opt, repAck, nil)
-					}
-				}
-				if err == nil && opt == optGo {
-					return nil
-				}
-			}
-			if err != nil {
-				return err
-			}
-		default: // STARTTLS, STRUCTURED_REPLY, META_CONTEXT, ...: not supported
-			if err := s.optReply(c, opt, repErrUnsup, nil); err != nil {
-				return err
-			}
+	return clientFlags&clientNoZeroes != 0, nil
+}
+
+// readOption reads one option request: its number and its data (at most
+// maxOptionLength bytes).
+func readOption(c net.Conn) (opt uint32, data []byte, err error) {
+	var oh [16]byte
+	if _, err := io.ReadFull(c, oh[:]); err != nil {
+		return 0, nil, err
+	}
+	if binary.BigEndian.Uint64(oh[0:]) != magicOpt {
+		return 0, nil, errors.New("bad option magic")
+	}
+	opt = binary.BigEndian.Uint32(oh[8:])
+	n := binary.BigEndian.Uint32(oh[12:])
+	if n > maxOptionLength {
+		return 0, nil, fmt.Errorf("option %d: %d bytes of data is too long", opt, n)
+	}
+	data = make([]byte, n)
+	if _, err := io.ReadFull(c, data); err != nil {
+		return 0, nil, err
+	}
+	return opt, data, nil
+}
+
+// option answers one option; done: the negotiation is over (the client
+// picked the export, or aborted with io.EOF).
+func (s *Server) option(c net.Conn, opt uint32, data []byte, noZeroes bool) (done bool, err error) {
+	switch opt {
+	case optExportName:
+		return true, s.exportName(c, data, noZeroes)
+	case optAbort:
+		_ = s.optReply(c, opt, repAck, nil) // the client leaves whether or not the ack reaches it
+		return true, io.EOF
+	case optList:
+		return false, s.list(c, opt, data)
+	case optInfo, optGo:
+		return s.infoGo(c, opt, data)
+	default: // STARTTLS, STRUCTURED_REPLY, META_CONTEXT, ...: not supported
+		return false, s.optReply(c, opt, repErrUnsup, nil)
+	}
+}
+
+// exportName answers EXPORT_NAME, which ends the negotiation: the size and
+// transmission flags, or an error (closing the connection) for an unknown
+// export.
+func (s *Server) exportName(c net.Conn, data []byte, noZeroes bool) error {
+	if !s.nameOK(string(data)) {
+		return fmt.Errorf("unknown export %q", data)
+	}
+	reply := make([]byte, 10, 10+124)
+	binary.BigEndian.PutUint64(reply[0:], uint64(s.dev.Size()))
+	binary.BigEndian.PutUint16(reply[8:], s.TransmissionFlags())
+	if !noZeroes {
+		reply = append(reply, make([]byte, 124)...)
+	}
+	_, err := c.Write(reply)
+	return err
+}
+
+// list answers LIST with the one export's name.
+func (s *Server) list(c net.Conn, opt uint32, data []byte) error {
+	if len(data) != 0 {
+		return s.optReply(c, opt, repErrInvalid, []byte("LIST takes no data"))
+	}
+	name := []byte(s.opts.ExportName)
+	d := binary.BigEndian.AppendUint32(nil, uint32(len(name)))
+	if err := s.optReply(c, opt, repServer, append(d, name...)); err != nil {
+		return err
+	}
+	return s.optReply(c, opt, repAck, nil)
+}
+
+// infoGo answers INFO and GO: the export's size, flags and block sizes;
+// done after a GO answered so.
+func (s *Server) infoGo(c net.Conn, opt uint32, data []byte) (done bool, err error) {
+	name, ok := parseInfoRequest(data)
+	switch {
+	case !ok:
+		return false, s.optReply(c, opt, repErrInvalid, []byte("malformed INFO/GO request"))
+	case !s.nameOK(name):
+		return false, s.optReply(c, opt, repErrUnknown, []byte("no such export: "+name))
+	}
+	ex := binary.BigEndian.AppendUint16(nil, infoExport)
+	ex = binary.BigEndian.AppendUint64(ex, uint64(s.dev.Size()))
+	ex = binary.BigEndian.AppendUint16(ex, s.TransmissionFlags())
+	bs := binary.BigEndian.AppendUint16(nil, infoBlockSize)
+	bs = binary.BigEndian.AppendUint32(bs, 512)        // minimum
+	bs = binary.BigEndian.AppendUint32(bs, 4096)       // preferred
+	bs = binary.BigEndian.AppendUint32(bs, MaxRequest) // maximum
+	for _, r := range []struct {
+		rep  uint32
+		data []byte
+	}{{repInfo, ex}, {repInfo, bs}, {repAck, nil}} {
+		if err := s.optReply(c, opt, r.rep, r.data); err != nil {
+			return false, err
 		}
 	}
+	return opt == optGo, nil
 }
 
 func (s *Server) nameOK(name string) bool { return name == "" || name == s.opts.ExportName }

@@ -294,156 +294,50 @@ func (c *cluster) client(ctx context.Context, id int, h *history, rng *rand.Rand
 	}
 }
 
+// healTimer is a fault on a node to undo at a time.
+type healTimer struct {
+	n  *node
+	at time.Time
+}
+
 // nemesis injects faults until ctx ends, never taking the last healthy
 // replica: the guarantee under test holds while one RW replica survives.
 func (c *cluster) nemesis(ctx context.Context, rng *rand.Rand, count map[Fault]int) {
-	type timed struct {
-		n  *node
-		at time.Time
-	}
-	var toHeal []timed
+	var toHeal []healTimer
 	for ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Duration(rng.Int64N(int64(2 * c.cfg.FaultEvery)))):
 		}
 		now := time.Now()
-		kept := toHeal[:0]
-		for _, t := range toHeal {
-			if now.After(t.at) {
-				c.heal(t.n)
-			} else {
-				kept = append(kept, t)
-			}
-		}
-		toHeal = kept
+		toHeal = c.healDue(toHeal, now)
 		if ctx.Err() != nil {
 			break
 		}
 		f := c.cfg.Faults[rng.IntN(len(c.cfg.Faults))]
-		n := c.nodes[rng.IntN(len(c.nodes))]
-		switch f {
-		case FaultFillDisk: // only the tmpfs node's disk can fill
-			n = c.nodes[len(c.nodes)-1]
-		case FaultPartitionReplica: // iptables cannot cut a unix socket
-			if n.sock != "" && len(c.nodes) > 1 {
-				n = c.nodes[1+rng.IntN(len(c.nodes)-1)]
-			}
-		case FaultRejoinReplica: // a node that is down or failed, if any
-			m, _ := c.modes(ctx)
-			var failed []*node
-			for _, x := range c.nodes {
-				if !x.paused && !x.partitioned && x.ballast == "" && (!x.alive() || m[x.addr()] == "ERR" || m[x.addr()] == "") {
-					failed = append(failed, x)
-				}
-			}
-			if len(failed) == 0 {
-				continue
-			}
-			n = failed[rng.IntN(len(failed))]
+		n, ok := c.target(ctx, rng, f)
+		if !ok {
+			continue
 		}
-		healIn := time.Duration(300+rng.IntN(900)) * time.Millisecond
+		healAt := now.Add(time.Duration(300+rng.IntN(900)) * time.Millisecond)
+		var injected bool
 		switch f {
 		case FaultKillReplica, FaultPauseReplica, FaultPartitionReplica, FaultFillDisk, FaultReplaceReplica:
-			if f == FaultFillDisk && (n.tmpfs == "" || n.ballast != "") {
-				continue
-			}
-			if !n.reachable() || c.healthy(ctx, n) < 1 {
-				continue // would take the last healthy replica
-			}
-			var err error
-			switch f {
-			case FaultKillReplica:
-				c.killNode(n)
-			case FaultPauseReplica:
-				err = n.cmd.Process.Signal(syscall.SIGSTOP)
-				n.paused = true
-				toHeal = append(toHeal, timed{n, now.Add(healIn)})
-			case FaultPartitionReplica:
-				err = c.partition(n)
-				toHeal = append(toHeal, timed{n, now.Add(healIn)})
-			case FaultFillDisk:
-				err = c.fillDisk(n)
-				toHeal = append(toHeal, timed{n, now.Add(healIn)})
-			case FaultReplaceReplica:
-				err = c.replace(ctx, n)
-			}
-			if err != nil {
-				fmt.Fprintf(c.cfg.Verbose, "nemesis: %s on replica %d: %v\n", f, n.idx, err)
-				continue
+			var heal bool
+			if injected, heal = c.replicaFault(ctx, f, n); heal {
+				toHeal = append(toHeal, healTimer{n, healAt})
 			}
 		case FaultKillEngine:
-			// A new engine needs a reachable replica that the old one had
-			// RW, and serves without the others only if none of them was
-			// RW (it may hold writes the survivors lack: docs/engine.md,
-			// "Opening with replicas that do not answer"); else it waits.
-			m, err := c.modes(ctx)
-			if err != nil {
-				continue
-			}
-			var up []*node
-			ok := true
-			rw := false
-			for _, x := range c.nodes {
-				if x.reachable() {
-					up = append(up, x)
-					if m[x.addr()] == "RW" && x.ballast == "" {
-						rw = true
-					}
-				} else if m[x.addr()] == "RW" {
-					ok = false
-				}
-			}
-			ok = ok && rw
-			if !ok {
-				continue
-			}
-			c.killEngine()
-			if err := c.startEngine(up); err != nil {
-				fmt.Fprintf(c.cfg.Verbose, "nemesis: restarting the engine: %v\n", err)
-				continue
-			}
+			injected = c.restartEngine(ctx)
 		case FaultSnapshot:
-			c.snapSeq++
-			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := c.ctl.SnapshotCreate(sctx, &enginev1.SnapshotCreateRequest{Name: fmt.Sprintf("chaos-%d", c.snapSeq)})
-			cancel()
-			if err != nil {
-				fmt.Fprintf(c.cfg.Verbose, "nemesis: snapshot: %v\n", err)
-				continue
-			}
+			injected = c.snapshot(ctx)
 		case FaultDeleteSnapshot:
-			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			list, err := c.ctl.SnapshotList(sctx, &enginev1.SnapshotListRequest{})
-			cancel()
-			var names []string
-			for _, sn := range list.GetSnapshots() {
-				if strings.HasPrefix(sn.Name, "chaos-") {
-					names = append(names, sn.Name)
-				}
-			}
-			if err != nil || len(names) == 0 {
-				continue
-			}
-			name := names[rng.IntN(len(names))]
-			c.bg.Add(1)
-			go func() {
-				defer c.bg.Done()
-				dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				if _, err := c.ctl.SnapshotDelete(dctx, &enginev1.SnapshotDeleteRequest{Name: name}); err != nil {
-					fmt.Fprintf(c.cfg.Verbose, "nemesis: delete snapshot %s: %v\n", name, err)
-				}
-			}()
+			injected = c.deleteSnapshot(ctx, rng)
 		case FaultRejoinReplica:
-			m, err := c.modes(ctx)
-			if err != nil || (n.alive() && m[n.addr()] != "ERR" && m[n.addr()] != "") || n.paused || n.partitioned || n.ballast != "" {
-				continue
-			}
-			if err := c.rejoin(ctx, n); err != nil {
-				fmt.Fprintf(c.cfg.Verbose, "nemesis: rejoin replica %d: %v\n", n.idx, err)
-				continue
-			}
+			injected = c.rejoinFailed(ctx, n)
+		}
+		if !injected {
+			continue
 		}
 		count[f]++
 		fmt.Fprintf(c.cfg.Verbose, "nemesis: %s replica %d\n", f, n.idx)
@@ -451,6 +345,167 @@ func (c *cluster) nemesis(ctx context.Context, rng *rand.Rand, count map[Fault]i
 	for _, t := range toHeal {
 		c.heal(t.n)
 	}
+}
+
+// healDue heals the faults whose time came and returns the others.
+func (c *cluster) healDue(toHeal []healTimer, now time.Time) []healTimer {
+	kept := toHeal[:0]
+	for _, t := range toHeal {
+		if now.After(t.at) {
+			c.heal(t.n)
+		} else {
+			kept = append(kept, t)
+		}
+	}
+	return kept
+}
+
+// target picks the node fault f hits; false: none fits (no failed node to
+// rejoin).
+func (c *cluster) target(ctx context.Context, rng *rand.Rand, f Fault) (*node, bool) {
+	n := c.nodes[rng.IntN(len(c.nodes))]
+	switch f {
+	case FaultFillDisk: // only the tmpfs node's disk can fill
+		n = c.nodes[len(c.nodes)-1]
+	case FaultPartitionReplica: // iptables cannot cut a unix socket
+		if n.sock != "" && len(c.nodes) > 1 {
+			n = c.nodes[1+rng.IntN(len(c.nodes)-1)]
+		}
+	case FaultRejoinReplica: // a node that is down or failed, if any
+		m, _ := c.modes(ctx)
+		var failed []*node
+		for _, x := range c.nodes {
+			if !x.paused && !x.partitioned && x.ballast == "" && (!x.alive() || m[x.addr()] == "ERR" || m[x.addr()] == "") {
+				failed = append(failed, x)
+			}
+		}
+		if len(failed) == 0 {
+			return nil, false
+		}
+		n = failed[rng.IntN(len(failed))]
+	}
+	return n, true
+}
+
+// replicaFault kills, pauses, partitions, fills the disk of or replaces
+// replica n, unless that would take the last healthy replica; heal: the
+// fault is one to undo later (pause, partition, full disk).
+func (c *cluster) replicaFault(ctx context.Context, f Fault, n *node) (injected, heal bool) {
+	if f == FaultFillDisk && (n.tmpfs == "" || n.ballast != "") {
+		return false, false
+	}
+	if !n.reachable() || c.healthy(ctx, n) < 1 {
+		return false, false // would take the last healthy replica
+	}
+	var err error
+	switch f {
+	case FaultKillReplica:
+		c.killNode(n)
+	case FaultPauseReplica:
+		err = n.cmd.Process.Signal(syscall.SIGSTOP)
+		n.paused = true
+		heal = true
+	case FaultPartitionReplica:
+		err, heal = c.partition(n), true
+	case FaultFillDisk:
+		err, heal = c.fillDisk(n), true
+	case FaultReplaceReplica:
+		err = c.replace(ctx, n)
+	}
+	if err != nil {
+		fmt.Fprintf(c.cfg.Verbose, "nemesis: %s on replica %d: %v\n", f, n.idx, err)
+		return false, heal
+	}
+	return true, heal
+}
+
+// restartEngine kills the engine and starts a new one on the reachable
+// replicas. A new engine needs a reachable replica that the old one had
+// RW, and serves without the others only if none of them was RW (it may
+// hold writes the survivors lack: docs/engine.md, "Opening with replicas
+// that do not answer"); else it waits, so the fault is not injected.
+func (c *cluster) restartEngine(ctx context.Context) bool {
+	m, err := c.modes(ctx)
+	if err != nil {
+		return false
+	}
+	var up []*node
+	ok := true
+	rw := false
+	for _, x := range c.nodes {
+		if x.reachable() {
+			up = append(up, x)
+			if m[x.addr()] == "RW" && x.ballast == "" {
+				rw = true
+			}
+		} else if m[x.addr()] == "RW" {
+			ok = false
+		}
+	}
+	if !ok || !rw {
+		return false
+	}
+	c.killEngine()
+	if err := c.startEngine(up); err != nil {
+		fmt.Fprintf(c.cfg.Verbose, "nemesis: restarting the engine: %v\n", err)
+		return false
+	}
+	return true
+}
+
+// snapshot takes a snapshot chaos-N.
+func (c *cluster) snapshot(ctx context.Context) bool {
+	c.snapSeq++
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err := c.ctl.SnapshotCreate(sctx, &enginev1.SnapshotCreateRequest{Name: fmt.Sprintf("chaos-%d", c.snapSeq)})
+	cancel()
+	if err != nil {
+		fmt.Fprintf(c.cfg.Verbose, "nemesis: snapshot: %v\n", err)
+		return false
+	}
+	return true
+}
+
+// deleteSnapshot starts deleting one of the chaos snapshots, in the
+// background (healAll waits for it).
+func (c *cluster) deleteSnapshot(ctx context.Context, rng *rand.Rand) bool {
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	list, err := c.ctl.SnapshotList(sctx, &enginev1.SnapshotListRequest{})
+	cancel()
+	var names []string
+	for _, sn := range list.GetSnapshots() {
+		if strings.HasPrefix(sn.Name, "chaos-") {
+			names = append(names, sn.Name)
+		}
+	}
+	if err != nil || len(names) == 0 {
+		return false
+	}
+	name := names[rng.IntN(len(names))]
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := c.ctl.SnapshotDelete(dctx, &enginev1.SnapshotDeleteRequest{Name: name}); err != nil {
+			fmt.Fprintf(c.cfg.Verbose, "nemesis: delete snapshot %s: %v\n", name, err)
+		}
+	}()
+	return true
+}
+
+// rejoinFailed brings back replica n if it is down or failed (and not
+// paused, partitioned or on a full disk).
+func (c *cluster) rejoinFailed(ctx context.Context, n *node) bool {
+	m, err := c.modes(ctx)
+	if err != nil || (n.alive() && m[n.addr()] != "ERR" && m[n.addr()] != "") || n.paused || n.partitioned || n.ballast != "" {
+		return false
+	}
+	if err := c.rejoin(ctx, n); err != nil {
+		fmt.Fprintf(c.cfg.Verbose, "nemesis: rejoin replica %d: %v\n", n.idx, err)
+		return false
+	}
+	return true
 }
 
 // healAll undoes every fault and brings every replica back as RW.
@@ -528,7 +583,7 @@ func (c *cluster) healAll(ctx context.Context) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the volume did not become healthy: %v %v", m, err)
+			return fmt.Errorf("the volume did not become healthy: %v %v", m, err) //nolint:errorlint // err may be nil (the volume answered, not healthy)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
