@@ -20,7 +20,10 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "storage.cairn.io", Version: "v1alpha1"}
 
 	// SchemeBuilder registers the kinds of this package with a runtime.Scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	// controller-runtime's Builder is deprecated for api packages (they
+	// should not import controller-runtime); every *_types.go registers its
+	// kinds through it in init, the layout kubebuilder generates.
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion} //nolint:staticcheck // SA1019: see above
 
 	// AddToScheme adds the kinds of this package to a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme

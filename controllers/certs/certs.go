@@ -198,7 +198,7 @@ func (a *Authority) sync(ctx context.Context) error {
 	}
 	roots := x509.NewCertPool()
 	if !roots.AppendCertsFromPEM(bundle) {
-		return fmt.Errorf("Secret %s/%s: no certificate in the trust bundle", a.opts.Namespace, a.opts.CASecret)
+		return fmt.Errorf("the Secret %s/%s: no certificate in the trust bundle", a.opts.Namespace, a.opts.CASecret)
 	}
 
 	if err := a.ensureServing(ctx, cur, bundle, now); err != nil {
@@ -245,7 +245,7 @@ func (a *Authority) sync(ctx context.Context) error {
 func (a *Authority) parseCA(s *corev1.Secret) (*ca, error) {
 	c, err := parseCA(s.Data[KeyCACert], s.Data[KeyCAKey])
 	if err != nil {
-		return nil, fmt.Errorf("Secret %s/%s: %s and %s do not hold a usable CA (%v); "+
+		return nil, fmt.Errorf("the Secret %s/%s: %s and %s do not hold a usable CA (%w); "+
 			"delete the Secret to have the manager make a new CA", a.opts.Namespace, a.opts.CASecret, KeyCACert, KeyCAKey, err)
 	}
 	return c, nil
@@ -280,7 +280,7 @@ func (a *Authority) ensureCA(ctx context.Context, now time.Time) (*corev1.Secret
 		// reads the winner's CA.
 		if err := a.opts.Writer.Create(ctx, s); err != nil {
 			if apierrors.IsAlreadyExists(err) {
-				return nil, fmt.Errorf("Secret %s created by another manager meanwhile; reading it next", key)
+				return nil, fmt.Errorf("the Secret %s was created by another manager meanwhile; reading it next", key)
 			}
 			return nil, fmt.Errorf("create Secret %s: %w", key, err)
 		}
@@ -410,8 +410,10 @@ func (a *Authority) clientCertificate(cri *tls.CertificateRequestInfo) (*tls.Cer
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.clients) == 0 {
+		// lastErr is why the last Sync failed, shown for context: it is not
+		// this error's cause, and may be nil.
 		return nil, fmt.Errorf("the manager has no client certificate yet (CA Secret %s/%s): %v",
-			a.opts.Namespace, a.opts.CASecret, a.lastErr)
+			a.opts.Namespace, a.opts.CASecret, a.lastErr) //nolint:errorlint // see above
 	}
 	for _, c := range a.clients {
 		if cri.SupportsCertificate(c) == nil {

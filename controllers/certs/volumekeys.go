@@ -47,7 +47,9 @@ func (a *Authority) VolumeKey(namespace, name string) ([]byte, error) {
 	m := a.master
 	a.mu.Unlock()
 	if m == nil {
-		return nil, fmt.Errorf("volume keys are not available yet: the CA Secret %s/%s has not been read (%v)", a.opts.Namespace, a.opts.CASecret, a.lastErr)
+		// lastErr is why the last Sync failed, shown for context: it is not
+		// this error's cause, and may be nil.
+		return nil, fmt.Errorf("volume keys are not available yet: the CA Secret %s/%s has not been read (%v)", a.opts.Namespace, a.opts.CASecret, a.lastErr) //nolint:errorlint // see above
 	}
 	return m.VolumeKey(namespace, name)
 }

@@ -119,8 +119,11 @@ func (c *Cluster) AddNode(t testing.TB, name string) *Node {
 		}
 	}
 	t.Cleanup(func() {
-		c.Client.Delete(ctx, sn)
-		c.Client.Delete(ctx, imObj)
+		for _, o := range []client.Object{sn, imObj} {
+			if err := client.IgnoreNotFound(c.Client.Delete(ctx, o)); err != nil {
+				t.Errorf("delete %T %s: %v", o, o.GetName(), err)
+			}
+		}
 	})
 	return &Node{Name: name, DataDir: dir, im: im}
 }

@@ -208,7 +208,7 @@ func ServerHandshake(nc net.Conn, key []byte, timeout time.Duration) error {
 		return fmt.Errorf("%w: reading proof: %w", ErrAuthMalformed, err)
 	}
 	if !hmac.Equal(proof, mac(key, clientLabel, ch.Nonce[:], hello.Nonce[:])) {
-		nc.Write(EncodeResult(false))
+		_, _ = nc.Write(EncodeResult(false)) // best effort: the connection is refused either way
 		return fmt.Errorf("%w: the client's proof does not match this volume's key", ErrAuthRefused)
 	}
 	if _, err := nc.Write(EncodeResult(true)); err != nil {

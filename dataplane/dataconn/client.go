@@ -259,7 +259,9 @@ func attach(uc *net.UnixConn, r *shm.Region, timeout time.Duration) error {
 	if err := uc.SetDeadline(time.Now().Add(timeout)); err != nil {
 		return err
 	}
-	defer uc.SetDeadline(time.Time{})
+	// Clearing the deadline fails only on a closed connection, which the
+	// exchange below reports.
+	defer func() { _ = uc.SetDeadline(time.Time{}) }()
 	if _, _, err := uc.WriteMsgUnix(hb[:], syscall.UnixRights(r.FD()), nil); err != nil {
 		return fmt.Errorf("%w: write: %w", ErrConnectionLost, err)
 	}

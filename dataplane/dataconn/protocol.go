@@ -378,7 +378,7 @@ func ReadFrame(r io.Reader, maxPayload uint32, buf []byte) (Frame, error) {
 }
 
 func unexpectedEOF(err error) error {
-	if err == io.EOF {
+	if errors.Is(err, io.EOF) {
 		return io.ErrUnexpectedEOF
 	}
 	return err

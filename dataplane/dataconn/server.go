@@ -484,7 +484,7 @@ func (sc *serverConn) run() {
 	err := sc.readLoop()
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
 		var ne net.Error
-		if !(errors.As(err, &ne) && ne.Timeout()) { // the read deadline Shutdown sets
+		if !errors.As(err, &ne) || !ne.Timeout() { // the read deadline Shutdown sets
 			sc.log.Info("closing connection", "reason", err.Error())
 		}
 	}

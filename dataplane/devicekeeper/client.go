@@ -175,7 +175,7 @@ func (c *Client) requestLocked(ctx context.Context, r request, fds []int) (respo
 	}
 	if err := writeMessage(l.c, b, fds); err != nil {
 		l.c.Close()
-		return response{}, nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return response{}, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	select {
 	case a := <-l.answers:
@@ -184,7 +184,7 @@ func (c *Client) requestLocked(ctx context.Context, r request, fds []int) (respo
 		return response{}, nil, fmt.Errorf("%w: the connection closed", ErrUnavailable)
 	case <-ctx.Done():
 		l.c.Close()
-		return response{}, nil, fmt.Errorf("%w: no answer: %v", ErrUnavailable, ctx.Err())
+		return response{}, nil, fmt.Errorf("%w: no answer: %w", ErrUnavailable, ctx.Err())
 	}
 }
 
@@ -199,7 +199,7 @@ func (c *Client) request(ctx context.Context, r request, fds []int) (response, [
 	select {
 	case <-c.tried:
 	case <-ctx.Done():
-		return response{}, nil, fmt.Errorf("%w: %s: %v", ErrUnavailable, c.path, ctx.Err())
+		return response{}, nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, c.path, ctx.Err())
 	}
 	timeout := time.NewTimer(disconnectedWait)
 	defer timeout.Stop()
@@ -221,7 +221,7 @@ func (c *Client) request(ctx context.Context, r request, fds []int) (response, [
 		case <-timeout.C:
 			return response{}, nil, fmt.Errorf("%w: not connected to %s", ErrUnavailable, c.path)
 		case <-ctx.Done():
-			return response{}, nil, fmt.Errorf("%w: %s: %v", ErrUnavailable, c.path, ctx.Err())
+			return response{}, nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, c.path, ctx.Err())
 		}
 	}
 }

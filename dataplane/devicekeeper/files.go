@@ -54,13 +54,13 @@ const (
 func Check(s Session, f Files) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(f.FUSE, &st); err != nil {
-		return fmt.Errorf("%w: the FUSE descriptor: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: the FUSE descriptor: %w", ErrInvalid, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != fuseMajor || unix.Minor(st.Rdev) != fuseMinor {
 		return fmt.Errorf("%w: the FUSE descriptor is not /dev/fuse", ErrInvalid)
 	}
 	if err := unix.Fstat(f.Loop, &st); err != nil {
-		return fmt.Errorf("%w: the loop descriptor: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: the loop descriptor: %w", ErrInvalid, err)
 	}
 	n, _ := strconv.Atoi(strings.TrimPrefix(s.LoopPath, "/dev/loop"))
 	if st.Mode&unix.S_IFMT != unix.S_IFBLK || unix.Major(st.Rdev) != loopMajor || unix.Minor(st.Rdev) != uint32(n) {
@@ -68,21 +68,21 @@ func Check(s Session, f Files) error {
 	}
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(f.File, &sfs); err != nil {
-		return fmt.Errorf("%w: the file descriptor: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: the file descriptor: %w", ErrInvalid, err)
 	}
 	if sfs.Type != fuseSuperMagic {
 		return fmt.Errorf("%w: the file descriptor is not in a FUSE filesystem", ErrInvalid)
 	}
 	var sx unix.Statx_t
 	if err := unix.Statx(f.File, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE|unix.STATX_INO, &sx); err != nil {
-		return fmt.Errorf("%w: the file descriptor: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: the file descriptor: %w", ErrInvalid, err)
 	}
 	if sx.Mode&unix.S_IFMT != unix.S_IFREG {
 		return fmt.Errorf("%w: the file descriptor is not a regular file", ErrInvalid)
 	}
 	info, err := unix.IoctlLoopGetStatus64(f.Loop)
 	if err != nil {
-		return fmt.Errorf("%w: %s is not attached to a file: %v", ErrInvalid, s.LoopPath, err)
+		return fmt.Errorf("%w: %s is not attached to a file: %w", ErrInvalid, s.LoopPath, err)
 	}
 	if info.Inode != sx.Ino || info.Device != unix.Mkdev(sx.Dev_major, sx.Dev_minor) {
 		return fmt.Errorf("%w: %s is attached to another file than the one given", ErrInvalid, s.LoopPath)
@@ -108,7 +108,7 @@ func readMessage(c *net.UnixConn, buf, oob []byte) ([]byte, []int, error) {
 	switch {
 	case perr != nil:
 		closeAll(fds)
-		return nil, nil, fmt.Errorf("%w: ancillary data: %v", ErrInvalid, perr)
+		return nil, nil, fmt.Errorf("%w: ancillary data: %w", ErrInvalid, perr)
 	case flags&unix.MSG_TRUNC != 0:
 		closeAll(fds)
 		return nil, nil, fmt.Errorf("%w: a message longer than %d bytes", ErrInvalid, MaxMessage)

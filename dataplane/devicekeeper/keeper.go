@@ -302,7 +302,7 @@ func (k *Keeper) claim(c *net.UnixConn, volume string) (Session, []int, error) {
 		d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
 			closeAll(dups)
-			return Session{}, nil, fmt.Errorf("%w: duplicating a descriptor: %v", ErrInternal, err)
+			return Session{}, nil, fmt.Errorf("%w: duplicating a descriptor: %w", ErrInternal, err)
 		}
 		dups = append(dups, d)
 	}

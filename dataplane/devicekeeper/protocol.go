@@ -240,7 +240,7 @@ func unmarshalStrict(b []byte, v any) error {
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
 	if err := d.Decode(v); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if len(bytes.TrimSpace(b[d.InputOffset():])) != 0 {
 		return fmt.Errorf("%w: data after the message", ErrInvalid)

@@ -312,7 +312,7 @@ func (e *Engine) snapshotMembers(ctx context.Context, snap SnapshotInfo) {
 	defer e.mu.Unlock()
 	for i, m := range ms {
 		if errs[i] != nil {
-			e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", errs[i]))
+			_ = e.setMode(m, ModeERR, fmt.Errorf("rebuild snapshot: %w", errs[i])) // refused only if already ERR
 		}
 	}
 }
@@ -333,7 +333,7 @@ func (e *Engine) rebuildSource(ctx context.Context, prefer *member, want []Snaps
 		}
 		info, err := m.ctl.Info(ctx)
 		if err != nil {
-			e.become(m, ModeERR, fmt.Errorf("rebuild: info: %w", err))
+			_ = e.become(m, ModeERR, fmt.Errorf("rebuild: info: %w", err)) // refused only if already ERR
 			continue
 		}
 		if want == nil || sameChain(info.Snapshots, want) {
@@ -358,7 +358,10 @@ func (e *Engine) admit(ctx context.Context, a *addition) (*rebuild, error) {
 		e.mu.Unlock()
 		return nil, ErrClosed
 	}
-	e.setMode(t, ModeWO, nil)
+	if err := e.setMode(t, ModeWO, nil); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
 	kept := e.members[:0]
 	for _, m := range e.members {
 		if m.addr != t.addr || m.mode != ModeERR {
@@ -378,7 +381,7 @@ func (e *Engine) admit(ctx context.Context, a *addition) (*rebuild, error) {
 		err = ErrClosed
 	}
 	if err != nil {
-		e.setMode(t, ModeERR, err)
+		_ = e.setMode(t, ModeERR, err) // refused only if already ERR
 		return nil, err
 	}
 	rb := newRebuild(e.stop, a)

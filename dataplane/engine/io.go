@@ -52,7 +52,7 @@ func (e *Engine) readAt(ctx context.Context, p []byte, off int64) error {
 	lr := e.ranges.lock(off, int64(len(p)), false)
 	rs := e.readable()
 	failed := false
-	var err error = fmt.Errorf("%w: no RW replica to read from", ErrNoReplica)
+	err := fmt.Errorf("%w: no RW replica to read from", ErrNoReplica)
 	start := 0
 	if len(rs) > 0 {
 		start = pickRead(rs, began.UnixNano())
@@ -294,7 +294,7 @@ func (e *Engine) writeChunk(ctx context.Context, p []byte, off int64, fua bool, 
 		buf := make([]byte, end-start)
 		data, at := p, off
 		prepare = func() error {
-			var last error = fmt.Errorf("%w: no RW replica to merge a partial block from", ErrNoReplica)
+			last := fmt.Errorf("%w: no RW replica to merge a partial block from", ErrNoReplica)
 			for _, m := range e.readable() {
 				if last = m.data.ReadAt(ctx, buf, start); last == nil {
 					return mergeBlocks(c, buf, start, data, at)

@@ -136,26 +136,26 @@ func Open(dir string, opts Options) (*Replica, error) {
 	for _, s := range m.Snapshots {
 		l, err := openLayer(dir, s.File, s.Name, r.direct)
 		if err != nil {
-			r.closeLayers()
+			_ = r.closeLayers() // the open failed: its error is the one to report
 			return nil, fmt.Errorf("open replica %s: snapshot %s: %w", dir, s.Name, err)
 		}
 		r.layers = append(r.layers, l)
 	}
 	head, err := openLayer(dir, m.Head, "", r.direct)
 	if err != nil {
-		r.closeLayers()
+		_ = r.closeLayers() // the open failed: its error is the one to report
 		return nil, fmt.Errorf("open replica %s: head: %w", dir, err)
 	}
 	r.layers = append(r.layers, head)
 	// A crash during an expansion can leave the head larger than the
 	// metadata says; nothing was written past the old size, so trim it.
 	if err := head.f.Truncate(m.Size); err != nil {
-		r.closeLayers()
+		_ = r.closeLayers() // the open failed: its error is the one to report
 		return nil, fmt.Errorf("open replica %s: size the head: %w", dir, err)
 	}
 	head.idx.grow(m.Size / BlockSize)
 	if r.dirty, err = openDirty(dir, m.Size, m.RegionSize, existing, opts.ClearDelay); err != nil {
-		r.closeLayers()
+		_ = r.closeLayers() // the open failed: its error is the one to report
 		return nil, err
 	}
 	// Finish any deletion a crash interrupted.

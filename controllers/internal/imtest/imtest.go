@@ -42,7 +42,7 @@ func Binary(t testing.TB) string {
 		cmd := exec.Command("go", "build", "-o", binary, "github.com/cairn-io/cairn/dataplane/cmd/cairn-data")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("build cairn-data: %v\n%s", err, out)
+			buildErr = fmt.Errorf("build cairn-data: %w\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
@@ -89,7 +89,10 @@ func Start(t testing.TB, node, addr, dataDir string, extra ...string) *IM {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		_ = cmd.Wait() // killed: it exits with an error by design
+	})
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil || !strings.HasPrefix(line, "ready ") {
 		t.Fatalf("instance manager: %q %v", line, err)
@@ -100,7 +103,7 @@ func Start(t testing.TB, node, addr, dataDir string, extra ...string) *IM {
 // Kill kills the instance manager (and with it, its children).
 func (im *IM) Kill() {
 	im.Cmd.Process.Kill()
-	im.Cmd.Wait()
+	_ = im.Cmd.Wait() // killed: it exits with an error by design
 }
 
 // FreeAddr returns a free 127.0.0.1 address.

@@ -47,7 +47,9 @@ type Env struct {
 // Stop stops the manager, the pool and the API server.
 func (e *Env) Stop() {
 	e.StopManager()
-	e.env.Stop()
+	if err := e.env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop envtest:", err)
+	}
 }
 
 // Start starts envtest and a manager; setup registers the reconcilers
@@ -77,13 +79,11 @@ func Start(setup func(mgr ctrl.Manager, pool *imclient.Pool) error, onChange fun
 	// what they created is there at once.
 	direct, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
-		env.Stop()
-		return nil, err
+		return nil, errors.Join(err, env.Stop())
 	}
 	e := &Env{Client: direct, cfg: cfg, scheme: scheme, env: env, setup: setup, onChange: onChange}
 	if err := e.StartManager(); err != nil {
-		env.Stop()
-		return nil, err
+		return nil, errors.Join(err, env.Stop())
 	}
 	return e, nil
 }

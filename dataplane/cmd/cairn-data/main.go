@@ -20,7 +20,9 @@ func main() {
 	// developers measuring the data path).
 	if prefix := os.Getenv("CAIRN_CPUPROFILE"); prefix != "" {
 		if f, err := os.Create(fmt.Sprintf("%s.%d", prefix, os.Getpid())); err == nil {
-			pprof.StartCPUProfile(f)
+			if err := pprof.StartCPUProfile(f); err != nil {
+				fmt.Fprintf(os.Stderr, "CAIRN_CPUPROFILE: %v\n", err)
+			}
 			defer pprof.StopCPUProfile()
 		}
 	}

@@ -202,8 +202,7 @@ func (f *Frontend) mount(dev Device) error {
 	}
 	f.server = s
 	if f.loop, err = attachLoop(f.file); err != nil {
-		s.stop(f.dir, true)
-		return fmt.Errorf("fuse frontend: %w", err)
+		return errors.Join(fmt.Errorf("fuse frontend: %w", err), s.stop(f.dir, true))
 	}
 	if !f.loop.directIO {
 		// Still correct, but the loop driver then hands the file one
@@ -214,8 +213,7 @@ func (f *Frontend) mount(dev Device) error {
 		f.fileDev, err = fileDevice(f.fileFD)
 	}
 	if err != nil {
-		f.stopLocal()
-		return fmt.Errorf("fuse frontend: opening %s: %w", f.file, err)
+		return errors.Join(fmt.Errorf("fuse frontend: opening %s: %w", f.file, err), f.stopLocal())
 	}
 	f.deposit()
 	return nil

@@ -80,9 +80,10 @@ func attachLoop(file string) (*loopDevice, error) {
 		// it: ask what the device does.
 		info, err := unix.IoctlLoopGetStatus64(int(lf.Fd()))
 		if err != nil {
-			unix.IoctlSetInt(int(lf.Fd()), unix.LOOP_CLR_FD, 0)
+			err = errors.Join(fmt.Errorf("LOOP_GET_STATUS64 on %s: %w", path, err),
+				unix.IoctlSetInt(int(lf.Fd()), unix.LOOP_CLR_FD, 0))
 			lf.Close()
-			return nil, fmt.Errorf("LOOP_GET_STATUS64 on %s: %w", path, err)
+			return nil, err
 		}
 		return &loopDevice{path: path, f: lf, directIO: info.Flags&unix.LO_FLAGS_DIRECT_IO != 0}, nil
 	}
@@ -134,11 +135,4 @@ func (l *loopDevice) clear() (inUse bool, err error) {
 	}
 	_, err = unix.IoctlLoopGetStatus64(int(l.f.Fd()))
 	return err == nil, nil
-}
-
-// detach clears the loop device. If it is in use (a mounted filesystem),
-// autoclear detaches it when that user goes.
-func (l *loopDevice) detach() error {
-	_, err := l.clear()
-	return errors.Join(err, l.f.Close())
 }

@@ -154,13 +154,11 @@ func mountServer(dev Device, name, dir string, log logr.Logger) (*server, error)
 		}
 	}
 	if err != nil {
-		unix.Unmount(dir, unix.MNT_DETACH)
-		return nil, err
+		return nil, errors.Join(err, unix.Unmount(dir, unix.MNT_DETACH))
 	}
 	go s.serve()
 	if err := s.disarmPoll(filepath.Join(dir, name)); err != nil {
-		s.stop(dir, true)
-		return nil, err
+		return nil, errors.Join(err, s.stop(dir, true))
 	}
 	return s, nil
 }
@@ -406,7 +404,8 @@ func (s *server) notify(code int32, payload []byte) error {
 // kernel queues what comes next for the server that takes the connection
 // over. The descriptor stays open.
 func (s *server) pause() {
-	s.file.SetReadDeadline(time.Now())
+	// Fails only on a closed file, whose reader has stopped already.
+	_ = s.file.SetReadDeadline(time.Now())
 	<-s.done
 	s.handlers.Wait()
 }

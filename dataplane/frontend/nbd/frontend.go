@@ -101,7 +101,7 @@ func Claim(opts FrontendOptions) (*Frontend, error) {
 		lock, err := net.Listen("unix", "@cairn-nbd/"+opts.Name)
 		if err != nil {
 			f.release()
-			return nil, fmt.Errorf("volume %s: another engine on this node owns its /dev/nbdN (it holds the abstract socket @cairn-nbd/%s: %v); stop that engine first", opts.Name, opts.Name, err)
+			return nil, fmt.Errorf("volume %s: another engine on this node owns its /dev/nbdN (it holds the abstract socket @cairn-nbd/%s: %w); stop that engine first", opts.Name, opts.Name, err)
 		}
 		f.lock = lock
 	}
@@ -143,8 +143,7 @@ func (f *Frontend) Start(dev Device) error {
 	if err != nil {
 		var owned *deviceOwnedError
 		if f.opts.Kernel == KernelOn || errors.As(err, &owned) {
-			f.Stop()
-			return err
+			return errors.Join(err, f.Stop())
 		}
 		f.fallback = err.Error()
 		f.log.Info("no /dev/nbdN, serving the NBD socket " + f.opts.Socket + " only: " + f.fallback)

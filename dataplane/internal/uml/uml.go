@@ -198,17 +198,22 @@ func Main(m *testing.M) int {
 		if msg != "" {
 			fmt.Fprintln(os.Stderr, msg)
 		}
-		os.WriteFile(filepath.Join(dir, "rc"), []byte(strconv.Itoa(code)+"\n"), 0o644)
+		if err := os.WriteFile(filepath.Join(dir, "rc"), []byte(strconv.Itoa(code)+"\n"), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "uml: writing the exit code:", err)
+		}
 		unix.Sync()
-		unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+		_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF) // nothing else to do if it fails
 		select {} // init must not exit
 	}
 	out, err := os.Create(filepath.Join(dir, "out"))
 	if err != nil {
 		report(100, err.Error())
 	}
-	unix.Dup3(int(out.Fd()), 1, 0)
-	unix.Dup3(int(out.Fd()), 2, 0)
+	for _, fd := range []int{1, 2} {
+		if err := unix.Dup3(int(out.Fd()), fd, 0); err != nil {
+			report(100, "uml: redirecting output: "+err.Error())
+		}
+	}
 	if err := setup(dir); err != nil {
 		report(101, "uml: "+err.Error())
 	}
@@ -247,16 +252,21 @@ func setup(dir string) error {
 // root has no modules for this kernel in /lib/modules).
 func loadModule(name string) error {
 	var rel unix.Utsname
-	unix.Uname(&rel)
+	if err := unix.Uname(&rel); err != nil {
+		return fmt.Errorf("uname: %w", err)
+	}
 	root := filepath.Join("/usr/lib/uml/modules", unix.ByteSliceToString(rel.Release[:]))
 	var path string
-	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.Name() == name+".ko" {
 			path = p
 			return fs.SkipAll
 		}
 		return nil
 	})
+	if err != nil {
+		return fmt.Errorf("looking for %s.ko in %s: %w", name, root, err)
+	}
 	if path == "" {
 		return fmt.Errorf("module %s not found under %s", name, root)
 	}

@@ -200,7 +200,7 @@ func New() (*Ring, error) {
 func (r *Ring) unmap() {
 	for _, m := range [][]byte{r.rings, r.cqMap, r.sqeMap} {
 		if m != nil {
-			unix.Munmap(m)
+			_ = unix.Munmap(m) // fails only for a range not mapped: nothing to undo
 		}
 	}
 }
@@ -270,7 +270,7 @@ func (r *Ring) do(rc syscall.RawConn, op uint8, p []byte, off int64) (int32, err
 	if cerr != nil {
 		// Nothing was queued: Control did not call us. The one error it
 		// has for a regular file is that the file is closed.
-		return 0, fmt.Errorf("%w (%v)", os.ErrClosed, cerr)
+		return 0, fmt.Errorf("%w (%w)", os.ErrClosed, cerr)
 	}
 	res := <-r.done[slot]
 	runtime.KeepAlive(p)
@@ -338,14 +338,14 @@ func (f *File) run(op uint8, p []byte, off int64) (int32, error) {
 			} else {
 				n, err = unix.Pwrite(int(fd), p, off)
 			}
-			if err != syscall.EINTR {
+			if !errors.Is(err, syscall.EINTR) {
 				return
 			}
 		}
 	})
 	switch {
 	case cerr != nil:
-		return 0, fmt.Errorf("%w (%v)", os.ErrClosed, cerr)
+		return 0, fmt.Errorf("%w (%w)", os.ErrClosed, cerr)
 	case err != nil:
 		var errno syscall.Errno
 		if !errors.As(err, &errno) {

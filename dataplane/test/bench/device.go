@@ -40,7 +40,7 @@ func parseDeviceLimit(s string) (iops, bps int64, err error) {
 			err = fmt.Errorf("unknown key %q", k)
 		}
 		if err != nil || iops < 0 || bps < 0 {
-			return 0, 0, fmt.Errorf("--device %q: give iops=N,bps=SIZE (e.g. iops=3000,bps=125M): %v", s, err)
+			return 0, 0, fmt.Errorf("--device %q: give iops=N,bps=SIZE (e.g. iops=3000,bps=125M): %w", s, err)
 		}
 	}
 	if iops == 0 || bps == 0 {
@@ -83,7 +83,7 @@ func newDevice(work string, iops, bps int64) (*device, error) {
 	}
 	root := "/sys/fs/cgroup/blkio"
 	if _, err := os.Stat(root + "/blkio.throttle.write_iops_device"); err != nil {
-		return nil, fmt.Errorf("--device needs the cgroup v1 blkio controller at %s (and root): %v", root, err)
+		return nil, fmt.Errorf("--device needs the cgroup v1 blkio controller at %s (and root): %w", root, err)
 	}
 	d := &device{iops: iops, bps: bps, dir: filepath.Join(root, fmt.Sprintf("cairn-bench-%d", os.Getpid())), disk: disk}
 	if err := os.Mkdir(d.dir, 0o755); err != nil {

@@ -116,7 +116,7 @@ func startProcFiles(files []*os.File, args ...string) (*exec.Cmd, map[string]str
 	must(cmd.Start())
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil {
-		must(fmt.Errorf("%s %v did not start: %v", *bin, args, err))
+		must(fmt.Errorf("%s %v did not start: %w", *bin, args, err))
 	}
 	f := map[string]string{}
 	for _, kv := range strings.Fields(line) {
@@ -145,7 +145,7 @@ func fioCmd(t target, args []string) *exec.Cmd {
 func stopAll(cmds ...*exec.Cmd) {
 	for _, c := range cmds {
 		c.Process.Signal(os.Interrupt)
-		c.Wait()
+		_ = c.Wait() // interrupted: it exits with an error by design
 	}
 }
 
@@ -243,8 +243,10 @@ func cpuTime(procs []*exec.Cmd) time.Duration {
 		// the state, field 3; utime and stime are fields 14 and 15.
 		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
 		var u, s int64
-		fmt.Sscan(f[11], &u)
-		fmt.Sscan(f[12], &s)
+		_, err = fmt.Sscan(f[11], &u)
+		must(err)
+		_, err = fmt.Sscan(f[12], &s)
+		must(err)
 		ticks += u + s
 	}
 	return time.Duration(ticks) * time.Second / 100 // USER_HZ is 100 on Linux
@@ -260,7 +262,7 @@ func fio(t target, w workload) (float64, time.Duration) {
 	cmd := fioCmd(t, args)
 	out, err := cmd.Output()
 	if err != nil {
-		must(fmt.Errorf("fio on %s (%s): %v", t.name, w.name, err))
+		must(fmt.Errorf("fio on %s (%s): %w", t.name, w.name, err))
 	}
 	cpu := cpuTime(t.procs) - before + cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	var res struct {
@@ -321,7 +323,7 @@ func measureRebuild(work, name string) time.Duration {
 	start := time.Now()
 	out, err := exec.Command(*bin, "ctl", "--engine", t.control, "add", f["data"]+","+f["control"], "--wait").CombinedOutput()
 	if err != nil {
-		must(fmt.Errorf("rebuild: %v\n%s", err, out))
+		must(fmt.Errorf("rebuild: %w\n%s", err, out))
 	}
 	return time.Since(start)
 }

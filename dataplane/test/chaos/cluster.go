@@ -126,7 +126,9 @@ func newCluster(cfg Config, work string) (*cluster, error) {
 		if n.ctl, err = freePort(taken); err != nil {
 			return nil, err
 		}
-		os.MkdirAll(n.base, 0o700)
+		if err := os.MkdirAll(n.base, 0o700); err != nil {
+			return nil, err
+		}
 		if i == cfg.Replicas-1 && cfg.DiskFaults {
 			// The last node's disk is a small tmpfs that the nemesis can fill.
 			n.tmpfs = n.base
@@ -182,9 +184,12 @@ func (c *cluster) start(logName string, env []string, args ...string) (*exec.Cmd
 	go func() {
 		line, _ := bufio.NewReader(out).ReadString('\n')
 		ready <- line
-		io.Copy(io.Discard, out)
+		_, _ = io.Copy(io.Discard, out) // keep the pipe drained until the process exits
 	}()
-	go func() { cmd.Wait(); close(done) }()
+	go func() {
+		_ = cmd.Wait() // how it exited is in its log
+		close(done)
+	}()
 	select {
 	case line := <-ready:
 		if !strings.HasPrefix(line, "ready ") {
@@ -316,7 +321,7 @@ func (c *cluster) healthy(ctx context.Context, skip *node) int {
 func ipt(args ...string) error {
 	out, err := exec.Command("iptables", args...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("iptables %s: %v: %s", strings.Join(args, " "), err, out)
+		return fmt.Errorf("iptables %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return nil
 }
@@ -348,7 +353,9 @@ func (c *cluster) heal(n *node) {
 	}
 	if n.partitioned {
 		for _, r := range c.partitionRules(n) {
-			ipt(append([]string{"-D"}, r...)...)
+			if err := ipt(append([]string{"-D"}, r...)...); err != nil {
+				fmt.Fprintf(c.cfg.Verbose, "heal replica %d: %v\n", n.idx, err)
+			}
 		}
 		n.partitioned = false
 	}
@@ -402,7 +409,8 @@ func (c *cluster) rejoin(ctx context.Context, n *node) error {
 func (c *cluster) replace(ctx context.Context, n *node) error {
 	c.killNode(n)
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	c.ctl.ReplicaRemove(rctx, &enginev1.ReplicaRemoveRequest{Address: n.addr()})
+	// The engine may have dropped the killed replica already.
+	_, _ = c.ctl.ReplicaRemove(rctx, &enginev1.ReplicaRemoveRequest{Address: n.addr()})
 	cancel()
 	n.gen++
 	os.RemoveAll(n.dir)
@@ -426,7 +434,9 @@ func (c *cluster) teardown() {
 	for _, n := range c.nodes {
 		c.killNode(n)
 		if n.tmpfs != "" {
-			unix.Unmount(n.tmpfs, unix.MNT_DETACH)
+			if err := unix.Unmount(n.tmpfs, unix.MNT_DETACH); err != nil {
+				fmt.Fprintf(c.cfg.Verbose, "teardown: unmount %s: %v\n", n.tmpfs, err)
+			}
 		}
 	}
 	if c.cc != nil {

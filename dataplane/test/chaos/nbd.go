@@ -34,7 +34,10 @@ func dialNBD(sock, export string, timeout time.Duration) (*nbdClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.SetDeadline(time.Now().Add(timeout))
+	if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+		c.Close()
+		return nil, err
+	}
 	hello := make([]byte, 18)
 	if _, err := io.ReadFull(c, hello); err != nil {
 		c.Close()
@@ -61,7 +64,9 @@ func dialNBD(sock, export string, timeout time.Duration) (*nbdClient, error) {
 // the request may have been sent returns an error wrapping errUnknown.
 func (n *nbdClient) do(typ uint16, off int64, length int, payload []byte, timeout time.Duration) ([]byte, error) {
 	n.handle++
-	n.c.SetDeadline(time.Now().Add(timeout))
+	if err := n.c.SetDeadline(time.Now().Add(timeout)); err != nil {
+		return nil, err // nothing sent
+	}
 	h := binary.BigEndian.AppendUint32(nil, 0x25609513)
 	h = binary.BigEndian.AppendUint16(h, 0)
 	h = binary.BigEndian.AppendUint16(h, typ)
@@ -73,11 +78,11 @@ func (n *nbdClient) do(typ uint16, off int64, length int, payload []byte, timeou
 		bufs = append(bufs, payload)
 	}
 	if _, err := bufs.WriteTo(n.c); err != nil {
-		return nil, fmt.Errorf("%w: send: %v", errUnknown, err)
+		return nil, fmt.Errorf("%w: send: %w", errUnknown, err)
 	}
 	r := make([]byte, 16)
 	if _, err := io.ReadFull(n.c, r); err != nil {
-		return nil, fmt.Errorf("%w: reply: %v", errUnknown, err)
+		return nil, fmt.Errorf("%w: reply: %w", errUnknown, err)
 	}
 	if binary.BigEndian.Uint64(r[8:]) != n.handle {
 		return nil, fmt.Errorf("%w: reply to another request", errUnknown)
@@ -92,12 +97,12 @@ func (n *nbdClient) do(typ uint16, off int64, length int, payload []byte, timeou
 	}
 	data := make([]byte, length)
 	if _, err := io.ReadFull(n.c, data); err != nil {
-		return nil, fmt.Errorf("%w: read data: %v", errUnknown, err)
+		return nil, fmt.Errorf("%w: read data: %w", errUnknown, err)
 	}
 	return data, nil
 }
 
 func (n *nbdClient) close() {
-	n.do(nbdDisc, 0, 0, nil, time.Second)
+	_, _ = n.do(nbdDisc, 0, 0, nil, time.Second) // DISC has no reply: this ends in an error by design
 	n.c.Close()
 }
