@@ -202,8 +202,9 @@ func Main(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, "uml: writing the exit code:", err)
 		}
 		unix.Sync()
-		_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF) // nothing else to do if it fails
-		select {} // init must not exit
+		// Nothing else to do if the reboot fails; init must not exit.
+		_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+		select {}
 	}
 	out, err := os.Create(filepath.Join(dir, "out"))
 	if err != nil {
