@@ -1,8 +1,10 @@
 package controllers
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -431,4 +433,204 @@ func kubectl(g Gomega, args ...string) string {
 	errb, _ := io.ReadAll(stderr)
 	g.Expect(err).NotTo(HaveOccurred(), "kubectl %s: %s", strings.Join(args, " "), errb)
 	return string(outb)
+}
+
+// refusedOn checks that the API server refused err's object with exactly
+// one cause on field, whose message ends in want: the user reads the rule
+// that names the real cause, and no other rule's message beside it.
+func refusedOn(g Gomega, err error, field, want string) {
+	g.Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want an Invalid error, got %v", err)
+	var causes []string
+	for _, c := range statusCauses(err) {
+		if c.Field == field {
+			causes = append(causes, c.Message)
+		}
+	}
+	g.Expect(causes).To(HaveLen(1), "want one cause on %s, got %v", field, err)
+	g.Expect(causes[0]).To(HaveSuffix(": "+want), "on %s", field)
+}
+
+// statusCauses are the causes an API error gives, one per field and rule.
+func statusCauses(err error) []metav1.StatusCause {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) || st.Status().Details == nil {
+		return nil
+	}
+	return st.Status().Details.Causes
+}
+
+// Messages of the size rules, as a user reads them.
+const (
+	sizeTooSmall  = "size must be at least 1Mi (1048576 bytes)"
+	sizeTooLarge  = "size must be at most 64Ti (70368744177664 bytes), the largest volume Cairn serves"
+	sizeNotBlocks = "size must be a whole number of bytes divisible by 4096, such as 10Gi or 1073741824"
+)
+
+// TestVolumeSizeRules: the API server judges a Volume's spec.size by its
+// value, whatever form it is written in (binary and decimal suffixes,
+// fractions, exponents, a plain number, a JSON number), from 1Mi to
+// MaxVolumeSize in whole 4096-byte blocks; a refusal carries the one rule
+// that names the real cause, and nothing is stored. Quantities such as
+// 100Ti, 1Pi and 1.5Ti are held as arbitrary-precision decimals, which
+// CEL's isInteger()/asInteger() do not convert: the rules compare
+// quantities instead.
+func TestVolumeSizeRules(t *testing.T) {
+	largest := strconv.FormatInt(v1.MaxVolumeSize, 10)
+	cases := []struct {
+		size any // as written in YAML: a string, or a JSON number
+		want string
+	}{
+		// The smallest and the largest, in several forms.
+		{"1Mi", ""},
+		{int64(v1.MinVolumeSize), ""},
+		{"64Ti", ""},
+		{largest, ""},
+		{int64(v1.MaxVolumeSize), ""},
+		{"0.0625Pi", ""},
+		{"65536Gi", ""},
+		{strconv.FormatInt(v1.MaxVolumeSize-v1.BlockSize, 10), ""},
+		// Binary suffixes, fractions of them, decimal suffixes, exponents.
+		{"4Ki", sizeTooSmall},
+		{"10Gi", ""},
+		{"1.5Ti", ""},
+		{"0.5Ti", ""},
+		{"62.5Ti", ""},
+		{"10.25Gi", ""},
+		{"1.5Mi", ""},
+		{"+1Gi", ""},
+		{"4096k", ""},
+		{"8T", ""},
+		{"5e12", ""},
+		{"4.194304e6", ""},
+		{"1048576e0", ""},
+		// Above the largest: one message, whatever the form.
+		{"100Ti", sizeTooLarge},
+		{"109951162777600", sizeTooLarge},
+		{int64(109951162777600), sizeTooLarge},
+		{"1Pi", sizeTooLarge},
+		{"2Pi", sizeTooLarge},
+		{"1Ei", sizeTooLarge},
+		{"64.00000001Ti", sizeTooLarge},
+		{strconv.FormatInt(v1.MaxVolumeSize+v1.BlockSize, 10), sizeTooLarge},
+		{"9223372036854775807", sizeTooLarge},
+		{"9223372036854775808", sizeTooLarge},
+		{"1e30", sizeTooLarge},
+		// Below the smallest.
+		{strconv.FormatInt(v1.MinVolumeSize-v1.BlockSize, 10), sizeTooSmall},
+		{"1e3", sizeTooSmall},
+		{"0", sizeTooSmall},
+		{"1m", sizeTooSmall},
+		{"-1Gi", sizeTooSmall},
+		{"-1e30", sizeTooSmall},
+		// Not whole blocks.
+		{int64(v1.MinVolumeSize + 1), sizeNotBlocks},
+		{"1G", sizeNotBlocks},
+		{"1.1Mi", sizeNotBlocks},
+		{"1.0000001Gi", sizeNotBlocks},
+		{"1048576.5", sizeNotBlocks},
+		{"0.001Pi", sizeNotBlocks},
+		{"63.9999999Ti", sizeNotBlocks},
+		{strconv.FormatInt(v1.MaxVolumeSize-1, 10), sizeNotBlocks},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprint(tc.size), func(t *testing.T) {
+			g := NewWithT(t)
+			obj := u("Volume", map[string]any{"size": tc.size})
+			err := k8sClient.Create(ctx, obj)
+			got := &v1.Volume{}
+			getErr := k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), got)
+			if tc.want == "" {
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(getErr).NotTo(HaveOccurred())
+				g.Expect(got.Spec.Size.Cmp(resource.MustParse(fmt.Sprint(tc.size)))).To(BeZero(), "stored %s", got.Spec.Size.String())
+				return
+			}
+			refusedOn(g, err, "spec.size", tc.want)
+			g.Expect(apierrors.IsNotFound(getErr)).To(BeTrue(), "a refused Volume was stored")
+		})
+	}
+	t.Run("not a quantity", func(t *testing.T) {
+		g := NewWithT(t)
+		err := k8sClient.Create(ctx, u("Volume", map[string]any{"size": "ten"}))
+		g.Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want an Invalid error, got %v", err)
+		g.Expect(statusCauses(err)).To(ContainElement(
+			HaveField("Field", "spec.size")))
+	})
+}
+
+// TestVolumeSizeUpdates: a Volume grows to any size the rules allow,
+// written in any form, and the refusal of a larger or smaller size names
+// that cause alone.
+func TestVolumeSizeUpdates(t *testing.T) {
+	steps := []struct {
+		from, to string
+		want     string
+	}{
+		{"1Gi", "1.5Ti", ""},
+		{"1.5Ti", "1536Gi", ""}, // the same size written otherwise
+		{"1.5Ti", "64Ti", ""},
+		{"64Ti", "100Ti", sizeTooLarge},
+		{"1Gi", "1Pi", sizeTooLarge},
+		{"1.5Ti", "1Ti", "size cannot shrink; create a new volume and copy the data instead"},
+	}
+	for _, s := range steps {
+		t.Run(s.from+"->"+s.to, func(t *testing.T) {
+			g := NewWithT(t)
+			v := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name("grow"), Namespace: ns}, Spec: v1.VolumeSpec{Size: q(s.from)}}
+			g.Expect(k8sClient.Create(ctx, v)).To(Succeed())
+			before := v.ResourceVersion
+			v.Spec.Size = q(s.to)
+			err := k8sClient.Update(ctx, v)
+			if s.want == "" {
+				g.Expect(err).NotTo(HaveOccurred())
+				return
+			}
+			refusedOn(g, err, "spec.size", s.want)
+			got := &v1.Volume{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(v), got)).To(Succeed())
+			g.Expect(got.ResourceVersion).To(Equal(before), "a refused update changed the Volume")
+			g.Expect(got.Spec.Size.Cmp(q(s.from))).To(BeZero())
+		})
+	}
+}
+
+// TestEngineAndReplicaSizeRules: an Engine's and a Replica's size follow
+// the same whole-block rule up to MaxVolumeSize, in any form.
+func TestEngineAndReplicaSizeRules(t *testing.T) {
+	const (
+		engineRange  = "size must be from 0 to 64Ti (70368744177664 bytes)"
+		replicaRange = "size must be more than 0 and at most 64Ti (70368744177664 bytes)"
+		blocks       = "size must be a whole number of bytes divisible by 4096"
+	)
+	cases := []struct {
+		kind string
+		size any
+		want string
+	}{
+		{"Engine", "0", ""},
+		{"Engine", "1.5Ti", ""},
+		{"Engine", "64Ti", ""},
+		{"Engine", "100Ti", engineRange},
+		{"Engine", "-4Ki", engineRange},
+		{"Engine", int64(4097), blocks},
+		{"Engine", "1.1Mi", blocks},
+		{"Replica", "4Ki", ""},
+		{"Replica", "1.5Ti", ""},
+		{"Replica", "64Ti", ""},
+		{"Replica", "1Pi", replicaRange},
+		{"Replica", "0", replicaRange},
+		{"Replica", "-4Ki", replicaRange},
+		{"Replica", "0.001Pi", blocks},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%s %v", tc.kind, tc.size), func(t *testing.T) {
+			g := NewWithT(t)
+			err := k8sClient.Create(ctx, u(tc.kind, map[string]any{"volumeName": "v", "size": tc.size}))
+			if tc.want == "" {
+				g.Expect(err).NotTo(HaveOccurred())
+				return
+			}
+			refusedOn(g, err, "spec.size", tc.want)
+		})
+	}
 }

@@ -12,6 +12,7 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 )
@@ -61,11 +62,12 @@ const (
 	defaultFSType = fsExt4
 )
 
-// blockSize is what sizes are rounded up to; minVolumeSize is the smallest
-// volume (the Volume kind's own limit).
+// blockSize is what sizes are rounded up to; minVolumeSize and
+// maxVolumeSize bound a volume (the Volume kind's own limits).
 const (
-	blockSize     = 4096
-	minVolumeSize = 1 << 20
+	blockSize     = v1.BlockSize
+	minVolumeSize = v1.MinVolumeSize
+	maxVolumeSize = v1.MaxVolumeSize
 )
 
 // volumeParams is what a StorageClass asks of a volume.
@@ -169,8 +171,9 @@ func volumeSize(r *csipb.CapacityRange, min int64) (int64, error) {
 		return 0, status.Errorf(codes.InvalidArgument, "capacity range: required_bytes %d is more than limit_bytes %d", req, lim)
 	}
 	size := max(req, min, minVolumeSize)
-	if size > 1<<62 {
-		return 0, status.Errorf(codes.OutOfRange, "capacity %d bytes is too large", size)
+	if size > maxVolumeSize {
+		return 0, status.Errorf(codes.OutOfRange, "capacity range: required_bytes %d (%s) is more than 64 TiB (%d bytes), the largest volume Cairn serves; ask for at most that",
+			size, resource.NewQuantity(size, resource.BinarySI), int64(maxVolumeSize))
 	}
 	size = (size + blockSize - 1) / blockSize * blockSize
 	if lim > 0 && size > lim {
@@ -202,7 +205,7 @@ func checkCapability(c *csipb.VolumeCapability) error {
 	case csipb.VolumeCapability_AccessMode_UNKNOWN:
 		return fmt.Errorf("a volume capability has no access mode")
 	default:
-		return fmt.Errorf("access mode %s is not supported: a Cairn volume is attached to one node at a time (ReadWriteOnce or ReadWriteOncePod); multi-node access needs a share manager, which Cairn does not have yet", m)
+		return fmt.Errorf("access mode %s is not supported: a Cairn volume is attached to one node at a time (ReadWriteOnce or ReadWriteOncePod); multi-node access needs a share manager, which Cairn does not have yet", accessModeName(m))
 	}
 	switch {
 	case c.GetBlock() != nil:
@@ -214,6 +217,19 @@ func checkCapability(c *csipb.VolumeCapability) error {
 		return fmt.Errorf("a volume capability has neither block nor mount access type")
 	}
 	return nil
+}
+
+// accessModeName names a multi-node CSI access mode as a claim writes it
+// (the external-provisioner maps ReadWriteMany to MULTI_NODE_MULTI_WRITER
+// and ReadOnlyMany to MULTI_NODE_READER_ONLY), with the CSI name beside it.
+func accessModeName(m csipb.VolumeCapability_AccessMode_Mode) string {
+	switch m {
+	case csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:
+		return "ReadWriteMany (" + m.String() + ")"
+	case csipb.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
+		return "ReadOnlyMany (" + m.String() + ")"
+	}
+	return m.String()
 }
 
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)

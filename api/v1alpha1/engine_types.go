@@ -38,9 +38,11 @@ type EngineSpec struct {
 	// +kubebuilder:default=stopped
 	DesiredState DesiredInstanceState `json:"desiredState,omitempty"`
 
-	// size is the capacity the engine serves, in bytes, a multiple of 4096.
+	// size is the capacity the engine serves, in bytes: a multiple of 4096
+	// up to 64Ti.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).asInteger() % 4096 == 0",message="size must be a whole number of bytes divisible by 4096"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || (quantity(string(self)).compareTo(quantity('0')) >= 0 && quantity(string(self)).compareTo(quantity('64Ti')) <= 0)",message="size must be from 0 to 64Ti (70368744177664 bytes)"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).compareTo(quantity('0')) < 0 || quantity(string(self)).compareTo(quantity('64Ti')) > 0 || quantity(string(self)).sub(int(quantity(string(self)).asApproximateFloat() / 4096.0 + 0.5) * 4096).compareTo(quantity('0')) == 0",message="size must be a whole number of bytes divisible by 4096"
 	Size resource.Quantity `json:"size"`
 
 	// frontend is how the engine exposes the volume on its node.

@@ -38,9 +38,11 @@ type ReplicaSpec struct {
 	// +kubebuilder:validation:XValidation:rule="oldSelf == '' || self == oldSelf",message="dataDirectoryName cannot change once set"
 	DataDirectoryName string `json:"dataDirectoryName,omitempty"`
 
-	// size is the capacity of the volume, in bytes.
+	// size is the capacity of the volume, in bytes: a multiple of 4096 up
+	// to 64Ti.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).asInteger() % 4096 == 0",message="size must be a whole number of bytes divisible by 4096"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || (quantity(string(self)).compareTo(quantity('0')) > 0 && quantity(string(self)).compareTo(quantity('64Ti')) <= 0)",message="size must be more than 0 and at most 64Ti (70368744177664 bytes)"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).compareTo(quantity('0')) < 0 || quantity(string(self)).compareTo(quantity('64Ti')) > 0 || quantity(string(self)).sub(int(quantity(string(self)).asApproximateFloat() / 4096.0 + 0.5) * 4096).compareTo(quantity('0')) == 0",message="size must be a whole number of bytes divisible by 4096"
 	Size resource.Quantity `json:"size"`
 
 	// desiredState is whether the replica process should run.

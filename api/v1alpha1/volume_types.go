@@ -11,6 +11,21 @@ import (
 // and ten is far beyond what any cluster we target has in failure domains.
 const MaxReplicas = 10
 
+// Bounds of a Volume's size, in bytes. The CRD's rules on spec.size (its
+// +kubebuilder:validation:XValidation markers, which cannot name a
+// constant) spell the same numbers as 1Mi, 64Ti and 4096, and the schema
+// tests check each boundary with these constants. MaxVolumeSize is the
+// largest volume the data plane's instance manager serves; a thin volume
+// may be larger than any disk up to it, its replicas scheduled within the
+// manager's over-provisioning.
+const (
+	MinVolumeSize = 1 << 20
+	MaxVolumeSize = 64 << 40
+	// BlockSize divides every size: the engine and replicas work in 4 KiB
+	// blocks.
+	BlockSize = 4096
+)
+
 // DefaultNumberOfReplicas is how many replicas a Volume gets when
 // spec.numberOfReplicas is not given. The CRD's default for the field
 // (its +kubebuilder:default marker, which cannot name a constant) is the
@@ -180,13 +195,14 @@ type CloneStatus struct {
 // +kubebuilder:validation:XValidation:rule="has(self.dataSource) == has(oldSelf.dataSource)",message="dataSource can only be set when the volume is created"
 // +kubebuilder:validation:XValidation:rule="has(self.encryption) == has(oldSelf.encryption)",message="encryption can only be chosen when the volume is created: its data is written encrypted or not from the first byte"
 type VolumeSpec struct {
-	// size is the volume's capacity in bytes, such as 10Gi. It must be at
-	// least 1Mi and a multiple of 4096 (the block size). It may grow, never
-	// shrink.
+	// size is the volume's capacity in bytes, such as 10Gi, 1.5Ti or
+	// 1073741824. It must be at least 1Mi, at most 64Ti and a whole number
+	// of 4096-byte blocks. It may grow, never shrink.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('1Mi')) >= 0",message="size must be at least 1Mi (1048576 bytes)"
-	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).asInteger() % 4096 == 0",message="size must be a whole number of bytes divisible by 4096, such as 10Gi or 1073741824"
-	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity(string(oldSelf))) >= 0",message="size cannot shrink; create a new volume and copy the data instead"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).compareTo(quantity('1Mi')) >= 0",message="size must be at least 1Mi (1048576 bytes)"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).compareTo(quantity('64Ti')) <= 0",message="size must be at most 64Ti (70368744177664 bytes), the largest volume Cairn serves"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).compareTo(quantity('1Mi')) < 0 || quantity(string(self)).compareTo(quantity('64Ti')) > 0 || quantity(string(self)).sub(int(quantity(string(self)).asApproximateFloat() / 4096.0 + 0.5) * 4096).compareTo(quantity('0')) == 0",message="size must be a whole number of bytes divisible by 4096, such as 10Gi or 1073741824"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || !isQuantity(string(oldSelf)) || quantity(string(self)).compareTo(quantity(string(oldSelf))) >= 0",message="size cannot shrink; create a new volume and copy the data instead"
 	Size resource.Quantity `json:"size"`
 
 	// numberOfReplicas is how many copies of the data to keep, each on a
