@@ -73,7 +73,7 @@ func newFixtureIn(t *testing.T, g Gomega, engineNS string) *fixture {
 
 // pod creates a pod on node using claim, owned by a StatefulSet when
 // owned (the owner need not exist: no garbage collector runs here).
-func (f *fixture) pod(g Gomega, name, node, claim string, owned bool) *corev1.Pod {
+func (f *fixture) pod(g Gomega, name, node, claim string, owned bool) {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns}, Spec: corev1.PodSpec{
 		NodeName:   node,
 		Containers: []corev1.Container{{Name: "app", Image: "busybox"}},
@@ -84,7 +84,6 @@ func (f *fixture) pod(g Gomega, name, node, claim string, owned bool) *corev1.Po
 			Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}
 	}
 	g.Expect(k8sClient.Create(context.Background(), p)).To(Succeed())
-	return p
 }
 
 // lose records a device loss on the engine at at, as the Engine

@@ -92,7 +92,7 @@ func closedByServer(t *testing.T, nc net.Conn) bool {
 			continue
 		}
 		var ne net.Error
-		return !(errors.As(err, &ne) && ne.Timeout())
+		return !errors.As(err, &ne) || !ne.Timeout()
 	}
 }
 

@@ -84,7 +84,7 @@ func TestRoundTripManyFrames(t *testing.T) {
 			t.Fatalf("%s: got %+v", g.name, f.Header)
 		}
 	}
-	if _, err := Decode(&stream, DefaultMaxPayload); err != io.EOF {
+	if _, err := Decode(&stream, DefaultMaxPayload); !errors.Is(err, io.EOF) {
 		t.Fatalf("after the last frame: %v, want io.EOF", err)
 	}
 }

@@ -31,13 +31,13 @@ func listenUnix(t *testing.T) (net.Listener, string) {
 }
 
 // unixServer serves b on a unix socket in a temporary directory.
-func unixServer(t *testing.T, b Backend) (*Server, string) {
+func unixServer(t *testing.T, b Backend) string {
 	t.Helper()
 	l, path := listenUnix(t)
 	srv := NewServer(b, ServerOptions{})
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
-	return srv, path
+	return path
 }
 
 func newRegion(t *testing.T, size int) *shm.Region {
@@ -63,7 +63,7 @@ func sharedMappings(t *testing.T) int {
 func TestSharedWritesOverUnix(t *testing.T) {
 	ctx := context.Background()
 	m := newMem(4 << 20)
-	_, path := unixServer(t, m)
+	path := unixServer(t, m)
 	region := newRegion(t, 8<<20)
 	arena := shm.NewArena(region)
 	cl, err := Dial(ctx, "unix", path, ClientOptions{Conns: 3, Shared: region})
@@ -188,7 +188,7 @@ func ref(off uint64) []byte { return binary.BigEndian.AppendUint64(nil, off) }
 
 func TestSharedBadInputIsRefused(t *testing.T) {
 	m := newMem(1 << 20)
-	_, path := unixServer(t, m)
+	path := unixServer(t, m)
 	region := newRegion(t, 1<<20)
 	copy(region.Bytes(), bytes.Repeat([]byte{0xee}, 1<<20))
 	wantCode := func(t *testing.T, f Frame, code Code, msg string) {

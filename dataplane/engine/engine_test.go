@@ -197,21 +197,6 @@ func (v *verifier) run(ctx context.Context, t *testing.T, e *engine.Engine, work
 	return &wg
 }
 
-func (v *verifier) check(t *testing.T, read func(p []byte, off int64) error) {
-	t.Helper()
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	got := make([]byte, 4096)
-	for b, want := range v.content {
-		if err := read(got, b*4096); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("block %d differs", b)
-		}
-	}
-}
-
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	until := deadline.After(60 * time.Second)

@@ -47,7 +47,7 @@ func TestFanoutMixesStartedAndSynchronous(t *testing.T) {
 		}
 		errs := fanout(ms, opWrite, 4096, fn, st)
 		for i := range ms {
-			if ran[i].Load() != 1 || errs[i] != errFor(i) {
+			if ran[i].Load() != 1 || !errors.Is(errs[i], errFor(i)) {
 				t.Fatalf("start=%v member %d: ran %d times, err %v", st != nil, i, ran[i].Load(), errs[i])
 			}
 		}

@@ -348,7 +348,7 @@ func TestEncryptedFUSEUnaligned(t *testing.T) {
 	if err := writeFiles(mnt, 0, 10); err != nil {
 		t.Fatal(err)
 	}
-	checkFiles(t, mnt, 0, 10)
+	checkFiles(t, mnt, 10)
 	sh(t, "umount", mnt)
 	t.Log(sh(t, "e2fsck", "-fn", eng.endpoint))
 	var dirs []string

@@ -126,7 +126,7 @@ func (v *volume) ctl(t *testing.T, args ...string) string {
 	return string(out)
 }
 
-func qemuIO(t *testing.T, uri string, cmds ...string) string {
+func qemuIO(t *testing.T, uri string, cmds ...string) {
 	t.Helper()
 	args := []string{"-f", "raw"}
 	for _, c := range cmds {
@@ -136,7 +136,6 @@ func qemuIO(t *testing.T, uri string, cmds ...string) string {
 	if err != nil || strings.Contains(string(out), "Pattern verification failed") || strings.Contains(string(out), "error") {
 		t.Fatalf("qemu-io %v: %v\n%s", cmds, err, out)
 	}
-	return string(out)
 }
 
 // TestEngineProcessQemuIO writes and reads back patterns with qemu-io

@@ -83,15 +83,15 @@ func writeFiles(mnt string, from, to int) error {
 		}
 	}
 	if out, err := exec.Command("sync", "-f", mnt).CombinedOutput(); err != nil {
-		return fmt.Errorf("sync: %v: %s", err, out)
+		return fmt.Errorf("sync: %w: %s", err, out)
 	}
 	return nil
 }
 
-// checkFiles reads back what writeFiles wrote.
-func checkFiles(t *testing.T, mnt string, from, to int) {
+// checkFiles reads back the first n files writeFiles wrote.
+func checkFiles(t *testing.T, mnt string, n int) {
 	t.Helper()
-	for i := from; i < to; i++ {
+	for i := range n {
 		b, err := os.ReadFile(filepath.Join(mnt, fmt.Sprintf("f%03d", i)))
 		if err != nil || !strings.HasPrefix(string(b), fmt.Sprintf("file %d ", i)) || len(b) != len(fmt.Sprintf("file %d ", i))*20000 {
 			t.Fatalf("file %d: %v (%d bytes)", i, err, len(b))
@@ -120,7 +120,7 @@ func filesystemThroughFailure(t *testing.T, dir, dev string, eng *proc, reps []*
 	reps[2].cmd.Process.Kill() // a replica dies under the filesystem
 	reps[2].waitExit(t)
 	write(20, 40)
-	checkFiles(t, mnt, 0, 40)
+	checkFiles(t, mnt, 40)
 	v := &volume{engine: eng}
 	if r := v.ctl(t, "replicas"); strings.Count(r, "ERR") != 1 {
 		t.Fatalf("the killed replica is not ERR:\n%s", r)
@@ -245,7 +245,7 @@ func expandUnderFilesystem(t *testing.T, dir, dev string, eng *proc) {
 	sh(t, "umount", mnt)
 	t.Log(sh(t, "e2fsck", "-fn", dev))
 	sh(t, "mount", dev, mnt)
-	checkFiles(t, mnt, 0, 10)
+	checkFiles(t, mnt, 10)
 	if got, err := os.ReadFile(filepath.Join(mnt, "big")); err != nil || !bytes.Equal(got, big) {
 		t.Fatalf("the 10 MiB file read back differs (%d bytes, %v)", len(got), err)
 	}

@@ -134,7 +134,7 @@ func TestNBDKernelEngineRestart(t *testing.T) {
 	case <-time.After(deadline.Scale(90 * time.Second)):
 		t.Fatalf("the writes held while the engine was gone did not complete after it came back\nkernel:\n%s", uml.KernelLog(25))
 	}
-	checkFiles(t, mnt, 0, 20)
+	checkFiles(t, mnt, 20)
 	sh(t, "umount", mnt)
 	t.Log(sh(t, "e2fsck", "-fn", dev))
 

@@ -25,9 +25,10 @@ import (
 
 const size = 1 << 20
 
-func listen(t *testing.T, addr string) net.Listener {
+// listen listens on a free loopback port.
+func listen(t *testing.T) net.Listener {
 	t.Helper()
-	l, err := net.Listen("tcp", addr)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func openReplica(t *testing.T) *replica.Replica {
 // the data address alone).
 func serve(t *testing.T, r *replica.Replica, ctl net.Listener) string {
 	t.Helper()
-	data := listen(t, "127.0.0.1:0")
+	data := listen(t)
 	run := replicaserver.Start(r, replicaserver.Options{Data: data, Control: ctl})
 	t.Cleanup(run.Kill)
 	if ctl == nil {
@@ -75,7 +76,7 @@ func dial(t *testing.T, d engine.Dialer, addr string) engine.Replica {
 func TestStaleEngineCannotChangeReplica(t *testing.T) {
 	ctx := context.Background()
 	r := openReplica(t)
-	addr := serve(t, r, listen(t, "127.0.0.1:0"))
+	addr := serve(t, r, listen(t))
 	old := dial(t, replicaclient.Dialer(replicaclient.Options{}), addr)
 	if err := old.SetEpoch(ctx, engine.EpochState{Epoch: 1}); err != nil {
 		t.Fatal(err)
@@ -161,12 +162,12 @@ func TestChangeRefusedDuringOwnSetEpochIsSentAgain(t *testing.T) {
 		}
 		return resp, err
 	}
-	ctl := listen(t, "127.0.0.1:0")
+	ctl := listen(t)
 	gs := grpc.NewServer(grpc.UnaryInterceptor(hold))
 	replicav1.RegisterReplicaServiceServer(gs, &replicaserver.Control{Replica: r})
 	go gs.Serve(ctl)
 	t.Cleanup(gs.Stop)
-	data := listen(t, "127.0.0.1:0")
+	data := listen(t)
 	run := replicaserver.Start(r, replicaserver.Options{Data: data})
 	t.Cleanup(run.Kill)
 
@@ -203,7 +204,7 @@ func TestChangeRefusedDuringOwnSetEpochIsSentAgain(t *testing.T) {
 func freePortPair(t *testing.T) net.Listener {
 	t.Helper()
 	for range 50 {
-		l := listen(t, "127.0.0.1:0")
+		l := listen(t)
 		port := l.Addr().(*net.TCPAddr).Port
 		if next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+1)); err == nil {
 			next.Close()
@@ -244,7 +245,7 @@ func TestDialWithoutControlAPINamesTheFlag(t *testing.T) {
 		}
 	}
 
-	other := listen(t, "127.0.0.1:0") // a control address given explicitly, where nothing serves
+	other := listen(t) // a control address given explicitly, where nothing serves
 	other.Close()
 	explicit := addr + "," + other.Addr().String()
 	if _, err := d(ctx, explicit); !errors.Is(err, replicaclient.ErrNoControlAPI) ||
@@ -252,7 +253,7 @@ func TestDialWithoutControlAPINamesTheFlag(t *testing.T) {
 		t.Errorf("dial %s: %v, want ErrNoControlAPI naming --control-listen %s", explicit, err, other.Addr())
 	}
 
-	good := serve(t, openReplica(t), listen(t, "127.0.0.1:0"))
+	good := serve(t, openReplica(t), listen(t))
 	c = dial(t, d, good)
 	if _, err := c.Info(ctx); err != nil {
 		t.Fatalf("DATA,CONTROL: %v", err)

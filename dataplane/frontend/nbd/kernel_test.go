@@ -373,6 +373,8 @@ func openDevice(t *testing.T, path string, flags int) *os.File {
 }
 
 // alignedBlock is a 4 KiB-aligned buffer of n bytes of v, for O_DIRECT.
+//
+//nolint:unparam // n: every call spells out the size it writes
 func alignedBlock(n int, v byte) []byte {
 	b := make([]byte, n+4096)
 	off := 4096 - int(uintptr(unsafe.Pointer(&b[0]))%4096)

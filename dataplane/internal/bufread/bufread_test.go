@@ -55,7 +55,7 @@ func TestReaderMatchesStream(t *testing.T) {
 		got.Write(hdr)
 		got.Write(p)
 	}
-	if err := x.Header(make([]byte, 1)); err != io.EOF {
+	if err := x.Header(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("after the stream: %v, want EOF", err)
 	}
 	if !bytes.Equal(got.Bytes(), want.Bytes()) {
@@ -165,7 +165,7 @@ func TestReaderHeaderAfterLargePayload(t *testing.T) {
 	if !x.Idle() {
 		t.Fatal("not Idle with an empty buffer after a small payload")
 	}
-	if err := x.Header(hdr); err != io.EOF {
+	if err := x.Header(hdr); !errors.Is(err, io.EOF) {
 		t.Fatalf("at the end: %v, want EOF", err)
 	}
 }

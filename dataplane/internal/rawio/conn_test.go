@@ -123,7 +123,7 @@ func TestConnCarriesStreamsBothWays(t *testing.T) {
 			for {
 				n, err := c.Read(buf[:1+rng.IntN(len(buf)-1)])
 				read.Write(buf[:n])
-				if err == io.EOF {
+				if errors.Is(err, io.EOF) {
 					break
 				}
 				if err != nil {
@@ -133,7 +133,7 @@ func TestConnCarriesStreamsBothWays(t *testing.T) {
 			if !bytes.Equal(read.Bytes(), back) {
 				t.Fatalf("read %d bytes, want %d (or they differ)", read.Len(), len(back))
 			}
-			if n, err := c.Read(buf); n != 0 || err != io.EOF {
+			if n, err := c.Read(buf); n != 0 || !errors.Is(err, io.EOF) {
 				t.Fatalf("Read after EOF = %d, %v; want 0, EOF", n, err)
 			}
 		})
