@@ -122,31 +122,7 @@ func TestEngineReadyReport(t *testing.T) {
 		}
 	})
 
-	t.Run("auto without the driver", func(t *testing.T) {
-		if _, err := os.Stat("/sys/module/nbd"); err == nil {
-			t.Skip("this host has the nbd driver: auto attaches /dev/nbdN (TestNBDKernelExpand checks that report in UML)")
-		}
-		sock := filepath.Join(dir, "auto.sock")
-		p, r := startReady(t, append(base, "--frontend", "nbd", "--nbd-socket", sock, "--nbd-kernel", "auto", "--listen", "127.0.0.1:0")...)
-		defer stop(p)
-		if r.EndpointKind != ready.EndpointNBDSocket || r.Endpoint != sock || r.Socket != sock || r.Size != 16<<20 {
-			t.Fatalf("report %+v: want the socket %s as an nbd-socket endpoint", r, sock)
-		}
-		if !strings.Contains(r.Fallback, "nbd driver") {
-			t.Fatalf("report %+v: the fallback should say the kernel has no nbd driver", r)
-		}
-		if r.Control == "" || r.Control != p.control {
-			t.Fatalf("report control %q, ready line control=%s", r.Control, p.control)
-		}
-		in := volumeInfo(t, r.Control)
-		if in.EndpointKind != string(ready.EndpointNBDSocket) || in.Fallback != r.Fallback || in.Socket != sock || in.Endpoint != sock {
-			t.Fatalf("VolumeInfo %v, report %+v", in, r)
-		}
-		v := &volume{engine: p}
-		if out := v.ctl(t, "info"); !strings.Contains(out, sock+" (nbd-socket)") || !strings.Contains(out, "no kernel block device: "+r.Fallback) {
-			t.Fatalf("ctl info:\n%s", out)
-		}
-	})
+	t.Run("auto without the driver", func(t *testing.T) { readyReportWithoutDriver(t, dir, base, stop) })
 
 	t.Run("fuse", func(t *testing.T) {
 		needRoot(t)
@@ -169,5 +145,34 @@ func TestEngineReadyReport(t *testing.T) {
 		if code == 0 || !strings.Contains(stderr, "--ready-fd "+fd+":") || strings.Contains(stderr, "engine opened") {
 			t.Fatalf("--ready-fd %s: exit %d\n%s", fd, code, stderr)
 		}
+	}
+}
+
+// readyReportWithoutDriver: with --nbd-kernel auto on a host without the
+// nbd driver, the report, VolumeInfo and ctl info name the socket and why
+// there is no kernel device.
+func readyReportWithoutDriver(t *testing.T, dir string, base []string, stop func(*proc)) {
+	if _, err := os.Stat("/sys/module/nbd"); err == nil {
+		t.Skip("this host has the nbd driver: auto attaches /dev/nbdN (TestNBDKernelExpand checks that report in UML)")
+	}
+	sock := filepath.Join(dir, "auto.sock")
+	p, r := startReady(t, append(base, "--frontend", "nbd", "--nbd-socket", sock, "--nbd-kernel", "auto", "--listen", "127.0.0.1:0")...)
+	defer stop(p)
+	if r.EndpointKind != ready.EndpointNBDSocket || r.Endpoint != sock || r.Socket != sock || r.Size != 16<<20 {
+		t.Fatalf("report %+v: want the socket %s as an nbd-socket endpoint", r, sock)
+	}
+	if !strings.Contains(r.Fallback, "nbd driver") {
+		t.Fatalf("report %+v: the fallback should say the kernel has no nbd driver", r)
+	}
+	if r.Control == "" || r.Control != p.control {
+		t.Fatalf("report control %q, ready line control=%s", r.Control, p.control)
+	}
+	in := volumeInfo(t, r.Control)
+	if in.EndpointKind != string(ready.EndpointNBDSocket) || in.Fallback != r.Fallback || in.Socket != sock || in.Endpoint != sock {
+		t.Fatalf("VolumeInfo %v, report %+v", in, r)
+	}
+	v := &volume{engine: p}
+	if out := v.ctl(t, "info"); !strings.Contains(out, sock+" (nbd-socket)") || !strings.Contains(out, "no kernel block device: "+r.Fallback) {
+		t.Fatalf("ctl info:\n%s", out)
 	}
 }
