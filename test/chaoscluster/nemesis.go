@@ -131,8 +131,11 @@ func (r *runner) replicaOnlyNodes() []string {
 func (r *runner) deletePodOn(ctx context.Context, component, node string, wait bool) error {
 	c := r.c
 	old, err := c.podOn(ctx, component, node)
-	if err != nil || old == "" {
-		return fmt.Errorf("no %s pod on %s: %v", component, node, err)
+	if err != nil {
+		return err
+	}
+	if old == "" {
+		return fmt.Errorf("no %s pod on %s", component, node)
 	}
 	if _, err := c.kubectl(ctx, "", "-n", cairnNS, "delete", "pod", old, "--wait=false"); err != nil {
 		return err
@@ -153,12 +156,18 @@ func (r *runner) deletePodOn(ctx context.Context, component, node string, wait b
 func (r *runner) killEngine(ctx context.Context, vol string) error {
 	c := r.c
 	node, err := c.kubectl(ctx, "", "-n", cairnNS, "get", "volumes.storage.cairn.io", vol, "-o", "jsonpath={.status.currentNodeName}")
-	if err != nil || node == "" {
-		return fmt.Errorf("volume %s has no current node: %v", vol, err)
+	if err != nil {
+		return err
+	}
+	if node == "" {
+		return fmt.Errorf("volume %s has no current node", vol)
 	}
 	im, err := c.podOn(ctx, "instance-manager", node)
-	if err != nil || im == "" {
-		return fmt.Errorf("no instance-manager pod on %s: %v", node, err)
+	if err != nil {
+		return err
+	}
+	if im == "" {
+		return fmt.Errorf("no instance-manager pod on %s", node)
 	}
 	// [c] keeps pkill from matching a shell whose command line holds the
 	// pattern.
