@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"testing"
+	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	. "github.com/onsi/gomega"
@@ -15,6 +16,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/scheduler"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestCreateVolumeSizeBoundaries: a claim above the largest volume is
@@ -34,7 +36,13 @@ func TestCreateVolumeSizeBoundaries(t *testing.T) {
 			CapacityRange:      &csipb.CapacityRange{RequiredBytes: bytes},
 			VolumeCapabilities: []*csipb.VolumeCapability{volCap("ext4", false)},
 			Parameters:         map[string]string{ParamNumberOfReplicas: "1"}})
-		t.Cleanup(func() { d.controller.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: name}) })
+		t.Cleanup(func() {
+			dctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(2*time.Minute))
+			defer cancel()
+			if _, err := d.controller.DeleteVolume(dctx, &csipb.DeleteVolumeRequest{VolumeId: name}); err != nil {
+				t.Errorf("DeleteVolume %s: %v", name, err)
+			}
+		})
 		return err
 	}
 

@@ -64,8 +64,9 @@ func main() {
 		dr             drain.Reconciler
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "Address the metrics endpoint binds to; \"0\" disables it.")
-	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS (a self-signed certificate) and only to callers whose bearer token the API server "+
-		"authenticates and allows to get /metrics (the ClusterRole cairn-metrics-reader); false: plain HTTP to anyone who reaches the port.")
+	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS and only to callers whose bearer token the API server "+
+		"authenticates and allows to get /metrics (the ClusterRole cairn-metrics-reader); false: plain HTTP to anyone who reaches the port. "+
+		"The certificate is one of Cairn's CA for the Service cairn-manager-metrics (its CA bundle in the ConfigMap "+certs.DefaultBundleConfigMap+"), self-signed with --instance-manager-tls=false.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the health and readiness probes bind to.")
 	flag.StringVar(&uiAddr, "ui-bind-address", "127.0.0.1:8082", "Address of the read-only web page; on the pod's loopback (the default) only kubectl port-forward reaches it, through the API server's authentication; \"0\" disables it.")
 	flag.BoolVar(&leaderElection, "leader-elect", false, "Elect a leader so that only one manager reconciles at a time.")
@@ -159,6 +160,16 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 	if err != nil {
 		return fmt.Errorf("--instance-manager-selector %q: %w", disc.selector, err)
 	}
+	// The metrics port serves the certificate Cairn's CA issues for it
+	// (controllers/certs). The CA is made after the manager (it uses the
+	// manager's clients) but before the manager starts serving, so every
+	// handshake finds it set.
+	var ca *certs.Authority
+	if pki.enabled && metricsOpts.SecureServing {
+		metricsOpts.TLSOpts = append(metricsOpts.TLSOpts, func(c *tls.Config) {
+			c.GetCertificate = func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return ca.MetricsCertificate(h) }
+		})
+	}
 	mgr, err := newManager(metricsOpts, probeAddr, leaderElection, disc.namespace, sel)
 	if err != nil {
 		return err
@@ -166,9 +177,13 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 	// One connection per instance manager, shared by every reconciler;
 	// mutual TLS with certificates from Cairn's own CA.
 	poolOpts := imclient.Options{Logger: ctrl.Log.WithName("imclient")}
-	keys, engineDial, err := setupPKI(mgr, disc.namespace, pki, &poolOpts)
+	ca, engineDial, err := setupPKI(mgr, disc.namespace, pki, &poolOpts)
 	if err != nil {
 		return err
+	}
+	var keys certs.VolumeKeys
+	if ca != nil {
+		keys = ca
 	}
 	imr := instancemanager.NewReconciler(mgr.GetClient(), nil)
 	poolOpts.OnChange = imr.Changed
@@ -244,9 +259,10 @@ func newManager(metricsOpts metricsserver.Options, probeAddr string, leaderElect
 
 // setupPKI adds Cairn's certificate authority to mgr when pki is enabled:
 // poolOpts then dials instance managers with mutual TLS, and it returns
-// the volumes' data-connection keys and the dial options for engines'
-// control APIs. Disabled: nil, nil.
-func setupPKI(mgr ctrl.Manager, namespace string, pki pkiFlags, poolOpts *imclient.Options) (certs.VolumeKeys, []grpc.DialOption, error) {
+// the authority (the volumes' data-connection keys, the metrics
+// certificate) and the dial options for engines' control APIs. Disabled:
+// nil, nil.
+func setupPKI(mgr ctrl.Manager, namespace string, pki pkiFlags, poolOpts *imclient.Options) (*certs.Authority, []grpc.DialOption, error) {
 	if !pki.enabled {
 		return nil, nil, nil
 	}

@@ -15,6 +15,9 @@
 // certificate of each, presenting whichever the instance manager names as
 // acceptable, so that one which has not yet seen the new files keeps
 // working. Then the old CA is dropped.
+//
+// The same CA issues the manager's metrics certificate and publishes its
+// trust bundle for Prometheus (metrics.go).
 package certs
 
 import (
@@ -88,6 +91,10 @@ type Options struct {
 	Logger logr.Logger
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
+	// MetricsService names the Service the metrics certificate is for
+	// (default DefaultMetricsService); BundleConfigMap the ConfigMap the
+	// trust bundle is published in (default DefaultBundleConfigMap).
+	MetricsService, BundleConfigMap string
 }
 
 // Authority keeps the Secrets current and holds the manager's client
@@ -103,8 +110,9 @@ type Authority struct {
 	// the current CA's first: during a rotation an instance manager that
 	// has not yet seen the new bundle still gets one it accepts.
 	clients []*tls.Certificate
-	master  MasterKey     // volume keys are derived from it
-	synced  chan struct{} // closed after the first successful Sync
+	master  MasterKey        // volume keys are derived from it
+	metrics *tls.Certificate // the metrics port's (metrics.go)
+	synced  chan struct{}    // closed after the first successful Sync
 	lastErr error
 }
 
@@ -127,6 +135,12 @@ func New(opts Options) *Authority {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.MetricsService == "" {
+		opts.MetricsService = DefaultMetricsService
+	}
+	if opts.BundleConfigMap == "" {
+		opts.BundleConfigMap = DefaultBundleConfigMap
 	}
 	return &Authority{opts: opts, synced: make(chan struct{})}
 }
@@ -203,6 +217,12 @@ func (a *Authority) sync(ctx context.Context) error {
 
 	if err := a.ensureServing(ctx, cur, bundle, now); err != nil {
 		return err
+	}
+	// The metrics port's certificate and bundle serve Prometheus only:
+	// their failure is logged, and never holds up the certificates the
+	// instance managers need.
+	if err := a.syncMetrics(ctx, cur, roots, bundle, now); err != nil {
+		a.opts.Logger.Error(err, "metrics certificate or trust bundle not synced; retrying at the next sync")
 	}
 
 	// The client certificates live only in memory: one per trusted CA,

@@ -101,21 +101,7 @@ const (
 // server, its one DNS name) valid from now for validity, and returns it
 // and its key in PEM.
 func (c *ca) issue(name string, u usage, now time.Time, validity time.Duration) (certPEM, keyPEM []byte, err error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, err
-	}
-	sn, err := serial()
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: sn,
-		Subject:      pkix.Name{CommonName: name, Organization: []string{"cairn"}},
-		NotBefore:    now.Add(-backdate),
-		NotAfter:     now.Add(validity),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-	}
+	tmpl := &x509.Certificate{Subject: pkix.Name{CommonName: name, Organization: []string{"cairn"}}}
 	switch u {
 	case serverAuth:
 		// Client use too: an engine presents its node's certificate to
@@ -125,6 +111,35 @@ func (c *ca) issue(name string, u usage, now time.Time, validity time.Duration) 
 	case clientAuth:
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	}
+	return c.sign(tmpl, now, validity)
+}
+
+// issueServer signs a serving-only certificate for names (the first is
+// its CommonName) valid from now for validity, and returns it and its key
+// in PEM.
+func (c *ca) issueServer(names []string, now time.Time, validity time.Duration) (certPEM, keyPEM []byte, err error) {
+	return c.sign(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: names[0], Organization: []string{"cairn"}},
+		DNSNames:    names,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}, now, validity)
+}
+
+// sign fills tmpl's serial number, validity (from now, never past the
+// CA's) and key usage, signs it with a new key, and returns the
+// certificate and the key in PEM.
+func (c *ca) sign(tmpl *x509.Certificate, now time.Time, validity time.Duration) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl.SerialNumber = sn
+	tmpl.NotBefore, tmpl.NotAfter = now.Add(-backdate), now.Add(validity)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	if tmpl.NotAfter.After(c.cert.NotAfter) {
 		// A leaf never outlives its CA; it is renewed under the next one.
 		tmpl.NotAfter = c.cert.NotAfter
