@@ -336,10 +336,10 @@ func (e *Engine) sortOut(cands []cand, size int64) (usable []cand, maxEpoch uint
 			why = fmt.Sprintf("its epoch %d is older than %d: it missed changes and needs a rebuild", c.info.Epoch, maxEpoch)
 		}
 		if why != "" {
-			e.become(c.m, ModeERR, errors.New(why))
+			_ = e.become(c.m, ModeERR, errors.New(why))
 			continue
 		}
-		e.become(c.m, ModeRW, nil)
+		_ = e.become(c.m, ModeRW, nil)
 		usable = append(usable, c)
 	}
 	return usable, maxEpoch
@@ -363,7 +363,7 @@ func (e *Engine) fenceAtOpen(ctx context.Context, usable []cand) {
 	})
 	for i, m := range ms {
 		if errs[i] != nil {
-			e.become(m, ModeERR, fmt.Errorf("set epoch: %w", errs[i]))
+			_ = e.become(m, ModeERR, fmt.Errorf("set epoch: %w", errs[i]))
 		}
 	}
 }
@@ -406,14 +406,14 @@ func (e *Engine) reconcile(ctx context.Context, src *member, usable []cand) erro
 				continue
 			}
 			if err := c.m.data.WriteAt(ctx, buf[:n], off, false); err != nil {
-				e.become(c.m, ModeERR, fmt.Errorf("reconcile: %w", err))
+				_ = e.become(c.m, ModeERR, fmt.Errorf("reconcile: %w", err))
 			}
 		}
 	}
 	for _, c := range usable {
 		if c.m.mode == ModeRW {
 			if err := c.m.data.Flush(ctx); err != nil {
-				e.become(c.m, ModeERR, fmt.Errorf("reconcile: flush: %w", err))
+				_ = e.become(c.m, ModeERR, fmt.Errorf("reconcile: flush: %w", err))
 			}
 		}
 	}
@@ -425,7 +425,10 @@ func (e *Engine) reconcile(ctx context.Context, src *member, usable []cand) erro
 // no write is acknowledged until the survivors' epoch moves past it (see
 // needBump), and it is recorded in failed for a dirty-only resync. One
 // that never served (new: unusable at open, or failed while joining) needs
-// neither. Either way its connection is closed.
+// neither. Either way its connection is closed. A change the state
+// machine forbids (a member failed already, say) is refused and changes
+// nothing; callers for which that is the outcome they wanted discard the
+// error.
 func (e *Engine) setMode(m *member, to Mode, cause error) error {
 	from := m.mode
 	if err := transition(from, to); err != nil {
@@ -527,7 +530,7 @@ func (e *Engine) publishEpoch(ctx context.Context, bump bool) error {
 		e.mu.Lock()
 		for i, m := range ms {
 			if errs[i] != nil {
-				e.setMode(m, ModeERR, fmt.Errorf("set epoch %d: %w", epoch, errs[i]))
+				_ = e.setMode(m, ModeERR, fmt.Errorf("set epoch %d: %w", epoch, errs[i]))
 			}
 		}
 		// A failure, here or elsewhere meanwhile, may have made the set

@@ -194,7 +194,7 @@ func (e *Engine) connect(ctx context.Context) ([]cand, error) {
 		m := &member{addr: addrs[i], since: time.Now()}
 		e.members = append(e.members, m)
 		if a.r == nil {
-			e.become(m, ModeERR, fmt.Errorf("open: %w", a.err))
+			_ = e.become(m, ModeERR, fmt.Errorf("open: %w", a.err))
 			continue
 		}
 		m.attach(a.r, e.opts.ControlTimeout)

@@ -58,14 +58,11 @@ func (l *processLog) Write(p []byte) (int, error) {
 		}
 	}
 	n := len(p)
-	var err error
 	if l.f != nil {
-		n, err = l.f.Write(p)
-		l.size += int64(n)
-		if n < len(p) {
-			n = len(p) // what the disk did not take is lost to the file only
-		}
-		err = nil // a process must not die of its log: the tail still has it
+		// A write error is not returned: a process must not die of its
+		// log, and the tail still has what the disk did not take.
+		written, _ := l.f.Write(p)
+		l.size += int64(written)
 	}
 	// Split into lines for the tail and the followers.
 	data := append(l.partial, p[:n]...)
@@ -88,7 +85,7 @@ func (l *processLog) Write(p []byte) (int, error) {
 		}
 	}
 	l.partial = append(l.partial[:0], data...)
-	return n, err
+	return n, nil
 }
 
 // rotate moves the log to PATH.1 and starts a new one. If the new file
@@ -96,7 +93,8 @@ func (l *processLog) Write(p []byte) (int, error) {
 func (l *processLog) rotate() {
 	l.f.Close()
 	l.f = nil
-	os.Rename(l.path, l.path+".1")
+	// A failed rename only means the new file appends to the old one.
+	_ = os.Rename(l.path, l.path+".1")
 	if f, err := l.open(l.path); err == nil {
 		l.f = f
 	}

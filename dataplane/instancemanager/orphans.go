@@ -34,7 +34,9 @@ func procStartTime(pid int) (string, bool) {
 
 func writePIDFile(dir, name string, pid int) {
 	st, _ := procStartTime(pid)
-	os.WriteFile(filepath.Join(dir, name+".pid"), []byte(fmt.Sprintf("%d %s\n", pid, st)), 0o640)
+	// Without the record a later instance manager cannot kill this child
+	// if this one dies; nothing else depends on it, so the child runs on.
+	_ = os.WriteFile(filepath.Join(dir, name+".pid"), []byte(fmt.Sprintf("%d %s\n", pid, st)), 0o640)
 }
 
 func removePIDFile(dir, name string) { os.Remove(filepath.Join(dir, name+".pid")) }
@@ -67,8 +69,10 @@ func killOrphans(dir string, log logr.Logger) int {
 		}
 		if st, ok := procStartTime(pid); ok && st == fields[1] {
 			log.Info("killing a process left by a previous instance manager", "pid", pid, "record", filepath.Base(f))
-			syscall.Kill(-pid, syscall.SIGKILL)
-			syscall.Kill(pid, syscall.SIGKILL)
+			// Its group first (the engine's children), then itself; an
+			// error means it is gone already.
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 			n++
 		}
 	}

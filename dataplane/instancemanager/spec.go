@@ -226,7 +226,7 @@ func (r ReplicaSpec) validate(dataDirs []string) error {
 	if r.SizeBytes <= 0 || r.SizeBytes > maxVolumeSize || r.SizeBytes%4096 != 0 {
 		return fmt.Errorf("%w: replica size %d: give a multiple of 4096 up to 64 TiB", ErrInvalid, r.SizeBytes)
 	}
-	_, err := confine(dataDirs, r.DataDir)
+	err := confine(dataDirs, r.DataDir)
 	return err
 }
 
@@ -363,14 +363,13 @@ func overlaps(a, b string) bool {
 // confine checks that dir is a replica directory the node may use: an
 // absolute, clean path strictly inside one of the data directories, with
 // no symbolic link between the data directory and it (so it cannot lead
-// out). Parts of it that do not exist yet are fine. It returns the data
-// directory that holds it.
-func confine(dataDirs []string, dir string) (string, error) {
+// out). Parts of it that do not exist yet are fine.
+func confine(dataDirs []string, dir string) error {
 	if dir == "" || !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
-		return "", fmt.Errorf("%w: replica directory %q: give a clean absolute path (no '..', no trailing '/') inside a data directory", ErrInvalid, dir)
+		return fmt.Errorf("%w: replica directory %q: give a clean absolute path (no '..', no trailing '/') inside a data directory", ErrInvalid, dir)
 	}
 	if len(dir) > 4096 {
-		return "", fmt.Errorf("%w: replica directory of %d bytes is too long", ErrInvalid, len(dir))
+		return fmt.Errorf("%w: replica directory of %d bytes is too long", ErrInvalid, len(dir))
 	}
 	for _, root := range dataDirs {
 		root = filepath.Clean(root)
@@ -378,12 +377,9 @@ func confine(dataDirs []string, dir string) (string, error) {
 		if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
 			continue
 		}
-		if err := noLinks(root, strings.Split(rel, "/")); err != nil {
-			return "", err
-		}
-		return root, nil
+		return noLinks(root, strings.Split(rel, "/"))
 	}
-	return "", fmt.Errorf("%w: replica directory %s is not inside a data directory of this node (%s); use one below those (see NodeInfo)",
+	return fmt.Errorf("%w: replica directory %s is not inside a data directory of this node (%s); use one below those (see NodeInfo)",
 		ErrInvalid, dir, strings.Join(dataDirs, ", "))
 }
 
@@ -398,7 +394,7 @@ func noLinks(root string, parts []string) error {
 			return nil // created later, below a checked path
 		}
 		if err != nil {
-			return fmt.Errorf("%w: replica directory: %s: %v", ErrInvalid, p, err)
+			return fmt.Errorf("%w: replica directory: %s: %w", ErrInvalid, p, err)
 		}
 		if fi.Mode()&fs.ModeSymlink != 0 {
 			return fmt.Errorf("%w: replica directory: %s is a symbolic link; replica directories may not pass through links (they could lead out of the data directory)", ErrInvalid, p)

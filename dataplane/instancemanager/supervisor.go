@@ -233,7 +233,7 @@ func New(opts Options) (*Supervisor, error) {
 	}
 	ports, err := newPortRange(opts.PortMin, opts.PortMax)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	for _, d := range []string{opts.LogDir, opts.StateDir, opts.RunDir} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
@@ -309,7 +309,7 @@ func (s *Supervisor) Create(name string, spec Spec) (Process, error) {
 	readyR, err := s.launch(p)
 	s.mu.Lock()
 	if err != nil {
-		s.setState(p, StateError, func(p *proc) { p.Error = "start: " + err.Error(); p.ExitCode = -1 })
+		_ = s.setState(p, StateError, func(p *proc) { p.Error = "start: " + err.Error(); p.ExitCode = -1 })
 		s.ports.release(p.Ports)
 		close(p.exited)
 		snap := p.snapshot()
@@ -380,7 +380,7 @@ func (p *proc) hasExited() bool {
 // for where one may be). It refuses, with ErrInUse, while a process that
 // has not exited uses the directory. A missing directory is not an error.
 func (s *Supervisor) DeleteData(dir string) error {
-	if _, err := confine(s.opts.DataDirs, dir); err != nil {
+	if err := confine(s.opts.DataDirs, dir); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -428,7 +428,7 @@ func (s *Supervisor) awaitReady(p *proc, r io.ReadCloser) {
 		case res.err == nil:
 			s.mu.Lock()
 			if p.State == StateStarting {
-				s.setState(p, StateRunning, func(p *proc) {
+				_ = s.setState(p, StateRunning, func(p *proc) {
 					p.Waiting = ""
 					p.DataAddress, p.ControlAddress, p.SizeBytes = res.rep.Data, res.rep.Control, res.rep.Size
 					p.Endpoint = Endpoint{Path: res.rep.Endpoint, Kind: res.rep.EndpointKind, Socket: res.rep.Socket, Fallback: res.rep.Fallback, Resumed: res.rep.Resumed}
@@ -455,7 +455,7 @@ func (s *Supervisor) awaitReady(p *proc, r io.ReadCloser) {
 	}
 	s.mu.Unlock()
 	s.log.Info("killing a process that did not start", "name", p.Name, "reason", reason)
-	p.child.Signal(syscall.SIGKILL)
+	_ = p.child.Signal(syscall.SIGKILL)
 }
 
 // setWaiting records what starting process p reports it waits for, and
@@ -472,6 +472,9 @@ func (s *Supervisor) setWaiting(p *proc, msg string) {
 // setState is the only writer of a process's state; it refuses an
 // illegal change (see transitions) and emits every legal one. Callers hold
 // s.mu.
+// A refusal is logged here: callers with nothing else to do about it
+// discard the error. (Signals to a child are discarded the same way: the
+// only error is that it has exited, which its wait reports.)
 func (s *Supervisor) setState(p *proc, st State, mutate func(*proc)) error {
 	if !canTransition(p.State, st) {
 		err := errTransition(p.Name, p.State, st)
@@ -520,10 +523,10 @@ func (s *Supervisor) wait(p *proc) {
 	defer s.mu.Unlock()
 	s.ports.release(p.Ports)
 	if p.State == StateStopping {
-		s.setState(p, StateStopped, func(p *proc) { p.ExitCode = code })
+		_ = s.setState(p, StateStopped, func(p *proc) { p.ExitCode = code })
 	} else {
 		tail := p.log.Tail()
-		s.setState(p, StateError, func(p *proc) {
+		_ = s.setState(p, StateError, func(p *proc) {
 			p.ExitCode = code
 			if p.Error == "" {
 				p.Error = fmt.Sprintf("exited unexpectedly: %v", err)
@@ -566,7 +569,7 @@ func (s *Supervisor) Delete(ctx context.Context, name string) error {
 		return nil
 	}
 	if p.State != StateStopping {
-		s.setState(p, StateStopping, nil)
+		_ = s.setState(p, StateStopping, nil)
 	}
 	s.mu.Unlock()
 	s.startStop(p)
@@ -583,7 +586,7 @@ func (s *Supervisor) Delete(ctx context.Context, name string) error {
 // ask: SIGTERM to its group, SIGKILL after the grace period.
 func (s *Supervisor) startStop(p *proc) {
 	p.stopOnce.Do(func() {
-		p.child.Signal(syscall.SIGTERM)
+		_ = p.child.Signal(syscall.SIGTERM)
 		go func() {
 			t := time.NewTimer(s.grace(p.Kind))
 			defer t.Stop()
@@ -591,7 +594,7 @@ func (s *Supervisor) startStop(p *proc) {
 			case <-p.exited:
 			case <-t.C:
 				s.log.Info("process did not stop in time; killing it", "name", p.Name, "grace", s.grace(p.Kind))
-				p.child.Signal(syscall.SIGKILL)
+				_ = p.child.Signal(syscall.SIGKILL)
 			}
 		}()
 	})
@@ -677,7 +680,7 @@ func (s *Supervisor) Close() error {
 			s.mu.Lock()
 			running := !p.hasExited()
 			if running && p.State != StateStopping {
-				s.setState(p, StateStopping, nil)
+				_ = s.setState(p, StateStopping, nil)
 			}
 			s.mu.Unlock()
 			if running {

@@ -79,36 +79,21 @@ type engineFlags struct {
 	dataTLS        bool             // TLS on the replicas' TCP data ports too
 }
 
+// rawEngineFlags are the flags parsed into strings and numbers that
+// engineFlags gets only once checked.
+type rawEngineFlags struct {
+	size, nbdKernel, shared, encCheck *string
+	keyFD, encKeyFD                   *int
+	files                             tlsfiles.Files
+}
+
 // parseEngineFlags parses and checks the command line; with a nil result
 // the command exits with the code.
 func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 	c := &engineFlags{}
 	fs := flag.NewFlagSet("cairn-data engine", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.name, "name", "", "volume name (required)")
-	sizeFlag := fs.String("size", "", "volume size, e.g. 10Gi (default: the replicas' size)")
-	fs.Var(&c.replicas, "replica", "replica address HOST:PORT (control on PORT+1) or DATA,CONTROL; repeat for each replica (required)")
-	fs.IntVar(&c.wanted, "wanted", 0, "replicas that make the volume healthy (default: the number of --replica)")
-	fs.StringVar(&c.frontend, "frontend", "fuse", "how to expose the volume: fuse (a loop device over a FUSE file; works on any node with FUSE and loop, the default here as in a Volume's spec.frontend and the instance manager's spec) or nbd")
-	fs.StringVar(&c.sock, "nbd-socket", "", "unix socket path for the nbd frontend")
-	nbdKernel := fs.String("nbd-kernel", "auto", "attach the nbd frontend to a /dev/nbdN through the kernel's nbd driver: auto (if the host has it), on (required), off (socket only)")
-	fs.DurationVar(&c.reattachWait, "nbd-reattach-wait", 2*time.Minute, "if the engine dies, how long the kernel holds /dev/nbdN's I/O for a restarted engine to reattach it (0: fail the I/O at once)")
-	fs.StringVar(&c.fuseDir, "fuse-dir", "", "mount directory for the fuse frontend")
-	fs.StringVar(&c.deviceKeeper, "device-keeper", os.Getenv("CAIRN_DEVICE_KEEPER"), "the device keeper's socket (cairn-data device-keeper; default $CAIRN_DEVICE_KEEPER): the fuse frontend deposits its device there, and takes over the device a dead engine of the volume left, so a restart pauses the I/O instead of failing it (\"\": none)")
-	fs.StringVar(&c.listen, "listen", "", "host:port for the gRPC control API (default: none)")
-	sharedFlag := fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for NBD writes to reach them without a socket copy; 0 turns it off")
-	fs.DurationVar(&c.replicaTimeout, "replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
-	fs.DurationVar(&c.connectTimeout, "connect-timeout", engine.DefaultConnectTimeout, "at open, how long each attempt to reach a replica (connect, handshake, first answer) may take; the replicas are tried at once, and one that does not answer is left out (ERR) when the others can serve the volume safely, else tried again")
-	var files tlsfiles.Files
-	fs.BoolVar(&c.acceptLost, "accept-lost-members", false, "at open, serve the volume although replicas recorded as RW at its newest epoch are not among the --replica given, once every given one answered: they are declared lost for good (the control plane sets this only when each replica left out is on a node an operator declared shut down); writes only they held are lost. A given replica that does not answer is still waited for")
-	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with and presents to the replicas' control APIs; with --tls-key and --tls-client-ca enables mutual TLS on both")
-	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
-	fs.StringVar(&files.CA, "tls-client-ca", "", "CA bundle (PEM) the peers' certificates must chain to")
-	fs.BoolVar(&c.dataTLS, "data-tls", false, "connect to the replicas' TCP data ports with TLS too (replicas with --data-tls), presenting the --tls-* certificate: the volume's traffic is encrypted on the network")
-	keyFD := fs.Int("auth-key-fd", -1, "read the volume's key (32 bytes) from this inherited descriptor and authenticate every data connection to the replicas with it (-1: none)")
-	encKeyFD := fs.Int("encryption-key-fd", -1, "encrypt the volume at rest (AES-256-XTS): read its key (64 bytes) from this inherited descriptor, which is then closed; every write is encrypted before it reaches the replicas and every read decrypted, so replicas, rebuilds, snapshots and clones hold ciphertext only. Needs --encryption-key-check (-1: not encrypted)")
-	encCheck := fs.String("encryption-key-check", "", "the key check (hex) of the key the volume was created with: the engine refuses, before opening any replica, a key whose check differs")
-	fs.IntVar(&c.readyFD, "ready-fd", -1, "once serving, write a JSON report (endpoint and its kind, control address, size) to this inherited descriptor and close it (-1: none)")
+	r := defineEngineFlags(fs, c)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: cairn-data engine --name NAME --replica HOST:PORT ... --frontend nbd|fuse [--nbd-socket PATH [--nbd-kernel auto|on|off] | --fuse-dir DIR] [--listen HOST:PORT] [--encryption-key-fd N --encryption-key-check HEX]")
 		fs.PrintDefaults()
@@ -116,66 +101,101 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, int) {
 	if err := fs.Parse(args); err != nil {
 		return nil, 2
 	}
-	fail := func(format string, a ...any) (*engineFlags, int) {
-		fmt.Fprintf(stderr, "cairn-data engine: "+format+"\n", a...)
-		return nil, 1
-	}
 	if c.name == "" || len(c.replicas) == 0 {
 		fs.Usage()
 		return nil, 2
 	}
-	if *sizeFlag != "" {
+	if err := r.apply(c, stderr); err != nil {
+		fmt.Fprintf(stderr, "cairn-data engine: %v\n", err)
+		return nil, 1
+	}
+	return c, 0
+}
+
+// defineEngineFlags declares the engine's flags: those that need no check
+// straight into c, the others into the result.
+func defineEngineFlags(fs *flag.FlagSet, c *engineFlags) *rawEngineFlags {
+	r := &rawEngineFlags{}
+	fs.StringVar(&c.name, "name", "", "volume name (required)")
+	r.size = fs.String("size", "", "volume size, e.g. 10Gi (default: the replicas' size)")
+	fs.Var(&c.replicas, "replica", "replica address HOST:PORT (control on PORT+1) or DATA,CONTROL; repeat for each replica (required)")
+	fs.IntVar(&c.wanted, "wanted", 0, "replicas that make the volume healthy (default: the number of --replica)")
+	fs.StringVar(&c.frontend, "frontend", "fuse", "how to expose the volume: fuse (a loop device over a FUSE file; works on any node with FUSE and loop, the default here as in a Volume's spec.frontend and the instance manager's spec) or nbd")
+	fs.StringVar(&c.sock, "nbd-socket", "", "unix socket path for the nbd frontend")
+	r.nbdKernel = fs.String("nbd-kernel", "auto", "attach the nbd frontend to a /dev/nbdN through the kernel's nbd driver: auto (if the host has it), on (required), off (socket only)")
+	fs.DurationVar(&c.reattachWait, "nbd-reattach-wait", 2*time.Minute, "if the engine dies, how long the kernel holds /dev/nbdN's I/O for a restarted engine to reattach it (0: fail the I/O at once)")
+	fs.StringVar(&c.fuseDir, "fuse-dir", "", "mount directory for the fuse frontend")
+	fs.StringVar(&c.deviceKeeper, "device-keeper", os.Getenv("CAIRN_DEVICE_KEEPER"), "the device keeper's socket (cairn-data device-keeper; default $CAIRN_DEVICE_KEEPER): the fuse frontend deposits its device there, and takes over the device a dead engine of the volume left, so a restart pauses the I/O instead of failing it (\"\": none)")
+	fs.StringVar(&c.listen, "listen", "", "host:port for the gRPC control API (default: none)")
+	r.shared = fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for NBD writes to reach them without a socket copy; 0 turns it off")
+	fs.DurationVar(&c.replicaTimeout, "replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
+	fs.DurationVar(&c.connectTimeout, "connect-timeout", engine.DefaultConnectTimeout, "at open, how long each attempt to reach a replica (connect, handshake, first answer) may take; the replicas are tried at once, and one that does not answer is left out (ERR) when the others can serve the volume safely, else tried again")
+	fs.BoolVar(&c.acceptLost, "accept-lost-members", false, "at open, serve the volume although replicas recorded as RW at its newest epoch are not among the --replica given, once every given one answered: they are declared lost for good (the control plane sets this only when each replica left out is on a node an operator declared shut down); writes only they held are lost. A given replica that does not answer is still waited for")
+	fs.StringVar(&r.files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with and presents to the replicas' control APIs; with --tls-key and --tls-client-ca enables mutual TLS on both")
+	fs.StringVar(&r.files.Key, "tls-key", "", "its private key (PEM)")
+	fs.StringVar(&r.files.CA, "tls-client-ca", "", "CA bundle (PEM) the peers' certificates must chain to")
+	fs.BoolVar(&c.dataTLS, "data-tls", false, "connect to the replicas' TCP data ports with TLS too (replicas with --data-tls), presenting the --tls-* certificate: the volume's traffic is encrypted on the network")
+	r.keyFD = fs.Int("auth-key-fd", -1, "read the volume's key (32 bytes) from this inherited descriptor and authenticate every data connection to the replicas with it (-1: none)")
+	r.encKeyFD = fs.Int("encryption-key-fd", -1, "encrypt the volume at rest (AES-256-XTS): read its key (64 bytes) from this inherited descriptor, which is then closed; every write is encrypted before it reaches the replicas and every read decrypted, so replicas, rebuilds, snapshots and clones hold ciphertext only. Needs --encryption-key-check (-1: not encrypted)")
+	r.encCheck = fs.String("encryption-key-check", "", "the key check (hex) of the key the volume was created with: the engine refuses, before opening any replica, a key whose check differs")
+	fs.IntVar(&c.readyFD, "ready-fd", -1, "once serving, write a JSON report (endpoint and its kind, control address, size) to this inherited descriptor and close it (-1: none)")
+	return r
+}
+
+// apply checks the raw flags and sets what they give in c.
+func (r *rawEngineFlags) apply(c *engineFlags, stderr io.Writer) error {
+	if *r.size != "" {
 		var err error
-		if c.size, err = parseSize(*sizeFlag); err != nil {
-			return fail("--size: %v", err)
+		if c.size, err = parseSize(*r.size); err != nil {
+			return fmt.Errorf("--size: %w", err)
 		}
 	}
 	switch c.frontend {
 	case "nbd":
 		if c.sock == "" {
-			return fail("--frontend nbd needs --nbd-socket PATH")
+			return errors.New("--frontend nbd needs --nbd-socket PATH")
 		}
 	case "fuse":
 		if c.fuseDir == "" {
-			return fail("--frontend fuse needs --fuse-dir DIR")
+			return errors.New("--frontend fuse needs --fuse-dir DIR")
 		}
 	default:
-		return fail("--frontend %q: use nbd or fuse", c.frontend)
+		return fmt.Errorf("--frontend %q: use nbd or fuse", c.frontend)
 	}
-	c.nbdKernel = nbd.KernelMode(*nbdKernel)
+	c.nbdKernel = nbd.KernelMode(*r.nbdKernel)
 	if c.nbdKernel != nbd.KernelAuto && c.nbdKernel != nbd.KernelOn && c.nbdKernel != nbd.KernelOff {
-		return fail("--nbd-kernel %q: use auto, on or off", *nbdKernel)
+		return fmt.Errorf("--nbd-kernel %q: use auto, on or off", *r.nbdKernel)
 	}
 	if c.reattachWait < 0 {
-		return fail("--nbd-reattach-wait %v: give a duration of 0 or more", c.reattachWait)
+		return fmt.Errorf("--nbd-reattach-wait %v: give a duration of 0 or more", c.reattachWait)
 	}
 	if err := checkReadyFD(c.readyFD); err != nil {
-		return fail("%v", err)
+		return err
 	}
-	key, err := readKey(*keyFD)
+	key, err := readKey(*r.keyFD)
 	if err != nil {
-		return fail("%v", err)
+		return err
 	}
 	c.key = key
-	if c.cipher, err = encryption(c.name, *encKeyFD, *encCheck); err != nil {
-		return fail("%v", err)
+	if c.cipher, err = encryption(c.name, *r.encKeyFD, *r.encCheck); err != nil {
+		return err
 	}
-	if err := files.Check(); err != nil {
-		return fail("%v", err)
+	if err := r.files.Check(); err != nil {
+		return err
 	}
-	if files.Set() {
-		if c.tls, err = tlsfiles.New(files, newLogger(stderr, "engine")); err != nil {
-			return fail("%v", err)
+	if r.files.Set() {
+		if c.tls, err = tlsfiles.New(r.files, newLogger(stderr, "engine")); err != nil {
+			return err
 		}
 	} else if c.dataTLS {
-		return fail("--data-tls needs --tls-cert, --tls-key and --tls-client-ca")
+		return errors.New("--data-tls needs --tls-cert, --tls-key and --tls-client-ca")
 	}
-	shared, err := parseSize(*sharedFlag)
+	shared, err := parseSize(*r.shared)
 	if err != nil || shared < 0 || shared > 1<<31 {
-		return fail("--shared-memory %q: give a size up to 2Gi, e.g. 32Mi, or 0 for none", *sharedFlag)
+		return fmt.Errorf("--shared-memory %q: give a size up to 2Gi, e.g. 32Mi, or 0 for none", *r.shared)
 	}
 	c.shared = shared
-	return c, 0
+	return nil
 }
 
 func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -210,7 +230,11 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		if claim, err = claimNBD(c, buffers, log); err != nil {
 			return fail(err)
 		}
-		defer claim.Stop() // releases the claim if the frontend never starts; once started, f.stop did it
+		defer func() { // releases the claim if the frontend never starts; once started, f.stop did it
+			if err := claim.Stop(); err != nil {
+				log.Error(err, "releasing the nbd frontend's claim")
+			}
+		}()
 	}
 	var fclaim *fuseClaim
 	if c.frontend == "fuse" {
@@ -234,7 +258,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail(err)
 	}
 	defer f.stop()
-	control, stopControl, err := serveControl(c, e, f)
+	control, stopControl, err := serveControl(c, e, f, log)
 	if err != nil {
 		return fail(err)
 	}
@@ -329,7 +353,7 @@ func startFrontend(c *engineFlags, e *engine.Engine, claim *nbd.Frontend, fclaim
 
 // serveControl serves the engine's gRPC control API on --listen and
 // returns its address ("" without --listen) and how to stop it.
-func serveControl(c *engineFlags, e *engine.Engine, f *frontend) (string, func(), error) {
+func serveControl(c *engineFlags, e *engine.Engine, f *frontend, log logr.Logger) (string, func(), error) {
 	if c.listen == "" {
 		return "", func() {}, nil
 	}
@@ -347,7 +371,11 @@ func serveControl(c *engineFlags, e *engine.Engine, f *frontend) (string, func()
 		DialSource: func(_ context.Context, addr string) (engine.CloneSource, error) {
 			return replicaclient.DialSource(addr, 0, c.clientTLS())
 		}})
-	go gs.Serve(l)
+	go func() {
+		if err := gs.Serve(l); err != nil {
+			log.Error(err, "the control API stopped serving")
+		}
+	}()
 	return addrString(l), gs.Stop, nil
 }
 
