@@ -97,20 +97,9 @@ func apiError(err error) error {
 // CreateVolume creates a Volume (or finds the one an earlier call with the
 // same name created) and waits until its replicas are placed.
 func (s *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRequest) (*csipb.CreateVolumeResponse, error) {
-	if req.GetName() == "" {
-		return nil, status.Error(codes.InvalidArgument, "name is required")
-	}
-	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
-		return nil, err
-	}
-	params, err := parseParams(req.GetParameters())
+	params, err := checkCreateVolume(req)
 	if err != nil {
 		return nil, err
-	}
-	for _, c := range req.GetVolumeCapabilities() {
-		if fs := c.GetMount().GetFsType(); fs != "" && params.fsType != "" && fs != params.fsType {
-			return nil, status.Errorf(codes.InvalidArgument, "the volume capability asks for filesystem %s but StorageClass parameter %s is %s: make them agree", fs, ParamFSType, params.fsType)
-		}
 	}
 	name := objectName("vol-", req.GetName())
 	unlock, err := s.locks.lock("volume " + name)
@@ -123,13 +112,7 @@ func (s *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVo
 	if err != nil {
 		return nil, err
 	}
-	if r := req.GetCapacityRange().GetRequiredBytes(); r > 0 && r < minSize {
-		return nil, status.Errorf(codes.OutOfRange, "required_bytes %d is smaller than the source's %d bytes: ask for at least the source's size", r, minSize)
-	}
-	if l := req.GetCapacityRange().GetLimitBytes(); l > 0 && l < minSize {
-		return nil, status.Errorf(codes.OutOfRange, "limit_bytes %d is smaller than the source's %d bytes: ask for at least the source's size", l, minSize)
-	}
-	size, err := volumeSize(req.GetCapacityRange(), minSize)
+	size, err := createSize(req.GetCapacityRange(), minSize)
 	if err != nil {
 		return nil, err
 	}
@@ -143,50 +126,11 @@ func (s *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVo
 	if err != nil {
 		return nil, err
 	}
-	accessMode := v1.VolumeAccessModeReadWriteOnce
-	for _, c := range req.GetVolumeCapabilities() {
-		if c.GetAccessMode().GetMode() == csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER {
-			accessMode = v1.VolumeAccessModeReadWriteOncePod
-		}
+	want := desiredVolume(req, name, s.ns, size, params, source, enc)
+	if err := s.ensureVolume(ctx, want, req.GetCapacityRange(), pass); err != nil {
+		return nil, err
 	}
-
-	want := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns,
-		Annotations: map[string]string{AnnotationCSIName: req.GetName()}},
-		Spec: v1.VolumeSpec{Size: *resource.NewQuantity(size, resource.BinarySI), NumberOfReplicas: params.replicas,
-			Frontend: params.frontend, DataSource: source, DiskSelector: params.diskSelector, AccessMode: accessMode, Encryption: enc}}
-	if params.pvc != "" {
-		want.Annotations[AnnotationPVC] = params.pvc
-	}
-	if params.pv != "" {
-		want.Annotations[AnnotationPV] = params.pv
-	}
-
 	v := &v1.Volume{}
-	err = s.c.Get(ctx, client.ObjectKeyFromObject(want), v)
-	switch {
-	case apierrors.IsNotFound(err):
-		// The key is in place before the engine could first start.
-		if enc != nil {
-			if err := s.ensureKeySecret(ctx, name, pass); err != nil {
-				return nil, err
-			}
-		}
-		// If we crash after this create, the CO's retry finds the Volume by
-		// name below and waits for it like this call would have.
-		if err := s.c.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
-			if apierrors.IsInvalid(err) {
-				return nil, status.Errorf(codes.InvalidArgument, "the Volume was refused: %v", err)
-			}
-			return nil, apiError(err)
-		}
-		v = want
-	case err != nil:
-		return nil, apiError(err)
-	default:
-		if err := compatible(v, want, req.GetCapacityRange()); err != nil {
-			return nil, err
-		}
-	}
 	if err := s.c.Get(ctx, client.ObjectKeyFromObject(want), v); err != nil {
 		return nil, apiError(err)
 	}
@@ -201,13 +145,97 @@ func (s *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVo
 	if err := s.c.Get(ctx, client.ObjectKeyFromObject(want), v); err != nil {
 		return nil, apiError(err)
 	}
-	fsType := params.fsType
 	return &csipb.CreateVolumeResponse{Volume: &csipb.Volume{
 		VolumeId:      v.Name,
 		CapacityBytes: v.Spec.Size.Value(),
-		VolumeContext: volumeContext(v, fsType),
+		VolumeContext: volumeContext(v, params.fsType),
 		ContentSource: req.GetVolumeContentSource(),
 	}}, nil
+}
+
+// checkCreateVolume checks what a CreateVolume asks for on its own (name,
+// capabilities, StorageClass parameters and their agreement) and returns
+// the parameters.
+func checkCreateVolume(req *csipb.CreateVolumeRequest) (volumeParams, error) {
+	if req.GetName() == "" {
+		return volumeParams{}, status.Error(codes.InvalidArgument, "name is required")
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return volumeParams{}, err
+	}
+	p, err := parseParams(req.GetParameters())
+	if err != nil {
+		return volumeParams{}, err
+	}
+	for _, c := range req.GetVolumeCapabilities() {
+		if fs := c.GetMount().GetFsType(); fs != "" && p.fsType != "" && fs != p.fsType {
+			return volumeParams{}, status.Errorf(codes.InvalidArgument, "the volume capability asks for filesystem %s but StorageClass parameter %s is %s: make them agree", fs, ParamFSType, p.fsType)
+		}
+	}
+	return p, nil
+}
+
+// createSize is the size of a new volume whose content source holds
+// minSize bytes (0 without one): OutOfRange when the range asks for less.
+func createSize(r *csipb.CapacityRange, minSize int64) (int64, error) {
+	if req := r.GetRequiredBytes(); req > 0 && req < minSize {
+		return 0, status.Errorf(codes.OutOfRange, "required_bytes %d is smaller than the source's %d bytes: ask for at least the source's size", req, minSize)
+	}
+	if l := r.GetLimitBytes(); l > 0 && l < minSize {
+		return 0, status.Errorf(codes.OutOfRange, "limit_bytes %d is smaller than the source's %d bytes: ask for at least the source's size", l, minSize)
+	}
+	return volumeSize(r, minSize)
+}
+
+// desiredVolume is the Volume a CreateVolume asks for.
+func desiredVolume(req *csipb.CreateVolumeRequest, name, namespace string, size int64, p volumeParams, source *v1.VolumeDataSource, enc *v1.VolumeEncryption) *v1.Volume {
+	accessMode := v1.VolumeAccessModeReadWriteOnce
+	for _, c := range req.GetVolumeCapabilities() {
+		if c.GetAccessMode().GetMode() == csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER {
+			accessMode = v1.VolumeAccessModeReadWriteOncePod
+		}
+	}
+	want := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace,
+		Annotations: map[string]string{AnnotationCSIName: req.GetName()}},
+		Spec: v1.VolumeSpec{Size: *resource.NewQuantity(size, resource.BinarySI), NumberOfReplicas: p.replicas,
+			Frontend: p.frontend, DataSource: source, DiskSelector: p.diskSelector, AccessMode: accessMode, Encryption: enc}}
+	if p.pvc != "" {
+		want.Annotations[AnnotationPVC] = p.pvc
+	}
+	if p.pv != "" {
+		want.Annotations[AnnotationPV] = p.pv
+	}
+	return want
+}
+
+// ensureVolume creates want, with its key Secret (from pass) first when it
+// is encrypted, or checks that the Volume an earlier call created answers
+// this one (compatible).
+func (s *ControllerServer) ensureVolume(ctx context.Context, want *v1.Volume, r *csipb.CapacityRange, pass string) error {
+	have := &v1.Volume{}
+	err := s.c.Get(ctx, client.ObjectKeyFromObject(want), have)
+	switch {
+	case apierrors.IsNotFound(err):
+		// The key is in place before the engine could first start.
+		if want.Spec.Encryption != nil {
+			if err := s.ensureKeySecret(ctx, want.Name, pass); err != nil {
+				return err
+			}
+		}
+		// If we crash after this create, the CO's retry finds the Volume by
+		// name and waits for it like this call would have.
+		if err := s.c.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+			if apierrors.IsInvalid(err) {
+				return status.Errorf(codes.InvalidArgument, "the Volume was refused: %v", err)
+			}
+			return apiError(err)
+		}
+		return nil
+	case err != nil:
+		return apiError(err)
+	default:
+		return compatible(have, want, r)
+	}
 }
 
 func volumeContext(v *v1.Volume, fsType string) map[string]string {

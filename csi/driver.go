@@ -18,7 +18,6 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -106,7 +105,7 @@ func New(opts Options) (*Driver, error) {
 		m := opts.Mounter
 		if m == nil {
 			m = NewSystemMounter()
-			if !hasCapability(unix.CAP_SYS_RESOURCE) {
+			if !hasCapSysResource() {
 				opts.Logger.Info("this node plugin lacks CAP_SYS_RESOURCE: an ext4 volume expanded while mounted is not grown until it is staged again (NodeExpandVolume fails saying so); run the node plugin privileged to grow it online")
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -109,7 +110,7 @@ func TestSeedFlow(t *testing.T) {
 			g.Expect(ex.GetNodeExpansionRequired()).To(Equal(!tc.block))
 			_, err = b.node.node.NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{VolumeId: vol.GetVolumeId(), VolumePath: b.target,
 				StagingTargetPath: b.staging, CapacityRange: &csipb.CapacityRange{RequiredBytes: grown}, VolumeCapability: vc})
-			if tc.fs == "ext4" && !hasCapability(unix.CAP_SYS_RESOURCE) {
+			if tc.fs == "ext4" && !hasCapSysResource() {
 				t.Log("this process lacks CAP_SYS_RESOURCE, which the kernel wants to grow a mounted ext4: the node says so, and the filesystem grows when the volume is staged again")
 				g.Expect(status.Code(err)).To(Equal(codes.FailedPrecondition), "%v", err)
 				g.Expect(status.Convert(err).Message()).To(ContainSubstring("CAP_SYS_RESOURCE"), "the message names what is missing")
@@ -245,7 +246,7 @@ func readData(t *testing.T, g *WithT, p *pod, chunks []chunk) error {
 			g.Expect(err).NotTo(HaveOccurred())
 			_, err = f.ReadAt(buf, c.offset)
 			f.Close()
-			if err != nil && err != io.EOF {
+			if err != nil && !errors.Is(err, io.EOF) {
 				return err
 			}
 		} else {

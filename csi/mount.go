@@ -189,8 +189,8 @@ func (s *SystemMounter) Grow(device, mountPath string, fs Filesystem) error {
 		return growExtUnmounted(device)
 	case isExt(fs.Type):
 		err := run("resize2fs", device)
-		if err != nil && !hasCapability(unix.CAP_SYS_RESOURCE) {
-			return fmt.Errorf("%w (%v)", ErrNeedCapSysResource, err)
+		if err != nil && !hasCapSysResource() {
+			return fmt.Errorf("%w (%w)", ErrNeedCapSysResource, err)
 		}
 		return err
 	case fs.Type == fsXFS && mountPath != "":
@@ -232,9 +232,11 @@ func isExt(fsType string) bool {
 	return fsType == "ext2" || fsType == "ext3" || fsType == fsExt4
 }
 
-// hasCapability reports whether this process has capability c in its
-// effective set (CapEff in /proc/self/status).
-func hasCapability(c int) bool {
+// hasCapSysResource reports whether this process has CAP_SYS_RESOURCE in
+// its effective set (CapEff in /proc/self/status), which resize2fs needs
+// to grow a mounted ext4.
+func hasCapSysResource() bool {
+	const c = unix.CAP_SYS_RESOURCE
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	if err := unix.Capget(&hdr, &data[0]); err != nil {

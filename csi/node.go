@@ -71,26 +71,26 @@ func (s *NodeServer) NodeGetCapabilities(context.Context, *csipb.NodeGetCapabili
 
 // device returns the block device a volume attached to this node is served
 // on, or FailedPrecondition saying why there is none.
-func (s *NodeServer) device(ctx context.Context, id string) (*v1.Volume, string, error) {
+func (s *NodeServer) device(ctx context.Context, id string) (string, error) {
 	v := &v1.Volume{}
 	if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: id}, v); err != nil {
 		if client.IgnoreNotFound(err) == nil {
-			return nil, "", status.Errorf(codes.NotFound, "volume %s not found", id)
+			return "", status.Errorf(codes.NotFound, "volume %s not found", id)
 		}
-		return nil, "", apiError(err)
+		return "", apiError(err)
 	}
 	if v.Status.CurrentNodeName != s.nodeID || v.Status.State != v1.VolumeStateAttached || v.Status.Endpoint == "" {
 		where := v.Status.CurrentNodeName
 		if where == "" {
 			where = "no node"
 		}
-		return v, "", status.Errorf(codes.FailedPrecondition, "volume %s is not attached to node %s (it is %s on %s): ControllerPublishVolume must attach it here first", id, s.nodeID, orUnknown(string(v.Status.State)), where)
+		return "", status.Errorf(codes.FailedPrecondition, "volume %s is not attached to node %s (it is %s on %s): ControllerPublishVolume must attach it here first", id, s.nodeID, orUnknown(string(v.Status.State)), where)
 	}
 	dev := v.Status.Endpoint
 	if _, err := s.mounter.DeviceSize(dev); err != nil {
-		return v, "", status.Errorf(codes.FailedPrecondition, "volume %s is served at %s, which is not a block device on this node (%v): the nbd frontend without the nbd kernel module serves only a socket; load the module (modprobe nbd) or use frontend fuse in the StorageClass", id, dev, err)
+		return "", status.Errorf(codes.FailedPrecondition, "volume %s is served at %s, which is not a block device on this node (%v): the nbd frontend without the nbd kernel module serves only a socket; load the module (modprobe nbd) or use frontend fuse in the StorageClass", id, dev, err)
 	}
-	return v, dev, nil
+	return dev, nil
 }
 
 func fsTypeOf(c *csipb.VolumeCapability, volCtx map[string]string) string {
@@ -129,7 +129,7 @@ func (s *NodeServer) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVo
 		return nil, err
 	}
 	defer unlock()
-	_, dev, err := s.device(ctx, id)
+	dev, err := s.device(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -282,7 +282,7 @@ func (s *NodeServer) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnsta
 		}
 	}
 	if dev == "" {
-		if _, d, err := s.device(ctx, id); err == nil {
+		if d, err := s.device(ctx, id); err == nil {
 			dev = d
 		}
 	}
@@ -329,7 +329,7 @@ func (s *NodeServer) NodePublishVolume(ctx context.Context, req *csipb.NodePubli
 	}
 	var source string
 	if c.GetBlock() != nil {
-		_, dev, err := s.device(ctx, id)
+		dev, err := s.device(ctx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -343,7 +343,7 @@ func (s *NodeServer) NodePublishVolume(ctx context.Context, req *csipb.NodePubli
 		}
 		f.Close()
 	} else {
-		if _, _, err := s.device(ctx, id); err != nil {
+		if _, err := s.device(ctx, id); err != nil {
 			return nil, err
 		}
 		staged, err := s.mounter.IsMountPoint(staging)
@@ -460,7 +460,7 @@ func (s *NodeServer) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpand
 		return nil, err
 	}
 	defer unlock()
-	_, dev, err := s.device(ctx, id)
+	dev, err := s.device(ctx, id)
 	if err != nil {
 		return nil, err
 	}
