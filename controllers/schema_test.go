@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 )
@@ -425,10 +426,15 @@ func TestSamplesServerDryRun(t *testing.T) {
 	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a dry run stored the sample volume")
 }
 
-// kubectl runs envtest's kubectl against the test API server and returns its
-// stdout, failing the test with stderr when it exits non-zero.
+// kubectl runs envtest's kubectl against the test API server as an admin
+// (system:masters) user and returns its stdout, failing the test with
+// stderr when it exits non-zero.
 func kubectl(g Gomega, args ...string) string {
-	stdout, stderr, err := testEnv.ControlPlane.KubeCtl().Run(args...)
+	user, err := testEnv.AddUser(envtest.User{Name: "schema-test", Groups: []string{"system:masters"}}, nil)
+	g.Expect(err).NotTo(HaveOccurred(), "provisioning the kubectl user")
+	kc, err := user.Kubectl()
+	g.Expect(err).NotTo(HaveOccurred(), "writing the kubectl user's kubeconfig")
+	stdout, stderr, err := kc.Run(args...)
 	outb, _ := io.ReadAll(stdout)
 	errb, _ := io.ReadAll(stderr)
 	g.Expect(err).NotTo(HaveOccurred(), "kubectl %s: %s", strings.Join(args, " "), errb)
