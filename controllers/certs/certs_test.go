@@ -54,7 +54,9 @@ func newNamespace(t *testing.T) string {
 	if err := k8sClient.Create(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { k8sClient.Delete(context.Background(), ns) })
+	// Best effort: each test has its own namespace, so one left behind
+	// disturbs no other test.
+	t.Cleanup(func() { _ = k8sClient.Delete(context.Background(), ns) })
 	return ns.Name
 }
 
