@@ -234,6 +234,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// data gathers what the page shows: every volume (or only the one the
+// filter names), the nodes with their disks and replicas, rebuilds in
+// progress and the newest events.
 func (s *Server) data(ctx context.Context, filter string) (*pageData, error) {
 	in := client.InNamespace(s.Namespace)
 	var vols v1.VolumeList
@@ -257,13 +260,30 @@ func (s *Server) data(ctx context.Context, filter string) (*pageData, error) {
 	for i := range engs.Items {
 		engineOf[engs.Items[i].Spec.VolumeName] = &engs.Items[i]
 	}
+	d.Volumes = volumeRows(vols.Items, engineOf, s.historyCopy(), claimOf, shown, d.Counts)
+	d.Nodes = nodeRows(nodes.Items, reps.Items, engineOf, claimOf, shown)
+	d.Rebuilds = rebuildRows(engs.Items, shown)
+	d.Events = s.eventRows(ctx, in)
+	return d, nil
+}
+
+// historyCopy is a copy of every engine's I/O history, taken under the
+// lock so that rendering does not hold it.
+func (s *Server) historyCopy() map[types.NamespacedName]series {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	hist := map[types.NamespacedName]series{}
 	for k, v := range s.history {
 		hist[k] = *v
 	}
-	s.mu.Unlock()
-	d.Volumes = volumeRows(vols.Items, engineOf, hist, claimOf, shown, d.Counts)
+	return hist
+}
+
+// nodeRows are the nodes, sorted by name, each with its disks and the
+// replicas of shown volumes on it (sorted by name); a node with replicas
+// but no StorageNode is listed too.
+func nodeRows(nodes []v1.StorageNode, reps []v1.Replica, engineOf map[string]*v1.Engine, claimOf map[string]string,
+	shown func(string) bool) []nodeRow {
 	byNode := map[string]*nodeRow{}
 	nodeOf := func(n string) *nodeRow {
 		if byNode[n] == nil {
@@ -271,33 +291,17 @@ func (s *Server) data(ctx context.Context, filter string) (*pageData, error) {
 		}
 		return byNode[n]
 	}
-	for _, n := range nodes.Items {
+	for _, n := range nodes {
 		name := n.Spec.NodeName
 		if name == "" {
 			name = n.Name
 		}
 		nr := nodeOf(name)
 		for _, disk := range n.Status.Disks {
-			dr := diskRow{Name: disk.Name}
-			var capacity, avail, sched int64
-			if disk.Capacity != nil {
-				capacity = disk.Capacity.Value()
-			}
-			if disk.Available != nil {
-				avail = disk.Available.Value()
-			}
-			if disk.Scheduled != nil {
-				sched = disk.Scheduled.Value()
-			}
-			dr.Capacity, dr.Available, dr.Scheduled = display.Bytes(capacity), display.Bytes(avail), display.Bytes(sched)
-			if capacity > 0 {
-				dr.Used = float64(capacity-avail) / float64(capacity)
-				dr.ScheduledFrac = min(float64(sched)/float64(capacity), 1)
-			}
-			nr.Disks = append(nr.Disks, dr)
+			nr.Disks = append(nr.Disks, diskRowOf(disk))
 		}
 	}
-	for _, r := range reps.Items {
+	for _, r := range reps {
 		if r.Spec.NodeName == "" || !shown(r.Spec.VolumeName) {
 			continue
 		}
@@ -309,12 +313,42 @@ func (s *Server) data(ctx context.Context, filter string) (*pageData, error) {
 		nr.Replicas = append(nr.Replicas, replicaRow{Name: r.Name, Volume: r.Spec.VolumeName, Claim: claimOf[r.Spec.VolumeName],
 			Mode: mode, State: string(r.Status.InstanceState)})
 	}
+	var out []nodeRow
 	for _, nr := range byNode {
 		sort.Slice(nr.Replicas, func(i, j int) bool { return nr.Replicas[i].Name < nr.Replicas[j].Name })
-		d.Nodes = append(d.Nodes, *nr)
+		out = append(out, *nr)
 	}
-	sort.Slice(d.Nodes, func(i, j int) bool { return d.Nodes[i].Name < d.Nodes[j].Name })
-	for _, e := range engs.Items {
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// diskRowOf is one disk's sizes, and how full and how promised it is as
+// fractions of its capacity (0 when the capacity is not known).
+func diskRowOf(disk v1.DiskStatus) diskRow {
+	dr := diskRow{Name: disk.Name}
+	var capacity, avail, sched int64
+	if disk.Capacity != nil {
+		capacity = disk.Capacity.Value()
+	}
+	if disk.Available != nil {
+		avail = disk.Available.Value()
+	}
+	if disk.Scheduled != nil {
+		sched = disk.Scheduled.Value()
+	}
+	dr.Capacity, dr.Available, dr.Scheduled = display.Bytes(capacity), display.Bytes(avail), display.Bytes(sched)
+	if capacity > 0 {
+		dr.Used = float64(capacity-avail) / float64(capacity)
+		dr.ScheduledFrac = min(float64(sched)/float64(capacity), 1)
+	}
+	return dr
+}
+
+// rebuildRows are the rebuilds the engines of shown volumes report,
+// sorted by volume and replica.
+func rebuildRows(engs []v1.Engine, shown func(string) bool) []rebuildRow {
+	var out []rebuildRow
+	for _, e := range engs {
 		if !shown(e.Spec.VolumeName) {
 			continue
 		}
@@ -327,24 +361,32 @@ func (s *Server) data(ctx context.Context, filter string) (*pageData, error) {
 			if st.BytesTotal > 0 {
 				rr.Progress = float64(st.BytesDone) / float64(st.BytesTotal)
 			}
-			d.Rebuilds = append(d.Rebuilds, rr)
+			out = append(out, rr)
 		}
 	}
-	sort.Slice(d.Rebuilds, func(i, j int) bool {
-		return d.Rebuilds[i].Volume+d.Rebuilds[i].Replica < d.Rebuilds[j].Volume+d.Rebuilds[j].Replica
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Volume+out[i].Replica < out[j].Volume+out[j].Replica
 	})
-	if s.Events != nil {
-		var evs corev1.EventList
-		if err := s.Events.List(ctx, &evs, in); err != nil {
-			s.Logger.V(1).Info("ui: events not listed", "error", err.Error())
-		}
-		sort.Slice(evs.Items, func(i, j int) bool { return display.EventTime(evs.Items[i]).After(display.EventTime(evs.Items[j])) })
-		for _, ev := range evs.Items[:min(len(evs.Items), 20)] {
-			d.Events = append(d.Events, eventRow{Time: display.EventTime(ev).UTC().Format("15:04:05"), Type: ev.Type,
-				Object: strings.ToLower(ev.InvolvedObject.Kind) + "/" + ev.InvolvedObject.Name, Reason: ev.Reason, Message: ev.Message})
-		}
+	return out
+}
+
+// eventRows are the namespace's 20 newest events, newest first; none
+// without an events client or when they cannot be listed (logged at V(1)).
+func (s *Server) eventRows(ctx context.Context, in client.InNamespace) []eventRow {
+	if s.Events == nil {
+		return nil
 	}
-	return d, nil
+	var evs corev1.EventList
+	if err := s.Events.List(ctx, &evs, in); err != nil {
+		s.Logger.V(1).Info("ui: events not listed", "error", err.Error())
+	}
+	sort.Slice(evs.Items, func(i, j int) bool { return display.EventTime(evs.Items[i]).After(display.EventTime(evs.Items[j])) })
+	var out []eventRow
+	for _, ev := range evs.Items[:min(len(evs.Items), 20)] {
+		out = append(out, eventRow{Time: display.EventTime(ev).UTC().Format("15:04:05"), Type: ev.Type,
+			Object: strings.ToLower(ev.InvolvedObject.Kind) + "/" + ev.InvolvedObject.Name, Reason: ev.Reason, Message: ev.Message})
+	}
+	return out
 }
 
 // claims maps each volume to its claim ("namespace/name"); none if the
