@@ -43,17 +43,17 @@ PROCS=${PROCS:-3}
 OUT=${OUT:-_artifacts/conformance}
 CAP_SKIP=${CAP_SKIP:-auto}
 DRIVER=$PWD/test/driver.yaml
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+say() { printf '\n\033[1m== %s (%s)\033[0m\n' "$*" "$(date +%T)"; }
 locked() { flock "$LOCK" "$@"; }
 k() { kubectl --context "$CTX" "$@"; }
 
 # The skip list: "regex<TAB>reason". Ginkgo matches each regex against a
 # spec's full text (suite, pattern, spec name and tags).
 SKIPS=(
-  '\[Disruptive\]	restarts kubelet or stops nodes: needs a cluster of its own, and kind-$CLUSTER is shared with make test-e2e and the demo'
-  '\[Serial\]	needs the whole cluster to itself (volume limits, node-wide checks); this run is parallel'
+  '\[Disruptive\]	stops or restarts kubelet on a node while a volume is in use: needs a cluster of its own, and the e2e cluster is shared (make test-e2e, the demo, other runs)'
+  '\[Serial\]	must run alone on the cluster (stress and performance suites, volume limits, the volume-populator spec, whose populator image is not built here); this run is parallel on a shared cluster'
   '\[Feature:SELinux\]	SELinux mount labels: the kind nodes run without SELinux, and the CSIDriver does not set seLinuxMount'
-  '\[Feature:VolumeGroupSnapshotDataSource\]	volume group snapshots: Cairn has no group controller service'
+  '\[Feature:(VolumeGroupSnapshotDataSource|volumegroupsnapshot)\]	volume group snapshots: Cairn has no group controller service'
   '\[Feature:VolumeAttributesClass\]	ControllerModifyVolume: Cairn does not offer MODIFY_VOLUME'
   '\[Feature:Windows\]	Windows nodes: Cairn runs on Linux only'
 )
@@ -165,19 +165,24 @@ cleanLeftovers() {
   done
 }
 
-# skipReport: how many specs of the focus each skip-list entry left out.
+# skipReport: how many specs of the focus each skip-list entry left out,
+# each spec counted under the first entry that matches it.
 skipReport() {
-  local r=$OUT/report.json line re why n
+  local r=$OUT/report.json line res=() counts
+  for line in "${SKIPS[@]}"; do res+=("${line%%$'\t'*}"); done
   echo "## skip list (reason: specs left out)"
   echo
   echo "$CAP_NOTE"
   echo
+  counts=$(jq -n '$ARGS.positional' --args "${res[@]}" | jq --arg f "$FOCUS" --slurpfile r "$r" '. as $res |
+    [$r[0][].SpecReports[] | select(.LeafNodeType == "It" and .State == "skipped" and (.Failure.Message // "") == "")
+      | ((.ContainerHierarchyTexts // []) + [.LeafNodeText]) | join(" ") | select(test($f))
+      | . as $t | first(range($res | length) as $i | select($t | test($res[$i])) | $i)] as $hits
+    | [range($res | length) | . as $i | $hits | map(select(. == $i)) | length]' 2>/dev/null || true)
+  local i=0
   for line in "${SKIPS[@]}"; do
-    re=${line%%$'\t'*}; why=${line#*$'\t'}
-    n=0
-    [[ -s $r ]] && n=$(jq --arg f "$FOCUS" --arg re "$re" '[.[].SpecReports[] | select(.LeafNodeType == "It" and .State == "skipped" and (.Failure.Message // "") == "")
-      | ((.ContainerHierarchyTexts // []) + [.LeafNodeText]) | join(" ") | select(test($f) and test($re))] | length' "$r")
-    echo "- \`$re\`: $n (${why//\$CLUSTER/$CLUSTER})"
+    echo "- \`${line%%$'\t'*}\`: $(jq -r ".[$i] // \"?\"" <<<"${counts:-[]}") (${line#*$'\t'})"
+    i=$((i + 1))
   done
 }
 
