@@ -19,6 +19,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestBenchControl prints the control plane's figures (make
@@ -160,7 +161,7 @@ func TestBenchControl(t *testing.T) {
 			}
 		}
 		return n
-	}, 10*time.Minute, time.Second).Should(Equal(many))
+	}, deadline.Scale(10*time.Minute), time.Second).Should(Equal(many))
 	var after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&after)

@@ -19,9 +19,12 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
 	"github.com/cairn-io/cairn/controllers/replica"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
-const timeout = 90 * time.Second
+// timeout bounds every wait of the package's tests (scaled by
+// CAIRN_TEST_DEADLINE_SCALE).
+var timeout = deadline.Scale(90 * time.Second)
 
 // nodes starts an instance manager per node, with its InstanceManager and
 // StorageNode objects, and returns each node's data directory.

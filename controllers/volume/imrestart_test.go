@@ -21,6 +21,7 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestEngineNodeInstanceManagerNewAddress: the instance manager of the
@@ -136,7 +137,7 @@ func processesOn(g *WithT, addr string) []*imv1.Process {
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	g.Expect(err).NotTo(HaveOccurred())
 	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(10*time.Second))
 	defer cancel()
 	res, err := imv1.NewInstanceManagerServiceClient(cc).ProcessList(ctx, &imv1.ProcessListRequest{})
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/replica"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestManagerRestartConverges stops the manager at points inside attach,
@@ -121,7 +122,7 @@ func testRestarts(t *testing.T, prefix string, stop func(), start func() error) 
 		for _, im := range ims {
 			cc, err := grpc.NewClient(im.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			g.Expect(err).NotTo(HaveOccurred())
-			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, deadline.Scale(10*time.Second))
 			res, err := imv1.NewInstanceManagerServiceClient(cc).ProcessList(cctx, &imv1.ProcessListRequest{})
 			cancel()
 			cc.Close()

@@ -20,6 +20,7 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/volumes"
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // replicaSnapshots asks every running replica process of vol for its
@@ -32,7 +33,7 @@ func replicaSnapshots(t *testing.T, g *WithT, vol *v1.Volume) map[string][]strin
 		g.Expect(r.Status.InstanceState).To(Equal(v1.InstanceStateRunning), "replica %s", r.Name)
 		cc, err := grpc.NewClient(r.Status.ControlAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		g.Expect(err).NotTo(HaveOccurred())
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(10*time.Second))
 		list, err := replicav1.NewReplicaServiceClient(cc).SnapshotList(ctx, &replicav1.SnapshotListRequest{})
 		cancel()
 		cc.Close()

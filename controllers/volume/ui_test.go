@@ -18,6 +18,7 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/metrics"
 	"github.com/cairn-io/cairn/controllers/ui"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // chromium renders url in headless Chromium and returns the DOM it built;
@@ -30,7 +31,7 @@ func chromium(t *testing.T, url, shot string) string {
 	}
 	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
 		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir=" + t.TempDir()}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(90*time.Second))
 	defer cancel()
 	if shot != "" {
 		out, err := exec.CommandContext(ctx, bin, append(args, "--window-size=1280,900", "--screenshot="+shot, url)...).CombinedOutput()
