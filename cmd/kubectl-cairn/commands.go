@@ -92,16 +92,18 @@ type replicaView struct {
 }
 
 type objects struct {
-	vols  []v1.Volume
-	engs  []v1.Engine
-	reps  []v1.Replica
-	snaps []v1.Snapshot
+	vols []v1.Volume
+	engs []v1.Engine
+	reps []v1.Replica
 	// claimOf maps a volume to its claim; empty if the PersistentVolumes
 	// cannot be read (the claim is then not shown).
 	claimOf map[string]claims.Ref
 }
 
-func (o *options) load(ctx context.Context, snapshots bool) (*objects, error) {
+// load lists the namespace's Volumes, Engines and Replicas (volumes and
+// replicas sorted by name) and, when the PersistentVolumes can be read, the
+// volumes' claims.
+func (o *options) load(ctx context.Context) (*objects, error) {
 	in := client.InNamespace(o.namespace)
 	var vl v1.VolumeList
 	var el v1.EngineList
@@ -113,13 +115,6 @@ func (o *options) load(ctx context.Context, snapshots bool) (*objects, error) {
 	}
 	objs := &objects{vols: vl.Items, engs: el.Items, reps: rl.Items}
 	objs.claimOf, _ = claims.List(ctx, o.c)
-	if snapshots {
-		var sl v1.SnapshotList
-		if err := o.c.List(ctx, &sl, in); err != nil {
-			return nil, fmt.Errorf("list snapshots in %s: %w", o.namespace, err)
-		}
-		objs.snaps = sl.Items
-	}
 	sort.Slice(objs.vols, func(i, j int) bool { return objs.vols[i].Name < objs.vols[j].Name })
 	sort.Slice(objs.reps, func(i, j int) bool { return objs.reps[i].Name < objs.reps[j].Name })
 	return objs, nil
@@ -196,7 +191,7 @@ func orDash(s string) string {
 }
 
 func (o *options) volumes(ctx context.Context) error {
-	objs, err := o.load(ctx, false)
+	objs, err := o.load(ctx)
 	if err != nil {
 		return err
 	}
@@ -369,18 +364,43 @@ func (o *options) doctor(ctx context.Context, arg string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	v := &v1.Volume{}
-	if err := o.c.Get(ctx, client.ObjectKey{Namespace: o.namespace, Name: name}, v); err != nil {
-		if apierrors.IsNotFound(err) {
-			return false, fmt.Errorf("no volume %s in %s (for a claim, give NAMESPACE/CLAIM, such as `kubectl cairn doctor default/data`; or pass -n with the namespace Cairn runs in)", name, o.namespace)
-		}
+	v, err := o.doctorVolume(ctx, name)
+	if err != nil {
 		return false, err
 	}
-	objs, err := o.load(ctx, false)
+	objs, err := o.load(ctx)
 	if err != nil {
 		return false, err
 	}
 	vv := view(objs, v)
+	o.printVolumeLine(v, vv, claim)
+
+	found := o.conditionFindings(v)
+	found = append(found, volumeFindings(v, vv)...)
+	e := objs.engineOf(v.Name)
+	found = append(found, o.engineFindings(ctx, v, e)...)
+	found = append(found, o.replicaFindings(ctx, objs, v, e)...)
+
+	o.printWarnings(ctx, v)
+	return o.printFindings(v, found), nil
+}
+
+// doctorVolume reads the volume doctor looks into, with a hint on how to
+// name it when there is none.
+func (o *options) doctorVolume(ctx context.Context, name string) (*v1.Volume, error) {
+	v := &v1.Volume{}
+	if err := o.c.Get(ctx, client.ObjectKey{Namespace: o.namespace, Name: name}, v); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("no volume %s in %s (for a claim, give NAMESPACE/CLAIM, such as `kubectl cairn doctor default/data`; or pass -n with the namespace Cairn runs in)", name, o.namespace)
+		}
+		return nil, err
+	}
+	return v, nil
+}
+
+// printVolumeLine prints the volume's name, claim, state, robustness,
+// size and node on one line.
+func (o *options) printVolumeLine(v *v1.Volume, vv volumeView, claim string) {
 	fmt.Fprintf(o.out, "Volume %s", v.Name)
 	if claim != "" {
 		fmt.Fprintf(o.out, " (claim %s)", claim)
@@ -390,8 +410,12 @@ func (o *options) doctor(ctx context.Context, arg string) (bool, error) {
 		fmt.Fprintf(o.out, ", on %s", vv.Node)
 	}
 	fmt.Fprintln(o.out)
+}
 
-	found := o.conditionFindings(v)
+// volumeFindings are what the volume's own status says is wrong beyond its
+// unmet conditions: a rebuild, an attachment not made, a fault.
+func volumeFindings(v *v1.Volume, vv volumeView) []finding {
+	var found []finding
 	add := func(what, fix string) { found = append(found, finding{what, fix}) }
 	if c := meta.FindStatusCondition(v.Status.Conditions, v1.VolumeConditionRebuilding); c != nil && c.Status == metav1.ConditionTrue {
 		add("a replica is being rebuilt: "+c.Message, "nothing to do: `kubectl cairn rebuilds --watch` shows its progress")
@@ -403,16 +427,28 @@ func (o *options) doctor(ctx context.Context, arg string) (bool, error) {
 		add("faulted: no replica is usable",
 			"bring back the nodes of the replicas that held data (their instance managers must run); the manager salvages the volume from the newest replica once they run (docs/control-plane.md, salvage)")
 	}
+	return found
+}
 
-	e := objs.engineOf(v.Name)
+// engineFindings say what is wrong with the volume's Engine e (nil if it
+// has none).
+func (o *options) engineFindings(ctx context.Context, v *v1.Volume, e *v1.Engine) []finding {
 	switch {
 	case e == nil && v.Spec.NodeName != "":
-		add("it has no Engine", "the manager creates it: check that cairn-manager runs (kubectl -n "+o.namespace+" logs deploy/cairn-manager)")
+		return []finding{{"it has no Engine", "the manager creates it: check that cairn-manager runs (kubectl -n " + o.namespace + " logs deploy/cairn-manager)"}}
 	case e != nil:
 		if c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady); c != nil && c.Status != metav1.ConditionTrue && e.Spec.DesiredState == v1.DesiredInstanceStateRunning {
-			add("engine "+e.Name+" on "+orDash(e.Spec.NodeName)+" is not ready ("+c.Reason+"): "+c.Message, o.imFix(ctx, e.Status.InstanceManagerName, e.Spec.NodeName))
+			return []finding{{"engine " + e.Name + " on " + orDash(e.Spec.NodeName) + " is not ready (" + c.Reason + "): " + c.Message, o.imFix(ctx, e.Status.InstanceManagerName, e.Spec.NodeName)}}
 		}
 	}
+	return nil
+}
+
+// replicaFindings say what is wrong with each of the volume's replicas
+// that should run, as its Engine e (nil if none) and its status see it.
+func (o *options) replicaFindings(ctx context.Context, objs *objects, v *v1.Volume, e *v1.Engine) []finding {
+	var found []finding
+	add := func(what, fix string) { found = append(found, finding{what, fix}) }
 	for _, r := range objs.replicasOf(v.Name) {
 		mode := ""
 		if e != nil {
@@ -436,27 +472,37 @@ func (o *options) doctor(ctx context.Context, arg string) (bool, error) {
 			add("replica "+r.Name+" on "+r.Spec.NodeName+" is "+health+msg, o.imFix(ctx, r.Status.InstanceManagerName, r.Spec.NodeName))
 		}
 	}
+	return found
+}
 
+// printWarnings prints the volume's five newest Warning events, if the
+// events can be read (they only help; the diagnosis stands without them).
+func (o *options) printWarnings(ctx context.Context, v *v1.Volume) {
 	var events corev1.EventList
-	if err := o.c.List(ctx, &events, client.InNamespace(o.namespace)); err == nil {
-		var warn []corev1.Event
-		for _, ev := range events.Items {
-			if ev.InvolvedObject.Name == v.Name && ev.Type == corev1.EventTypeWarning {
-				warn = append(warn, ev)
-			}
-		}
-		sort.Slice(warn, func(i, j int) bool { return display.EventTime(warn[i]).After(display.EventTime(warn[j])) })
-		if len(warn) > 0 {
-			fmt.Fprintln(o.out, "\nRecent warnings:")
-			for _, ev := range warn[:min(len(warn), 5)] {
-				fmt.Fprintf(o.out, "  %s  %s: %s\n", display.EventTime(ev).UTC().Format(time.RFC3339), ev.Reason, ev.Message)
-			}
+	if err := o.c.List(ctx, &events, client.InNamespace(o.namespace)); err != nil {
+		return
+	}
+	var warn []corev1.Event
+	for _, ev := range events.Items {
+		if ev.InvolvedObject.Name == v.Name && ev.Type == corev1.EventTypeWarning {
+			warn = append(warn, ev)
 		}
 	}
+	sort.Slice(warn, func(i, j int) bool { return display.EventTime(warn[i]).After(display.EventTime(warn[j])) })
+	if len(warn) > 0 {
+		fmt.Fprintln(o.out, "\nRecent warnings:")
+		for _, ev := range warn[:min(len(warn), 5)] {
+			fmt.Fprintf(o.out, "  %s  %s: %s\n", display.EventTime(ev).UTC().Format(time.RFC3339), ev.Reason, ev.Message)
+		}
+	}
+}
 
+// printFindings prints what doctor found, each with its fix, and reports
+// whether the volume is healthy: nothing found, and healthy or detached.
+func (o *options) printFindings(v *v1.Volume, found []finding) bool {
 	if len(found) == 0 {
 		fmt.Fprintln(o.out, "\nNothing wrong found.")
-		return v.Status.Robustness == v1.VolumeRobustnessHealthy || v.Spec.NodeName == "", nil
+		return v.Status.Robustness == v1.VolumeRobustnessHealthy || v.Spec.NodeName == ""
 	}
 	fmt.Fprintln(o.out, "\nFound:")
 	for i, f := range found {
@@ -465,7 +511,7 @@ func (o *options) doctor(ctx context.Context, arg string) (bool, error) {
 			fmt.Fprintf(o.out, "   fix: %s\n", f.fix)
 		}
 	}
-	return false, nil
+	return false
 }
 
 // conditionFindings are the volume's conditions that are not met, each
@@ -549,7 +595,7 @@ func (o *options) salvage(ctx context.Context, name string, giveUp []string) err
 		}
 		return nil
 	}
-	objs, err := o.load(ctx, false)
+	objs, err := o.load(ctx)
 	if err != nil {
 		return err
 	}

@@ -30,7 +30,7 @@ type drainView struct {
 // objects as the manager's drain controller does (controllers/drain),
 // and reports whether the node can be drained.
 func (o *options) drainCheck(ctx context.Context, node string) (bool, error) {
-	objs, err := o.load(ctx, false)
+	objs, err := o.load(ctx)
 	if err != nil {
 		return false, err
 	}

@@ -83,32 +83,12 @@ type clients struct {
 // run is the whole command; cl holds the clients to use (tests), or nil
 // to build them from the kubeconfig.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, cl *clients) int {
-	fs := flag.NewFlagSet("kubectl-cairn", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage) }
 	var o options
-	fs.StringVar(&o.namespace, "namespace", "cairn-system", "")
-	fs.StringVar(&o.namespace, "n", "cairn-system", "")
-	fs.StringVar(&o.output, "output", "table", "")
-	fs.StringVar(&o.output, "o", "table", "")
-	kubeconfig := fs.String("kubeconfig", "", "")
-	kubecontext := fs.String("context", "", "")
-	fs.BoolVar(&o.watch, "watch", false, "")
-	fs.DurationVar(&o.interval, "interval", 2*time.Second, "")
-	giveUp := fs.String("give-up", "", "")
-	fs.BoolVar(&o.yes, "yes", false, "")
-	// Flags may come anywhere (kubectl cairn salvage VOL --give-up R), as
-	// with kubectl: parse, take the next argument, parse the rest.
-	var rest []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return 2
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		rest = append(rest, fs.Arg(0))
-		args = fs.Args()[1:]
+	var f runFlags
+	fs := newFlagSet(&o, &f, stderr)
+	rest, ok := parseAnywhere(fs, args)
+	if !ok {
+		return 2
 	}
 	if len(rest) == 0 {
 		fs.Usage()
@@ -125,73 +105,123 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, cl *clien
 	}
 	if cl == nil {
 		var err error
-		if cl, err = newClients(*kubeconfig, *kubecontext); err != nil {
+		if cl, err = newClients(f.kubeconfig, f.context); err != nil {
 			fmt.Fprintln(stderr, "kubectl cairn:", err)
 			return 1
 		}
 	}
 	o.c, o.kube, o.rest, o.out = cl.c, cl.kube, cl.rest, stdout
-	var err error
+	code, err := o.command(ctx, rest, f.giveUp, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "kubectl cairn:", err)
+		return 1
+	}
+	return code
+}
+
+// runFlags are the flags that are not options of the commands: where
+// the API server is, and salvage's --give-up.
+type runFlags struct {
+	kubeconfig, context, giveUp string
+}
+
+// newFlagSet defines every flag, into o and f; its usage goes to stderr.
+func newFlagSet(o *options, f *runFlags, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("kubectl-cairn", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage) }
+	fs.StringVar(&o.namespace, "namespace", "cairn-system", "")
+	fs.StringVar(&o.namespace, "n", "cairn-system", "")
+	fs.StringVar(&o.output, "output", "table", "")
+	fs.StringVar(&o.output, "o", "table", "")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "")
+	fs.StringVar(&f.context, "context", "", "")
+	fs.BoolVar(&o.watch, "watch", false, "")
+	fs.DurationVar(&o.interval, "interval", 2*time.Second, "")
+	fs.StringVar(&f.giveUp, "give-up", "", "")
+	fs.BoolVar(&o.yes, "yes", false, "")
+	return fs
+}
+
+// parseAnywhere parses args with flags anywhere among the other arguments
+// (kubectl cairn salvage VOL --give-up R), as with kubectl: parse, take the
+// next argument, parse the rest. It returns the arguments that are not
+// flags, and false if a flag is wrong (fs has said why).
+func parseAnywhere(fs *flag.FlagSet, args []string) ([]string, bool) {
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, false
+		}
+		if fs.NArg() == 0 {
+			return rest, true
+		}
+		rest = append(rest, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// command runs the command rest[0] with its arguments rest[1:] and returns
+// the exit code when it fails for no error: 2 for a wrong use (said on
+// stderr), 3 when doctor finds the volume unhealthy or drain-check finds
+// the drain held.
+func (o *options) command(ctx context.Context, rest []string, giveUp string, stderr io.Writer) (int, error) {
 	switch cmd := rest[0]; cmd {
 	case "volumes":
-		err = o.volumes(ctx)
+		return 0, o.volumes(ctx)
 	case "rebuilds":
-		err = o.rebuilds(ctx)
+		return 0, o.rebuilds(ctx)
 	case "snapshots":
 		vol := ""
 		if len(rest) > 1 {
 			vol = rest[1]
 		}
-		err = o.snapshots(ctx, vol)
+		return 0, o.snapshots(ctx, vol)
 	case "doctor":
 		if len(rest) != 2 {
 			fmt.Fprintln(stderr, "kubectl cairn: doctor needs one VOLUME (a Volume's name) or NAMESPACE/CLAIM (a PersistentVolumeClaim)")
-			return 2
+			return 2, nil
 		}
-		var healthy bool
-		healthy, err = o.doctor(ctx, rest[1])
-		if err == nil && !healthy {
-			return 3
-		}
+		return exit3Unless(o.doctor(ctx, rest[1]))
 	case "drain-check":
 		if len(rest) != 2 {
 			fmt.Fprintln(stderr, "kubectl cairn: drain-check needs one NODE (a Kubernetes node's name)")
-			return 2
+			return 2, nil
 		}
-		var safe bool
-		safe, err = o.drainCheck(ctx, rest[1])
-		if err == nil && !safe {
-			return 3
-		}
+		return exit3Unless(o.drainCheck(ctx, rest[1]))
 	case "salvage":
 		if len(rest) != 2 {
 			fmt.Fprintln(stderr, "kubectl cairn: salvage needs one VOLUME")
-			return 2
+			return 2, nil
 		}
 		var giveUps []string
-		if *giveUp != "" {
-			giveUps = strings.Split(*giveUp, ",")
+		if giveUp != "" {
+			giveUps = strings.Split(giveUp, ",")
 		}
-		err = o.salvage(ctx, rest[1], giveUps)
+		return 0, o.salvage(ctx, rest[1], giveUps)
 	case "support-bundle":
 		if len(rest) > 2 {
 			fmt.Fprintln(stderr, "kubectl cairn: support-bundle takes at most one FILE")
-			return 2
+			return 2, nil
 		}
 		file := ""
 		if len(rest) == 2 {
 			file = rest[1]
 		}
-		err = o.supportBundle(ctx, file, stderr)
+		return 0, o.supportBundle(ctx, file, stderr)
 	default:
 		fmt.Fprintf(stderr, "kubectl cairn: unknown command %q\n\n%s", cmd, usage)
-		return 2
+		return 2, nil
 	}
-	if err != nil {
-		fmt.Fprintln(stderr, "kubectl cairn:", err)
-		return 1
+}
+
+// exit3Unless turns a check's outcome into an exit code: 3 when the check
+// ran and found ok false, 0 otherwise (err, if any, is the caller's to say).
+func exit3Unless(ok bool, err error) (int, error) {
+	if err == nil && !ok {
+		return 3, nil
 	}
-	return 0
+	return 0, err
 }
 
 func newClients(kubeconfig, kubecontext string) (*clients, error) {
