@@ -91,7 +91,9 @@ func TestPayloadShortStream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			x := NewReader(bytes.NewReader(make([]byte, tc.stream)), 4096)
 			if tc.stream > 0 {
-				x.br.Peek(1) // fill the buffer
+				if _, err := x.br.Peek(1); err != nil { // fill the buffer
+					t.Fatal(err)
+				}
 			}
 			err := x.Payload(make([]byte, 2*DirectMin))
 			if !errors.Is(err, tc.want) {

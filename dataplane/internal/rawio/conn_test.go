@@ -117,7 +117,12 @@ func TestConnCarriesStreamsBothWays(t *testing.T) {
 
 			// And back: Read in random sizes sees the peer's stream.
 			back := bytes.Repeat([]byte{1, 2, 3, 4, 5, 6, 7}, 300000)
-			go func() { peer.Write(back); peer.Close() }()
+			go func() {
+				if _, err := peer.Write(back); err != nil {
+					t.Errorf("peer Write: %v", err)
+				}
+				peer.Close()
+			}()
 			var read bytes.Buffer
 			buf := make([]byte, 1<<16)
 			for {
@@ -175,7 +180,9 @@ func TestConnHonoursDeadlinesAndClose(t *testing.T) {
 	if !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("Read past the deadline = %v, want a timeout", err)
 	}
-	c.SetReadDeadline(time.Time{})
+	if err := c.SetReadDeadline(time.Time{}); err != nil {
+		t.Fatal(err)
+	}
 
 	// Close unblocks a waiting Read with net.ErrClosed.
 	done := make(chan error, 1)

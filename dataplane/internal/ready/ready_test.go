@@ -58,8 +58,12 @@ func TestWaitingLinesThenReport(t *testing.T) {
 	}
 
 	w, r = pipeWriter(t)
-	w.Waiting("waiting for replica a")
-	w.Ready(want)
+	if err := w.Waiting("waiting for replica a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Ready(want); err != nil {
+		t.Fatal(err)
+	}
 	if rep, err := Read(r); err != nil || rep != want {
 		t.Fatalf("Read: %+v, %v; want the report after the waiting line", rep, err)
 	}
@@ -73,7 +77,9 @@ func TestWaitingThenExit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	w.WriteString(`{"waiting":"waiting for replica a"}` + "\n")
+	if _, err := w.WriteString(`{"waiting":"waiting for replica a"}` + "\n"); err != nil {
+		t.Fatal(err)
+	}
 	w.Close()
 	n := 0
 	if _, err := ReadProgress(r, func(string) { n++ }); !errors.Is(err, ErrNoReport) || n != 1 {

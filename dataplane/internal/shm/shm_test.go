@@ -108,7 +108,9 @@ func TestMapRefusesWhatItCannotTrust(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(unsealed)
-	unix.Ftruncate(unsealed, 64<<10)
+	if err := unix.Ftruncate(unsealed, 64<<10); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Map(unsealed, 4096); err == nil || !strings.Contains(err.Error(), "shrink") {
 		t.Errorf("Map of an unsealed memfd (could shrink under the mapping): %v", err)
 	}
@@ -117,7 +119,9 @@ func TestMapRefusesWhatItCannotTrust(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	f.Truncate(64 << 10)
+	if err := f.Truncate(64 << 10); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Map(int(f.Fd()), 4096); err == nil {
 		t.Error("Map of a plain file succeeded")
 	}
@@ -265,7 +269,9 @@ func TestReleaseIdleFreesOnlyIdleMemory(t *testing.T) {
 	b[0] = 1 // writable again (a fault here would kill the test)
 	a.Put(b)
 	a.Put(held)
-	a.ReleaseIdle() // busy since the last call
+	if _, err := a.ReleaseIdle(); err != nil { // busy since the last call
+		t.Fatal(err)
+	}
 	if n, _ := a.ReleaseIdle(); n != 192<<10 {
 		t.Fatalf("idle release after everything came back freed %d, want 192 KiB", n)
 	}

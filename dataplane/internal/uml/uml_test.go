@@ -41,7 +41,9 @@ func TestInsideSetup(t *testing.T) {
 		t.Errorf("PATH: %v", err)
 	}
 	var u unix.Utsname
-	unix.Uname(&u)
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("kernel %s", unix.ByteSliceToString(u.Release[:]))
 }
 

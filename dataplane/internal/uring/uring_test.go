@@ -236,7 +236,9 @@ func BenchmarkDirect4K(b *testing.B) {
 		{"ring/read", uf.ReadAt}, {"ring-unbatched/read", sf.ReadAt}, {"pread", f.ReadAt}} {
 		b.Run(c.name, func(b *testing.B) {
 			var ru0, ru1 syscall.Rusage
-			syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+			if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru0); err != nil {
+				b.Fatal(err)
+			}
 			b.SetParallelism(32)
 			b.RunParallel(func(pb *testing.PB) {
 				p := alignedBuf(block)
@@ -248,7 +250,9 @@ func BenchmarkDirect4K(b *testing.B) {
 					}
 				}
 			})
-			syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+			if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru1); err != nil {
+				b.Fatal(err)
+			}
 			cpu := time.Duration(syscall.TimevalToNsec(ru1.Utime)-syscall.TimevalToNsec(ru0.Utime)) +
 				time.Duration(syscall.TimevalToNsec(ru1.Stime)-syscall.TimevalToNsec(ru0.Stime))
 			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
