@@ -66,7 +66,9 @@ func TestLogLinesDoesNotBlockWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.Write([]byte("partial line with no end"))
+	if _, err := w.Write([]byte("partial line with no end")); err != nil {
+		t.Fatal(err)
+	}
 	// The FIFO stays open for writing until the reader is done: opening
 	// it for reading with no writer would block that reader (under the
 	// log's lock) for ever, and the deferred Close with it.
@@ -77,7 +79,9 @@ func TestLogLinesDoesNotBlockWrites(t *testing.T) {
 	}()
 	wrote := make(chan struct{})
 	go func() {
-		l.Write([]byte("the process goes on\n"))
+		if _, err := l.Write([]byte("the process goes on\n")); err != nil {
+			t.Error(err)
+		}
 		close(wrote)
 	}()
 	select {

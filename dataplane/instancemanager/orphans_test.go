@@ -25,7 +25,7 @@ func TestKillOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { orphan.Wait(); close(done) }()
+	go func() { _ = orphan.Wait(); close(done) }() // killed: the error is its signal
 	writePIDFile(dir, "old-replica", orphan.Process.Pid)
 
 	bystander := exec.Command("sleep", "60")
@@ -34,7 +34,9 @@ func TestKillOrphans(t *testing.T) {
 	}
 	defer bystander.Process.Kill()
 	// A record with the right pid but another start time: a reused pid.
-	os.WriteFile(filepath.Join(dir, "stale.pid"), []byte(fmt.Sprintf("%d 1\n", bystander.Process.Pid)), 0o600)
+	if err := os.WriteFile(filepath.Join(dir, "stale.pid"), []byte(fmt.Sprintf("%d 1\n", bystander.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	if n := killOrphans(dir, logr.Discard()); n != 1 {
 		t.Fatalf("killed %d, want 1", n)

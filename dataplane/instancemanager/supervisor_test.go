@@ -336,7 +336,9 @@ func TestSupervisorNotReady(t *testing.T) {
 	r2 := newRig(t, nil)
 	_, c2 := r2.create("garbled", r2.replica("garbled"))
 	r2.expect("garbled", StateStarting, false)
-	c2.readyW.WriteString("not a report\n")
+	if _, err := c2.readyW.WriteString("not a report\n"); err != nil {
+		t.Fatal(err)
+	}
 	if s := c2.signal(t); s != syscall.SIGKILL {
 		t.Fatalf("a process with an unreadable report got %s", s)
 	}

@@ -85,7 +85,7 @@ func newRig(t *testing.T, ports int) *rig {
 	l := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()
 	imv1.RegisterInstanceManagerServiceServer(gs, &Server{S: s, NodeName: "node-a", Version: "v-test", DataDirs: []string{data}})
-	go gs.Serve(l)
+	go func() { _ = gs.Serve(l) }() // nil after Stop at cleanup; a failure shows as the calls failing
 	t.Cleanup(gs.Stop)
 	cc, err := grpc.NewClient("passthrough:///bufnet", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 		return l.DialContext(ctx)
