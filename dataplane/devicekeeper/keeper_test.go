@@ -72,7 +72,12 @@ func keeperAt(t *testing.T, opts devicekeeper.Options) (*devicekeeper.Keeper, st
 	k := devicekeeper.New(opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { k.Serve(ctx, l); close(done) }()
+	go func() {
+		if err := k.Serve(ctx, l); err != nil {
+			t.Errorf("the keeper stopped serving: %v", err)
+		}
+		close(done)
+	}()
 	t.Cleanup(func() { cancel(); <-done; k.Close() })
 	return k, sock
 }
@@ -83,12 +88,12 @@ func startVolume(t *testing.T, sock, name string) (*fuse.Frontend, *devicekeeper
 	t.Helper()
 	c := devicekeeper.NewClient(sock, testr.New(t))
 	dir := filepath.Join(t.TempDir(), "fuse")
-	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() }) // not mounted if Stop unmounted it
 	f, err := fuse.Start(&memDevice{data: make([]byte, 16<<20)}, fuse.Options{Name: name, Dir: dir, Logger: testr.New(t), Keeper: c})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { f.Stop(); c.Close() })
+	t.Cleanup(func() { _ = f.Stop(); c.Close() }) // best effort: the tests check the keeper, not the frontend's stop
 	return f, c
 }
 
@@ -116,7 +121,9 @@ func (r *rawConn) ask(t *testing.T, msg []byte, fds ...int) (string, int) {
 	if _, _, err := r.c.WriteMsgUnix(msg, oob, nil); err != nil {
 		t.Fatal(err)
 	}
-	r.c.SetReadDeadline(deadline.After(30 * time.Second))
+	if err := r.c.SetReadDeadline(deadline.After(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	buf, oobb := make([]byte, devicekeeper.MaxMessage), make([]byte, 256)
 	n, oobn, _, _, err := r.c.ReadMsgUnix(buf, oobb)
 	if err != nil {
