@@ -111,8 +111,12 @@ func TestRoundTrip(t *testing.T) {
 	}
 	other, _ := New(random(2, KeySize))
 	ct := make([]byte, SectorSize)
-	c.Encrypt(ct, random(3, SectorSize), 0)
-	other.Decrypt(ct, 0)
+	if err := c.Encrypt(ct, random(3, SectorSize), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Decrypt(ct, 0); err != nil {
+		t.Fatal(err)
+	}
 	if bytes.Equal(ct, random(3, SectorSize)) {
 		t.Fatal("another key decrypted the data")
 	}
@@ -125,7 +129,9 @@ func TestZeroSectors(t *testing.T) {
 	c, _ := New(random(4, KeySize))
 	plain := random(5, 3*SectorSize)
 	buf := make([]byte, 3*SectorSize)
-	c.Encrypt(buf, plain, 40*SectorSize)
+	if err := c.Encrypt(buf, plain, 40*SectorSize); err != nil {
+		t.Fatal(err)
+	}
 	clear(buf[SectorSize : 2*SectorSize]) // the middle sector discarded
 	if err := c.Decrypt(buf, 40*SectorSize); err != nil {
 		t.Fatal(err)
@@ -136,7 +142,9 @@ func TestZeroSectors(t *testing.T) {
 	}
 	zeros := make([]byte, SectorSize)
 	ct := make([]byte, SectorSize)
-	c.Encrypt(ct, zeros, 0)
+	if err := c.Encrypt(ct, zeros, 0); err != nil {
+		t.Fatal(err)
+	}
 	if bytes.Equal(ct, zeros) {
 		t.Fatal("a sector of zeros is stored as zeros")
 	}
@@ -215,19 +223,25 @@ func BenchmarkEncrypt4K(b *testing.B) {
 	b.SetBytes(4096)
 	b.ReportAllocs()
 	for i := range b.N {
-		c.Encrypt(d, p, int64(i%1024)*4096)
+		if err := c.Encrypt(d, p, int64(i%1024)*4096); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
 func BenchmarkDecrypt4K(b *testing.B) {
 	c, _ := New(random(8, KeySize))
 	ct := make([]byte, 4096)
-	c.Encrypt(ct, random(9, 4096), 0)
+	if err := c.Encrypt(ct, random(9, 4096), 0); err != nil {
+		b.Fatal(err)
+	}
 	buf := make([]byte, 4096)
 	b.SetBytes(4096)
 	b.ReportAllocs()
 	for range b.N {
 		copy(buf, ct)
-		c.Decrypt(buf, 0)
+		if err := c.Decrypt(buf, 0); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
