@@ -75,7 +75,9 @@ func BenchmarkPipelinedReplies(b *testing.B) {
 				}
 			}()
 			var ru0, ru1 unix.Rusage
-			unix.Getrusage(unix.RUSAGE_SELF, &ru0)
+			if err := unix.Getrusage(unix.RUSAGE_SELF, &ru0); err != nil {
+				b.Fatal(err)
+			}
 			start := time.Now()
 			rep := make([]byte, 16+block)
 			for range n {
@@ -92,7 +94,9 @@ func BenchmarkPipelinedReplies(b *testing.B) {
 				<-sent
 			}
 			elapsed := time.Since(start)
-			unix.Getrusage(unix.RUSAGE_SELF, &ru1)
+			if err := unix.Getrusage(unix.RUSAGE_SELF, &ru1); err != nil {
+				b.Fatal(err)
+			}
 			cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
 			b.ReportMetric(float64(n)/elapsed.Seconds(), "ops/s")
 			b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(n), "cpu-µs/op")

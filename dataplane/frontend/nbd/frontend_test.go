@@ -91,7 +91,9 @@ func TestFrontendWithoutKernelDriver(t *testing.T) {
 	if err := f.Start(&memDevice{data: make([]byte, 1<<20)}); err != nil || f.Fallback() != "" {
 		t.Fatalf("off: %v, fallback %q", err, f.Fallback())
 	}
-	f.Stop()
+	if err := f.Stop(); err != nil {
+		t.Fatal(err)
+	}
 	gone(sock)
 
 	// Claimed, never started (the engine failed to open the replicas).

@@ -244,7 +244,7 @@ func TestConnectKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer kd.Disconnect()
+	defer func() { _ = kd.Disconnect() }() // for an early exit; the test disconnects and checks that itself
 	f := openDevice(t, kd.Path(), os.O_RDWR)
 	data := bytes.Repeat([]byte{0x5a}, 64<<10)
 	if _, err := f.WriteAt(data, 1<<20); err != nil {
@@ -303,7 +303,7 @@ func TestResizeKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer kd.Disconnect()
+	defer func() { _ = kd.Disconnect() }() // for an early exit; the test disconnects and checks that itself
 	f := openDevice(t, kd.Path(), os.O_RDWR|unix.O_DIRECT)
 	defer f.Close()
 	if got := deviceSize(t, f); got != 16<<20 {
@@ -345,7 +345,7 @@ func TestResizeKernel(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, uml.KernelLog(15))
 	}
-	defer kd2.Disconnect()
+	defer func() { _ = kd2.Disconnect() }() // for an early exit; the test disconnects and checks that itself
 	if got := deviceSize(t, f); got != 64<<20 {
 		t.Fatalf("after a reattach to a grown volume %s has %d bytes, want 64 MiB", kd.Path(), got)
 	}
@@ -436,7 +436,7 @@ func TestReattachKernel(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, uml.KernelLog(15))
 	}
-	defer kd2.Disconnect()
+	defer func() { _ = kd2.Disconnect() }() // for an early exit; the test disconnects and checks that itself
 	select {
 	case err := <-held:
 		if err != nil {
@@ -507,7 +507,9 @@ func TestPipelinedReplies(t *testing.T) {
 				b = append(b, bytes.Repeat([]byte{0xee}, int(length))...)
 			}
 		}
-		c.Write(b)
+		if _, err := c.Write(b); err != nil {
+			t.Error(err)
+		}
 	}()
 	seen := map[uint64]bool{}
 	for range n {

@@ -71,7 +71,7 @@ func serve(t *testing.T, dev Device) string {
 		t.Fatal(err)
 	}
 	s := NewServer(dev, Options{ExportName: "vol"})
-	go s.Serve(l)
+	go func() { _ = s.Serve(l) }() // nil or the closed listener's error at cleanup; a failure shows as the client's calls failing
 	t.Cleanup(func() { l.Close(); s.Close() })
 	return sock
 }
@@ -157,7 +157,9 @@ func TestRawProtocolErrors(t *testing.T) {
 		b = binary.BigEndian.AppendUint64(b, handle)
 		b = binary.BigEndian.AppendUint64(b, off)
 		b = binary.BigEndian.AppendUint32(b, length)
-		c.Write(b)
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
 	}
 	errnoOf := func(handle uint64) uint32 {
 		r := make([]byte, 16)
@@ -200,11 +202,15 @@ func dialExport(t *testing.T, sock, name string, size uint64) net.Conn {
 	if binary.BigEndian.Uint64(hello) != magicNBD || binary.BigEndian.Uint64(hello[8:]) != magicOpt {
 		t.Fatalf("hello %x", hello)
 	}
-	c.Write(binary.BigEndian.AppendUint32(nil, clientFixed|clientNoZeroes))
+	if _, err := c.Write(binary.BigEndian.AppendUint32(nil, clientFixed|clientNoZeroes)); err != nil {
+		t.Fatal(err)
+	}
 	opt := binary.BigEndian.AppendUint64(nil, magicOpt)
 	opt = binary.BigEndian.AppendUint32(opt, optExportName)
 	opt = binary.BigEndian.AppendUint32(opt, uint32(len(name)))
-	c.Write(append(opt, name...))
+	if _, err := c.Write(append(opt, name...)); err != nil {
+		t.Fatal(err)
+	}
 	info := make([]byte, 10)
 	readFull(t, c, info)
 	if got := binary.BigEndian.Uint64(info); got != size {
@@ -258,7 +264,7 @@ func TestBuffersFromArena(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := NewServer(dev, Options{ExportName: "vol", Buffers: arena})
-	go s.Serve(l)
+	go func() { _ = s.Serve(l) }() // nil or the closed listener's error at cleanup; a failure shows as the client's calls failing
 	defer func() { l.Close(); s.Close() }()
 	uri := "nbd+unix:///vol?socket=" + sock
 	run(t, "qemu-io", "-f", "raw", "-c", "write -P 0x3c 0 1M", "-c", "write -P 0x4d 1M 4k", "-c", "read -P 0x3c 0 1M", "-c", "read -P 0x4d 1M 4k", uri)
@@ -339,7 +345,9 @@ func TestServeRidesOutTransientAcceptErrors(t *testing.T) {
 		b = binary.BigEndian.AppendUint64(b, uint64(i))
 		b = binary.BigEndian.AppendUint64(b, 0)
 		b = binary.BigEndian.AppendUint32(b, 0)
-		c.Write(b)
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
 		r := make([]byte, 16)
 		readFull(t, c, r)
 		if binary.BigEndian.Uint32(r) != magicSimpleRep || binary.BigEndian.Uint32(r[4:]) != 0 {
