@@ -75,16 +75,34 @@ func authServer(t *testing.T, key []byte, opts ServerOptions) (string, *memBacke
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(l)
+	go func() { _ = srv.Serve(l) }() // ErrServerClosed at Close
 	t.Cleanup(func() { srv.Close() })
 	return l.Addr().String(), b
+}
+
+// mustWrite writes b to nc, failing the test if it cannot.
+func mustWrite(t *testing.T, nc net.Conn, b []byte) {
+	t.Helper()
+	if _, err := nc.Write(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mustReadN reads n bytes from nc, failing the test if it cannot.
+func mustReadN(t *testing.T, nc net.Conn, n int) {
+	t.Helper()
+	if _, err := readN(nc, n); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // refused says whether the server closed nc (reads EOF or a reset) rather
 // than serving it, within a deadline.
 func closedByServer(t *testing.T, nc net.Conn) bool {
 	t.Helper()
-	nc.SetReadDeadline(deadline.After(10 * time.Second))
+	if err := nc.SetReadDeadline(deadline.After(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	var b [256]byte
 	for {
 		_, err := nc.Read(b[:])
@@ -128,7 +146,7 @@ func TestAuthRogueClients(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer nc.Close()
-			nc.Write(write)
+			mustWrite(t, nc, write)
 			if !closedByServer(t, nc) {
 				t.Fatal("not disconnected")
 			}
@@ -158,11 +176,11 @@ func TestAuthRogueClients(t *testing.T) {
 			}
 			var hello Hello
 			rand.Read(hello.Nonce[:])
-			nc.Write(EncodeHello(hello))
+			mustWrite(t, nc, EncodeHello(hello))
 			buf, _ := readN(nc, challengeSize)
 			ch, _ := DecodeChallenge(buf)
 			proof := mac(key, clientLabel, ch.Nonce[:], hello.Nonce[:])
-			nc.Write(proof)
+			mustWrite(t, nc, proof)
 			if res, _ := readN(nc, resultSize); !bytes.Equal(res, EncodeResult(true)) {
 				t.Fatalf("the genuine exchange was refused: %x", res)
 			}
@@ -174,14 +192,14 @@ func TestAuthRogueClients(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer nc.Close()
-			nc.Write(EncodeHello(hello))
-			readN(nc, challengeSize)
-			nc.Write(proof)
+			mustWrite(t, nc, EncodeHello(hello))
+			mustReadN(t, nc, challengeSize)
+			mustWrite(t, nc, proof)
 			res, _ := readN(nc, resultSize)
 			if ok, err := DecodeResult(res); ok || err != nil {
 				t.Fatalf("replay: accepted=%v %v", ok, err)
 			}
-			nc.Write(write)
+			_, _ = nc.Write(write) // may fail: the server is expected to have closed the connection
 			if !closedByServer(t, nc) {
 				t.Fatal("not disconnected after a refused proof")
 			}
@@ -192,7 +210,7 @@ func TestAuthRogueClients(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer nc.Close()
-			nc.Write(EncodeHello(Hello{})[:20])
+			mustWrite(t, nc, EncodeHello(Hello{})[:20])
 			start := time.Now()
 			if !closedByServer(t, nc) {
 				t.Fatal("not disconnected")
@@ -207,9 +225,9 @@ func TestAuthRogueClients(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer nc.Close()
-			nc.Write(EncodeHello(Hello{}))
-			readN(nc, challengeSize)
-			nc.Write(make([]byte, 10))
+			mustWrite(t, nc, EncodeHello(Hello{}))
+			mustReadN(t, nc, challengeSize)
+			mustWrite(t, nc, make([]byte, 10))
 			if !closedByServer(t, nc) {
 				t.Fatal("not disconnected")
 			}
@@ -236,7 +254,7 @@ func TestAuthClientRefusesAnImpostor(t *testing.T) {
 	b := newMem(1 << 20)
 	srv := NewServer(b, ServerOptions{})
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	go srv.Serve(l)
+	go func() { _ = srv.Serve(l) }() // ErrServerClosed at Close
 	defer srv.Close()
 	if _, err := Dial(context.Background(), "tcp", l.Addr().String(), ClientOptions{Key: testKey(t), Conns: 1, HandshakeTimeout: time.Second}); err == nil {
 		t.Fatal("a client with a key accepted a server without one")
@@ -290,9 +308,10 @@ func FuzzServerHandshake(f *testing.F) {
 		s, c := socketPair(t)
 		defer c.Close()
 		go func() {
-			c.Write(in)
-			c.(*net.UnixConn).CloseWrite()
-			io.Copy(io.Discard, c)
+			// The server may close first: its handshake's result is what is checked.
+			_, _ = c.Write(in)
+			_ = c.(*net.UnixConn).CloseWrite()
+			_, _ = io.Copy(io.Discard, c)
 		}()
 		err := ServerHandshake(s, key, 2*time.Second)
 		s.Close()

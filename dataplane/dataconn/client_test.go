@@ -41,7 +41,7 @@ func tcpPair(t *testing.T, b Backend, opts ClientOptions) (*Client, *Server, str
 		t.Fatal(err)
 	}
 	srv := NewServer(b, ServerOptions{})
-	go srv.Serve(l)
+	go func() { _ = srv.Serve(l) }() // ErrServerClosed at Close
 	cl, err := Dial(context.Background(), "tcp", l.Addr().String(), opts)
 	if err != nil {
 		t.Fatal(err)

@@ -207,8 +207,8 @@ func FuzzServer(f *testing.F) {
 		srv.ServeConn(s)
 		_ = c.SetDeadline(deadline.After(20 * time.Second))
 		go func() {
-			c.Write(fuzzFrames(in)) // fails once the server gives up on the stream
-			c.(*net.UnixConn).CloseWrite()
+			_, _ = c.Write(fuzzFrames(in)) // fails once the server gives up on the stream
+			_ = c.(*net.UnixConn).CloseWrite()
 		}()
 		for {
 			fr, err := Decode(c, fuzzMaxPayload)

@@ -35,7 +35,7 @@ func unixServer(t *testing.T, b Backend) string {
 	t.Helper()
 	l, path := listenUnix(t)
 	srv := NewServer(b, ServerOptions{})
-	go srv.Serve(l)
+	go func() { _ = srv.Serve(l) }() // ErrServerClosed at Close
 	t.Cleanup(func() { srv.Close() })
 	return path
 }
@@ -254,7 +254,9 @@ func TestSharedBadInputIsRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer unix.Close(fd)
-		unix.Ftruncate(fd, 1<<20)
+		if err := unix.Ftruncate(fd, 1<<20); err != nil {
+			t.Fatal(err)
+		}
 		c := rawUnix(t, path)
 		f := roundTrip(t, c, Header{Op: OpAttach, Length: 1 << 20}, nil, fd)
 		wantCode(t, f, CodeInvalid, "can still shrink")
@@ -296,7 +298,10 @@ func TestSharedRefusedFallsBackToPlainWrites(t *testing.T) {
 				c.Close()
 				continue
 			}
-			c.Write(AppendFrame(nil, Header{Op: OpAttach.Reply(), Code: CodeUnsupported}, []byte("not here")))
+			if _, err := c.Write(AppendFrame(nil, Header{Op: OpAttach.Reply(), Code: CodeUnsupported}, []byte("not here"))); err != nil {
+				c.Close()
+				continue
+			}
 			srv.ServeConn(c)
 		}
 	}()
