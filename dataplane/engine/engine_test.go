@@ -360,11 +360,15 @@ func TestSnapshotRevertRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	e, _ := cluster(t, 2, 4<<20)
 	a := pattern(1, 1<<20)
-	e.WriteAt(ctx, a, 0, false)
+	if err := e.WriteAt(ctx, a, 0, false); err != nil {
+		t.Fatal(err)
+	}
 	if err := e.Snapshot(ctx, "before"); err != nil {
 		t.Fatal(err)
 	}
-	e.WriteAt(ctx, pattern(2, 1<<20), 0, false)
+	if err := e.WriteAt(ctx, pattern(2, 1<<20), 0, false); err != nil {
+		t.Fatal(err)
+	}
 	snaps, err := e.Snapshots(ctx)
 	if err != nil || len(snaps) != 1 || snaps[0].Name != "before" || !snaps[0].UserCreated {
 		t.Fatalf("snapshots: %+v %v", snaps, err)
@@ -400,7 +404,9 @@ func TestStaleReplicaLeftOutAtOpen(t *testing.T) {
 	e, reps := cluster(t, 3, 4<<20)
 	reps[2].kill() // misses the epoch bump that follows
 	waitFor(t, "ERR", func() bool { return modes(e)[reps[2].addr] == "ERR" })
-	e.WriteAt(ctx, pattern(3, 4096), 0, false)
+	if err := e.WriteAt(ctx, pattern(3, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
 	e.Close()
 	back := startReplica(t, reps[2].dir, 0, reps[2].addr)
 	e2, err := engine.Open(ctx, engine.Options{Replicas: []string{reps[0].addr, reps[1].addr, back.addr}, Dial: dialer()})
@@ -470,7 +476,9 @@ func TestNewReplicaAtOldAddressGetsFullRebuild(t *testing.T) {
 	r1 := reps[1]
 	r1.kill()
 	waitFor(t, "ERR", func() bool { return modes(e)[r1.addr] == "ERR" })
-	e.WriteAt(ctx, pattern(10, 4096), 0, false)
+	if err := e.WriteAt(ctx, pattern(10, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
 	copy(data, pattern(10, 4096))
 	fresh := startReplica(t, filepath.Join(t.TempDir(), "new-disk"), size, r1.addr) // same address, new data
 	if err := e.AddReplica(ctx, fresh.addr); err != nil {
@@ -564,14 +572,17 @@ func TestReadsNeverTorn(t *testing.T) {
 	a, b := bytes.Repeat([]byte{0xaa}, 64<<10), bytes.Repeat([]byte{0xbb}, 64<<10)
 	wctx, stop := context.WithTimeout(ctx, 2*time.Second)
 	defer stop()
+	wrote := make(chan error, 1) // the writer's first error: reads alongside failed writes prove nothing
 	go func() {
-		for i := 0; wctx.Err() == nil; i++ {
+		var err error
+		for i := 0; wctx.Err() == nil && err == nil; i++ {
 			p := a
 			if i%2 == 1 {
 				p = b
 			}
-			e.WriteAt(ctx, p, 0, false)
+			err = e.WriteAt(ctx, p, 0, false)
 		}
+		wrote <- err
 	}()
 	got := make([]byte, 64<<10)
 	reads := 0
@@ -583,6 +594,9 @@ func TestReadsNeverTorn(t *testing.T) {
 			t.Fatalf("read %d returned a mixture of two writes", reads)
 		}
 		reads++
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("a concurrent write: %v", err)
 	}
 	t.Logf("%d reads, none torn", reads)
 }
@@ -699,24 +713,27 @@ func TestCallerGivingUpDoesNotFailReplicas(t *testing.T) {
 	for range 50 {
 		ctx, cancel := context.WithCancel(context.Background())
 		go cancel()
-		e.WriteAt(ctx, pattern(1, 1<<20), 0, false)
+		// Each call may fail (its caller gave up); the test checks the
+		// replicas' modes after, not the calls' results.
+		_ = e.WriteAt(ctx, pattern(1, 1<<20), 0, false)
 		e.Flush(ctx)
 		dctx, dcancel := context.WithTimeout(context.Background(), time.Microsecond)
-		e.ReadAt(dctx, make([]byte, 1<<20), 0)
-		e.AddReplica(dctx, reps[0].addr) // refused (already a member); must not hurt it
+		_ = e.ReadAt(dctx, make([]byte, 1<<20), 0)
+		_ = e.AddReplica(dctx, reps[0].addr) // refused (already a member); must not hurt it
 		dcancel()
 		sctx, scancel := context.WithCancel(context.Background())
 		go scancel()
-		e.Snapshot(sctx, fmt.Sprintf("s-%d", time.Now().UnixNano())) // SetEpoch/snapshot calls must not be cancelled
+		_ = e.Snapshot(sctx, fmt.Sprintf("s-%d", time.Now().UnixNano())) // SetEpoch/snapshot calls must not be cancelled
 	}
 	// An add whose caller gives up half way must not fail the members.
 	for range 10 {
 		extra := startReplica(t, filepath.Join(t.TempDir(), "x"), 4<<20, "")
 		actx, acancel := context.WithCancel(context.Background())
 		go func() { time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond); acancel() }()
-		e.AddReplica(actx, extra.addr)
-		e.WaitRebuild(context.Background(), extra.addr)
-		e.RemoveReplica(context.Background(), extra.addr)
+		// The add may fail half way, and the wait and remove with it.
+		_ = e.AddReplica(actx, extra.addr)
+		_, _ = e.WaitRebuild(context.Background(), extra.addr)
+		_ = e.RemoveReplica(context.Background(), extra.addr)
 		extra.kill()
 	}
 	if m := modes(e); m[reps[0].addr] != "RW" || m[reps[1].addr] != "RW" {
