@@ -97,7 +97,7 @@ func TestBlockFileNoReadahead(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer unix.Munmap(m)
+		defer func() { _ = unix.Munmap(m) }()
 		vec := make([]byte, size/os.Getpagesize())
 		if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
 			t.Fatal(e)

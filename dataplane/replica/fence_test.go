@@ -84,11 +84,11 @@ func TestFenceRecordsMembers(t *testing.T) {
 func TestFencedChangesRefusedForStaleEpoch(t *testing.T) {
 	r := open(t, t.TempDir(), 1<<20)
 	defer r.Close()
-	r.WriteAt(pattern(1, 8192), 0)
+	mustWrite(t, r, pattern(1, 8192), 0)
 	if err := r.Snapshot(SnapshotOptions{Name: "s1", UserCreated: true}); err != nil {
 		t.Fatal(err)
 	}
-	r.WriteAt(pattern(2, 4096), 0)
+	mustWrite(t, r, pattern(2, 4096), 0)
 	if err := r.Fence(FenceOptions{Epoch: 7, Rebuilding: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -177,13 +177,19 @@ func TestReplicaMatchesModel(t *testing.T) {
 func TestOpenErrors(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "f")
-	os.WriteFile(file, []byte("x"), 0o600)
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Open(file, Options{Size: 1 << 20}); !errors.Is(err, ErrNotReplica) {
 		t.Fatalf("a file: %v", err)
 	}
 	other := filepath.Join(dir, "other")
-	os.MkdirAll(other, 0o700)
-	os.WriteFile(filepath.Join(other, "precious.db"), []byte("x"), 0o600)
+	if err := os.MkdirAll(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, "precious.db"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Open(other, Options{Size: 1 << 20}); !errors.Is(err, ErrNotReplica) {
 		t.Fatalf("a non-empty directory: %v", err)
 	}
@@ -236,7 +242,7 @@ func TestUnmapSemantics(t *testing.T) {
 	r := open(t, dir, 8<<20)
 	defer r.Close()
 	ones := bytes.Repeat([]byte{1}, 4<<20)
-	r.WriteAt(ones, 0)
+	mustWrite(t, r, ones, 0)
 	r.Flush()
 	headPath := filepath.Join(dir, r.meta.Head)
 	before := allocated(t, headPath)
@@ -247,25 +253,25 @@ func TestUnmapSemantics(t *testing.T) {
 		t.Fatalf("unmap without snapshots freed %d bytes, want 2 MiB", before-after)
 	}
 	// Now with older data in a snapshot below.
-	r.Snapshot(SnapshotOptions{Name: "base", UserCreated: true})
-	r.WriteAt(bytes.Repeat([]byte{2}, 4096), 3<<20)
+	mustSnapshot(t, r, SnapshotOptions{Name: "base", UserCreated: true})
+	mustWrite(t, r, bytes.Repeat([]byte{2}, 4096), 3<<20)
 	if err := r.Unmap(3<<20-100, 1<<20); err != nil { // unaligned, over snapshot data
 		t.Fatal(err)
 	}
 	got := make([]byte, 1<<20)
-	r.ReadAt(got, 3<<20-100)
+	mustRead(t, r, got, 3<<20-100)
 	if !bytes.Equal(got, make([]byte, 1<<20)) {
 		t.Fatal("unmapped range over a snapshot does not read as zeros")
 	}
 	edge := make([]byte, 2)
-	r.ReadAt(edge, 3<<20-101)
+	mustRead(t, r, edge, 3<<20-101)
 	if edge[0] != 1 || edge[1] != 0 {
 		t.Fatalf("bytes around the unmap: %v, want [1 0]", edge)
 	}
 	// And it stays so after reopening (the zeros are real, not an index trick).
 	r.Close()
 	r = open(t, dir, 0)
-	r.ReadAt(got, 3<<20-100)
+	mustRead(t, r, got, 3<<20-100)
 	if !bytes.Equal(got, make([]byte, 1<<20)) {
 		t.Fatal("after reopen, snapshot data shows through an unmapped range")
 	}
@@ -275,8 +281,12 @@ func TestDebrisRemovedOnOpen(t *testing.T) {
 	dir := t.TempDir()
 	r := open(t, dir, 1<<20)
 	r.Close()
-	os.WriteFile(filepath.Join(dir, "layer-000099.img"), []byte("orphan"), 0o600)
-	os.WriteFile(filepath.Join(dir, "volume.meta.tmp"), []byte("{half"), 0o600)
+	if err := os.WriteFile(filepath.Join(dir, "layer-000099.img"), []byte("orphan"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "volume.meta.tmp"), []byte("{half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	r = open(t, dir, 0)
 	defer r.Close()
 	for _, f := range []string{"layer-000099.img", "volume.meta.tmp"} {
@@ -329,8 +339,8 @@ func TestWriteIntentBitmap(t *testing.T) {
 	if d := dirty(); len(d) != 0 {
 		t.Fatalf("new replica dirty: %v", d)
 	}
-	r.WriteAt([]byte("x"), 3<<20+5)
-	r.WriteAt(make([]byte, 8192), 5<<20-4096) // spans regions 4 and 5
+	mustWrite(t, r, []byte("x"), 3<<20+5)
+	mustWrite(t, r, make([]byte, 8192), 5<<20-4096) // spans regions 4 and 5
 	if d := fmt.Sprint(dirty()); d != "[3 4 5]" {
 		t.Fatalf("dirty after writes: %s", d)
 	}
@@ -348,20 +358,24 @@ func TestWriteIntentBitmap(t *testing.T) {
 		t.Fatalf("dirty after reopen: %s", d)
 	}
 	// A complete set: the first flush rotates the window, the second clears.
-	r.Fence(FenceOptions{Epoch: 1})
+	if err := r.Fence(FenceOptions{Epoch: 1}); err != nil {
+		t.Fatal(err)
+	}
 	r.Flush()
 	r.Flush()
 	if d := dirty(); len(d) != 0 {
 		t.Fatalf("clean set, quiet regions, two flushes: still dirty %v", d)
 	}
-	r.WriteAt([]byte("y"), 9<<20)
+	mustWrite(t, r, []byte("y"), 9<<20)
 	r.Flush() // written in the current window: kept
 	if d := fmt.Sprint(dirty()); d != "[9]" {
 		t.Fatalf("recently written region: %s", d)
 	}
 	// A revert marks everything.
-	r.Snapshot(SnapshotOptions{Name: "s", UserCreated: true})
-	r.Revert("s")
+	mustSnapshot(t, r, SnapshotOptions{Name: "s", UserCreated: true})
+	if err := r.Revert("s"); err != nil {
+		t.Fatal(err)
+	}
 	if n := len(dirty()); n != 16 {
 		t.Fatalf("after revert %d dirty regions, want all 16", n)
 	}
@@ -379,18 +393,18 @@ func TestSnapshotDeleteKeepsData(t *testing.T) {
 	dir := t.TempDir()
 	r := open(t, dir, 1<<20)
 	defer r.Close()
-	r.WriteAt(bytes.Repeat([]byte{1}, 8192), 0)
-	r.Snapshot(SnapshotOptions{Name: "a", UserCreated: true})
-	r.WriteAt(bytes.Repeat([]byte{2}, 4096), 4096)
-	r.Snapshot(SnapshotOptions{Name: "b"})
-	r.WriteAt(bytes.Repeat([]byte{3}, 4096), 8192)
+	mustWrite(t, r, bytes.Repeat([]byte{1}, 8192), 0)
+	mustSnapshot(t, r, SnapshotOptions{Name: "a", UserCreated: true})
+	mustWrite(t, r, bytes.Repeat([]byte{2}, 4096), 4096)
+	mustSnapshot(t, r, SnapshotOptions{Name: "b"})
+	mustWrite(t, r, bytes.Repeat([]byte{3}, 4096), 8192)
 	want := append(append(bytes.Repeat([]byte{1}, 4096), bytes.Repeat([]byte{2}, 4096)...), bytes.Repeat([]byte{3}, 4096)...)
 	for _, name := range []string{"a", "b"} {
 		if err := r.DeleteSnapshot(name); err != nil {
 			t.Fatal(err)
 		}
 		got := make([]byte, len(want))
-		r.ReadAt(got, 0)
+		mustRead(t, r, got, 0)
 		if !bytes.Equal(got, want) {
 			t.Fatalf("after deleting %s the data changed", name)
 		}
@@ -406,12 +420,12 @@ func TestSnapshotDeleteKeepsData(t *testing.T) {
 func TestRebuildPrimitives(t *testing.T) {
 	src := open(t, t.TempDir(), 4<<20)
 	defer src.Close()
-	src.WriteAt(bytes.Repeat([]byte{1}, 8192), 0)
-	src.Snapshot(SnapshotOptions{Name: "old", UserCreated: true})
-	src.WriteAt(bytes.Repeat([]byte{2}, 4096), 4096)
-	src.WriteAt(bytes.Repeat([]byte{3}, 4096), 2<<20)
-	src.Snapshot(SnapshotOptions{Name: "rb"})
-	src.WriteAt(bytes.Repeat([]byte{9}, 4096), 0) // after the rebuild point
+	mustWrite(t, src, bytes.Repeat([]byte{1}, 8192), 0)
+	mustSnapshot(t, src, SnapshotOptions{Name: "old", UserCreated: true})
+	mustWrite(t, src, bytes.Repeat([]byte{2}, 4096), 4096)
+	mustWrite(t, src, bytes.Repeat([]byte{3}, 4096), 2<<20)
+	mustSnapshot(t, src, SnapshotOptions{Name: "rb"})
+	mustWrite(t, src, bytes.Repeat([]byte{9}, 4096), 0) // after the rebuild point
 
 	ext, err := src.ReadSnapshot("rb", 0, 4<<20)
 	if err != nil {
@@ -422,8 +436,8 @@ func TestRebuildPrimitives(t *testing.T) {
 	}
 	dst := open(t, t.TempDir(), 4<<20)
 	defer dst.Close()
-	dst.Snapshot(SnapshotOptions{Name: "rb"})
-	dst.WriteAt(bytes.Repeat([]byte{7}, 4096), 3<<20) // a new write lands in the head meanwhile
+	mustSnapshot(t, dst, SnapshotOptions{Name: "rb"})
+	mustWrite(t, dst, bytes.Repeat([]byte{7}, 4096), 3<<20) // a new write lands in the head meanwhile
 	for _, e := range ext {
 		if err := dst.WriteLayer("rb", e.Data, e.Offset); err != nil {
 			t.Fatal(err)
@@ -435,11 +449,11 @@ func TestRebuildPrimitives(t *testing.T) {
 		t.Fatalf("checksums differ after the copy: %08x %08x", a, b)
 	}
 	got := make([]byte, 4096)
-	dst.ReadAt(got, 3<<20)
+	mustRead(t, dst, got, 3<<20)
 	if got[0] != 7 {
 		t.Fatal("the copy overwrote a newer head write")
 	}
-	dst.ReadAt(got, 4096)
+	mustRead(t, dst, got, 4096)
 	if got[0] != 2 {
 		t.Fatal("copied data not visible through the head")
 	}
@@ -456,21 +470,24 @@ func TestReplaceChainThenCopyLayers(t *testing.T) {
 	const size = 4 << 20
 	src := open(t, t.TempDir(), size)
 	defer src.Close()
-	src.WriteAt(bytes.Repeat([]byte{1}, 8192), 0)
-	src.Snapshot(SnapshotOptions{Name: "daily-1", UserCreated: true})
-	src.WriteAt(bytes.Repeat([]byte{2}, 4096), 4096)
-	src.Unmap(0, 4096) // a hole in the newer layer over data in the older one: zeros written there
-	src.Snapshot(SnapshotOptions{Name: "daily-2", UserCreated: true})
-	src.WriteAt(bytes.Repeat([]byte{3}, 4096), 2<<20)
-	src.Snapshot(SnapshotOptions{Name: "rb"})
-	src.WriteAt(bytes.Repeat([]byte{9}, 4096), 0) // after the rebuild point
+	mustWrite(t, src, bytes.Repeat([]byte{1}, 8192), 0)
+	mustSnapshot(t, src, SnapshotOptions{Name: "daily-1", UserCreated: true})
+	mustWrite(t, src, bytes.Repeat([]byte{2}, 4096), 4096)
+	// A hole in the newer layer over data in the older one: zeros written there.
+	if err := src.Unmap(0, 4096); err != nil {
+		t.Fatal(err)
+	}
+	mustSnapshot(t, src, SnapshotOptions{Name: "daily-2", UserCreated: true})
+	mustWrite(t, src, bytes.Repeat([]byte{3}, 4096), 2<<20)
+	mustSnapshot(t, src, SnapshotOptions{Name: "rb"})
+	mustWrite(t, src, bytes.Repeat([]byte{9}, 4096), 0) // after the rebuild point
 	sin, _ := src.Info()
 
 	dir := t.TempDir()
 	dst := open(t, dir, size)
-	dst.WriteAt(bytes.Repeat([]byte{7}, size), 0)                     // stale data everywhere
-	dst.Snapshot(SnapshotOptions{Name: "daily-1", UserCreated: true}) // a stale snapshot of the same name
-	dst.WriteAt(bytes.Repeat([]byte{8}, 4096), 3<<20)
+	mustWrite(t, dst, bytes.Repeat([]byte{7}, size), 0)                       // stale data everywhere
+	mustSnapshot(t, dst, SnapshotOptions{Name: "daily-1", UserCreated: true}) // a stale snapshot of the same name
+	mustWrite(t, dst, bytes.Repeat([]byte{8}, 4096), 3<<20)
 
 	if err := dst.ReplaceChain(sin.Snapshots); !errors.Is(err, ErrNotRebuilding) {
 		t.Fatalf("replacing the chain of a replica not marked rebuilding: %v", err)
@@ -493,7 +510,7 @@ func TestReplaceChainThenCopyLayers(t *testing.T) {
 	if got := readAll(t, dst, size); !bytes.Equal(got, make([]byte, size)) {
 		t.Fatal("stale data survived ReplaceChain")
 	}
-	dst.WriteAt(bytes.Repeat([]byte{6}, 4096), 3<<20) // a new write lands in the head meanwhile
+	mustWrite(t, dst, bytes.Repeat([]byte{6}, 4096), 3<<20) // a new write lands in the head meanwhile
 
 	for _, s := range sin.Snapshots {
 		ext, err := src.ReadLayer(s.Name, 0, size)
@@ -551,12 +568,12 @@ func TestLayerChecksumSeesHoles(t *testing.T) {
 	b := open(t, t.TempDir(), 1<<20)
 	defer b.Close()
 	for _, r := range []*Replica{a, b} {
-		r.WriteAt(bytes.Repeat([]byte{1}, 4096), 0)
-		r.Snapshot(SnapshotOptions{Name: "s"})
+		mustWrite(t, r, bytes.Repeat([]byte{1}, 4096), 0)
+		mustSnapshot(t, r, SnapshotOptions{Name: "s"})
 	}
-	b.WriteAt(make([]byte, 4096), 8192) // zeros written in b's head only
-	a.Snapshot(SnapshotOptions{Name: "t"})
-	b.Snapshot(SnapshotOptions{Name: "t"})
+	mustWrite(t, b, make([]byte, 4096), 8192) // zeros written in b's head only
+	mustSnapshot(t, a, SnapshotOptions{Name: "t"})
+	mustSnapshot(t, b, SnapshotOptions{Name: "t"})
 	x, _ := a.LayerChecksum("t", 0, 1<<20)
 	y, _ := b.LayerChecksum("t", 0, 1<<20)
 	if x == y {
@@ -574,6 +591,30 @@ func readAll(t *testing.T, r *Replica, size int64) []byte {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// mustWrite writes p at off, failing the test if the write fails.
+func mustWrite(t *testing.T, r *Replica, p []byte, off int64) {
+	t.Helper()
+	if _, err := r.WriteAt(p, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mustRead reads p at off, failing the test if the read fails.
+func mustRead(t *testing.T, r *Replica, p []byte, off int64) {
+	t.Helper()
+	if _, err := r.ReadAt(p, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mustSnapshot takes a snapshot, failing the test if it fails.
+func mustSnapshot(t *testing.T, r *Replica, o SnapshotOptions) {
+	t.Helper()
+	if err := r.Snapshot(o); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestDeleteSnapshotWhileWriting deletes a snapshot in each direction
@@ -600,11 +641,11 @@ func TestDeleteSnapshotWhileWriting(t *testing.T) {
 				}
 			}
 			put(bytes.Repeat([]byte{1}, 1<<20), 0)
-			r.Snapshot(SnapshotOptions{Name: "old"})
+			mustSnapshot(t, r, SnapshotOptions{Name: "old"})
 			base := readAll(t, r, size)
 			fill := pattern(2, int(tc.before))
 			put(fill, 0)
-			r.Snapshot(SnapshotOptions{Name: "s", UserCreated: true})
+			mustSnapshot(t, r, SnapshotOptions{Name: "s", UserCreated: true})
 			fill3 := pattern(3, int(tc.after))
 			put(fill3, 0)
 			copy(want, fill)

@@ -73,7 +73,9 @@ func BenchmarkRandom4K(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer raw.Close()
-	raw.Truncate(benchSize)
+	if err := raw.Truncate(benchSize); err != nil {
+		b.Fatal(err)
+	}
 	fill(b, func(p []byte, off int64) error { _, err := raw.WriteAt(p, off); return err })
 
 	r, err := replica.Open(filepath.Join(dir, "replica"), replica.Options{Size: benchSize})
@@ -86,7 +88,7 @@ func BenchmarkRandom4K(b *testing.B) {
 		b.Fatal(err)
 	}
 	srv := dataconn.NewServer(Backend{Replica: r}, dataconn.ServerOptions{})
-	go srv.Serve(l)
+	go func() { _ = srv.Serve(l) }() // ErrServerClosed at Close
 	defer srv.Close()
 	ctx := context.Background()
 	c, err := dataconn.Dial(ctx, "tcp", l.Addr().String(), dataconn.ClientOptions{})

@@ -64,11 +64,15 @@ func TestEpochChangeIsAtomicWithWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 		after := make([]byte, 4096)
-		r.ReadAt(after, 0)
+		if _, err := r.ReadAt(after, 0); err != nil {
+			t.Fatal(err)
+		}
 		stop.Store(true)
 		wg.Wait()
 		final := make([]byte, 4096)
-		r.ReadAt(final, 0)
+		if _, err := r.ReadAt(final, 0); err != nil {
+			t.Fatal(err)
+		}
 		if !bytes.Equal(after, final) {
 			t.Fatalf("round %d: a write with the old epoch landed after Fence returned", round)
 		}
