@@ -33,7 +33,9 @@ func TestBadInput(t *testing.T) {
 		CapacityRange: &csipb.CapacityRange{RequiredBytes: 8 << 20}, Parameters: map[string]string{ParamNumberOfReplicas: "2"}})
 	g.Expect(err).NotTo(HaveOccurred())
 	id := created.GetVolume().GetVolumeId()
-	t.Cleanup(func() { d.controller.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: id}) })
+	t.Cleanup(func() {
+		_, _ = d.controller.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: id})
+	})
 	before := objectState(g)
 	dir := t.TempDir()
 	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "target")

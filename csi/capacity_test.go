@@ -42,7 +42,7 @@ func TestGetCapacityIsTheSchedulersRoom(t *testing.T) {
 	// disk, with the tag.
 	n := cluster.AddNode(t, node)
 	g.Expect(unix.Mount("tmpfs", n.DataDir, "tmpfs", 0, fmt.Sprintf("size=%d", size))).To(Succeed())
-	t.Cleanup(func() { unix.Unmount(n.DataDir, unix.MNT_DETACH) })
+	t.Cleanup(func() { _ = unix.Unmount(n.DataDir, unix.MNT_DETACH) })
 	ctx := callCtx(t)
 	sn := &v1.StorageNode{}
 	g.Expect(cluster.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: node}, sn)).To(Succeed())
@@ -60,7 +60,9 @@ func TestGetCapacityIsTheSchedulersRoom(t *testing.T) {
 		_, err := d.controller.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: name, CapacityRange: &csipb.CapacityRange{RequiredBytes: bytes, LimitBytes: bytes},
 			VolumeCapabilities: []*csipb.VolumeCapability{volCap("ext4", false)}, Parameters: params})
 		if err == nil {
-			t.Cleanup(func() { d.controller.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: name}) })
+			t.Cleanup(func() {
+				_, _ = d.controller.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: name})
+			})
 		}
 		return err
 	}

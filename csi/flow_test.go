@@ -176,8 +176,8 @@ func mountOn(t *testing.T, g *WithT, ctrl, node *driver, vol *csipb.Volume, vc *
 		TargetPath: p.target, VolumeCapability: vc, PublishContext: pub.GetPublishContext(), VolumeContext: vol.GetVolumeContext()})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { // a failed test leaves no mount behind
-		unix.Unmount(p.target, unix.MNT_DETACH)
-		unix.Unmount(p.staging, unix.MNT_DETACH)
+		_ = unix.Unmount(p.target, unix.MNT_DETACH) // not mounted once the test unmounted it
+		_ = unix.Unmount(p.staging, unix.MNT_DETACH)
 	})
 	return p
 }

@@ -170,7 +170,7 @@ func TestStageGrowsFilesystem(t *testing.T) {
 					Parameters: map[string]string{ParamNumberOfReplicas: "2"}, VolumeContentSource: src})
 				g.Expect(err).NotTo(HaveOccurred())
 				t.Cleanup(func() {
-					ctrl.controller.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: r.GetVolume().GetVolumeId()})
+					_, _ = ctrl.controller.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: r.GetVolume().GetVolumeId()})
 				})
 				return r.GetVolume()
 			}
@@ -203,7 +203,7 @@ func TestStageGrowsFilesystem(t *testing.T) {
 			snap, err := ctrl.controller.CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: "snapshot-grow-" + fsType, SourceVolumeId: vol.GetVolumeId()})
 			g.Expect(err).NotTo(HaveOccurred())
 			t.Cleanup(func() {
-				ctrl.controller.DeleteSnapshot(context.Background(), &csipb.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()})
+				_, _ = ctrl.controller.DeleteSnapshot(context.Background(), &csipb.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()})
 			})
 			const restored = larger + 128<<20
 			r := create("grow-restored", restored, &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{

@@ -107,7 +107,7 @@ func TestRegistration(t *testing.T) {
 	reg := &Registration{Endpoint: "/var/lib/kubelet/plugins/storage.cairn.io/csi.sock", Logger: logr.Discard()}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	go reg.Serve(ctx, dir)
+	go func() { _ = reg.Serve(ctx, dir) }() // a failure shows as the socket never answering
 	sock := SocketPath(dir)
 	g.Expect(filepath.Base(sock)).To(Equal("storage.cairn.io-reg.sock"))
 	g.Eventually(func() error { _, err := os.Stat(sock); return err }, deadline.Scale(10*time.Second), 20*time.Millisecond).Should(Succeed())
