@@ -133,7 +133,7 @@ func stamp(b []byte, off int64, seq uint64) {
 // each acknowledged one.
 func (l *ioLoad) writeRaw(f *os.File) {
 	b := alignedBlock()
-	defer unix.Munmap(b)
+	defer func() { _ = unix.Munmap(b) }()
 	for seq := uint64(1); ; seq++ {
 		select {
 		case <-l.stop:
@@ -238,8 +238,8 @@ func (l *ioLoad) check(t *testing.T, dev, mnt string) {
 	}
 	defer f.Close()
 	b, want := alignedBlock(), alignedBlock()
-	defer unix.Munmap(b)
-	defer unix.Munmap(want)
+	defer func() { _ = unix.Munmap(b) }()
+	defer func() { _ = unix.Munmap(want) }()
 	for off, seq := range l.acked {
 		if _, err := f.ReadAt(b, off); err != nil {
 			t.Fatalf("reading back %d: %v", off, err)
@@ -285,8 +285,8 @@ func newRestartSetup(t *testing.T) *restartSetup {
 	// Runs after the processes are killed (cleanups run last first): no
 	// mount left behind, whatever failed.
 	t.Cleanup(func() {
-		exec.Command("umount", "-l", s.mnt).Run()
-		exec.Command("umount", "-l", s.fuseDir).Run()
+		_ = exec.Command("umount", "-l", s.mnt).Run()
+		_ = exec.Command("umount", "-l", s.fuseDir).Run()
 	})
 	s.keeper = start(t, "device-keeper", "--socket", s.keeperSock, "--hold-for", keeperHold)
 	s.reps, s.args = filesystemEngineArgs(t, dir, restartVolume, "--frontend", "fuse", "--fuse-dir", s.fuseDir, "--device-keeper", s.keeperSock)
@@ -294,7 +294,9 @@ func newRestartSetup(t *testing.T) *restartSetup {
 	s.dev = s.eng.endpoint
 	waitLog(t, s.eng, "the device keeper holds the device")
 	sh(t, "mkfs.ext4", "-q", "-F", s.dev, fsSize)
-	os.MkdirAll(s.mnt, 0o755)
+	if err := os.MkdirAll(s.mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	sh(t, "mount", s.dev, s.mnt)
 	return s
 }
@@ -457,7 +459,7 @@ func TestFUSEEngineRestartWithoutKeeper(t *testing.T) {
 	needRoot(t)
 	dir := t.TempDir()
 	fuseDir := filepath.Join(dir, "fuse")
-	t.Cleanup(func() { exec.Command("umount", "-l", fuseDir).Run() })
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", fuseDir).Run() })
 	_, args := filesystemEngineArgs(t, dir, "16Mi", "--frontend", "fuse", "--fuse-dir", fuseDir)
 	eng := start(t, args...)
 	waitLog(t, eng, "no device keeper: if this engine dies or is restarted, the I/O in flight on its device fails")
@@ -506,7 +508,7 @@ func TestFUSEInstanceManagerRestartIsAPause(t *testing.T) {
 	}
 	logDir, ports, mnt := filepath.Join(dir, "im"), freePortRange(t, 8), filepath.Join(dir, "mnt")
 	t.Cleanup(func() {
-		exec.Command("umount", "-l", mnt).Run()
+		_ = exec.Command("umount", "-l", mnt).Run()
 		unmountUnder(logDir)
 	})
 	var load *ioLoad
@@ -530,7 +532,9 @@ func TestFUSEInstanceManagerRestartIsAPause(t *testing.T) {
 	}
 	im, dev := startEngine(false)
 	sh(t, "mkfs.ext4", "-q", "-F", dev, fsSize)
-	os.MkdirAll(mnt, 0o755)
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	sh(t, "mount", dev, mnt)
 	load = startLoad(t, dev, mnt)
 	load.waitProgress(t, 20, "before the instance manager's SIGTERM")
@@ -539,7 +543,9 @@ func TestFUSEInstanceManagerRestartIsAPause(t *testing.T) {
 		func(p *os.Process) error { return p.Signal(syscall.SIGTERM) },
 		func(p *os.Process) error { return p.Kill() },
 	} {
-		stop(im.p.cmd.Process)
+		if err := stop(im.p.cmd.Process); err != nil {
+			t.Fatalf("stop %d: %v", i, err)
+		}
 		im.p.waitExit(t)
 		var again string
 		im, again = startEngine(true)
@@ -572,7 +578,7 @@ func unmountUnder(dir string) {
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, l := range strings.Split(string(b), "\n") {
 		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			exec.Command("umount", "-l", f[4]).Run()
+			_ = exec.Command("umount", "-l", f[4]).Run()
 		}
 	}
 }

@@ -312,7 +312,7 @@ func TestEncryptedFUSEUnaligned(t *testing.T) {
 	dir := t.TempDir()
 	fuseDir := filepath.Join(dir, "fuse")
 	reps, args := filesystemEngineArgs(t, dir, "64Mi", "--frontend", "fuse", "--fuse-dir", fuseDir)
-	t.Cleanup(func() { exec.Command("umount", "-l", fuseDir).Run() })
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", fuseDir).Run() })
 	key, check := testKey(4)
 	eng := startCmd(t, encryptedCmd(t, args, key, check))
 	f, err := os.OpenFile(filepath.Join(fuseDir, "vol"), os.O_RDWR, 0)
@@ -341,9 +341,11 @@ func TestEncryptedFUSEUnaligned(t *testing.T) {
 	f.Close()
 
 	mnt := filepath.Join(dir, "mnt")
-	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
 	sh(t, "mkfs.ext4", "-q", "-F", eng.endpoint)
-	os.MkdirAll(mnt, 0o755)
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	sh(t, "mount", eng.endpoint, mnt)
 	if err := writeFiles(mnt, 0, 10); err != nil {
 		t.Fatal(err)

@@ -74,7 +74,7 @@ func startReady(t *testing.T, args ...string) (*proc, ready.Report) {
 			p.endpoint = v
 		}
 	}
-	go io.Copy(io.Discard, out)
+	go func() { _, _ = io.Copy(io.Discard, out) }() // drains the output; ends with the process
 	return p, res.r
 }
 

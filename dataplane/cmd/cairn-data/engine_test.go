@@ -321,7 +321,9 @@ func metricOps(metrics, op string) int {
 	for _, line := range strings.Split(metrics, "\n") {
 		if strings.HasPrefix(line, op) {
 			var n int
-			fmt.Sscanf(line[strings.Index(line, "ops=")+4:], "%d", &n)
+			if _, err := fmt.Sscanf(line[strings.Index(line, "ops=")+4:], "%d", &n); err != nil {
+				return 0 // unreadable counts as none yet: the caller waits on
+			}
 			return n
 		}
 	}

@@ -106,9 +106,11 @@ func checkFiles(t *testing.T, mnt string, n int) {
 func filesystemThroughFailure(t *testing.T, dir, dev string, eng *proc, reps []*proc) {
 	t.Helper()
 	mnt := filepath.Join(dir, "mnt")
-	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
 	sh(t, "mkfs.ext4", "-q", "-F", dev)
-	os.MkdirAll(mnt, 0o755)
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	sh(t, "mount", dev, mnt)
 	write := func(from, to int) {
 		if err := writeFiles(mnt, from, to); err != nil {
@@ -203,12 +205,14 @@ func expandUnderFilesystem(t *testing.T, dir, dev string, eng *proc) {
 	t.Helper()
 	needTool(t, "resize2fs")
 	mnt := filepath.Join(dir, "mnt")
-	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
 	if got := deviceBytes(t, dev); got != 8<<20 {
 		t.Fatalf("%s has %d bytes, want 8 MiB", dev, got)
 	}
 	sh(t, "mkfs.ext4", "-q", "-F", dev)
-	os.MkdirAll(mnt, 0o755)
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	sh(t, "mount", dev, mnt)
 	if err := writeFiles(mnt, 0, 5); err != nil {
 		t.Fatal(err)
@@ -290,7 +294,7 @@ func TestFUSEFrontendExpand(t *testing.T) {
 	_, args := filesystemEngineArgs(t, dir, "8Mi", "--frontend", "fuse", "--fuse-dir", fuseDir)
 	// If the test fails, the engine is killed: leave no dead FUSE mount
 	// (this runs after the kill).
-	t.Cleanup(func() { exec.Command("umount", "-l", fuseDir).Run() })
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", fuseDir).Run() })
 	eng := start(t, args...)
 	expandUnderFilesystem(t, dir, eng.endpoint, eng)
 	if fi, err := os.Stat(filepath.Join(fuseDir, "vol")); err != nil || fi.Size() != 24<<20 {

@@ -90,7 +90,9 @@ func TestNBDKernelEngineRestart(t *testing.T) {
 	mnt := filepath.Join(dir, "mnt")
 	detachOnCleanup(t, eng, mnt)
 	sh(t, "mkfs.ext4", "-q", "-F", dev)
-	os.MkdirAll(mnt, 0o755)
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	sh(t, "mount", dev, mnt)
 	if err := writeFiles(mnt, 0, 10); err != nil {
 		t.Fatal(err)
@@ -153,7 +155,7 @@ func TestNBDKernelEngineRestart(t *testing.T) {
 // for a successor to reattach). It runs before start's own cleanup.
 func detachOnCleanup(t *testing.T, eng *proc, mnt string) {
 	t.Cleanup(func() {
-		exec.Command("umount", "-l", mnt).Run()
+		_ = exec.Command("umount", "-l", mnt).Run()
 		eng.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-eng.exited:

@@ -113,7 +113,7 @@ func startCmd(t testing.TB, cmd *exec.Cmd) *proc {
 	if !strings.HasPrefix(line, "ready ") {
 		t.Fatalf("unexpected first line %q", line)
 	}
-	go io.Copy(io.Discard, out)
+	go func() { _, _ = io.Copy(io.Discard, out) }() // drains the output; ends with the process
 	return p
 }
 
@@ -174,7 +174,9 @@ func runExit(t *testing.T, args ...string) (int, string) {
 
 func TestReplicaCommandErrors(t *testing.T) {
 	dir := t.TempDir()
-	os.WriteFile(dir+"/afile", []byte("x"), 0o600)
+	if err := os.WriteFile(dir+"/afile", []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	// A replica to conflict with.
 	p := start(t, "replica", "--dir", dir+"/r", "--size", "4Mi", "--listen", "127.0.0.1:0")
 	pu := start(t, "replica", "--dir", dir+"/u", "--size", "4Mi", "--listen", "unix:"+dir+"/u.sock")
