@@ -159,6 +159,19 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 	w := watch(t, im.c)
 
 	req := replicaReq("vol-r-a", filepath.Join(im.dir, "ra"))
+	running := createRunningReplica(ctx, t, im, req)
+	checkCreateAgain(ctx, t, im, req, running)
+	checkReplicaLog(ctx, t, im)
+	followed := followReplicaLog(ctx, t, im)
+	checkNodeInfo(ctx, t, im)
+	checkDelete(ctx, t, im, running, followed)
+	checkWatched(t, w)
+}
+
+// createRunningReplica creates the replica req asks for and checks it
+// runs and serves at the addresses it reports.
+func createRunningReplica(ctx context.Context, t *testing.T, im *imHandle, req *imv1.ProcessCreateRequest) *imv1.Process {
+	t.Helper()
 	p, err := im.c.ProcessCreate(ctx, req)
 	if err != nil {
 		t.Fatal(err)
@@ -178,8 +191,15 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 	if _, err := dialControl(t, running.ControlAddress).Info(ctx, &replicav1.InfoRequest{}); err != nil {
 		t.Fatalf("control address %s: %v", running.ControlAddress, err)
 	}
+	return running
+}
+
+// checkCreateAgain: creating the running replica again is idempotent, and
+// the same name with another spec is a conflict.
+func checkCreateAgain(ctx context.Context, t *testing.T, im *imHandle, req *imv1.ProcessCreateRequest, running *imv1.Process) {
+	t.Helper()
 	// Idempotent create: ALREADY_EXISTS with the existing process attached.
-	_, err = im.c.ProcessCreate(ctx, req)
+	_, err := im.c.ProcessCreate(ctx, req)
 	st := grpcstatus.Convert(err)
 	if st.Code() != codes.AlreadyExists || len(st.Details()) != 1 || st.Details()[0].(*imv1.Process).Pid != running.Pid {
 		t.Fatalf("second create: %v %v", err, st.Details())
@@ -194,6 +214,11 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 	if len(list.Processes) != 1 {
 		t.Fatalf("list: %v", list)
 	}
+}
+
+// checkReplicaLog reads the replica's log to its current end.
+func checkReplicaLog(ctx context.Context, t *testing.T, im *imHandle) {
+	t.Helper()
 	// Logs: the replica's own log lines.
 	ls, err := im.c.ProcessLog(ctx, &imv1.ProcessLogRequest{Name: "vol-r-a"})
 	if err != nil {
@@ -210,9 +235,15 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 	if !strings.Contains(strings.Join(lines, "\n"), "replica opened") {
 		t.Fatalf("log: %v", lines)
 	}
+}
+
+// followReplicaLog follows the replica's log; the channel gets the lines
+// seen once the stream ends.
+func followReplicaLog(ctx context.Context, t *testing.T, im *imHandle) <-chan []string {
+	t.Helper()
 	// Follow: a stream that ends when the process is deleted.
 	fctx, fcancel := context.WithCancel(ctx)
-	defer fcancel()
+	t.Cleanup(fcancel)
 	follow, err := im.c.ProcessLog(fctx, &imv1.ProcessLogRequest{Name: "vol-r-a", Follow: true})
 	if err != nil {
 		t.Fatal(err)
@@ -229,11 +260,22 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 			got = append(got, l.Line)
 		}
 	}()
+	return followed
+}
+
+func checkNodeInfo(ctx context.Context, t *testing.T, im *imHandle) {
+	t.Helper()
 	ni, err := im.c.NodeInfo(ctx, &imv1.NodeInfoRequest{})
 	if err != nil || ni.NodeName != "node-a" || len(ni.DataDirs) != 1 || ni.DataDirs[0].Path != im.dir ||
 		ni.DataDirs[0].TotalBytes <= 0 || ni.DataDirs[0].AvailableBytes <= 0 || ni.DataDirs[0].Filesystem == "" {
 		t.Fatalf("node info: %v %v", ni, err)
 	}
+}
+
+// checkDelete deletes the running replica: the follower sees its
+// shutdown, the process is gone, and deleting it again succeeds.
+func checkDelete(ctx context.Context, t *testing.T, im *imHandle, running *imv1.Process, followed <-chan []string) {
+	t.Helper()
 	if _, err := im.c.ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: "vol-r-a"}); err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +296,12 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 	if _, err := im.c.ProcessGet(ctx, &imv1.ProcessGetRequest{Name: "vol-r-a"}); grpcstatus.Code(err) != codes.NotFound {
 		t.Fatalf("get after delete: %v", err)
 	}
-	// The watcher saw every transition, in order, with consecutive seqs.
+}
+
+// checkWatched: the watcher saw every transition, in order, with
+// consecutive seqs.
+func checkWatched(t *testing.T, w *watchLog) {
+	t.Helper()
 	until := deadline.After(10 * time.Second)
 	for len(w.states("vol-r-a")) < 5 && time.Now().Before(until) {
 		time.Sleep(10 * time.Millisecond)
