@@ -22,6 +22,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/harness"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // pod is what kubelet sets up for one pod using a volume on one node.
@@ -290,7 +291,7 @@ func expectNothingLeft(g *WithT, nodes []*harness.Node) {
 		}
 		n += len(vs.Items) + len(es.Items) + len(rs.Items) + len(ss.Items)
 		return n
-	}, 30*time.Second, 200*time.Millisecond).Should(BeZero(), "no Volume, Engine, Replica or Snapshot left")
+	}, deadline.Scale(2*time.Minute), 200*time.Millisecond).Should(BeZero(), "no Volume, Engine, Replica or Snapshot left")
 	for _, n := range nodes {
 		entries, err := os.ReadDir(n.DataDir)
 		g.Expect(err).NotTo(HaveOccurred())

@@ -13,6 +13,8 @@ import (
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestExtGrowRule checks what Filesystem predicts an ext4 grows to against
@@ -308,8 +310,8 @@ func loopDevice(t *testing.T, g *WithT, img string) string {
 	dev := strings.TrimSpace(string(out))
 	t.Cleanup(func() {
 		// The kernel may hold the device a moment after an unmount.
-		deadline := time.Now().Add(30 * time.Second)
-		for exec.Command("losetup", "-d", dev).Run() != nil && time.Now().Before(deadline) {
+		end := deadline.After(30 * time.Second)
+		for exec.Command("losetup", "-d", dev).Run() != nil && time.Now().Before(end) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	})
