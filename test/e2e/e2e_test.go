@@ -370,12 +370,21 @@ spec: {volumeSnapshotClassName: cairn, source: {persistentVolumeClaimName: src}}
 			return out
 		}, deadline.Scale(2*time.Minute), time.Second).Should(Equal("true"))
 		podExec("src-a", "cd /data && echo after > f && sync")
-		pvc("restored", "cairn-e2e-xfs", "320Mi", false, "  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: src-snap}")
-		pvc("cloned", "cairn-e2e-xfs", "320Mi", false, "  dataSource: {kind: PersistentVolumeClaim, name: src}")
+		// Restored and cloned into claims twice the size: the filesystem
+		// is grown when the volume is staged.
+		pvc("restored", "cairn-e2e-xfs", "640Mi", false, "  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: src-snap}")
+		pvc("cloned", "cairn-e2e-xfs", "640Mi", false, "  dataSource: {kind: PersistentVolumeClaim, name: src}")
 		pod("restored-a", n[2], "restored", false, "grep -qx before /data/f")
 		pod("cloned-a", n[2], "cloned", false, "grep -qx after /data/f")
 
 		before := podExec("src-a", "df -k /data | tail -1 | awk '{print $2}'")
+		srcKiB, err := strconv.Atoi(before)
+		Expect(err).NotTo(HaveOccurred())
+		for _, p := range []string{"restored-a", "cloned-a"} {
+			kib, err := strconv.Atoi(podExec(p, "df -k /data | tail -1 | awk '{print $2}'"))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(kib).To(BeNumerically(">", srcKiB*3/2), "%s: the filesystem of a 640Mi claim made from a 320Mi one has %d KiB, its source %d KiB", p, kib, srcKiB)
+		}
 		must("", "-n", "default", "patch", "pvc", "src", "-p", `{"spec":{"resources":{"requests":{"storage":"640Mi"}}}}`)
 		Eventually(func() string { return podExec("src-a", "df -k /data | tail -1 | awk '{print $2}'") }, deadline.Scale(3*time.Minute), 2*time.Second).
 			ShouldNot(Equal(before), "the filesystem grew in the pod")
