@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,6 +44,30 @@ func TestGetCapacityIsTheSchedulersRoom(t *testing.T) {
 	n := cluster.AddNode(t, node)
 	g.Expect(unix.Mount("tmpfs", n.DataDir, "tmpfs", 0, fmt.Sprintf("size=%d", size))).To(Succeed())
 	t.Cleanup(func() { _ = unix.Unmount(n.DataDir, unix.MNT_DETACH) })
+	// Runs after the volumes' DeleteVolume (cleanups run last registered
+	// first) and before the tmpfs and the node go: a replica's data is
+	// deleted by the node's instance manager, so the volumes must be gone
+	// while it runs, or they stay behind for the tests after this one.
+	t.Cleanup(func() {
+		g.Eventually(func() []string {
+			var left []string
+			var vs v1.VolumeList
+			var rs v1.ReplicaList
+			g.Expect(cluster.Client.List(context.Background(), &vs, client.InNamespace(testNamespace))).To(Succeed())
+			g.Expect(cluster.Client.List(context.Background(), &rs, client.InNamespace(testNamespace))).To(Succeed())
+			for _, v := range vs.Items {
+				if strings.HasPrefix(v.Name, "cap-") {
+					left = append(left, "volume "+v.Name)
+				}
+			}
+			for _, r := range rs.Items {
+				if r.Spec.NodeName == node {
+					left = append(left, "replica "+r.Name)
+				}
+			}
+			return left
+		}, deadline.Scale(2*time.Minute), 200*time.Millisecond).Should(BeEmpty(), "the test's volumes deleted while the node serves")
+	})
 	ctx := callCtx(t)
 	sn := &v1.StorageNode{}
 	g.Expect(cluster.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: node}, sn)).To(Succeed())
@@ -59,11 +84,12 @@ func TestGetCapacityIsTheSchedulersRoom(t *testing.T) {
 	create := func(name string, bytes int64) error {
 		_, err := d.controller.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: name, CapacityRange: &csipb.CapacityRange{RequiredBytes: bytes, LimitBytes: bytes},
 			VolumeCapabilities: []*csipb.VolumeCapability{volCap("ext4", false)}, Parameters: params})
-		if err == nil {
-			t.Cleanup(func() {
-				_, _ = d.controller.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: name})
-			})
-		}
+		// Deleted also when refused: a CreateVolume refused with
+		// ResourceExhausted leaves its Volume behind, to be placed once
+		// room appears (a known gap: nothing deletes it if the claim goes).
+		t.Cleanup(func() {
+			_, _ = d.controller.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: name})
+		})
 		return err
 	}
 

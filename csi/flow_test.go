@@ -280,18 +280,29 @@ func usableBytes(g *WithT, p *pod) int64 {
 // data is left on any node.
 func expectNothingLeft(g *WithT, nodes []*harness.Node) {
 	ctx := context.Background()
-	g.Eventually(func() int {
+	g.Eventually(func() []string {
 		var vs v1.VolumeList
 		var es v1.EngineList
 		var rs v1.ReplicaList
 		var ss v1.SnapshotList
-		n := 0
 		for _, l := range []client.ObjectList{&vs, &es, &rs, &ss} {
 			g.Expect(cluster.Client.List(ctx, l, client.InNamespace(testNamespace))).To(Succeed())
 		}
-		n += len(vs.Items) + len(es.Items) + len(rs.Items) + len(ss.Items)
-		return n
-	}, deadline.Scale(2*time.Minute), 200*time.Millisecond).Should(BeZero(), "no Volume, Engine, Replica or Snapshot left")
+		var left []string
+		for _, v := range vs.Items {
+			left = append(left, "volume "+v.Name)
+		}
+		for _, e := range es.Items {
+			left = append(left, "engine "+e.Name)
+		}
+		for _, r := range rs.Items {
+			left = append(left, "replica "+r.Name+" on "+r.Spec.NodeName)
+		}
+		for _, s := range ss.Items {
+			left = append(left, "snapshot "+s.Name)
+		}
+		return left
+	}, deadline.Scale(2*time.Minute), 200*time.Millisecond).Should(BeEmpty(), "no Volume, Engine, Replica or Snapshot left")
 	for _, n := range nodes {
 		entries, err := os.ReadDir(n.DataDir)
 		g.Expect(err).NotTo(HaveOccurred())
