@@ -37,6 +37,28 @@ func readyReason(key client.ObjectKey) string {
 	return ""
 }
 
+// createEngine registers im as node's InstanceManager, has a 16 MiB
+// replica of vol run there, and creates an Engine of vol on node with that
+// replica and frontend.
+func createEngine(g *WithT, im *imtest.IM, node, vol string, frontend v1.Frontend) *v1.Engine {
+	ctx := context.Background()
+	g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-" + node, Namespace: "default"},
+		Spec: v1.InstanceManagerSpec{NodeName: node, Address: im.Addr}})).To(Succeed())
+	rep := &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: vol + "-r", Namespace: "default"}, Spec: v1.ReplicaSpec{
+		VolumeName: vol, NodeName: node, DiskName: "default", DiskPath: im.DataDir, DataDirectoryName: vol + "-r",
+		Size: resource.MustParse("16Mi"), DesiredState: v1.DesiredInstanceStateRunning}}
+	g.Expect(k8sClient.Create(ctx, rep)).To(Succeed())
+	g.Eventually(func() string {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(rep), rep)).To(Succeed())
+		return rep.Status.ControlAddress
+	}, timeout, 50*time.Millisecond).ShouldNot(BeEmpty())
+	e := &v1.Engine{ObjectMeta: metav1.ObjectMeta{Name: vol + "-e", Namespace: "default"}, Spec: v1.EngineSpec{
+		VolumeName: vol, NodeName: node, DesiredState: v1.DesiredInstanceStateRunning, Size: resource.MustParse("16Mi"),
+		Frontend: frontend, ReplicaAddresses: map[string]v1.ReplicaAddress{rep.Name: {Data: rep.Status.Address, Control: rep.Status.ControlAddress}}}}
+	g.Expect(k8sClient.Create(ctx, e)).To(Succeed())
+	return e
+}
+
 // TestEngineLifecycle: an Engine given a running replica's reported
 // addresses runs on its node's real instance manager and reports its
 // control address, size and endpoint (here the NBD socket, with the
@@ -46,21 +68,7 @@ func TestEngineLifecycle(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	im := imtest.Start(t, "node-e", "", t.TempDir())
-	g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-e", Namespace: "default"},
-		Spec: v1.InstanceManagerSpec{NodeName: "node-e", Address: im.Addr}})).To(Succeed())
-	rep := &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: "vol-e-r", Namespace: "default"}, Spec: v1.ReplicaSpec{
-		VolumeName: "vol-e", NodeName: "node-e", DiskName: "default", DiskPath: im.DataDir, DataDirectoryName: "vol-e-r",
-		Size: resource.MustParse("16Mi"), DesiredState: v1.DesiredInstanceStateRunning}}
-	g.Expect(k8sClient.Create(ctx, rep)).To(Succeed())
-	g.Eventually(func() string {
-		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(rep), rep)).To(Succeed())
-		return rep.Status.ControlAddress
-	}, timeout, 50*time.Millisecond).ShouldNot(BeEmpty())
-
-	e := &v1.Engine{ObjectMeta: metav1.ObjectMeta{Name: "vol-e-e", Namespace: "default"}, Spec: v1.EngineSpec{
-		VolumeName: "vol-e", NodeName: "node-e", DesiredState: v1.DesiredInstanceStateRunning, Size: resource.MustParse("16Mi"),
-		Frontend: v1.FrontendNBD, ReplicaAddresses: map[string]v1.ReplicaAddress{rep.Name: {Data: rep.Status.Address, Control: rep.Status.ControlAddress}}}}
-	g.Expect(k8sClient.Create(ctx, e)).To(Succeed())
+	e := createEngine(g, im, "node-e", "vol-e", v1.FrontendNBD)
 	get := func() *v1.Engine {
 		out := &v1.Engine{}
 		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(e), out)).To(Succeed())

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -95,20 +93,7 @@ func TestEngineDeviceLost(t *testing.T) {
 	dir := t.TempDir()
 	t.Cleanup(func() { releaseMounts(dir) }) // after the instance manager is killed
 	im := imtest.Start(t, "node-dl", "", dir)
-	g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-dl", Namespace: "default"},
-		Spec: v1.InstanceManagerSpec{NodeName: "node-dl", Address: im.Addr}})).To(Succeed())
-	rep := &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: "vol-dl-r", Namespace: "default"}, Spec: v1.ReplicaSpec{
-		VolumeName: "vol-dl", NodeName: "node-dl", DiskName: "default", DiskPath: im.DataDir, DataDirectoryName: "vol-dl-r",
-		Size: resource.MustParse("16Mi"), DesiredState: v1.DesiredInstanceStateRunning}}
-	g.Expect(k8sClient.Create(ctx, rep)).To(Succeed())
-	g.Eventually(func() string {
-		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(rep), rep)).To(Succeed())
-		return rep.Status.ControlAddress
-	}, timeout, 50*time.Millisecond).ShouldNot(BeEmpty())
-	e := &v1.Engine{ObjectMeta: metav1.ObjectMeta{Name: "vol-dl-e", Namespace: "default"}, Spec: v1.EngineSpec{
-		VolumeName: "vol-dl", NodeName: "node-dl", DesiredState: v1.DesiredInstanceStateRunning, Size: resource.MustParse("16Mi"),
-		Frontend: v1.FrontendFUSE, ReplicaAddresses: map[string]v1.ReplicaAddress{rep.Name: {Data: rep.Status.Address, Control: rep.Status.ControlAddress}}}}
-	g.Expect(k8sClient.Create(ctx, e)).To(Succeed())
+	e := createEngine(g, im, "node-dl", "vol-dl", v1.FrontendFUSE)
 	t.Cleanup(func() {
 		if err := client.IgnoreNotFound(k8sClient.Delete(ctx, e)); err != nil {
 			t.Errorf("deleting the engine: %v", err)
