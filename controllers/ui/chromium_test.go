@@ -7,11 +7,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -20,7 +18,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/claims"
-	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
+	"github.com/cairn-io/cairn/controllers/internal/browser"
 )
 
 // measure is a page that loads the web page in a 1280 px wide frame and,
@@ -78,31 +76,6 @@ type layout struct {
 	PageWidth     float64  `json:"pageWidth"`
 }
 
-// chromium loads url in headless Chromium and returns the DOM it built;
-// with shot set it also saves a screenshot there.
-func chromium(t *testing.T, url, shot string) string {
-	t.Helper()
-	bin, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Skip("chromium is not installed (make test-tools installs it)")
-	}
-	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--hide-scrollbars",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir=" + t.TempDir(),
-		"--window-size=1280,1700"}
-	ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(3*time.Minute))
-	defer cancel()
-	if shot != "" {
-		if out, err := exec.CommandContext(ctx, bin, append(args, "--screenshot="+shot, url)...).CombinedOutput(); err != nil {
-			t.Fatalf("chromium --screenshot: %v\n%s", err, out)
-		}
-	}
-	out, err := exec.CommandContext(ctx, bin, append(args, "--dump-dom", url)...).Output()
-	if err != nil {
-		t.Fatalf("chromium --dump-dom: %v", err)
-	}
-	return string(out)
-}
-
 // TestLayout renders the page in headless Chromium at 1280 px wide with
 // what a real cluster shows (volumes named after their PersistentVolumes,
 // replicas named after them, claims, long node names, several replicas
@@ -154,9 +127,9 @@ func TestLayout(t *testing.T) {
 	defer srv.Close()
 
 	if shot := os.Getenv("CAIRN_UI_SCREENSHOT"); shot != "" {
-		chromium(t, srv.URL+"/", shot)
+		browser.Render(t, srv.URL+"/", browser.Options{Width: 1280, Height: 1700, Screenshot: shot})
 	}
-	dom := chromium(t, srv.URL+"/measure", "")
+	dom := browser.Render(t, srv.URL+"/measure", browser.Options{Width: 1280, Height: 1700})
 	m := regexp.MustCompile(`<pre id="result">(.*?)</pre>`).FindStringSubmatch(dom)
 	g.Expect(m).To(HaveLen(2), "no result in:\n%s", dom)
 	var got layout

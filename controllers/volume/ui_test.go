@@ -16,35 +16,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/browser"
 	"github.com/cairn-io/cairn/controllers/metrics"
 	"github.com/cairn-io/cairn/controllers/ui"
-	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
-
-// chromium renders url in headless Chromium and returns the DOM it built;
-// with shot set it also saves a screenshot there.
-func chromium(t *testing.T, url, shot string) string {
-	t.Helper()
-	bin, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Skip("chromium is not installed (make test-tools installs it)")
-	}
-	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir=" + t.TempDir()}
-	ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(90*time.Second))
-	defer cancel()
-	if shot != "" {
-		out, err := exec.CommandContext(ctx, bin, append(args, "--window-size=1280,900", "--screenshot="+shot, url)...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("chromium --screenshot: %v\n%s", err, out)
-		}
-	}
-	out, err := exec.CommandContext(ctx, bin, append(args, "--dump-dom", url)...).Output()
-	if err != nil {
-		t.Fatalf("chromium --dump-dom: %v", err)
-	}
-	return string(out)
-}
 
 // TestUI loads the manager's page in a real headless browser while a real
 // volume runs and checks what a person would see: the volume, attached
@@ -88,7 +63,7 @@ func TestUI(t *testing.T) {
 		return ""
 	}, timeout, 200*time.Millisecond).Should(Equal("12Mi"))
 
-	dom := chromium(t, srv.URL, os.Getenv("CAIRN_UI_SCREENSHOT"))
+	dom := browser.Render(t, srv.URL, browser.Options{Width: 1280, Height: 900, Screenshot: os.Getenv("CAIRN_UI_SCREENSHOT")})
 	row := regexp.MustCompile(`(?s)<tr class="volume" data-volume="shown">.*?</tr>`).FindString(dom)
 	g.Expect(row).NotTo(BeEmpty(), "the volume's row:\n%s", dom)
 	g.Expect(row).To(ContainSubstring(`<span class="badge attached">attached</span>`))
