@@ -3,11 +3,15 @@ package csi
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
+	"unsafe"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/gomega"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // sanityConfig is csi-sanity's configuration for a driver whose node
@@ -73,11 +77,54 @@ func TestSanity(t *testing.T) {
 	}
 	var contexts []*sanity.TestContext
 	for _, d := range deployments {
-		ginkgo.Describe(d.name, func() { contexts = append(contexts, sanity.GinkgoTest(d.cfg)) })
+		ginkgo.Describe(d.name, func() {
+			sc := sanity.GinkgoTest(d.cfg)
+			contexts = append(contexts, sc)
+			ginkgo.BeforeEach(func() { preconnect(sc) })
+		})
 	}
 	gomega.RegisterFailHandler(ginkgo.Fail)
 	ginkgo.RunSpecs(t, "csi-sanity")
 	for _, sc := range contexts {
 		sc.Finalize()
 	}
+}
+
+// preconnect hands sc the connections its Setup would dial, before the
+// first spec of a deployment runs (an outer BeforeEach runs before
+// csi-sanity's own). csi-test v5.4.0's utils.Connect reads the
+// connection's state and then waits for it to change; when the
+// connection becomes Ready between the two it waits out its one-minute
+// timeout and fails the spec ("Connection timed out"), which a loaded
+// machine hit. v5.6.0 fixes it but needs CSI spec v1.13, which drops the
+// VolumeCondition API the driver serves. The connections here are
+// grpc.NewClient's, which connect on the first call and make calls wait
+// while connecting. Setup reuses a connection whose recorded address
+// matches the configured one; that record is unexported, so it is set
+// through reflect, and a csi-test without it fails the suite here
+// rather than silently dialling again.
+func preconnect(sc *sanity.TestContext) {
+	if sc.Conn != nil {
+		return
+	}
+	sc.Conn = dialSanity(sc.Config.Address)
+	setUnexported(sc, "connAddress", sc.Config.Address)
+	if sc.Config.ControllerAddress != "" {
+		sc.ControllerConn = dialSanity(sc.Config.ControllerAddress)
+		setUnexported(sc, "controllerConnAddress", sc.Config.ControllerAddress)
+	}
+}
+
+func dialSanity(sock string) *grpc.ClientConn {
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	return conn
+}
+
+func setUnexported(sc *sanity.TestContext, field, value string) {
+	f := reflect.ValueOf(sc).Elem().FieldByName(field)
+	if !f.IsValid() || f.Kind() != reflect.String {
+		ginkgo.Fail("csi-test's TestContext has no string field " + field + ": preconnect needs updating for this csi-test")
+	}
+	reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().SetString(value)
 }
