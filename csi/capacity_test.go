@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -84,9 +85,6 @@ func TestGetCapacityIsTheSchedulersRoom(t *testing.T) {
 	create := func(name string, bytes int64) error {
 		_, err := d.controller.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: name, CapacityRange: &csipb.CapacityRange{RequiredBytes: bytes, LimitBytes: bytes},
 			VolumeCapabilities: []*csipb.VolumeCapability{volCap("ext4", false)}, Parameters: params})
-		// Deleted also when refused: a CreateVolume refused with
-		// ResourceExhausted leaves its Volume behind, to be placed once
-		// room appears (a known gap: nothing deletes it if the claim goes).
 		t.Cleanup(func() {
 			_, _ = d.controller.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: name})
 		})
@@ -106,6 +104,9 @@ func TestGetCapacityIsTheSchedulersRoom(t *testing.T) {
 
 	err := create("cap-over", l+4096)
 	g.Expect(status.Code(err)).To(Equal(codes.ResourceExhausted), "a block more than the largest reported: %v", err)
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(cluster.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: "cap-over"}, &v1.Volume{}))
+	}, deadline.Scale(60*time.Second), 100*time.Millisecond).Should(BeTrue(), "the refused CreateVolume's Volume is deleted, not left to be placed later")
 	g.Expect(create("cap-24", l)).To(Succeed(), "the largest reported")
 	a, l = capacity()
 	g.Expect([]int64{a, l}).To(Equal([]int64{0, 0}))

@@ -140,6 +140,9 @@ func (s *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVo
 		}
 	}
 	if err := s.waitScheduled(ctx, name); err != nil {
+		if status.Code(err) == codes.ResourceExhausted {
+			return nil, s.withdraw(ctx, v, err)
+		}
 		return nil, err
 	}
 	if err := s.c.Get(ctx, client.ObjectKeyFromObject(want), v); err != nil {
@@ -361,6 +364,25 @@ func (s *ControllerServer) waitScheduled(ctx context.Context, name string) error
 		}
 		return false, "", status.Errorf(codes.ResourceExhausted, "no replica of volume %s can be placed: %s. Add disks or nodes, free space, lower numberOfReplicas or loosen diskSelector in the StorageClass", name, c.Message)
 	})
+}
+
+// withdraw deletes the Volume of a CreateVolume refused because none of
+// its replicas can be placed (refused, the error it returns), with its
+// key Secret, as a cloud disk that cannot be provisioned leaves nothing:
+// no replica was placed, so no data exists, and a Volume left behind
+// would be placed later, for a claim that may be gone by then, and hold
+// disk room nobody asked for. The CO retries CreateVolume while the claim
+// wants a volume, and a later call creates the Volume again.
+func (s *ControllerServer) withdraw(ctx context.Context, v *v1.Volume, refused error) error {
+	if err := s.c.Delete(ctx, v); err != nil && !apierrors.IsNotFound(err) {
+		return status.Errorf(codes.Internal, "%v; deleting the Volume it created failed: %v", status.Convert(refused).Message(), err)
+	}
+	if v.Spec.Encryption != nil {
+		if err := s.deleteKeySecret(ctx, v.Name); err != nil {
+			return status.Errorf(codes.Internal, "%v; deleting the volume's key Secret failed: %v", status.Convert(refused).Message(), err)
+		}
+	}
+	return refused
 }
 
 // DeleteVolume deletes the Volume and waits until its engine, replicas and
@@ -612,7 +634,19 @@ func (s *ControllerServer) GetCapacity(ctx context.Context, req *csipb.GetCapaci
 		return nil, err
 	}
 	available, largest := scheduler.Capacity(scheduler.Request{Tags: params.diskSelector, OverProvisioningPercent: s.overProvisioning}, disks, replicas)
-	return &csipb.GetCapacityResponse{AvailableCapacity: available, MaximumVolumeSize: wrapperspb.Int64(largest)}, nil
+	return &csipb.GetCapacityResponse{AvailableCapacity: available, MaximumVolumeSize: wrapperspb.Int64(largestVolume(largest))}, nil
+}
+
+// largestVolume is the size of the largest volume CreateVolume would make
+// in room bytes: sizes are multiples of blockSize, at least minVolumeSize
+// and at most maxVolumeSize, so room beyond 64 TiB does not raise it and
+// room below the smallest volume is none.
+func largestVolume(room int64) int64 {
+	size := min(room, maxVolumeSize) / blockSize * blockSize
+	if size < minVolumeSize {
+		return 0
+	}
+	return size
 }
 
 // disks are the StorageNodes' disks as the scheduler sees them, with the

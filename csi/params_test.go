@@ -83,6 +83,33 @@ func TestVolumeSize(t *testing.T) {
 	}
 }
 
+// TestLargestVolume: GetCapacity's maximum volume size is one CreateVolume
+// makes with exactly that size as required and limit bytes.
+func TestLargestVolume(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		room, want int64
+	}{
+		{name: "no room", room: 0, want: 0},
+		{name: "less than the smallest volume", room: 1<<20 - 4096, want: 0},
+		{name: "the smallest volume", room: 1 << 20, want: 1 << 20},
+		{name: "rounded down to 4 KiB", room: 10<<20 + 4095, want: 10 << 20},
+		{name: "64 TiB", room: v1.MaxVolumeSize, want: v1.MaxVolumeSize},
+		{name: "100 TiB of room is a 64 TiB volume", room: 100 << 40, want: v1.MaxVolumeSize},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			got := largestVolume(tc.room)
+			g.Expect(got).To(Equal(tc.want))
+			if got > 0 {
+				size, err := volumeSize(&csipb.CapacityRange{RequiredBytes: got, LimitBytes: got}, 0)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(size).To(Equal(got))
+			}
+		})
+	}
+}
+
 func capOf(mode csipb.VolumeCapability_AccessMode_Mode, block bool, fs string) *csipb.VolumeCapability {
 	c := &csipb.VolumeCapability{AccessMode: &csipb.VolumeCapability_AccessMode{Mode: mode}}
 	if block {
