@@ -1,0 +1,187 @@
+package backupstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// S3Config says where an S3-compatible target is and how to reach it.
+type S3Config struct {
+	// Endpoint is the server's URL, "https://s3.example.com" or
+	// "http://10.0.0.5:7070" (http only where the network is trusted).
+	Endpoint string
+	// Bucket holds the objects; it must exist.
+	Bucket string
+	// Prefix is put before every key ("cluster-a/"), so several stores
+	// can share a bucket. Empty uses the bucket's root.
+	Prefix string
+	// Region is the bucket's region; empty lets the client ask the server.
+	Region string
+	// PathStyle addresses the bucket as https://endpoint/bucket (most
+	// self-hosted servers) instead of https://bucket.endpoint.
+	PathStyle bool
+	// AccessKeyID, SecretAccessKey and SessionToken are the credentials
+	// (SessionToken only for temporary ones).
+	AccessKeyID     string
+	SecretAccessKey string
+	SessionToken    string
+	// CACertPEM, if set, is the only set of CAs trusted for the endpoint's
+	// certificate (a private CA); otherwise the system's roots are used.
+	CACertPEM []byte
+}
+
+// S3Target is a Target in an S3-compatible bucket, through minio-go. The
+// client's own retries are off: the Store retries, with its own bounds.
+type S3Target struct {
+	client *minio.Client
+	bucket string
+	prefix string
+}
+
+// NewS3Target returns a target for cfg. It does not contact the server.
+func NewS3Target(cfg S3Config) (*S3Target, error) {
+	u, err := url.Parse(cfg.Endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return nil, fmt.Errorf("S3 endpoint %q: give a URL such as https://s3.example.com", cfg.Endpoint)
+	}
+	if cfg.Bucket == "" {
+		return nil, errors.New("S3 target: bucket is empty")
+	}
+	transport, err := s3Transport(cfg.CACertPEM)
+	if err != nil {
+		return nil, err
+	}
+	lookup := minio.BucketLookupAuto
+	if cfg.PathStyle {
+		lookup = minio.BucketLookupPath
+	}
+	client, err := minio.New(u.Host, &minio.Options{
+		Creds:        credentials.NewStaticV4(cfg.AccessKeyID, cfg.SecretAccessKey, cfg.SessionToken),
+		Secure:       u.Scheme == "https",
+		Transport:    transport,
+		Region:       cfg.Region,
+		BucketLookup: lookup,
+		MaxRetries:   1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("S3 target: %w", err)
+	}
+	prefix := strings.Trim(cfg.Prefix, "/")
+	if prefix != "" {
+		prefix += "/"
+	}
+	return &S3Target{client: client, bucket: cfg.Bucket, prefix: prefix}, nil
+}
+
+func s3Transport(caPEM []byte) (*http.Transport, error) {
+	tr, err := minio.DefaultTransport(true)
+	if err != nil {
+		return nil, err
+	}
+	// Bounded connection set-up: a black-holed endpoint fails the call's
+	// dial within this, well inside the Store's per-call timeout.
+	tr.DialContext = (&net.Dialer{Timeout: 15 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	tr.ResponseHeaderTimeout = time.Minute
+	if len(caPEM) > 0 {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(caPEM) {
+			return nil, errors.New("S3 target: the custom CA holds no PEM certificate")
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return tr, nil
+}
+
+// Put implements Target.
+func (t *S3Target) Put(ctx context.Context, key string, data []byte) error {
+	_, err := t.client.PutObject(ctx, t.bucket, t.prefix+key, bytes.NewReader(data), int64(len(data)),
+		minio.PutObjectOptions{ContentType: "application/octet-stream", DisableMultipart: true, SendContentMd5: true})
+	return s3Error(err)
+}
+
+// Get implements Target.
+func (t *S3Target) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	obj, err := t.client.GetObject(ctx, t.bucket, t.prefix+key, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, s3Error(err)
+	}
+	// GetObject is lazy: Stat sends the request, so a missing key is
+	// reported here rather than at the first Read.
+	if _, err := obj.Stat(); err != nil {
+		_ = obj.Close()
+		return nil, s3Error(err)
+	}
+	return s3Reader{obj}, nil
+}
+
+type s3Reader struct{ obj *minio.Object }
+
+func (r s3Reader) Read(p []byte) (int, error) {
+	n, err := r.obj.Read(p)
+	if err != nil && err != io.EOF {
+		err = s3Error(err)
+	}
+	return n, err
+}
+
+func (r s3Reader) Close() error { return r.obj.Close() }
+
+// Delete implements Target.
+func (t *S3Target) Delete(ctx context.Context, key string) error {
+	err := s3Error(t.client.RemoveObject(ctx, t.bucket, t.prefix+key, minio.RemoveObjectOptions{}))
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// List implements Target.
+func (t *S3Target) List(ctx context.Context, prefix string, fn func(Object) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the listing goroutine if fn fails
+	for o := range t.client.ListObjects(ctx, t.bucket, minio.ListObjectsOptions{Prefix: t.prefix + prefix, Recursive: true}) {
+		if o.Err != nil {
+			return s3Error(o.Err)
+		}
+		if err := fn(Object{Key: strings.TrimPrefix(o.Key, t.prefix), Size: o.Size, ModTime: o.LastModified}); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// s3Error maps a minio-go error to the Target conventions.
+func s3Error(err error) error {
+	if err == nil {
+		return nil
+	}
+	resp := minio.ToErrorResponse(err)
+	switch {
+	case resp.Code == "NoSuchKey":
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	case resp.StatusCode >= 500, resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode == http.StatusRequestTimeout,
+		resp.Code == "SlowDown", resp.Code == "RequestTimeout", resp.Code == "InternalError", resp.Code == "ServiceUnavailable":
+		return Transient(err)
+	case resp.Code != "":
+		return err // the server answered: access denied, no such bucket, ...
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, context.DeadlineExceeded) {
+		return Transient(err)
+	}
+	return err
+}
