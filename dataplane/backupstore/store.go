@@ -138,14 +138,14 @@ func validName(kind, name string) error {
 }
 
 // Keys of the objects on the target (relative to the target's prefix).
-func volumeKey(vol string) string           { return "volumes/" + vol + "/" }
-func indexKey(vol string) string            { return volumeKey(vol) + "index.json" }
-func manifestPrefix(vol string) string      { return volumeKey(vol) + "backups/" }
-func manifestKey(vol, name string) string   { return manifestPrefix(vol) + name + manifestSuffix }
-func blockPrefix(vol string) string         { return volumeKey(vol) + "blocks/" }
-func leasePrefix(vol string) string         { return volumeKey(vol) + "leases/" }
-func blockKey(vol string, h Hash) string    { s := h.String(); return blockPrefix(vol) + s[:2] + "/" + s }
-func leaseKey(vol, kind, id string) string  { return leasePrefix(vol) + kind + "-" + id }
+func volumeKey(vol string) string          { return "volumes/" + vol + "/" }
+func indexKey(vol string) string           { return volumeKey(vol) + "index.json" }
+func manifestPrefix(vol string) string     { return volumeKey(vol) + "backups/" }
+func manifestKey(vol, name string) string  { return manifestPrefix(vol) + name + manifestSuffix }
+func blockPrefix(vol string) string        { return volumeKey(vol) + "blocks/" }
+func leasePrefix(vol string) string        { return volumeKey(vol) + "leases/" }
+func blockKey(vol string, h Hash) string   { s := h.String(); return blockPrefix(vol) + s[:2] + "/" + s }
+func leaseKey(vol, kind, id string) string { return leasePrefix(vol) + kind + "-" + id }
 
 const manifestSuffix = ".manifest"
 
