@@ -104,6 +104,7 @@ envtest: ## Get kube-apiserver, etcd and kubectl for envtest into bin/k8s (built
 .PHONY: test-tools
 test-tools: ## Install the real clients the tests drive (qemu-utils, libnbd-bin, fio, e2fsprogs, iptables, user-mode-linux) if missing.
 	hack/install-test-tools.sh
+	CAIRN_CACHE=$(CAIRN_CACHE) hack/install-versitygw.sh >/dev/null
 
 .PHONY: test
 test: verify lint envtest test-tools ## Verify generated code, lint, run every test of both modules (envtest included), build each module alone.
