@@ -116,4 +116,38 @@ const (
 	// down (the out-of-service taint), although they may have been RW at
 	// the volume's newest epoch: writes only they held, if any, are lost.
 	ReasonReplicasDeclaredLost = "ReplicasDeclaredLost"
+	// ReasonNodeOutOfService means the process's node carries the
+	// out-of-service taint (node.kubernetes.io/out-of-service): an
+	// operator declared it shut down, so nothing runs there and its
+	// processes are not waited for.
+	ReasonNodeOutOfService = "NodeOutOfService"
+)
+
+// Ready condition reasons of an Engine alone; those it shares with a
+// Replica are above.
+const (
+	// EngineReasonNotPlaced means spec.nodeName is empty: the engine runs
+	// nowhere (its volume is detached).
+	EngineReasonNotPlaced = "NotPlaced"
+	// EngineReasonNoReplicas means spec.replicaAddresses is empty: there
+	// is nothing to serve the volume from.
+	EngineReasonNoReplicas = "NoReplicas"
+	// EngineReasonReplicaSyncFailed means the engine runs but bringing its
+	// replica set to its spec failed; the message has the error. It is
+	// retried.
+	EngineReasonReplicaSyncFailed = "ReplicaSyncFailed"
+)
+
+// ReplicaReasonNotScheduled is the Ready reason of a Replica not yet
+// placed on a disk (no node, disk path or data directory yet).
+const ReplicaReasonNotScheduled = "NotScheduled"
+
+// Ready condition reasons of an InstanceManager.
+const (
+	// InstanceManagerReasonNoAddress means spec.address is empty: the
+	// node's instance-manager pod has no IP yet.
+	InstanceManagerReasonNoAddress = "NoAddress"
+	// InstanceManagerReasonUnreachable means the instance manager does not
+	// answer at its address; the message has the error.
+	InstanceManagerReasonUnreachable = "Unreachable"
 )

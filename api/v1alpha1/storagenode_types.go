@@ -18,6 +18,23 @@ const (
 // percentage, or its filesystem has nothing free beyond the reserve.
 const StorageNodeReasonInsufficientStorage = "InsufficientStorage"
 
+// StorageNode condition reasons besides StorageNodeReasonInsufficientStorage
+// and the instance-manager ones an Engine or Replica reports too
+// (ReasonNoInstanceManager, ReasonInstanceManagerDown).
+const (
+	// StorageNodeReasonNotADataDirectory (a disk's Ready false) means the
+	// disk's path is not one of the data directories the node's instance
+	// manager serves (its --data-dir flags).
+	StorageNodeReasonNotADataDirectory = "NotADataDirectory"
+	// StorageNodeReasonSchedulingDisabled means allowScheduling is false
+	// on the node or on the disk.
+	StorageNodeReasonSchedulingDisabled = "SchedulingDisabled"
+	// StorageNodeReasonNoSchedulableDisk (Schedulable false) means no disk
+	// is ready, allowed and with room for a replica, or (for one disk)
+	// that the disk is not ready.
+	StorageNodeReasonNoSchedulableDisk = "NoSchedulableDisk"
+)
+
 // DefaultDiskName is the name of the disk a StorageNode without
 // spec.disks has: its instance manager's first data directory.
 const DefaultDiskName = "default"

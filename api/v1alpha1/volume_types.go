@@ -116,6 +116,15 @@ const (
 
 // Volume condition reasons.
 const (
+	// VolumeReasonCreating (Ready false) means the Volume's Engine and
+	// Replica objects are being created.
+	VolumeReasonCreating = "Creating"
+	// VolumeReasonAttaching (Ready false) means the volume is being
+	// attached to spec.nodeName; the message says what it waits for.
+	VolumeReasonAttaching = "Attaching"
+	// VolumeReasonDetaching (Ready false) means the engine is being
+	// stopped, then the replicas.
+	VolumeReasonDetaching = "Detaching"
 	// VolumeReasonReplicaSchedulingFailed means no disk could take one or more
 	// replicas; the message names the constraint that failed (free space,
 	// anti-affinity, tags) and how many replicas are unplaced.

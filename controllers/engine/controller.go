@@ -52,14 +52,6 @@ import (
 // engine holds the volume's device on its node).
 const Finalizer = "storage.cairn.io/engine-process"
 
-// Ready condition reasons of an Engine alone; those it shares with a
-// Replica's are in api/v1alpha1 (ReasonNoInstanceManager, ...).
-const (
-	ReasonNotPlaced  = "NotPlaced"
-	ReasonNoReplicas = "NoReplicas"
-	ReasonSyncFailed = "ReplicaSyncFailed"
-)
-
 const callTimeout = process.CallTimeout
 
 var labelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
@@ -168,7 +160,7 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.R
 	}
 	if e.Spec.NodeName == "" {
 		r.reset(e, v1.InstanceStateStopped)
-		ready(false, ReasonNotPlaced, "spec.nodeName is empty: the engine runs nowhere")
+		ready(false, v1.EngineReasonNotPlaced, "spec.nodeName is empty: the engine runs nowhere")
 		return ctrl.Result{}, nil
 	}
 	return r.runner().Reconcile(ctx, process.Spec{
@@ -180,7 +172,7 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, e *v1.Engine) (ctrl.R
 		Outdated: func(ctx context.Context, p *imv1.Process) (string, error) { return r.outdated(ctx, e, p) },
 		Running: func(ctx context.Context, p *imv1.Process) (ctrl.Result, error) {
 			if len(e.Spec.ReplicaAddresses) == 0 {
-				ready(false, ReasonNoReplicas, "spec.replicaAddresses is empty: nothing to serve the volume from")
+				ready(false, v1.EngineReasonNoReplicas, "spec.replicaAddresses is empty: nothing to serve the volume from")
 				return ctrl.Result{}, nil
 			}
 			msg := "the engine serves " + e.Status.Endpoint
@@ -229,7 +221,7 @@ func (r *Reconciler) observe(e *v1.Engine, o process.Observation) {
 func (r *Reconciler) createRequest(ctx context.Context, e *v1.Engine, ready func(bool, string, string)) (*imv1.ProcessCreateRequest, *process.Wait, error) {
 	want := ProcessSpec(e)
 	if len(want.Replicas) == 0 {
-		return nil, &process.Wait{Reason: ReasonNoReplicas, Message: "spec.replicaAddresses is empty: nothing to serve the volume from"}, nil
+		return nil, &process.Wait{Reason: v1.EngineReasonNoReplicas, Message: "spec.replicaAddresses is empty: nothing to serve the volume from"}, nil
 	}
 	stale, err := r.staleReplicas(ctx, e)
 	if err != nil {
@@ -327,7 +319,7 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, e *v1.Engine, p *imv1
 	}
 	applyWatchStatus(e, vs)
 	if err := r.syncRunning(ctx, e, c, vs); err != nil {
-		ready(true, ReasonSyncFailed, msg+"; bringing it to its spec failed: "+err.Error())
+		ready(true, v1.EngineReasonReplicaSyncFailed, msg+"; bringing it to its spec failed: "+err.Error())
 		return err
 	}
 	return nil

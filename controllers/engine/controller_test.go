@@ -124,7 +124,7 @@ func TestEngineNotRunnable(t *testing.T) {
 	nowhere := mk("nowhere", func(e *v1.Engine) { e.Spec.NodeName = "" })
 	ghost := mk("ghost", func(*v1.Engine) {})
 	g.Eventually(func() string { return readyReason(bad) }, timeout, 50*time.Millisecond).Should(Equal(v1.ReasonInvalidSpec))
-	g.Eventually(func() string { return readyReason(nowhere) }, timeout, 50*time.Millisecond).Should(Equal(ReasonNotPlaced))
+	g.Eventually(func() string { return readyReason(nowhere) }, timeout, 50*time.Millisecond).Should(Equal(v1.EngineReasonNotPlaced))
 	g.Eventually(func() string { return readyReason(ghost) }, timeout, 50*time.Millisecond).Should(Equal(v1.ReasonNoInstanceManager))
 }
 

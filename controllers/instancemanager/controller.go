@@ -26,12 +26,6 @@ import (
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
-// Condition reasons of an InstanceManager's Ready condition.
-const (
-	ReasonNoAddress   = "NoAddress"
-	ReasonUnreachable = "Unreachable"
-)
-
 // Reconciler keeps InstanceManager status current.
 type Reconciler struct {
 	client.Client
@@ -106,14 +100,14 @@ func observe(ctx context.Context, pool *imclient.Pool, im *v1.InstanceManager) {
 	}
 	if im.Spec.Address == "" {
 		im.Status.State = v1.InstanceManagerStateUnknown
-		setReady(false, ReasonNoAddress, "spec.address is empty: no instance manager to reach")
+		setReady(false, v1.InstanceManagerReasonNoAddress, "spec.address is empty: no instance manager to reach")
 		markUnknown(im)
 		return
 	}
 	conn, err := pool.Get(im.Spec.Address)
 	if err != nil {
 		im.Status.State = v1.InstanceManagerStateUnknown
-		setReady(false, ReasonUnreachable, err.Error())
+		setReady(false, v1.InstanceManagerReasonUnreachable, err.Error())
 		markUnknown(im)
 		return
 	}
@@ -125,7 +119,7 @@ func observe(ctx context.Context, pool *imclient.Pool, im *v1.InstanceManager) {
 		if werr != nil {
 			msg = "the process watch from " + im.Spec.Address + " is down (redialling): " + werr.Error()
 		}
-		setReady(false, ReasonUnreachable, msg)
+		setReady(false, v1.InstanceManagerReasonUnreachable, msg)
 		markUnknown(im)
 		return
 	}

@@ -58,7 +58,7 @@ func TestInstanceManagerStatus(t *testing.T) {
 		Should(Equal(v1.InstanceManagerStateUnknown))
 	got := get()
 	g.Expect(meta.FindStatusCondition(got.Status.Conditions, v1.ConditionReady)).To(And(
-		HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonUnreachable)))
+		HaveField("Status", metav1.ConditionFalse), HaveField("Reason", v1.InstanceManagerReasonUnreachable)))
 	g.Expect(got.Status.Processes).To(ConsistOf(HaveField("State", v1.InstanceStateUnknown)))
 
 	// It comes back on the same address: running, and its (new, empty) process list.
@@ -77,5 +77,5 @@ func TestInstanceManagerStatus(t *testing.T) {
 			return c.Reason
 		}
 		return ""
-	}, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(Equal(ReasonNoAddress))
+	}, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(Equal(v1.InstanceManagerReasonNoAddress))
 }

@@ -31,11 +31,6 @@ import (
 // deleted.
 const Finalizer = "storage.cairn.io/replica-data"
 
-// ReasonNotScheduled is the Ready reason of a Replica not yet placed on a
-// disk; the reasons it shares with an Engine are in api/v1alpha1
-// (ReasonNoInstanceManager, ...).
-const ReasonNotScheduled = "NotScheduled"
-
 // Reconciler runs Replica processes.
 type Reconciler struct {
 	client.Client
@@ -93,7 +88,7 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, rep *v1.Replica) (ctr
 	}
 	if rep.Spec.NodeName == "" || rep.Spec.DiskPath == "" || rep.Spec.DataDirectoryName == "" {
 		st.InstanceState, st.Address, st.ControlAddress = v1.InstanceStateStopped, "", ""
-		ready(false, ReasonNotScheduled, "the replica has no node, disk path and data directory yet")
+		ready(false, v1.ReplicaReasonNotScheduled, "the replica has no node, disk path and data directory yet")
 		return ctrl.Result{}, nil
 	}
 	return r.runner().Reconcile(ctx, process.Spec{

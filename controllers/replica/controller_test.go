@@ -93,7 +93,7 @@ func TestReplicaNotRunnable(t *testing.T) {
 	} {
 		g.Expect(k8sClient.Create(ctx, r)).To(Succeed())
 	}
-	g.Eventually(func() string { return reason("unscheduled") }, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(Equal(ReasonNotScheduled))
+	g.Eventually(func() string { return reason("unscheduled") }, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(Equal(v1.ReplicaReasonNotScheduled))
 	g.Eventually(func() string { return reason("nowhere") }, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(Equal(v1.ReasonNoInstanceManager))
 }
 

@@ -23,17 +23,6 @@ import (
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
 )
 
-// Condition reasons. The two about the node's instance manager are the
-// ones an Engine or Replica reports (api/v1alpha1).
-const (
-	ReasonNoInstanceManager   = v1.ReasonNoInstanceManager
-	ReasonInstanceManagerDown = v1.ReasonInstanceManagerDown
-	ReasonNotADataDirectory   = "NotADataDirectory"
-	ReasonSchedulingDisabled  = "SchedulingDisabled"
-	ReasonNoSchedulableDisk   = "NoSchedulableDisk"
-	ReasonInsufficientStorage = v1.StorageNodeReasonInsufficientStorage
-)
-
 // DefaultDiskName is the disk a StorageNode without spec.disks has: the
 // instance manager's first data directory.
 const DefaultDiskName = v1.DefaultDiskName
@@ -108,19 +97,19 @@ func (r *Reconciler) observe(ctx context.Context, sn *v1.StorageNode) (observed,
 		}
 	}
 	if im == nil {
-		obs.imReason, obs.imMessage = ReasonNoInstanceManager, fmt.Sprintf("no InstanceManager with an address runs on node %s", sn.Spec.NodeName)
+		obs.imReason, obs.imMessage = v1.ReasonNoInstanceManager, fmt.Sprintf("no InstanceManager with an address runs on node %s", sn.Spec.NodeName)
 		return obs, nil
 	}
 	conn, err := r.Pool.Get(im.Spec.Address)
 	if err != nil {
-		obs.imReason, obs.imMessage = ReasonInstanceManagerDown, err.Error()
+		obs.imReason, obs.imMessage = v1.ReasonInstanceManagerDown, err.Error()
 		return obs, nil
 	}
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	ni, err := conn.Client.NodeInfo(ictx, &imv1.NodeInfoRequest{})
 	if err != nil {
-		obs.imReason, obs.imMessage = ReasonInstanceManagerDown, fmt.Sprintf("instance manager %s at %s: %v", im.Name, im.Spec.Address, err)
+		obs.imReason, obs.imMessage = v1.ReasonInstanceManagerDown, fmt.Sprintf("instance manager %s at %s: %v", im.Name, im.Spec.Address, err)
 		return obs, nil
 	}
 	obs.dataDirs = ni.GetDataDirs()
@@ -167,9 +156,9 @@ func computeStatus(sn *v1.StorageNode, obs observed, op int) {
 	case schedulable > 0:
 		set(v1.StorageNodeConditionSchedulable, true, v1.ReasonAsExpected, fmt.Sprintf("%d of %d disks take new replicas", schedulable, len(disks)))
 	case sn.Spec.AllowScheduling != nil && !*sn.Spec.AllowScheduling:
-		set(v1.StorageNodeConditionSchedulable, false, ReasonSchedulingDisabled, "spec.allowScheduling is false")
+		set(v1.StorageNodeConditionSchedulable, false, v1.StorageNodeReasonSchedulingDisabled, "spec.allowScheduling is false")
 	default:
-		set(v1.StorageNodeConditionSchedulable, false, ReasonNoSchedulableDisk, "no disk is ready, allowed and with room for a replica (see status.disks)")
+		set(v1.StorageNodeConditionSchedulable, false, v1.StorageNodeReasonNoSchedulableDisk, "no disk is ready, allowed and with room for a replica (see status.disks)")
 	}
 }
 
@@ -192,7 +181,7 @@ func diskStatus(sn *v1.StorageNode, d v1.DiskSpec, obs observed, op int) v1.Disk
 	case obs.imReason != "":
 		cond(v1.ConditionReady, false, obs.imReason, obs.imMessage)
 	case dd == nil:
-		cond(v1.ConditionReady, false, ReasonNotADataDirectory, fmt.Sprintf("%s is not a data directory of node %s's instance manager; add it with --data-dir", d.Path, sn.Spec.NodeName))
+		cond(v1.ConditionReady, false, v1.StorageNodeReasonNotADataDirectory, fmt.Sprintf("%s is not a data directory of node %s's instance manager; add it with --data-dir", d.Path, sn.Spec.NodeName))
 	default:
 		ds.Filesystem, ds.Capacity, ds.Available = dd.GetFilesystem(), qty(dd.GetTotalBytes()), qty(dd.GetAvailableBytes())
 		sd.Ready, sd.Capacity, sd.Available = true, dd.GetTotalBytes(), dd.GetAvailableBytes()
@@ -210,13 +199,13 @@ func schedulableReason(d *scheduler.Disk, op int) (reason, msg string) {
 	case "":
 		return v1.ReasonAsExpected, "new replicas may be placed here"
 	case scheduler.RejectNotReady:
-		return ReasonNoSchedulableDisk, "the disk is not ready"
+		return v1.StorageNodeReasonNoSchedulableDisk, "the disk is not ready"
 	case scheduler.RejectNodeDisabled:
-		return ReasonSchedulingDisabled, "allowScheduling is false on the node"
+		return v1.StorageNodeReasonSchedulingDisabled, "allowScheduling is false on the node"
 	case scheduler.RejectDiskDisabled:
-		return ReasonSchedulingDisabled, "allowScheduling is false on the disk"
+		return v1.StorageNodeReasonSchedulingDisabled, "allowScheduling is false on the disk"
 	default:
-		return ReasonInsufficientStorage, fmt.Sprintf("no room for a new replica: %s scheduled of %s allowed ((capacity − storageReserved) × %d%%), %s free beyond the reserve",
+		return v1.StorageNodeReasonInsufficientStorage, fmt.Sprintf("no room for a new replica: %s scheduled of %s allowed ((capacity − storageReserved) × %d%%), %s free beyond the reserve",
 			qty(d.Scheduled), qty(scheduler.Limit(d, op)), scheduler.OverProvisioning(op), qty(max(d.Available-d.Reserved, 0)))
 	}
 }

@@ -40,7 +40,7 @@ func TestStorageNodeStatus(t *testing.T) {
 	}
 	// No instance manager on the node yet.
 	g.Eventually(func() string { return cond(get().Status.Conditions, v1.ConditionReady) }, deadline.Scale(30*time.Second), 50*time.Millisecond).
-		Should(Equal("False/" + ReasonNoInstanceManager))
+		Should(Equal("False/" + v1.ReasonNoInstanceManager))
 
 	g.Expect(k8sClient.Create(ctx, &v1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-a", Namespace: "default"},
 		Spec: v1.InstanceManagerSpec{NodeName: "node-a", Address: im.Addr}})).To(Succeed())
@@ -74,13 +74,13 @@ func TestStorageNodeStatus(t *testing.T) {
 		}
 		return out
 	}, deadline.Scale(30*time.Second), 50*time.Millisecond).Should(Equal([]string{
-		"default:True/AsExpected:False/" + ReasonSchedulingDisabled,
-		"other:False/" + ReasonNotADataDirectory + ":False/" + ReasonNoSchedulableDisk,
+		"default:True/AsExpected:False/" + v1.StorageNodeReasonSchedulingDisabled,
+		"other:False/" + v1.StorageNodeReasonNotADataDirectory + ":False/" + v1.StorageNodeReasonNoSchedulableDisk,
 	}))
-	g.Expect(cond(get().Status.Conditions, v1.StorageNodeConditionSchedulable)).To(Equal("False/" + ReasonSchedulingDisabled))
+	g.Expect(cond(get().Status.Conditions, v1.StorageNodeConditionSchedulable)).To(Equal("False/" + v1.StorageNodeReasonSchedulingDisabled))
 
 	// The instance manager goes: the node is not ready, and says why.
 	im.Kill()
 	g.Eventually(func() string { return cond(get().Status.Conditions, v1.ConditionReady) }, deadline.Scale(30*time.Second), 50*time.Millisecond).
-		Should(Equal("False/" + ReasonInstanceManagerDown))
+		Should(Equal("False/" + v1.ReasonInstanceManagerDown))
 }

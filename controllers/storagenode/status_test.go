@@ -45,13 +45,13 @@ func TestComputeStatus(t *testing.T) {
 		op              int // over-provisioning percentage; 0: the default
 	}{
 		{name: "no instance manager: the default disk is unknown", sn: node(nil),
-			obs:   observed{imReason: ReasonNoInstanceManager, imMessage: "no InstanceManager with an address runs on node n1", scheduled: map[string]int64{}},
-			ready: ReasonNoInstanceManager, sched: ReasonNoSchedulableDisk},
+			obs:   observed{imReason: v1.ReasonNoInstanceManager, imMessage: "no InstanceManager with an address runs on node n1", scheduled: map[string]int64{}},
+			ready: v1.ReasonNoInstanceManager, sched: v1.StorageNodeReasonNoSchedulableDisk},
 		{name: "no instance manager, disks listed: each not ready, saying why", sn: node(twoDisks),
-			obs:   observed{imReason: ReasonInstanceManagerDown, imMessage: "connection refused", scheduled: map[string]int64{"main": 1 << 30}},
-			ready: ReasonInstanceManagerDown, sched: ReasonNoSchedulableDisk,
-			disks: []disk{{"main", "/var/lib/cairn", ReasonInstanceManagerDown, ReasonNoSchedulableDisk, -1, 1 << 30},
-				{"fast", "/mnt/fast", ReasonInstanceManagerDown, ReasonNoSchedulableDisk, -1, 0}}},
+			obs:   observed{imReason: v1.ReasonInstanceManagerDown, imMessage: "connection refused", scheduled: map[string]int64{"main": 1 << 30}},
+			ready: v1.ReasonInstanceManagerDown, sched: v1.StorageNodeReasonNoSchedulableDisk,
+			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonInstanceManagerDown, v1.StorageNodeReasonNoSchedulableDisk, -1, 1 << 30},
+				{"fast", "/mnt/fast", v1.ReasonInstanceManagerDown, v1.StorageNodeReasonNoSchedulableDisk, -1, 0}}},
 		{name: "the default disk at the first data directory", sn: node(nil),
 			obs:   observed{dataDirs: []*imv1.DataDir{dataDir, fast}, scheduled: map[string]int64{DefaultDiskName: 3 << 30}},
 			ready: v1.ReasonAsExpected, sched: v1.ReasonAsExpected, schedMsg: "1 of 1 disks take new replicas",
@@ -63,28 +63,28 @@ func TestComputeStatus(t *testing.T) {
 			obs:   observed{dataDirs: []*imv1.DataDir{dataDir, fast}, scheduled: map[string]int64{}},
 			ready: v1.ReasonAsExpected, sched: v1.ReasonAsExpected, schedMsg: "1 of 2 disks take new replicas",
 			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, v1.ReasonAsExpected, 100 << 30, 0},
-				{"fast", "/mnt/other", ReasonNotADataDirectory, ReasonNoSchedulableDisk, -1, 0}}},
+				{"fast", "/mnt/other", v1.StorageNodeReasonNotADataDirectory, v1.StorageNodeReasonNoSchedulableDisk, -1, 0}}},
 		{name: "scheduling disabled on one disk", sn: node(func(sn *v1.StorageNode) {
 			twoDisks(sn)
 			sn.Spec.Disks[0].AllowScheduling = ptr.To(false)
 		}),
 			obs:   observed{dataDirs: []*imv1.DataDir{dataDir, fast}, scheduled: map[string]int64{"main": 5 << 30}},
 			ready: v1.ReasonAsExpected, sched: v1.ReasonAsExpected, schedMsg: "1 of 2 disks take new replicas",
-			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, ReasonSchedulingDisabled, 100 << 30, 5 << 30},
+			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, v1.StorageNodeReasonSchedulingDisabled, 100 << 30, 5 << 30},
 				{"fast", "/mnt/fast", v1.ReasonAsExpected, v1.ReasonAsExpected, 10 << 30, 0}}},
 		{name: "scheduling disabled on the node", sn: node(func(sn *v1.StorageNode) {
 			twoDisks(sn)
 			sn.Spec.AllowScheduling = ptr.To(false)
 		}),
 			obs:   observed{dataDirs: []*imv1.DataDir{dataDir, fast}, scheduled: map[string]int64{}},
-			ready: v1.ReasonAsExpected, sched: ReasonSchedulingDisabled,
-			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, ReasonSchedulingDisabled, 100 << 30, 0},
-				{"fast", "/mnt/fast", v1.ReasonAsExpected, ReasonSchedulingDisabled, 10 << 30, 0}}},
+			ready: v1.ReasonAsExpected, sched: v1.StorageNodeReasonSchedulingDisabled,
+			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, v1.StorageNodeReasonSchedulingDisabled, 100 << 30, 0},
+				{"fast", "/mnt/fast", v1.ReasonAsExpected, v1.StorageNodeReasonSchedulingDisabled, 10 << 30, 0}}},
 		{name: "a disk full by what is scheduled on it: not schedulable, saying why; the other is", sn: node(twoDisks),
 			obs:   observed{dataDirs: []*imv1.DataDir{dataDir, fast}, scheduled: map[string]int64{"fast": 10 << 30}},
 			ready: v1.ReasonAsExpected, sched: v1.ReasonAsExpected, schedMsg: "1 of 2 disks take new replicas",
 			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, v1.ReasonAsExpected, 100 << 30, 0},
-				{"fast", "/mnt/fast", v1.ReasonAsExpected, ReasonInsufficientStorage, 10 << 30, 10 << 30}}},
+				{"fast", "/mnt/fast", v1.ReasonAsExpected, v1.StorageNodeReasonInsufficientStorage, 10 << 30, 10 << 30}}},
 		{name: "the same disk with 200% over-provisioning has room", sn: node(twoDisks), op: 200,
 			obs:   observed{dataDirs: []*imv1.DataDir{dataDir, fast}, scheduled: map[string]int64{"fast": 10 << 30}},
 			ready: v1.ReasonAsExpected, sched: v1.ReasonAsExpected, schedMsg: "2 of 2 disks take new replicas",
@@ -96,9 +96,9 @@ func TestComputeStatus(t *testing.T) {
 			sn.Spec.Disks[1].StorageReserved = ptr.To(resource.MustParse("9Gi"))
 		}),
 			obs:   observed{dataDirs: []*imv1.DataDir{dataDir, fast}, scheduled: map[string]int64{}},
-			ready: v1.ReasonAsExpected, sched: ReasonNoSchedulableDisk, schedMsg: "with room",
-			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, ReasonInsufficientStorage, 100 << 30, 0},
-				{"fast", "/mnt/fast", v1.ReasonAsExpected, ReasonInsufficientStorage, 10 << 30, 0}}},
+			ready: v1.ReasonAsExpected, sched: v1.StorageNodeReasonNoSchedulableDisk, schedMsg: "with room",
+			disks: []disk{{"main", "/var/lib/cairn", v1.ReasonAsExpected, v1.StorageNodeReasonInsufficientStorage, 100 << 30, 0},
+				{"fast", "/mnt/fast", v1.ReasonAsExpected, v1.StorageNodeReasonInsufficientStorage, 10 << 30, 0}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -148,7 +148,7 @@ func TestComputeStatusKeepsDiskConditions(t *testing.T) {
 	computeStatus(sn, up, 0)
 	g.Expect(meta.FindStatusCondition(sn.Status.Disks[0].Conditions, c.Type).LastTransitionTime).To(Equal(metav1.Unix(1000, 0)))
 
-	down := observed{imReason: ReasonInstanceManagerDown, imMessage: "unreachable", scheduled: map[string]int64{}}
+	down := observed{imReason: v1.ReasonInstanceManagerDown, imMessage: "unreachable", scheduled: map[string]int64{}}
 	computeStatus(sn, down, 0)
 	g.Expect(sn.Status.Disks).To(BeEmpty(), "without a report the default disk's path is unknown")
 	g.Expect(meta.IsStatusConditionFalse(sn.Status.Conditions, v1.ConditionReady)).To(BeTrue())

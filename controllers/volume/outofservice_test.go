@@ -16,7 +16,6 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
-	"github.com/cairn-io/cairn/controllers/internal/objects"
 )
 
 // TestVolumeNodeOutOfService: the node of an attached volume's engine
@@ -74,7 +73,7 @@ func TestVolumeNodeOutOfService(t *testing.T) {
 	for _, rep := range listReplicas(g, vol) {
 		if rep.Spec.NodeName == "oos-a" {
 			g.Expect(rep.Status.InstanceState).To(Equal(v1.InstanceStateStopped))
-			g.Expect(rep.Status.Conditions).To(ContainElement(HaveField("Reason", objects.ReasonNodeOutOfService)))
+			g.Expect(rep.Status.Conditions).To(ContainElement(HaveField("Reason", v1.ReasonNodeOutOfService)))
 		}
 	}
 	qemuIO(t, vol.Name, get().Status.Endpoint, "read -P 0x44 0 4M", "read -P 0x55 12M 1M", "write -P 0x66 20M 1M", "flush")

@@ -13,13 +13,6 @@ import (
 	"github.com/cairn-io/cairn/controllers/internal/objects"
 )
 
-// Ready condition reasons.
-const (
-	ReasonAttaching = "Attaching"
-	ReasonDetaching = "Detaching"
-	ReasonCreating  = "Creating"
-)
-
 // condFunc sets one of the Volume's conditions.
 type condFunc func(typ string, ok bool, reason, msg string)
 
@@ -81,7 +74,7 @@ func setState(s *scope, cond condFunc, n replicaCounts) {
 	switch {
 	case e == nil || len(s.replicas) < n.want:
 		st.State = v1.VolumeStateCreating
-		cond(v1.ConditionReady, false, ReasonCreating, "creating the engine and replica objects")
+		cond(v1.ConditionReady, false, v1.VolumeReasonCreating, "creating the engine and replica objects")
 	case v.Spec.NodeName != "" && p.userEngineServes:
 		st.State = v1.VolumeStateAttached
 		st.Endpoint, st.CurrentNodeName, st.Size = e.Status.Endpoint, e.Spec.NodeName, e.Status.Size
@@ -103,7 +96,7 @@ func setState(s *scope, cond condFunc, n replicaCounts) {
 			s.node, why, n.running, n.scheduled, engineState(e)))
 	case p.anyProcess:
 		st.State = v1.VolumeStateDetaching
-		cond(v1.ConditionReady, false, ReasonDetaching, "stopping the engine, then the replicas")
+		cond(v1.ConditionReady, false, v1.VolumeReasonDetaching, "stopping the engine, then the replicas")
 	default:
 		st.State = v1.VolumeStateDetached
 		cond(v1.ConditionReady, false, v1.VolumeReasonDetached, "not attached to any node")
@@ -146,10 +139,10 @@ func setAttaching(s *scope, cond condFunc, n replicaCounts) {
 		if s.clone != nil {
 			msg = s.clone.Message
 		}
-		cond(v1.ConditionReady, false, ReasonAttaching, fmt.Sprintf("attaching to %s waits for the copy from the data source to complete: %s", v.Spec.NodeName, msg))
+		cond(v1.ConditionReady, false, v1.VolumeReasonAttaching, fmt.Sprintf("attaching to %s waits for the copy from the data source to complete: %s", v.Spec.NodeName, msg))
 		return
 	}
-	reason := ReasonAttaching
+	reason := v1.VolumeReasonAttaching
 	if c := engineReady(e); c != nil && c.Status != metav1.ConditionTrue && c.Reason == v1.ReasonEncryptionKeyUnusable {
 		reason = c.Reason // the CSI driver fails the attach on it
 	}

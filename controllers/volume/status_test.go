@@ -74,14 +74,14 @@ func TestComputeStatus(t *testing.T) {
 		check           func(g *WithT, st *v1.VolumeStatus)
 	}{
 		{name: "no engine yet", s: &scope{v: statusVolume("")},
-			state: v1.VolumeStateCreating, robustness: v1.VolumeRobustnessUnknown, ready: ReasonCreating,
+			state: v1.VolumeStateCreating, robustness: v1.VolumeRobustnessUnknown, ready: v1.VolumeReasonCreating,
 			check: func(g *WithT, st *v1.VolumeStatus) {
 				c := meta.FindStatusCondition(st.Conditions, v1.VolumeConditionScheduled)
 				g.Expect(c.Reason).To(Equal(v1.ReasonReconciling))
 				g.Expect(c.Message).To(Equal("0 of 3 replicas placed"))
 			}},
 		{name: "fewer replica objects than wanted", s: &scope{v: statusVolume(""), engine: statusEngine("", ""), replicas: threeReplicas("")[:2]},
-			state: v1.VolumeStateCreating, robustness: v1.VolumeRobustnessUnknown, ready: ReasonCreating},
+			state: v1.VolumeStateCreating, robustness: v1.VolumeRobustnessUnknown, ready: v1.VolumeReasonCreating},
 		{name: "scheduling failed", s: &scope{v: statusVolume(""), engine: statusEngine("", ""),
 			replicas: []*v1.Replica{statusReplica("r1", "n1", ""), statusReplica("r2", "", ""), statusReplica("r3", "", "")},
 			reason:   "no disk has 16Mi free"},
@@ -100,10 +100,10 @@ func TestComputeStatus(t *testing.T) {
 				g.Expect(st.CurrentNodeName).To(BeEmpty())
 			}},
 		{name: "detaching: a process still runs", s: &scope{v: statusVolume(""), engine: statusEngine("n1", stopped), replicas: threeReplicas(running)},
-			state: v1.VolumeStateDetaching, robustness: v1.VolumeRobustnessUnknown, ready: ReasonDetaching},
+			state: v1.VolumeStateDetaching, robustness: v1.VolumeRobustnessUnknown, ready: v1.VolumeReasonDetaching},
 		{name: "attaching: replicas starting", s: &scope{v: statusVolume("n1"), engine: statusEngine("", ""),
 			replicas: []*v1.Replica{statusReplica("r1", "n1", running), statusReplica("r2", "n2", v1.InstanceStateStarting), statusReplica("r3", "n3", "")}},
-			state: v1.VolumeStateAttaching, robustness: v1.VolumeRobustnessUnknown, ready: ReasonAttaching,
+			state: v1.VolumeStateAttaching, robustness: v1.VolumeRobustnessUnknown, ready: v1.VolumeReasonAttaching,
 			readyMsg: "attaching to n1: 1 of 3 scheduled replicas running, engine not started"},
 		{name: "attaching: the engine's key cannot be used", s: &scope{v: statusVolume("n1"), replicas: threeReplicas(running),
 			engine: with(statusEngine("n1", v1.InstanceStateError), func(e *v1.Engine) {
@@ -113,10 +113,10 @@ func TestComputeStatus(t *testing.T) {
 			state: v1.VolumeStateAttaching, robustness: v1.VolumeRobustnessUnknown, ready: v1.ReasonEncryptionKeyUnusable,
 			readyMsg: "engine error: Secret k has no passphrase"},
 		{name: "attaching: the engine runs on another node", s: &scope{v: statusVolume("n2"), engine: statusEngine("n1", running, RW, RW, RW), replicas: threeReplicas(running)},
-			state: v1.VolumeStateAttaching, robustness: v1.VolumeRobustnessUnknown, ready: ReasonAttaching},
+			state: v1.VolumeStateAttaching, robustness: v1.VolumeRobustnessUnknown, ready: v1.VolumeReasonAttaching},
 		{name: "attaching: a maintenance engine on the user's node", s: &scope{v: statusVolume("n1"), replicas: threeReplicas(running),
 			engine: with(statusEngine("n1", running, RW, RW, RW), func(e *v1.Engine) { e.Spec.Maintenance = true })},
-			state: v1.VolumeStateAttaching, robustness: v1.VolumeRobustnessUnknown, ready: ReasonAttaching},
+			state: v1.VolumeStateAttaching, robustness: v1.VolumeRobustnessUnknown, ready: v1.VolumeReasonAttaching},
 		{name: "attached, healthy", s: &scope{v: statusVolume("n1"), engine: statusEngine("n1", running, RW, RW, RW), replicas: threeReplicas(running)},
 			state: v1.VolumeStateAttached, robustness: v1.VolumeRobustnessHealthy, ready: v1.ReasonAsExpected, readyMsg: "attached to n1 at /dev/loop7",
 			check: func(g *WithT, st *v1.VolumeStatus) {
@@ -154,7 +154,7 @@ func TestComputeStatus(t *testing.T) {
 		{name: "attach waits for the clone's copy", s: &scope{v: with(statusVolume("n1"), func(v *v1.Volume) { v.Spec.DataSource = &v1.VolumeDataSource{Volume: "src"} }),
 			engine: statusEngine("", ""), replicas: threeReplicas(running),
 			clone: &v1.CloneStatus{State: v1.CloneStateCopying, SourceVolume: "src", Message: "copying snapshot clone-v of volume src: 40%"}},
-			state: v1.VolumeStateAttaching, robustness: v1.VolumeRobustnessUnknown, ready: ReasonAttaching,
+			state: v1.VolumeStateAttaching, robustness: v1.VolumeRobustnessUnknown, ready: v1.VolumeReasonAttaching,
 			readyMsg: "waits for the copy from the data source to complete: copying snapshot clone-v of volume src: 40%",
 			check: func(g *WithT, st *v1.VolumeStatus) {
 				c := meta.FindStatusCondition(st.Conditions, v1.VolumeConditionCloned)

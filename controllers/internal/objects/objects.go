@@ -75,10 +75,6 @@ const Workers = 8
 // event follows, and the object would wait for ever.
 const UnreachableRecheck = 5 * time.Second
 
-// ReasonNodeOutOfService: the Ready reason of an Engine or Replica whose
-// node carries the out-of-service taint (OutOfService).
-const ReasonNodeOutOfService = "NodeOutOfService"
-
 // OutOfService reports whether node carries Kubernetes' out-of-service
 // taint (corev1.TaintNodeOutOfService, non-graceful node shutdown): an
 // operator's word that the node is shut down, after which Kubernetes

@@ -130,7 +130,7 @@ func (r *Runner) Reconcile(ctx context.Context, s Spec) (ctrl.Result, error) {
 	}
 	if out {
 		s.Observe(Observation{State: v1.InstanceStateStopped})
-		s.Ready(false, objects.ReasonNodeOutOfService, fmt.Sprintf("node %s has the %s taint: it is shut down, and the %s with it", s.Node, corev1.TaintNodeOutOfService, s.Noun))
+		s.Ready(false, v1.ReasonNodeOutOfService, fmt.Sprintf("node %s has the %s taint: it is shut down, and the %s with it", s.Node, corev1.TaintNodeOutOfService, s.Noun))
 		return ctrl.Result{}, nil
 	}
 	conn, im, err := r.pool.ForNode(ctx, r.client, s.Object.GetNamespace(), s.Node)
