@@ -71,6 +71,9 @@ func (s *Store) Backup(ctx context.Context, opts BackupOptions) (*BackupResult, 
 	} else if !errors.Is(err, ErrBackupNotFound) {
 		return nil, err
 	}
+	if idx, _, err := s.readIndex(ctx, opts.Volume); err == nil && len(idx.Backups) >= MaxBackupsPerVolume {
+		return nil, fmt.Errorf("%w: volume %s has %d backups, the most one volume may have; delete some", ErrInvalid, opts.Volume, len(idx.Backups))
+	}
 	l, err := s.takeWorkLease(ctx, opts.Volume, leaseBackup, opts.Name)
 	if err != nil {
 		return nil, err
@@ -88,14 +91,18 @@ func (s *Store) Backup(ctx context.Context, opts BackupOptions) (*BackupResult, 
 	if err != nil {
 		return nil, err
 	}
-	// The commit point. The lease check guards the blocks this backup
-	// relies on but does not yet reference (its own uploads and its
-	// parent's blocks): had the lease looked expired, a collection may
-	// have removed them.
-	if err := l.check(); err != nil {
-		return nil, err
-	}
-	if err := s.put(ctx, manifestKey(opts.Volume, opts.Name), data); err != nil {
+	// The commit point. The lease check, before every attempt, guards the
+	// blocks this backup relies on but does not yet reference (its own
+	// uploads and its parent's blocks): had the lease looked expired, a
+	// collection may have removed them.
+	key := manifestKey(opts.Volume, opts.Name)
+	err = s.call(ctx, "put", key, func(ctx context.Context) error {
+		if err := l.check(); err != nil {
+			return err
+		}
+		return s.target.Put(ctx, key, data)
+	})
+	if err != nil {
 		return nil, err
 	}
 	info := infoOf(m)

@@ -69,11 +69,14 @@ func decodeBlock(obj []byte, want Hash, dst []byte) error {
 		copy(dst, payload)
 	case codecS2:
 		n, err := s2.DecodedLen(payload)
-		if err != nil || n != len(dst) {
-			return fmt.Errorf("%w: compressed block decodes to %d bytes where %d are expected (%v)", ErrCorrupt, n, len(dst), err)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+		if n != len(dst) {
+			return fmt.Errorf("%w: compressed block decodes to %d bytes where %d are expected", ErrCorrupt, n, len(dst))
 		}
 		if _, err := s2.Decode(dst, payload); err != nil {
-			return fmt.Errorf("%w: %v", ErrCorrupt, err)
+			return fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
 	default:
 		return fmt.Errorf("%w: unknown block codec %d", ErrCorrupt, obj[5])

@@ -240,7 +240,7 @@ func (r *ctxReader) Read(p []byte) (int, error) {
 	case res := <-done:
 		copy(p, res.buf[:res.n])
 		r.buf = res.buf
-		if res.err != nil && res.err != io.EOF {
+		if res.err != nil && !errors.Is(res.err, io.EOF) {
 			return res.n, fsError(res.err)
 		}
 		return res.n, res.err

@@ -136,10 +136,7 @@ func (s *Store) deleteBlocks(ctx context.Context, l *lease, garbage []Object, re
 				if i >= int64(len(garbage)) {
 					return nil
 				}
-				if err := l.check(); err != nil {
-					return err
-				}
-				if err := s.delete(g.ctx, garbage[i].Key); err != nil {
+				if err := s.guardedDelete(g.ctx, l, garbage[i].Key); err != nil {
 					return err
 				}
 				deleted.Add(1)
@@ -150,4 +147,17 @@ func (s *Store) deleteBlocks(ctx context.Context, l *lease, garbage []Object, re
 	err := g.Wait()
 	res.Deleted, res.DeletedBytes = int(deleted.Load()), bytes.Load()
 	return err
+}
+
+// guardedDelete deletes key, checking before every attempt that the lease
+// is still safely held: an attempt lasts at most CallTimeout (at most a
+// quarter of the lease duration), so no delete lands after others may
+// have seen the lease expire.
+func (s *Store) guardedDelete(ctx context.Context, l *lease, key string) error {
+	return s.call(ctx, "delete", key, func(ctx context.Context) error {
+		if err := l.check(); err != nil {
+			return err
+		}
+		return s.target.Delete(ctx, key)
+	})
 }

@@ -68,7 +68,7 @@ func DecodeIndex(data []byte, maxVolumeSize int64) (*Index, error) {
 	var idx Index
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&idx); err != nil {
-		return nil, fmt.Errorf("%w: index: %v", ErrCorrupt, err)
+		return nil, fmt.Errorf("%w: index: %w", ErrCorrupt, err)
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("%w: index: data after the JSON object", ErrCorrupt)

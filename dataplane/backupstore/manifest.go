@@ -199,7 +199,7 @@ func DecodeManifest(r io.Reader, maxVolumeSize int64) (*Manifest, error) {
 		return nil, err
 	}
 	if err := json.Unmarshal(meta, &m.ManifestMeta); err != nil {
-		return nil, fmt.Errorf("%w: manifest description: %v", ErrCorrupt, err)
+		return nil, fmt.Errorf("%w: manifest description: %w", ErrCorrupt, err)
 	}
 	if m.Blocks, err = decodeEntries(r, count); err != nil {
 		return nil, err

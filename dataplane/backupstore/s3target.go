@@ -131,7 +131,7 @@ type s3Reader struct{ obj *minio.Object }
 
 func (r s3Reader) Read(p []byte) (int, error) {
 	n, err := r.obj.Read(p)
-	if err != nil && err != io.EOF {
+	if err != nil && !errors.Is(err, io.EOF) {
 		err = s3Error(err)
 	}
 	return n, err
