@@ -57,6 +57,17 @@ const (
 	engineStopSlack  = 15 * time.Second
 )
 
+// HandOverSignal is what Close stops engines with, where Delete sends
+// SIGTERM. A Delete means the volume is detached from this node (the
+// control plane deletes an engine once the node no longer uses the
+// volume), so the engine detaches its frontend's device; Close means the
+// instance manager itself is going away (its pod deleted, rolled or
+// drained) and the volume stays attached, so the engine leaves what its
+// successor under the next instance manager takes over: an nbd frontend
+// leaves /dev/nbdN attached with its I/O held, as after a crash (see
+// cairn-data engine). Replicas get SIGTERM either way.
+const HandOverSignal = syscall.SIGUSR1
+
 // DefaultEnv is the whole environment of a child unless Options.Env says
 // otherwise: nothing of the instance manager's own environment leaks in.
 var DefaultEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -572,7 +583,7 @@ func (s *Supervisor) Delete(ctx context.Context, name string) error {
 		_ = s.setState(p, StateStopping, nil)
 	}
 	s.mu.Unlock()
-	s.startStop(p)
+	s.startStop(p, syscall.SIGTERM)
 	select {
 	case <-p.exited:
 		return nil
@@ -583,10 +594,11 @@ func (s *Supervisor) Delete(ctx context.Context, name string) error {
 }
 
 // startStop stops a process in the background, once however many callers
-// ask: SIGTERM to its group, SIGKILL after the grace period.
-func (s *Supervisor) startStop(p *proc) {
+// ask: sig (SIGTERM, or HandOverSignal) to its group, SIGKILL after the
+// grace period.
+func (s *Supervisor) startStop(p *proc, sig syscall.Signal) {
 	p.stopOnce.Do(func() {
-		_ = p.child.Signal(syscall.SIGTERM)
+		_ = p.child.Signal(sig)
 		go func() {
 			t := time.NewTimer(s.grace(p.Kind))
 			defer t.Stop()
@@ -660,7 +672,8 @@ func (s *Supervisor) Logs(name string, follow bool) ([]string, <-chan string, fu
 
 // Close stops every process, engines before replicas (an engine flushes to
 // its replicas on the way down), each within the grace period, and ends
-// the watchers.
+// the watchers. Engines get HandOverSignal: the instance manager is going
+// away, not the volumes.
 func (s *Supervisor) Close() error {
 	s.mu.Lock()
 	s.closing = true
@@ -684,7 +697,7 @@ func (s *Supervisor) Close() error {
 			}
 			s.mu.Unlock()
 			if running {
-				s.startStop(p)
+				s.startStop(p, closeSignal(p.Kind))
 			}
 		}
 		for _, p := range group {
@@ -699,4 +712,12 @@ func (s *Supervisor) Close() error {
 	s.watchers = map[chan Event]struct{}{}
 	s.mu.Unlock()
 	return nil
+}
+
+// closeSignal is what Close stops a process of kind k with.
+func closeSignal(k Kind) syscall.Signal {
+	if k == KindEngine {
+		return HandOverSignal
+	}
+	return syscall.SIGTERM
 }

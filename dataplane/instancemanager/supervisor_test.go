@@ -450,9 +450,11 @@ func TestSupervisorRefuses(t *testing.T) {
 	}
 }
 
-// TestSupervisorCloseStopsEnginesFirst: Close stops the engines, waits for
-// them to exit (an engine flushes to its replicas on the way down), then
-// stops the replicas, and ends the watches; later creates are refused.
+// TestSupervisorCloseStopsEnginesFirst: Close stops the engines with
+// HandOverSignal (the instance manager goes away, the volumes stay
+// attached), waits for them to exit (an engine flushes to its replicas on
+// the way down), then stops the replicas with SIGTERM, and ends the
+// watches; later creates are refused.
 func TestSupervisorCloseStopsEnginesFirst(t *testing.T) {
 	r := newRig(t, nil)
 	_, rc := r.create("rep", r.replica("rep"))
@@ -463,8 +465,8 @@ func TestSupervisorCloseStopsEnginesFirst(t *testing.T) {
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- r.s.Close() }()
-	if s := ec.signal(t); s != syscall.SIGTERM {
-		t.Fatalf("engine got %s", s)
+	if s := ec.signal(t); s != HandOverSignal {
+		t.Fatalf("engine got %s, want %s", s, HandOverSignal)
 	}
 	if len(rc.signals) != 0 {
 		t.Fatal("a replica was stopped before its engine exited")
@@ -494,5 +496,20 @@ func TestSupervisorCloseStopsEnginesFirst(t *testing.T) {
 	}
 	if _, err := r.s.Create("late", r.replica("late")); !errors.Is(err, ErrShuttingDown) {
 		t.Fatalf("create after close: %v", err)
+	}
+}
+
+// TestSupervisorDeleteStopsEngineWithSIGTERM: a Delete (the volume is
+// detached from the node) stops an engine with SIGTERM, on which it
+// detaches its device, never with HandOverSignal.
+func TestSupervisorDeleteStopsEngineWithSIGTERM(t *testing.T) {
+	r := newRig(t, nil)
+	_, ec := r.create("eng", EngineSpec{VolumeName: "v", Replicas: []ReplicaAddress{{Data: "127.0.0.1:1", Control: "127.0.0.1:2"}}})
+	ec.report(t, ready.Report{})
+	if err := r.s.Delete(context.Background(), "eng"); err != nil {
+		t.Fatal(err)
+	}
+	if s := ec.signal(t); s != syscall.SIGTERM {
+		t.Fatalf("engine deleted with %s, want SIGTERM", s)
 	}
 }

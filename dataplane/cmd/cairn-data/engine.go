@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -25,6 +27,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
 	"github.com/cairn-io/cairn/dataplane/frontend/nbd"
 	"github.com/cairn-io/cairn/dataplane/grpcalive"
+	"github.com/cairn-io/cairn/dataplane/instancemanager"
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
 	"github.com/cairn-io/cairn/dataplane/internal/tlsfiles"
@@ -52,7 +55,14 @@ type frontend struct {
 	// resize has the block device show the volume's new size after an
 	// expansion; nil without a device.
 	resize func(ctx context.Context, size int64) error
-	stop   func()
+	// stop detaches the device: the volume is no longer used here.
+	stop func()
+	// leave stops serving but leaves the device to the next engine of the
+	// volume (the instance manager is going away; see
+	// instancemanager.HandOverSignal); nil: stop does (the fuse frontend
+	// decides itself, leaving its device to the device keeper while it is
+	// in use).
+	leave func()
 }
 
 // engineFlags is what cairn-data engine was asked for.
@@ -123,7 +133,7 @@ func defineEngineFlags(fs *flag.FlagSet, c *engineFlags) *rawEngineFlags {
 	fs.StringVar(&c.frontend, "frontend", "fuse", "how to expose the volume: fuse (a loop device over a FUSE file; works on any node with FUSE and loop, the default here as in a Volume's spec.frontend and the instance manager's spec) or nbd")
 	fs.StringVar(&c.sock, "nbd-socket", "", "unix socket path for the nbd frontend")
 	r.nbdKernel = fs.String("nbd-kernel", "auto", "attach the nbd frontend to a /dev/nbdN through the kernel's nbd driver: auto (if the host has it), on (required), off (socket only)")
-	fs.DurationVar(&c.reattachWait, "nbd-reattach-wait", 2*time.Minute, "if the engine dies, how long the kernel holds /dev/nbdN's I/O for a restarted engine to reattach it (0: fail the I/O at once)")
+	fs.DurationVar(&c.reattachWait, "nbd-reattach-wait", 2*time.Minute, "if the engine dies, or is stopped with SIGUSR1 (its instance manager going away: the device is left attached, where SIGTERM detaches it), how long the kernel holds /dev/nbdN's I/O for a restarted engine to reattach it (0: fail the I/O at once, and SIGUSR1 detaches as SIGTERM does)")
 	fs.StringVar(&c.fuseDir, "fuse-dir", "", "mount directory for the fuse frontend")
 	fs.StringVar(&c.deviceKeeper, "device-keeper", os.Getenv("CAIRN_DEVICE_KEEPER"), "the device keeper's socket (cairn-data device-keeper; default $CAIRN_DEVICE_KEEPER): the fuse frontend deposits its device there, and takes over the device a dead engine of the volume left, so a restart pauses the I/O instead of failing it (\"\": none)")
 	fs.StringVar(&c.listen, "listen", "", "host:port for the gRPC control API (default: none)")
@@ -199,6 +209,8 @@ func (r *rawEngineFlags) apply(c *engineFlags, stderr io.Writer) error {
 }
 
 func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	ctx, handOver, stopWatching := watchHandOver(ctx)
+	defer stopWatching()
 	c, code := parseEngineFlags(args, stderr)
 	if c == nil {
 		return code
@@ -267,14 +279,46 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail(err)
 	}
 	<-ctx.Done()
-	log.Info("stopping: detaching the frontend, flushing")
-	f.stop()
+	if handOver() && f.leave != nil {
+		log.Info("stopping for the instance manager, which is going away: leaving the device to the next engine of the volume, flushing")
+		f.leave()
+	} else {
+		log.Info("stopping: detaching the frontend, flushing")
+		f.stop()
+	}
 	fctx, fcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer fcancel()
 	if err := e.Flush(fctx); err != nil {
 		log.Error(err, "final flush failed")
 	}
 	return 0
+}
+
+// watchHandOver returns a context that also ends when the engine gets
+// instancemanager.HandOverSignal (its instance manager is going away, the
+// volume stays attached), and a function that tells whether that is why
+// it ended; stop ends the watch. Anything else that ends ctx (SIGTERM:
+// the volume is detached here) is a plain stop.
+func watchHandOver(ctx context.Context) (_ context.Context, handOver func() bool, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, instancemanager.HandOverSignal)
+	var got atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-sig:
+			got.Store(true)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, got.Load, func() {
+		signal.Stop(sig)
+		cancel()
+		<-done
+	}
 }
 
 // sharedMemory creates the memory shared with the replicas on this node
@@ -342,6 +386,11 @@ func startFrontend(c *engineFlags, e *engine.Engine, claim *nbd.Frontend, fclaim
 		resize: func(_ context.Context, size int64) error { return claim.Resize(size) },
 		stop: func() {
 			if err := claim.Stop(); err != nil {
+				log.Error(err, "detaching the nbd frontend")
+			}
+		},
+		leave: func() {
+			if err := claim.Leave(); err != nil {
 				log.Error(err, "detaching the nbd frontend")
 			}
 		}}

@@ -229,6 +229,29 @@ func (f *Frontend) Resize(size int64) error {
 	return f.device.Resize(size)
 }
 
+// Leave stops the frontend as Stop does, except that the kernel device
+// stays attached for the next engine of the volume, as if this engine had
+// died: the requests read from the device are answered first (a write
+// acknowledged is on the replicas, a flush acknowledged flushed them),
+// then the kernel finds the connections dead and holds the device's I/O
+// for ReattachWait, until the next engine reattaches it (attach). Where
+// the device is in use, its users see a pause rather than an error. If no
+// engine comes within ReattachWait, the kernel fails the held I/O, as
+// after a crash. Without a device, or with a ReattachWait of 0 (the
+// kernel would fail the I/O at once), Leave is Stop.
+func (f *Frontend) Leave() error {
+	if f.device == nil || f.opts.ReattachWait <= 0 {
+		return f.Stop()
+	}
+	f.stopOnce.Do(func() {
+		f.device.Leave()
+		f.server.Close()
+		f.release()
+		f.log.Info(fmt.Sprintf("left %s attached for the next engine of volume %s: the kernel holds its I/O for up to %s", f.device.Path(), f.opts.Name, f.opts.ReattachWait))
+	})
+	return f.stopErr
+}
+
 // Stop detaches the kernel device, stops serving and releases the claim;
 // it may be called on a frontend claimed but never started.
 func (f *Frontend) Stop() error {

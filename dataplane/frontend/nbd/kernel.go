@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -249,6 +250,32 @@ func (d *KernelDevice) Disconnect() error {
 		}
 	})
 	return d.err
+}
+
+// Leave stops serving /dev/nbdN and leaves it attached, as an engine that
+// died would, for the next engine of the volume to reattach
+// (ReattachKernel): it stops reading requests, answers every request it
+// has read, and only then closes its ends of the sockets. The kernel then
+// finds every connection dead and holds the device's I/O for
+// DeadConnTimeoutSeconds; the requests it had sent that were never read
+// (still in a socket, or read in part) are sent again, to the next
+// engine, when the kernel's request timeout fires for them.
+func (d *KernelDevice) Leave() {
+	d.once.Do(func() {
+		d.stopReading()
+		d.done.Wait()
+		d.closeConns()
+		d.nl.close()
+	})
+}
+
+// stopReading ends each connection's request loop at its next read from
+// the socket; the loop serves and answers the requests it already read
+// before it returns (see Server.transmit).
+func (d *KernelDevice) stopReading() {
+	for _, c := range d.conns {
+		_ = c.SetReadDeadline(time.Now())
+	}
 }
 
 func (d *KernelDevice) closeConns() {

@@ -4,12 +4,14 @@ package nbd
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -466,13 +468,133 @@ func TestReattachKernel(t *testing.T) {
 	}
 }
 
-// TestReattachKernelInUML runs TestReattachKernel inside User-Mode Linux
-// with the nbd module.
+// gatedDevice is a memDevice whose writes at offset at wait for release,
+// after telling entered.
+type gatedDevice struct {
+	*memDevice
+	at       int64
+	entered  chan struct{}
+	release  chan struct{}
+	gateOnce sync.Once
+}
+
+func (g *gatedDevice) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	if off == g.at {
+		g.gateOnce.Do(func() { close(g.entered) })
+		<-g.release
+	}
+	return g.memDevice.WriteAt(ctx, p, off, fua)
+}
+
+// TestLeaveKernel: Leave answers the write it is serving before it lets
+// go (the application gets its acknowledgement from this server, not a
+// resend to the next one), and leaves /dev/nbdN configured with its I/O
+// held, as a dead engine would: a write issued afterwards waits, and
+// completes once a new server reattaches the device, which reads back
+// everything written.
+func TestLeaveKernel(t *testing.T) {
+	dev := &gatedDevice{memDevice: &memDevice{data: make([]byte, 16<<20)}, at: 2 << 20,
+		entered: make(chan struct{}), release: make(chan struct{})}
+	s1 := NewServer(dev, Options{})
+	opts := KernelOptions{Conns: 2, Backend: "cairn-leave", DeadConnTimeoutSeconds: 120}
+	kd, err := ConnectKernel(s1, opts)
+	if errors.Is(err, ErrNoKernelNBD) {
+		t.Skipf("no kernel nbd driver here (TestReattachKernelInUML runs this inside User-Mode Linux): %v", err)
+	}
+	if errors.Is(err, unix.EPERM) {
+		t.Skipf("not allowed to configure nbd devices: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := openDevice(t, kd.Path(), os.O_RDWR|unix.O_DIRECT)
+	defer f.Close()
+	if _, err := f.WriteAt(alignedBlock(64<<10, 0xa1), 0); err != nil {
+		t.Fatal(err)
+	}
+	inFlight := make(chan error, 1)
+	go func() {
+		_, err := f.WriteAt(alignedBlock(64<<10, 0xc3), dev.at)
+		inFlight <- err
+	}()
+	select {
+	case <-dev.entered:
+	case <-time.After(deadline.Scale(30 * time.Second)):
+		t.Fatal("the write never reached the server")
+	}
+	// Leave's first step, taken here so that the server has stopped
+	// reading before the write it serves finishes.
+	kd.stopReading()
+	left := make(chan struct{})
+	go func() {
+		kd.Leave()
+		s1.Close()
+		close(left)
+	}()
+	close(dev.release)
+	select {
+	case err := <-inFlight:
+		if err != nil {
+			t.Fatalf("the write the server had when it left: %v\n%s", err, uml.KernelLog(15))
+		}
+	case <-time.After(deadline.Scale(60 * time.Second)):
+		t.Fatalf("the write the server had when it left was not answered by it\n%s", uml.KernelLog(15))
+	}
+	select {
+	case <-left:
+	case <-time.After(deadline.Scale(30 * time.Second)):
+		t.Fatal("Leave did not return")
+	}
+
+	index, found := FindKernelDevice("cairn-leave")
+	if !found || index != kd.Index {
+		t.Fatalf("after Leave, FindKernelDevice: %d, %v; want %d (still configured)", index, found, kd.Index)
+	}
+	held := make(chan error, 1)
+	go func() {
+		_, err := f.WriteAt(alignedBlock(64<<10, 0xd4), 4<<20)
+		held <- err
+	}()
+	s2 := NewServer(dev.memDevice, Options{})
+	defer s2.Close()
+	kd2, err := ReattachKernel(s2, index, opts)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, uml.KernelLog(15))
+	}
+	defer func() { _ = kd2.Disconnect() }()
+	select {
+	case err := <-held:
+		if err != nil {
+			t.Fatalf("the write held while no server served: %v\n%s", err, uml.KernelLog(15))
+		}
+	case <-time.After(deadline.Scale(60 * time.Second)):
+		t.Fatalf("the held write did not complete after the reattach\n%s", uml.KernelLog(15))
+	}
+	for _, w := range []struct {
+		off int64
+		v   byte
+	}{{0, 0xa1}, {2 << 20, 0xc3}, {4 << 20, 0xd4}} {
+		got := alignedBlock(64<<10, 0)
+		if _, err := f.ReadAt(got, w.off); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{w.v}, 64<<10)) {
+			t.Fatalf("reading back %#x at %d after the reattach: %v", w.v, w.off, err)
+		}
+	}
+	f.Close()
+	if err := kd2.Disconnect(); err != nil {
+		t.Fatal(err)
+	}
+	if _, found := FindKernelDevice("cairn-leave"); found {
+		t.Fatal("the device is still configured after Disconnect")
+	}
+}
+
+// TestReattachKernelInUML runs TestReattachKernel and TestLeaveKernel
+// inside User-Mode Linux with the nbd module.
 func TestReattachKernelInUML(t *testing.T) {
 	if uml.Inside() {
 		t.Skip("already inside UML")
 	}
-	uml.Run(t, uml.Options{Tests: []string{"TestReattachKernel"}, Modules: []string{"nbd"}})
+	uml.Run(t, uml.Options{Tests: []string{"TestReattachKernel", "TestLeaveKernel"}, Modules: []string{"nbd"}})
 }
 
 // TestPipelinedReplies sends 256 reads and writes without waiting, so

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -125,7 +126,8 @@ func (s *Server) track(c net.Conn) bool {
 // run serves a tracked connection with serve, then closes and forgets it.
 func (s *Server) run(c net.Conn, serve func(net.Conn) error) {
 	defer s.wg.Done()
-	if err := serve(c); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+	// A deadline ends a connection only when KernelDevice.Leave stops it.
+	if err := serve(c); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
 		s.log.Info("nbd client closed", "reason", err.Error())
 	}
 	c.Close()
