@@ -186,3 +186,45 @@ func listen(t *testing.T) net.Listener {
 	}
 	return l
 }
+
+// TestSnapshotChangesRPC: the change listing over gRPC, and its refusals
+// with the code that says why.
+func TestSnapshotChangesRPC(t *testing.T) {
+	r, c := serve(t)
+	ctx := context.Background()
+	if _, err := r.WriteAt(make([]byte, 4096), 8192); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"s1", "s2"} {
+		if _, err := c.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	size := r.Size()
+	resp, err := c.SnapshotChanges(ctx, &replicav1.SnapshotChangesRequest{Snapshot: "s2", Length: size, MaxRanges: 10})
+	if err != nil || len(resp.Ranges) != 1 || resp.Ranges[0].Offset != 8192 || resp.Ranges[0].Length != 4096 || resp.NextOffset != size {
+		t.Fatalf("changes of s2 from zeros: %v, %v", resp, err)
+	}
+	resp, err = c.SnapshotChanges(ctx, &replicav1.SnapshotChangesRequest{Snapshot: "s2", Base: "s1", Length: size, MaxRanges: 10})
+	if err != nil || len(resp.Ranges) != 0 || resp.NextOffset != size {
+		t.Fatalf("changes of s2 since s1 (none written): %v, %v", resp, err)
+	}
+	for _, tc := range []struct {
+		what string
+		req  *replicav1.SnapshotChangesRequest
+		want codes.Code
+	}{
+		{"missing snapshot", &replicav1.SnapshotChangesRequest{Snapshot: "nope", Length: 4096, MaxRanges: 1}, codes.NotFound},
+		{"missing base", &replicav1.SnapshotChangesRequest{Snapshot: "s2", Base: "nope", Length: 4096, MaxRanges: 1}, codes.NotFound},
+		{"base not older", &replicav1.SnapshotChangesRequest{Snapshot: "s1", Base: "s2", Length: 4096, MaxRanges: 1}, codes.InvalidArgument},
+		{"past the end", &replicav1.SnapshotChangesRequest{Snapshot: "s2", Offset: size, Length: 4096, MaxRanges: 1}, codes.OutOfRange},
+		{"negative length", &replicav1.SnapshotChangesRequest{Snapshot: "s2", Length: -4096, MaxRanges: 1}, codes.OutOfRange},
+		{"unaligned", &replicav1.SnapshotChangesRequest{Snapshot: "s2", Offset: 1, Length: 4096, MaxRanges: 1}, codes.InvalidArgument},
+		{"no max", &replicav1.SnapshotChangesRequest{Snapshot: "s2", Length: 4096}, codes.InvalidArgument},
+		{"max too large", &replicav1.SnapshotChangesRequest{Snapshot: "s2", Length: 4096, MaxRanges: replica.MaxChangeRanges + 1}, codes.InvalidArgument},
+	} {
+		if _, err := c.SnapshotChanges(ctx, tc.req); status.Code(err) != tc.want {
+			t.Errorf("%s: %v, want %v", tc.what, err, tc.want)
+		}
+	}
+}

@@ -239,3 +239,15 @@ func (c *Control) Checksum(_ context.Context, req *replicav1.ChecksumRequest) (*
 	}
 	return &replicav1.ChecksumResponse{Crc32C: crc}, nil
 }
+
+func (c *Control) SnapshotChanges(_ context.Context, req *replicav1.SnapshotChangesRequest) (*replicav1.SnapshotChangesResponse, error) {
+	rs, next, err := c.Replica.Changes(req.GetSnapshot(), req.GetBase(), req.GetOffset(), req.GetLength(), int(req.GetMaxRanges()))
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	out := &replicav1.SnapshotChangesResponse{Ranges: make([]*replicav1.ByteRange, 0, len(rs)), NextOffset: next}
+	for _, r := range rs {
+		out.Ranges = append(out.Ranges, &replicav1.ByteRange{Offset: r.Offset, Length: r.Length})
+	}
+	return out, nil
+}

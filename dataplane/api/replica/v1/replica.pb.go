@@ -24,6 +24,189 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type SnapshotChangesRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// An older snapshot of the chain; empty: from all zeros.
+	Base          string `protobuf:"bytes,2,opt,name=base,proto3" json:"base,omitempty"`
+	Offset        int64  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        int64  `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
+	MaxRanges     int32  `protobuf:"varint,5,opt,name=max_ranges,json=maxRanges,proto3" json:"max_ranges,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotChangesRequest) Reset() {
+	*x = SnapshotChangesRequest{}
+	mi := &file_replica_v1_replica_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotChangesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotChangesRequest) ProtoMessage() {}
+
+func (x *SnapshotChangesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotChangesRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotChangesRequest) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SnapshotChangesRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *SnapshotChangesRequest) GetBase() string {
+	if x != nil {
+		return x.Base
+	}
+	return ""
+}
+
+func (x *SnapshotChangesRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *SnapshotChangesRequest) GetLength() int64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *SnapshotChangesRequest) GetMaxRanges() int32 {
+	if x != nil {
+		return x.MaxRanges
+	}
+	return 0
+}
+
+type ByteRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Offset        int64                  `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        int64                  `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ByteRange) Reset() {
+	*x = ByteRange{}
+	mi := &file_replica_v1_replica_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ByteRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ByteRange) ProtoMessage() {}
+
+func (x *ByteRange) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ByteRange.ProtoReflect.Descriptor instead.
+func (*ByteRange) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ByteRange) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ByteRange) GetLength() int64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+type SnapshotChangesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sorted, disjoint and not touching.
+	Ranges []*ByteRange `protobuf:"bytes,1,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	// Where the next call continues; offset+length when the span is done.
+	NextOffset    int64 `protobuf:"varint,2,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotChangesResponse) Reset() {
+	*x = SnapshotChangesResponse{}
+	mi := &file_replica_v1_replica_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotChangesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotChangesResponse) ProtoMessage() {}
+
+func (x *SnapshotChangesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotChangesResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotChangesResponse) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SnapshotChangesResponse) GetRanges() []*ByteRange {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
+func (x *SnapshotChangesResponse) GetNextOffset() int64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
 type Extent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Offset        int64                  `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
@@ -34,7 +217,7 @@ type Extent struct {
 
 func (x *Extent) Reset() {
 	*x = Extent{}
-	mi := &file_replica_v1_replica_proto_msgTypes[0]
+	mi := &file_replica_v1_replica_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -46,7 +229,7 @@ func (x *Extent) String() string {
 func (*Extent) ProtoMessage() {}
 
 func (x *Extent) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[0]
+	mi := &file_replica_v1_replica_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -59,7 +242,7 @@ func (x *Extent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Extent.ProtoReflect.Descriptor instead.
 func (*Extent) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{0}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Extent) GetOffset() int64 {
@@ -89,7 +272,7 @@ type SnapshotReadRequest struct {
 
 func (x *SnapshotReadRequest) Reset() {
 	*x = SnapshotReadRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[1]
+	mi := &file_replica_v1_replica_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -101,7 +284,7 @@ func (x *SnapshotReadRequest) String() string {
 func (*SnapshotReadRequest) ProtoMessage() {}
 
 func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[1]
+	mi := &file_replica_v1_replica_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -114,7 +297,7 @@ func (x *SnapshotReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotReadRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{1}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SnapshotReadRequest) GetSnapshot() string {
@@ -154,7 +337,7 @@ type SnapshotReadResponse struct {
 
 func (x *SnapshotReadResponse) Reset() {
 	*x = SnapshotReadResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[2]
+	mi := &file_replica_v1_replica_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -166,7 +349,7 @@ func (x *SnapshotReadResponse) String() string {
 func (*SnapshotReadResponse) ProtoMessage() {}
 
 func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[2]
+	mi := &file_replica_v1_replica_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -179,7 +362,7 @@ func (x *SnapshotReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReadResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotReadResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{2}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SnapshotReadResponse) GetExtents() []*Extent {
@@ -201,7 +384,7 @@ type ReplaceChainRequest struct {
 
 func (x *ReplaceChainRequest) Reset() {
 	*x = ReplaceChainRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[3]
+	mi := &file_replica_v1_replica_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -213,7 +396,7 @@ func (x *ReplaceChainRequest) String() string {
 func (*ReplaceChainRequest) ProtoMessage() {}
 
 func (x *ReplaceChainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[3]
+	mi := &file_replica_v1_replica_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -226,7 +409,7 @@ func (x *ReplaceChainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceChainRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceChainRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{3}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReplaceChainRequest) GetSnapshots() []*Snapshot {
@@ -251,7 +434,7 @@ type ReplaceChainResponse struct {
 
 func (x *ReplaceChainResponse) Reset() {
 	*x = ReplaceChainResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[4]
+	mi := &file_replica_v1_replica_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -263,7 +446,7 @@ func (x *ReplaceChainResponse) String() string {
 func (*ReplaceChainResponse) ProtoMessage() {}
 
 func (x *ReplaceChainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[4]
+	mi := &file_replica_v1_replica_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -276,7 +459,7 @@ func (x *ReplaceChainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceChainResponse.ProtoReflect.Descriptor instead.
 func (*ReplaceChainResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{4}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{7}
 }
 
 type LayerWriteRequest struct {
@@ -292,7 +475,7 @@ type LayerWriteRequest struct {
 
 func (x *LayerWriteRequest) Reset() {
 	*x = LayerWriteRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[5]
+	mi := &file_replica_v1_replica_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +487,7 @@ func (x *LayerWriteRequest) String() string {
 func (*LayerWriteRequest) ProtoMessage() {}
 
 func (x *LayerWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[5]
+	mi := &file_replica_v1_replica_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +500,7 @@ func (x *LayerWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerWriteRequest.ProtoReflect.Descriptor instead.
 func (*LayerWriteRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{5}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LayerWriteRequest) GetSnapshot() string {
@@ -356,7 +539,7 @@ type LayerWriteResponse struct {
 
 func (x *LayerWriteResponse) Reset() {
 	*x = LayerWriteResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[6]
+	mi := &file_replica_v1_replica_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +551,7 @@ func (x *LayerWriteResponse) String() string {
 func (*LayerWriteResponse) ProtoMessage() {}
 
 func (x *LayerWriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[6]
+	mi := &file_replica_v1_replica_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,7 +564,7 @@ func (x *LayerWriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerWriteResponse.ProtoReflect.Descriptor instead.
 func (*LayerWriteResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{6}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{9}
 }
 
 type SyncLayersRequest struct {
@@ -392,7 +575,7 @@ type SyncLayersRequest struct {
 
 func (x *SyncLayersRequest) Reset() {
 	*x = SyncLayersRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[7]
+	mi := &file_replica_v1_replica_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -404,7 +587,7 @@ func (x *SyncLayersRequest) String() string {
 func (*SyncLayersRequest) ProtoMessage() {}
 
 func (x *SyncLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[7]
+	mi := &file_replica_v1_replica_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -417,7 +600,7 @@ func (x *SyncLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncLayersRequest.ProtoReflect.Descriptor instead.
 func (*SyncLayersRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{7}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{10}
 }
 
 type SyncLayersResponse struct {
@@ -428,7 +611,7 @@ type SyncLayersResponse struct {
 
 func (x *SyncLayersResponse) Reset() {
 	*x = SyncLayersResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[8]
+	mi := &file_replica_v1_replica_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -440,7 +623,7 @@ func (x *SyncLayersResponse) String() string {
 func (*SyncLayersResponse) ProtoMessage() {}
 
 func (x *SyncLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[8]
+	mi := &file_replica_v1_replica_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -453,7 +636,7 @@ func (x *SyncLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncLayersResponse.ProtoReflect.Descriptor instead.
 func (*SyncLayersResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{8}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{11}
 }
 
 type ChecksumRequest struct {
@@ -469,7 +652,7 @@ type ChecksumRequest struct {
 
 func (x *ChecksumRequest) Reset() {
 	*x = ChecksumRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[9]
+	mi := &file_replica_v1_replica_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +664,7 @@ func (x *ChecksumRequest) String() string {
 func (*ChecksumRequest) ProtoMessage() {}
 
 func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[9]
+	mi := &file_replica_v1_replica_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +677,7 @@ func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumRequest.ProtoReflect.Descriptor instead.
 func (*ChecksumRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{9}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ChecksumRequest) GetSnapshot() string {
@@ -534,7 +717,7 @@ type ChecksumResponse struct {
 
 func (x *ChecksumResponse) Reset() {
 	*x = ChecksumResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[10]
+	mi := &file_replica_v1_replica_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -546,7 +729,7 @@ func (x *ChecksumResponse) String() string {
 func (*ChecksumResponse) ProtoMessage() {}
 
 func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[10]
+	mi := &file_replica_v1_replica_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -559,7 +742,7 @@ func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumResponse.ProtoReflect.Descriptor instead.
 func (*ChecksumResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{10}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ChecksumResponse) GetCrc32C() uint32 {
@@ -584,7 +767,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	mi := &file_replica_v1_replica_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +779,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	mi := &file_replica_v1_replica_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +792,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{11}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Snapshot) GetName() string {
@@ -661,7 +844,7 @@ type DirtyRegions struct {
 
 func (x *DirtyRegions) Reset() {
 	*x = DirtyRegions{}
-	mi := &file_replica_v1_replica_proto_msgTypes[12]
+	mi := &file_replica_v1_replica_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +856,7 @@ func (x *DirtyRegions) String() string {
 func (*DirtyRegions) ProtoMessage() {}
 
 func (x *DirtyRegions) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[12]
+	mi := &file_replica_v1_replica_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +869,7 @@ func (x *DirtyRegions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirtyRegions.ProtoReflect.Descriptor instead.
 func (*DirtyRegions) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{12}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DirtyRegions) GetRegionSize() int64 {
@@ -725,7 +908,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[13]
+	mi := &file_replica_v1_replica_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +920,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[13]
+	mi := &file_replica_v1_replica_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +933,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{13}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{16}
 }
 
 type InfoResponse struct {
@@ -778,7 +961,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[14]
+	mi := &file_replica_v1_replica_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +973,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[14]
+	mi := &file_replica_v1_replica_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +986,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{14}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *InfoResponse) GetSize() int64 {
@@ -898,7 +1081,7 @@ type SnapshotCreateRequest struct {
 
 func (x *SnapshotCreateRequest) Reset() {
 	*x = SnapshotCreateRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[15]
+	mi := &file_replica_v1_replica_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1093,7 @@ func (x *SnapshotCreateRequest) String() string {
 func (*SnapshotCreateRequest) ProtoMessage() {}
 
 func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[15]
+	mi := &file_replica_v1_replica_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1106,7 @@ func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{15}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SnapshotCreateRequest) GetName() string {
@@ -962,7 +1145,7 @@ type SnapshotCreateResponse struct {
 
 func (x *SnapshotCreateResponse) Reset() {
 	*x = SnapshotCreateResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[16]
+	mi := &file_replica_v1_replica_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1157,7 @@ func (x *SnapshotCreateResponse) String() string {
 func (*SnapshotCreateResponse) ProtoMessage() {}
 
 func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[16]
+	mi := &file_replica_v1_replica_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1170,7 @@ func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{16}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{19}
 }
 
 type SnapshotListRequest struct {
@@ -998,7 +1181,7 @@ type SnapshotListRequest struct {
 
 func (x *SnapshotListRequest) Reset() {
 	*x = SnapshotListRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[17]
+	mi := &file_replica_v1_replica_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1010,7 +1193,7 @@ func (x *SnapshotListRequest) String() string {
 func (*SnapshotListRequest) ProtoMessage() {}
 
 func (x *SnapshotListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[17]
+	mi := &file_replica_v1_replica_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1023,7 +1206,7 @@ func (x *SnapshotListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotListRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{17}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{20}
 }
 
 type SnapshotListResponse struct {
@@ -1035,7 +1218,7 @@ type SnapshotListResponse struct {
 
 func (x *SnapshotListResponse) Reset() {
 	*x = SnapshotListResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[18]
+	mi := &file_replica_v1_replica_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1230,7 @@ func (x *SnapshotListResponse) String() string {
 func (*SnapshotListResponse) ProtoMessage() {}
 
 func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[18]
+	mi := &file_replica_v1_replica_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1243,7 @@ func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotListResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{18}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SnapshotListResponse) GetSnapshots() []*Snapshot {
@@ -1081,7 +1264,7 @@ type SnapshotDeleteRequest struct {
 
 func (x *SnapshotDeleteRequest) Reset() {
 	*x = SnapshotDeleteRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[19]
+	mi := &file_replica_v1_replica_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1276,7 @@ func (x *SnapshotDeleteRequest) String() string {
 func (*SnapshotDeleteRequest) ProtoMessage() {}
 
 func (x *SnapshotDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[19]
+	mi := &file_replica_v1_replica_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1289,7 @@ func (x *SnapshotDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotDeleteRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{19}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotDeleteRequest) GetName() string {
@@ -1131,7 +1314,7 @@ type SnapshotDeleteResponse struct {
 
 func (x *SnapshotDeleteResponse) Reset() {
 	*x = SnapshotDeleteResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[20]
+	mi := &file_replica_v1_replica_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1326,7 @@ func (x *SnapshotDeleteResponse) String() string {
 func (*SnapshotDeleteResponse) ProtoMessage() {}
 
 func (x *SnapshotDeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[20]
+	mi := &file_replica_v1_replica_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1339,7 @@ func (x *SnapshotDeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotDeleteResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotDeleteResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{20}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{23}
 }
 
 type SnapshotRevertRequest struct {
@@ -1170,7 +1353,7 @@ type SnapshotRevertRequest struct {
 
 func (x *SnapshotRevertRequest) Reset() {
 	*x = SnapshotRevertRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[21]
+	mi := &file_replica_v1_replica_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1182,7 +1365,7 @@ func (x *SnapshotRevertRequest) String() string {
 func (*SnapshotRevertRequest) ProtoMessage() {}
 
 func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[21]
+	mi := &file_replica_v1_replica_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1195,7 +1378,7 @@ func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{21}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotRevertRequest) GetName() string {
@@ -1220,7 +1403,7 @@ type SnapshotRevertResponse struct {
 
 func (x *SnapshotRevertResponse) Reset() {
 	*x = SnapshotRevertResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[22]
+	mi := &file_replica_v1_replica_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1232,7 +1415,7 @@ func (x *SnapshotRevertResponse) String() string {
 func (*SnapshotRevertResponse) ProtoMessage() {}
 
 func (x *SnapshotRevertResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[22]
+	mi := &file_replica_v1_replica_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1245,7 +1428,7 @@ func (x *SnapshotRevertResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{22}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{25}
 }
 
 type ExpandRequest struct {
@@ -1259,7 +1442,7 @@ type ExpandRequest struct {
 
 func (x *ExpandRequest) Reset() {
 	*x = ExpandRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[23]
+	mi := &file_replica_v1_replica_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1454,7 @@ func (x *ExpandRequest) String() string {
 func (*ExpandRequest) ProtoMessage() {}
 
 func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[23]
+	mi := &file_replica_v1_replica_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1467,7 @@ func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandRequest.ProtoReflect.Descriptor instead.
 func (*ExpandRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{23}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExpandRequest) GetSize() int64 {
@@ -1309,7 +1492,7 @@ type ExpandResponse struct {
 
 func (x *ExpandResponse) Reset() {
 	*x = ExpandResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[24]
+	mi := &file_replica_v1_replica_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1504,7 @@ func (x *ExpandResponse) String() string {
 func (*ExpandResponse) ProtoMessage() {}
 
 func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[24]
+	mi := &file_replica_v1_replica_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1517,7 @@ func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandResponse.ProtoReflect.Descriptor instead.
 func (*ExpandResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{24}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{27}
 }
 
 type SetEpochRequest struct {
@@ -1363,7 +1546,7 @@ type SetEpochRequest struct {
 
 func (x *SetEpochRequest) Reset() {
 	*x = SetEpochRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[25]
+	mi := &file_replica_v1_replica_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1375,7 +1558,7 @@ func (x *SetEpochRequest) String() string {
 func (*SetEpochRequest) ProtoMessage() {}
 
 func (x *SetEpochRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[25]
+	mi := &file_replica_v1_replica_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1388,7 +1571,7 @@ func (x *SetEpochRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochRequest.ProtoReflect.Descriptor instead.
 func (*SetEpochRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{25}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SetEpochRequest) GetEpoch() uint64 {
@@ -1434,7 +1617,7 @@ type SetEpochResponse struct {
 
 func (x *SetEpochResponse) Reset() {
 	*x = SetEpochResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[26]
+	mi := &file_replica_v1_replica_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1629,7 @@ func (x *SetEpochResponse) String() string {
 func (*SetEpochResponse) ProtoMessage() {}
 
 func (x *SetEpochResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[26]
+	mi := &file_replica_v1_replica_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1642,7 @@ func (x *SetEpochResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochResponse.ProtoReflect.Descriptor instead.
 func (*SetEpochResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{26}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{29}
 }
 
 // StaleEpoch is the detail of a FAILED_PRECONDITION status for a request
@@ -1478,7 +1661,7 @@ type StaleEpoch struct {
 
 func (x *StaleEpoch) Reset() {
 	*x = StaleEpoch{}
-	mi := &file_replica_v1_replica_proto_msgTypes[27]
+	mi := &file_replica_v1_replica_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1490,7 +1673,7 @@ func (x *StaleEpoch) String() string {
 func (*StaleEpoch) ProtoMessage() {}
 
 func (x *StaleEpoch) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[27]
+	mi := &file_replica_v1_replica_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1503,7 +1686,7 @@ func (x *StaleEpoch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StaleEpoch.ProtoReflect.Descriptor instead.
 func (*StaleEpoch) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{27}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StaleEpoch) GetRequestEpoch() uint64 {
@@ -1535,7 +1718,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[28]
+	mi := &file_replica_v1_replica_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1730,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[28]
+	mi := &file_replica_v1_replica_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1743,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{28}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{31}
 }
 
 type CloseResponse struct {
@@ -1571,7 +1754,7 @@ type CloseResponse struct {
 
 func (x *CloseResponse) Reset() {
 	*x = CloseResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[29]
+	mi := &file_replica_v1_replica_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1766,7 @@ func (x *CloseResponse) String() string {
 func (*CloseResponse) ProtoMessage() {}
 
 func (x *CloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[29]
+	mi := &file_replica_v1_replica_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,14 +1779,28 @@ func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
 func (*CloseResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{29}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{32}
 }
 
 var File_replica_v1_replica_proto protoreflect.FileDescriptor
 
 const file_replica_v1_replica_proto_rawDesc = "" +
 	"\n" +
-	"\x18replica/v1/replica.proto\x12\x10cairn.replica.v1\"4\n" +
+	"\x18replica/v1/replica.proto\x12\x10cairn.replica.v1\"\x97\x01\n" +
+	"\x16SnapshotChangesRequest\x12\x1a\n" +
+	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12\x12\n" +
+	"\x04base\x18\x02 \x01(\tR\x04base\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x04 \x01(\x03R\x06length\x12\x1d\n" +
+	"\n" +
+	"max_ranges\x18\x05 \x01(\x05R\tmaxRanges\";\n" +
+	"\tByteRange\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x02 \x01(\x03R\x06length\"o\n" +
+	"\x17SnapshotChangesResponse\x123\n" +
+	"\x06ranges\x18\x01 \x03(\v2\x1b.cairn.replica.v1.ByteRangeR\x06ranges\x12\x1f\n" +
+	"\vnext_offset\x18\x02 \x01(\x03R\n" +
+	"nextOffset\"4\n" +
 	"\x06Extent\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\"\x80\x01\n" +
@@ -1703,7 +1900,7 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\vother_owner\x18\x03 \x01(\bR\n" +
 	"otherOwner\"\x0e\n" +
 	"\fCloseRequest\"\x0f\n" +
-	"\rCloseResponse2\x92\t\n" +
+	"\rCloseResponse2\xfa\t\n" +
 	"\x0eReplicaService\x12E\n" +
 	"\x04Info\x12\x1d.cairn.replica.v1.InfoRequest\x1a\x1e.cairn.replica.v1.InfoResponse\x12c\n" +
 	"\x0eSnapshotCreate\x12'.cairn.replica.v1.SnapshotCreateRequest\x1a(.cairn.replica.v1.SnapshotCreateResponse\x12]\n" +
@@ -1719,7 +1916,8 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"LayerWrite\x12#.cairn.replica.v1.LayerWriteRequest\x1a$.cairn.replica.v1.LayerWriteResponse\x12W\n" +
 	"\n" +
 	"SyncLayers\x12#.cairn.replica.v1.SyncLayersRequest\x1a$.cairn.replica.v1.SyncLayersResponse\x12Q\n" +
-	"\bChecksum\x12!.cairn.replica.v1.ChecksumRequest\x1a\".cairn.replica.v1.ChecksumResponseB>Z<github.com/cairn-io/cairn/dataplane/api/replica/v1;replicav1b\x06proto3"
+	"\bChecksum\x12!.cairn.replica.v1.ChecksumRequest\x1a\".cairn.replica.v1.ChecksumResponse\x12f\n" +
+	"\x0fSnapshotChanges\x12(.cairn.replica.v1.SnapshotChangesRequest\x1a).cairn.replica.v1.SnapshotChangesResponseB>Z<github.com/cairn-io/cairn/dataplane/api/replica/v1;replicav1b\x06proto3"
 
 var (
 	file_replica_v1_replica_proto_rawDescOnce sync.Once
@@ -1733,76 +1931,82 @@ func file_replica_v1_replica_proto_rawDescGZIP() []byte {
 	return file_replica_v1_replica_proto_rawDescData
 }
 
-var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_replica_v1_replica_proto_goTypes = []any{
-	(*Extent)(nil),                 // 0: cairn.replica.v1.Extent
-	(*SnapshotReadRequest)(nil),    // 1: cairn.replica.v1.SnapshotReadRequest
-	(*SnapshotReadResponse)(nil),   // 2: cairn.replica.v1.SnapshotReadResponse
-	(*ReplaceChainRequest)(nil),    // 3: cairn.replica.v1.ReplaceChainRequest
-	(*ReplaceChainResponse)(nil),   // 4: cairn.replica.v1.ReplaceChainResponse
-	(*LayerWriteRequest)(nil),      // 5: cairn.replica.v1.LayerWriteRequest
-	(*LayerWriteResponse)(nil),     // 6: cairn.replica.v1.LayerWriteResponse
-	(*SyncLayersRequest)(nil),      // 7: cairn.replica.v1.SyncLayersRequest
-	(*SyncLayersResponse)(nil),     // 8: cairn.replica.v1.SyncLayersResponse
-	(*ChecksumRequest)(nil),        // 9: cairn.replica.v1.ChecksumRequest
-	(*ChecksumResponse)(nil),       // 10: cairn.replica.v1.ChecksumResponse
-	(*Snapshot)(nil),               // 11: cairn.replica.v1.Snapshot
-	(*DirtyRegions)(nil),           // 12: cairn.replica.v1.DirtyRegions
-	(*InfoRequest)(nil),            // 13: cairn.replica.v1.InfoRequest
-	(*InfoResponse)(nil),           // 14: cairn.replica.v1.InfoResponse
-	(*SnapshotCreateRequest)(nil),  // 15: cairn.replica.v1.SnapshotCreateRequest
-	(*SnapshotCreateResponse)(nil), // 16: cairn.replica.v1.SnapshotCreateResponse
-	(*SnapshotListRequest)(nil),    // 17: cairn.replica.v1.SnapshotListRequest
-	(*SnapshotListResponse)(nil),   // 18: cairn.replica.v1.SnapshotListResponse
-	(*SnapshotDeleteRequest)(nil),  // 19: cairn.replica.v1.SnapshotDeleteRequest
-	(*SnapshotDeleteResponse)(nil), // 20: cairn.replica.v1.SnapshotDeleteResponse
-	(*SnapshotRevertRequest)(nil),  // 21: cairn.replica.v1.SnapshotRevertRequest
-	(*SnapshotRevertResponse)(nil), // 22: cairn.replica.v1.SnapshotRevertResponse
-	(*ExpandRequest)(nil),          // 23: cairn.replica.v1.ExpandRequest
-	(*ExpandResponse)(nil),         // 24: cairn.replica.v1.ExpandResponse
-	(*SetEpochRequest)(nil),        // 25: cairn.replica.v1.SetEpochRequest
-	(*SetEpochResponse)(nil),       // 26: cairn.replica.v1.SetEpochResponse
-	(*StaleEpoch)(nil),             // 27: cairn.replica.v1.StaleEpoch
-	(*CloseRequest)(nil),           // 28: cairn.replica.v1.CloseRequest
-	(*CloseResponse)(nil),          // 29: cairn.replica.v1.CloseResponse
+	(*SnapshotChangesRequest)(nil),  // 0: cairn.replica.v1.SnapshotChangesRequest
+	(*ByteRange)(nil),               // 1: cairn.replica.v1.ByteRange
+	(*SnapshotChangesResponse)(nil), // 2: cairn.replica.v1.SnapshotChangesResponse
+	(*Extent)(nil),                  // 3: cairn.replica.v1.Extent
+	(*SnapshotReadRequest)(nil),     // 4: cairn.replica.v1.SnapshotReadRequest
+	(*SnapshotReadResponse)(nil),    // 5: cairn.replica.v1.SnapshotReadResponse
+	(*ReplaceChainRequest)(nil),     // 6: cairn.replica.v1.ReplaceChainRequest
+	(*ReplaceChainResponse)(nil),    // 7: cairn.replica.v1.ReplaceChainResponse
+	(*LayerWriteRequest)(nil),       // 8: cairn.replica.v1.LayerWriteRequest
+	(*LayerWriteResponse)(nil),      // 9: cairn.replica.v1.LayerWriteResponse
+	(*SyncLayersRequest)(nil),       // 10: cairn.replica.v1.SyncLayersRequest
+	(*SyncLayersResponse)(nil),      // 11: cairn.replica.v1.SyncLayersResponse
+	(*ChecksumRequest)(nil),         // 12: cairn.replica.v1.ChecksumRequest
+	(*ChecksumResponse)(nil),        // 13: cairn.replica.v1.ChecksumResponse
+	(*Snapshot)(nil),                // 14: cairn.replica.v1.Snapshot
+	(*DirtyRegions)(nil),            // 15: cairn.replica.v1.DirtyRegions
+	(*InfoRequest)(nil),             // 16: cairn.replica.v1.InfoRequest
+	(*InfoResponse)(nil),            // 17: cairn.replica.v1.InfoResponse
+	(*SnapshotCreateRequest)(nil),   // 18: cairn.replica.v1.SnapshotCreateRequest
+	(*SnapshotCreateResponse)(nil),  // 19: cairn.replica.v1.SnapshotCreateResponse
+	(*SnapshotListRequest)(nil),     // 20: cairn.replica.v1.SnapshotListRequest
+	(*SnapshotListResponse)(nil),    // 21: cairn.replica.v1.SnapshotListResponse
+	(*SnapshotDeleteRequest)(nil),   // 22: cairn.replica.v1.SnapshotDeleteRequest
+	(*SnapshotDeleteResponse)(nil),  // 23: cairn.replica.v1.SnapshotDeleteResponse
+	(*SnapshotRevertRequest)(nil),   // 24: cairn.replica.v1.SnapshotRevertRequest
+	(*SnapshotRevertResponse)(nil),  // 25: cairn.replica.v1.SnapshotRevertResponse
+	(*ExpandRequest)(nil),           // 26: cairn.replica.v1.ExpandRequest
+	(*ExpandResponse)(nil),          // 27: cairn.replica.v1.ExpandResponse
+	(*SetEpochRequest)(nil),         // 28: cairn.replica.v1.SetEpochRequest
+	(*SetEpochResponse)(nil),        // 29: cairn.replica.v1.SetEpochResponse
+	(*StaleEpoch)(nil),              // 30: cairn.replica.v1.StaleEpoch
+	(*CloseRequest)(nil),            // 31: cairn.replica.v1.CloseRequest
+	(*CloseResponse)(nil),           // 32: cairn.replica.v1.CloseResponse
 }
 var file_replica_v1_replica_proto_depIdxs = []int32{
-	0,  // 0: cairn.replica.v1.SnapshotReadResponse.extents:type_name -> cairn.replica.v1.Extent
-	11, // 1: cairn.replica.v1.ReplaceChainRequest.snapshots:type_name -> cairn.replica.v1.Snapshot
-	11, // 2: cairn.replica.v1.InfoResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
-	12, // 3: cairn.replica.v1.InfoResponse.dirty:type_name -> cairn.replica.v1.DirtyRegions
-	11, // 4: cairn.replica.v1.SnapshotListResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
-	13, // 5: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
-	15, // 6: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
-	17, // 7: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
-	19, // 8: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
-	21, // 9: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
-	23, // 10: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
-	25, // 11: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
-	28, // 12: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
-	1,  // 13: cairn.replica.v1.ReplicaService.SnapshotRead:input_type -> cairn.replica.v1.SnapshotReadRequest
-	3,  // 14: cairn.replica.v1.ReplicaService.ReplaceChain:input_type -> cairn.replica.v1.ReplaceChainRequest
-	5,  // 15: cairn.replica.v1.ReplicaService.LayerWrite:input_type -> cairn.replica.v1.LayerWriteRequest
-	7,  // 16: cairn.replica.v1.ReplicaService.SyncLayers:input_type -> cairn.replica.v1.SyncLayersRequest
-	9,  // 17: cairn.replica.v1.ReplicaService.Checksum:input_type -> cairn.replica.v1.ChecksumRequest
-	14, // 18: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
-	16, // 19: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
-	18, // 20: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
-	20, // 21: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
-	22, // 22: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
-	24, // 23: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
-	26, // 24: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
-	29, // 25: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
-	2,  // 26: cairn.replica.v1.ReplicaService.SnapshotRead:output_type -> cairn.replica.v1.SnapshotReadResponse
-	4,  // 27: cairn.replica.v1.ReplicaService.ReplaceChain:output_type -> cairn.replica.v1.ReplaceChainResponse
-	6,  // 28: cairn.replica.v1.ReplicaService.LayerWrite:output_type -> cairn.replica.v1.LayerWriteResponse
-	8,  // 29: cairn.replica.v1.ReplicaService.SyncLayers:output_type -> cairn.replica.v1.SyncLayersResponse
-	10, // 30: cairn.replica.v1.ReplicaService.Checksum:output_type -> cairn.replica.v1.ChecksumResponse
-	18, // [18:31] is the sub-list for method output_type
-	5,  // [5:18] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	1,  // 0: cairn.replica.v1.SnapshotChangesResponse.ranges:type_name -> cairn.replica.v1.ByteRange
+	3,  // 1: cairn.replica.v1.SnapshotReadResponse.extents:type_name -> cairn.replica.v1.Extent
+	14, // 2: cairn.replica.v1.ReplaceChainRequest.snapshots:type_name -> cairn.replica.v1.Snapshot
+	14, // 3: cairn.replica.v1.InfoResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
+	15, // 4: cairn.replica.v1.InfoResponse.dirty:type_name -> cairn.replica.v1.DirtyRegions
+	14, // 5: cairn.replica.v1.SnapshotListResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
+	16, // 6: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
+	18, // 7: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
+	20, // 8: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
+	22, // 9: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
+	24, // 10: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
+	26, // 11: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
+	28, // 12: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
+	31, // 13: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
+	4,  // 14: cairn.replica.v1.ReplicaService.SnapshotRead:input_type -> cairn.replica.v1.SnapshotReadRequest
+	6,  // 15: cairn.replica.v1.ReplicaService.ReplaceChain:input_type -> cairn.replica.v1.ReplaceChainRequest
+	8,  // 16: cairn.replica.v1.ReplicaService.LayerWrite:input_type -> cairn.replica.v1.LayerWriteRequest
+	10, // 17: cairn.replica.v1.ReplicaService.SyncLayers:input_type -> cairn.replica.v1.SyncLayersRequest
+	12, // 18: cairn.replica.v1.ReplicaService.Checksum:input_type -> cairn.replica.v1.ChecksumRequest
+	0,  // 19: cairn.replica.v1.ReplicaService.SnapshotChanges:input_type -> cairn.replica.v1.SnapshotChangesRequest
+	17, // 20: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
+	19, // 21: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
+	21, // 22: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
+	23, // 23: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
+	25, // 24: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
+	27, // 25: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
+	29, // 26: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
+	32, // 27: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
+	5,  // 28: cairn.replica.v1.ReplicaService.SnapshotRead:output_type -> cairn.replica.v1.SnapshotReadResponse
+	7,  // 29: cairn.replica.v1.ReplicaService.ReplaceChain:output_type -> cairn.replica.v1.ReplaceChainResponse
+	9,  // 30: cairn.replica.v1.ReplicaService.LayerWrite:output_type -> cairn.replica.v1.LayerWriteResponse
+	11, // 31: cairn.replica.v1.ReplicaService.SyncLayers:output_type -> cairn.replica.v1.SyncLayersResponse
+	13, // 32: cairn.replica.v1.ReplicaService.Checksum:output_type -> cairn.replica.v1.ChecksumResponse
+	2,  // 33: cairn.replica.v1.ReplicaService.SnapshotChanges:output_type -> cairn.replica.v1.SnapshotChangesResponse
+	20, // [20:34] is the sub-list for method output_type
+	6,  // [6:20] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_replica_v1_replica_proto_init() }
@@ -1816,7 +2020,7 @@ func file_replica_v1_replica_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_replica_v1_replica_proto_rawDesc), len(file_replica_v1_replica_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

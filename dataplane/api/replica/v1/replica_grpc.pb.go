@@ -22,19 +22,20 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ReplicaService_Info_FullMethodName           = "/cairn.replica.v1.ReplicaService/Info"
-	ReplicaService_SnapshotCreate_FullMethodName = "/cairn.replica.v1.ReplicaService/SnapshotCreate"
-	ReplicaService_SnapshotList_FullMethodName   = "/cairn.replica.v1.ReplicaService/SnapshotList"
-	ReplicaService_SnapshotDelete_FullMethodName = "/cairn.replica.v1.ReplicaService/SnapshotDelete"
-	ReplicaService_SnapshotRevert_FullMethodName = "/cairn.replica.v1.ReplicaService/SnapshotRevert"
-	ReplicaService_Expand_FullMethodName         = "/cairn.replica.v1.ReplicaService/Expand"
-	ReplicaService_SetEpoch_FullMethodName       = "/cairn.replica.v1.ReplicaService/SetEpoch"
-	ReplicaService_Close_FullMethodName          = "/cairn.replica.v1.ReplicaService/Close"
-	ReplicaService_SnapshotRead_FullMethodName   = "/cairn.replica.v1.ReplicaService/SnapshotRead"
-	ReplicaService_ReplaceChain_FullMethodName   = "/cairn.replica.v1.ReplicaService/ReplaceChain"
-	ReplicaService_LayerWrite_FullMethodName     = "/cairn.replica.v1.ReplicaService/LayerWrite"
-	ReplicaService_SyncLayers_FullMethodName     = "/cairn.replica.v1.ReplicaService/SyncLayers"
-	ReplicaService_Checksum_FullMethodName       = "/cairn.replica.v1.ReplicaService/Checksum"
+	ReplicaService_Info_FullMethodName            = "/cairn.replica.v1.ReplicaService/Info"
+	ReplicaService_SnapshotCreate_FullMethodName  = "/cairn.replica.v1.ReplicaService/SnapshotCreate"
+	ReplicaService_SnapshotList_FullMethodName    = "/cairn.replica.v1.ReplicaService/SnapshotList"
+	ReplicaService_SnapshotDelete_FullMethodName  = "/cairn.replica.v1.ReplicaService/SnapshotDelete"
+	ReplicaService_SnapshotRevert_FullMethodName  = "/cairn.replica.v1.ReplicaService/SnapshotRevert"
+	ReplicaService_Expand_FullMethodName          = "/cairn.replica.v1.ReplicaService/Expand"
+	ReplicaService_SetEpoch_FullMethodName        = "/cairn.replica.v1.ReplicaService/SetEpoch"
+	ReplicaService_Close_FullMethodName           = "/cairn.replica.v1.ReplicaService/Close"
+	ReplicaService_SnapshotRead_FullMethodName    = "/cairn.replica.v1.ReplicaService/SnapshotRead"
+	ReplicaService_ReplaceChain_FullMethodName    = "/cairn.replica.v1.ReplicaService/ReplaceChain"
+	ReplicaService_LayerWrite_FullMethodName      = "/cairn.replica.v1.ReplicaService/LayerWrite"
+	ReplicaService_SyncLayers_FullMethodName      = "/cairn.replica.v1.ReplicaService/SyncLayers"
+	ReplicaService_Checksum_FullMethodName        = "/cairn.replica.v1.ReplicaService/Checksum"
+	ReplicaService_SnapshotChanges_FullMethodName = "/cairn.replica.v1.ReplicaService/SnapshotChanges"
 )
 
 // ReplicaServiceClient is the client API for ReplicaService service.
@@ -96,6 +97,16 @@ type ReplicaServiceClient interface {
 	// Checksum returns the CRC-32C of a range of the view at a snapshot, or
 	// (layer_only) of that snapshot's own layer: its data and where it lies.
 	Checksum(ctx context.Context, in *ChecksumRequest, opts ...grpc.CallOption) (*ChecksumResponse, error)
+	// Backup support.
+	// SnapshotChanges lists where the view at a snapshot may differ from the
+	// view at an earlier snapshot of the chain (from all zeros without a
+	// base): the data blocks of every layer after base up to the snapshot,
+	// from the layers' indexes (no data is read). A superset of the
+	// difference, never a subset. Block-aligned; at most max_ranges
+	// (1 to 65536) ranges per call, continued from next_offset.
+	// NOT_FOUND for a missing snapshot or base; INVALID_ARGUMENT for a base
+	// not older than the snapshot, an unaligned span or a bad max_ranges.
+	SnapshotChanges(ctx context.Context, in *SnapshotChangesRequest, opts ...grpc.CallOption) (*SnapshotChangesResponse, error)
 }
 
 type replicaServiceClient struct {
@@ -236,6 +247,16 @@ func (c *replicaServiceClient) Checksum(ctx context.Context, in *ChecksumRequest
 	return out, nil
 }
 
+func (c *replicaServiceClient) SnapshotChanges(ctx context.Context, in *SnapshotChangesRequest, opts ...grpc.CallOption) (*SnapshotChangesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SnapshotChangesResponse)
+	err := c.cc.Invoke(ctx, ReplicaService_SnapshotChanges_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ReplicaServiceServer is the server API for ReplicaService service.
 // All implementations must embed UnimplementedReplicaServiceServer
 // for forward compatibility.
@@ -295,6 +316,16 @@ type ReplicaServiceServer interface {
 	// Checksum returns the CRC-32C of a range of the view at a snapshot, or
 	// (layer_only) of that snapshot's own layer: its data and where it lies.
 	Checksum(context.Context, *ChecksumRequest) (*ChecksumResponse, error)
+	// Backup support.
+	// SnapshotChanges lists where the view at a snapshot may differ from the
+	// view at an earlier snapshot of the chain (from all zeros without a
+	// base): the data blocks of every layer after base up to the snapshot,
+	// from the layers' indexes (no data is read). A superset of the
+	// difference, never a subset. Block-aligned; at most max_ranges
+	// (1 to 65536) ranges per call, continued from next_offset.
+	// NOT_FOUND for a missing snapshot or base; INVALID_ARGUMENT for a base
+	// not older than the snapshot, an unaligned span or a bad max_ranges.
+	SnapshotChanges(context.Context, *SnapshotChangesRequest) (*SnapshotChangesResponse, error)
 	mustEmbedUnimplementedReplicaServiceServer()
 }
 
@@ -343,6 +374,9 @@ func (UnimplementedReplicaServiceServer) SyncLayers(context.Context, *SyncLayers
 }
 func (UnimplementedReplicaServiceServer) Checksum(context.Context, *ChecksumRequest) (*ChecksumResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Checksum not implemented")
+}
+func (UnimplementedReplicaServiceServer) SnapshotChanges(context.Context, *SnapshotChangesRequest) (*SnapshotChangesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SnapshotChanges not implemented")
 }
 func (UnimplementedReplicaServiceServer) mustEmbedUnimplementedReplicaServiceServer() {}
 func (UnimplementedReplicaServiceServer) testEmbeddedByValue()                        {}
@@ -599,6 +633,24 @@ func _ReplicaService_Checksum_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ReplicaService_SnapshotChanges_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SnapshotChangesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServiceServer).SnapshotChanges(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ReplicaService_SnapshotChanges_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServiceServer).SnapshotChanges(ctx, req.(*SnapshotChangesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ReplicaService_ServiceDesc is the grpc.ServiceDesc for ReplicaService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -657,6 +709,10 @@ var ReplicaService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Checksum",
 			Handler:    _ReplicaService_Checksum_Handler,
+		},
+		{
+			MethodName: "SnapshotChanges",
+			Handler:    _ReplicaService_SnapshotChanges_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
