@@ -23,4 +23,11 @@ const (
 	// node using it): the volume was asked to attach to a node and is still
 	// not attached there after a while; the message says what it waits for.
 	EventReasonAttachWaiting = "VolumeAttachWaiting"
+	// EventReasonSecretMissing (Warning, on a PersistentVolume of Cairn's
+	// driver and its claim): a Secret the PersistentVolume names (the CSI
+	// secret parameters of its StorageClass) does not exist. Kubernetes
+	// reads it before it attaches, detaches, deletes, mounts or expands the
+	// volume, and waits while it is missing; the message names the Secret
+	// and the command that makes it again.
+	EventReasonSecretMissing = "SecretMissing"
 )

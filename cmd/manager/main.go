@@ -39,6 +39,7 @@ import (
 	cairnmetrics "github.com/cairn-io/cairn/controllers/metrics"
 	"github.com/cairn-io/cairn/controllers/replica"
 	"github.com/cairn-io/cairn/controllers/scheduler"
+	"github.com/cairn-io/cairn/controllers/secretguard"
 	"github.com/cairn-io/cairn/controllers/snapshot"
 	"github.com/cairn-io/cairn/controllers/storagenode"
 	"github.com/cairn-io/cairn/controllers/ui"
@@ -211,6 +212,8 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 		"drain":       dr.SetupWithManager,
 		// A volume's trouble as Events on its claim and pods.
 		"volume-events": (&claims.Forwarder{Client: c, Namespace: disc.namespace}).SetupWithManager,
+		// The Secrets Cairn's PersistentVolumes name kept while they do.
+		"secret-guard": (&secretguard.Reconciler{}).SetupWithManager,
 	} {
 		if err := setup(mgr); err != nil {
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)
