@@ -28,9 +28,10 @@ var _ = Describe("an encrypted claim deleted with its namespace, Secret and Stor
 	It("leaves no PersistentVolume, Volume or Secret behind", func() {
 		n := nodes()
 		must("", "create", "namespace", secretNS)
+		// Best effort, for a spec failed half-way: both are deleted below.
 		DeferCleanup(func() {
-			kubectl("", "delete", "storageclass", secretClass, "--ignore-not-found")
-			kubectl("", "delete", "namespace", secretNS, "--ignore-not-found", "--wait=false")
+			_, _ = kubectl("", "delete", "storageclass", secretClass, "--ignore-not-found")
+			_, _ = kubectl("", "delete", "namespace", secretNS, "--ignore-not-found", "--wait=false")
 		})
 		must("", "-n", secretNS, "create", "secret", "generic", "enc", "--from-literal=passphrase=e2e passphrase of a namespace's own class")
 		must(fmt.Sprintf(`apiVersion: storage.k8s.io/v1
