@@ -43,6 +43,8 @@ commands:
             supervise this node's engine and replica processes for the manager (gRPC)
   device-keeper
             hold the fuse frontends' devices while their engines restart
+  backup    back a replica's snapshot up to a directory or S3 target (incremental with a base)
+  restore   write a backup from a target to a new file or a block device
   version   print the data-plane version
   help      print this message
 
@@ -66,6 +68,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runInstanceManager(ctx, args[1:], stdout, stderr)
 	case "device-keeper":
 		return runDeviceKeeper(ctx, args[1:], stdout, stderr)
+	case "backup":
+		return runBackup(ctx, args[1:], stdout, stderr)
+	case "restore":
+		return runRestore(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, dataplane.Version)
 		return 0

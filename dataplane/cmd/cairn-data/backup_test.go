@@ -1,0 +1,450 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
+	"github.com/cairn-io/cairn/dataplane/backupstore"
+	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
+)
+
+// backupEnv is where a test's backups go: the target flags and the
+// environment the backup and restore commands get.
+type backupEnv struct {
+	flags []string
+	env   []string
+	open  func(t *testing.T) backupstore.Target
+}
+
+func dirBackupEnv(t *testing.T) backupEnv {
+	dir := t.TempDir()
+	return backupEnv{flags: []string{"--target-dir", dir}, open: func(t *testing.T) backupstore.Target {
+		tg, err := backupstore.NewDirTarget(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tg
+	}}
+}
+
+// s3BackupEnv runs versitygw (hack/install-versitygw.sh builds it; see
+// docs/backup.md, Testing) over a temporary directory with a bucket, and
+// passes the credentials through the environment, as an operator would.
+func s3BackupEnv(t *testing.T) backupEnv {
+	bin := os.Getenv("CAIRN_VERSITYGW")
+	if bin == "" {
+		cache := os.Getenv("CAIRN_CACHE")
+		if cache == "" {
+			home, _ := os.UserHomeDir()
+			cache = filepath.Join(home, ".cache", "cairn")
+		}
+		bin = filepath.Join(cache, "versitygw-v1.8.0", "versitygw")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("versitygw not found at %s: run make test-tools (hack/install-versitygw.sh) or set CAIRN_VERSITYGW", bin)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	const access, secret = "cairn-backup-access", "cairn-backup-secret-key"
+	logf, err := os.Create(filepath.Join(t.TempDir(), "versitygw.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--access", access, "--secret", secret, "--port", addr, "--quiet", "posix", t.TempDir())
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			out, _ := os.ReadFile(logf.Name())
+			t.Logf("versitygw log:\n%s", out)
+		}
+		logf.Close()
+	})
+	client, err := minio.New(addr, &minio.Options{Creds: credentials.NewStaticV4(access, secret, ""), Region: "us-east-1", BucketLookup: minio.BucketLookupPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for until := deadline.After(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(5*time.Second))
+		err = client.MakeBucket(ctx, "backups", minio.MakeBucketOptions{Region: "us-east-1"})
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(until) {
+			t.Fatalf("versitygw at %s did not create a bucket: %v", addr, err)
+		}
+	}
+	cfg := backupstore.S3Config{Endpoint: "http://" + addr, Bucket: "backups", Prefix: "cluster-a", Region: "us-east-1", PathStyle: true, AccessKeyID: access, SecretAccessKey: secret}
+	return backupEnv{
+		flags: []string{"--s3-endpoint", cfg.Endpoint, "--s3-bucket", cfg.Bucket, "--s3-prefix", cfg.Prefix, "--s3-region", cfg.Region, "--s3-path-style"},
+		env:   []string{"AWS_ACCESS_KEY_ID=" + access, "AWS_SECRET_ACCESS_KEY=" + secret},
+		open: func(t *testing.T) backupstore.Target {
+			tg, err := backupstore.NewS3Target(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tg
+		},
+	}
+}
+
+// runTool runs a cairn-data command to completion with the env's
+// environment and returns its exit code, stdout and stderr.
+func (e backupEnv) runTool(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := command(args...)
+	cmd.Env = append(cmd.Env, e.env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	done := make(chan struct{})
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait(); close(done) }() // the exit code is what counts
+	select {
+	case <-done:
+	case <-time.After(deadline.Scale(3 * time.Minute)):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("cairn-data %v did not finish\n%s", args, stderr.String())
+	}
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
+
+// backupResult is the final line of a backup's output, by key.
+func backupResult(t *testing.T, out string) map[string]string {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	last := lines[len(lines)-1]
+	if !strings.HasPrefix(last, "backup ") {
+		t.Fatalf("backup's last line %q, want the result", last)
+	}
+	res := map[string]string{"name": strings.Fields(last)[1]}
+	for _, f := range strings.Fields(last)[2:] {
+		k, v, _ := strings.Cut(f, "=")
+		res[k] = v
+	}
+	return res
+}
+
+func resultInt(t *testing.T, res map[string]string, k string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(res[k], 10, 64)
+	if err != nil {
+		t.Fatalf("backup result %v: %s: %v", res, k, err)
+	}
+	return n
+}
+
+// testVolume is a real replica process, written through its data port.
+type testVolume struct {
+	p    *proc
+	ctl  replicav1.ReplicaServiceClient
+	data *dataconn.Client
+	size int64
+}
+
+const backupTestEpoch = 1
+
+func startTestVolume(t *testing.T, size int64) *testVolume {
+	p := start(t, "replica", "--dir", t.TempDir(), "--size", strconv.FormatInt(size, 10), "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
+	v := &testVolume{p: p, ctl: dialControl(t, p.control), size: size}
+	if _, err := v.ctl.SetEpoch(context.Background(), &replicav1.SetEpochRequest{Epoch: backupTestEpoch}); err != nil {
+		t.Fatal(err)
+	}
+	v.data = dialData(t, p.data, backupTestEpoch)
+	return v
+}
+
+func (v *testVolume) write(t *testing.T, p []byte, off int64) {
+	t.Helper()
+	if err := v.data.WriteAt(context.Background(), p, off, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (v *testVolume) unmap(t *testing.T, off, n int64) {
+	t.Helper()
+	if err := v.data.Unmap(context.Background(), off, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// snapshot takes a snapshot and returns the volume's bytes at it.
+func (v *testVolume) snapshot(t *testing.T, name string) []byte {
+	t.Helper()
+	ctx := context.Background()
+	if err := v.data.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.ctl.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: name, UserCreated: true, Epoch: backupTestEpoch}); err != nil {
+		t.Fatal(err)
+	}
+	all := make([]byte, v.size)
+	for off := int64(0); off < v.size; off += 1 << 20 {
+		if err := v.data.ReadAt(ctx, all[off:off+1<<20], off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return all
+}
+
+func randomBytes(rng *rand.Rand, n int) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = byte(rng.Uint32())
+	}
+	return p
+}
+
+// TestBackupRestoreReplicaSnapshots: a real replica process, backed up
+// by the backup command to a directory and to a real S3 server. The full
+// backup reads only the written ranges; after more writes and a second
+// snapshot, the incremental backup reads and uploads only the changed
+// blocks; both restore, with the restore command, to exactly the bytes
+// the volume held at their snapshots. Writes after the second snapshot
+// are in no backup.
+func TestBackupRestoreReplicaSnapshots(t *testing.T) {
+	for _, kind := range []struct {
+		name string
+		env  func(*testing.T) backupEnv
+	}{{"dir", dirBackupEnv}, {"s3", s3BackupEnv}} {
+		t.Run(kind.name, func(t *testing.T) { testBackupRestore(t, kind.env(t)) })
+	}
+}
+
+func testBackupRestore(t *testing.T, env backupEnv) {
+	const size, bs = 64 << 20, 1 << 20
+	rng := rand.New(rand.NewPCG(28, 1))
+	v := startTestVolume(t, size)
+	v.write(t, randomBytes(rng, 2<<20), 0)      // blocks 0, 1
+	v.write(t, randomBytes(rng, 4096), 10<<20)  // block 10
+	v.write(t, make([]byte, 4096), 20<<20)      // block 20: written, but zeros
+	v.write(t, randomBytes(rng, 3<<20), 40<<20) // blocks 40-42
+	s1 := v.snapshot(t, "s1")
+	backupArgs := append([]string{"backup", "--replica", v.p.control, "--volume", "vol-a", "--block-size", "1Mi"}, env.flags...)
+
+	code, out, errOut := env.runTool(t, slices.Concat(backupArgs, []string{"--snapshot", "s1", "--name", "b1"})...)
+	if code != 0 {
+		t.Fatalf("full backup: exit %d\n%s", code, errOut)
+	}
+	if !strings.Contains(out, fmt.Sprintf("progress %d/%d bytes (100%%)", 7*bs, 7*bs)) {
+		t.Errorf("full backup printed no final progress line:\n%s", out)
+	}
+	full := backupResult(t, out)
+	// Read: the 7 blocks the layers hold (not the 64 the volume has);
+	// uploaded: the 6 that are not zeros.
+	if full["name"] != "vol-a/b1" || resultInt(t, full, "read-bytes") != 7*bs || resultInt(t, full, "uploaded-blocks") != 6 {
+		t.Errorf("full backup: %v; want vol-a/b1, 7 MiB read, 6 blocks uploaded", full)
+	}
+
+	v.write(t, randomBytes(rng, 4096), 10<<20+8192) // block 10 again
+	v.write(t, randomBytes(rng, 8192), 50<<20)      // block 50
+	v.unmap(t, 41<<20, 1<<20)                       // block 41: zeros over s1's data
+	s2 := v.snapshot(t, "s2")
+	v.write(t, randomBytes(rng, 4096), 60<<20) // after s2: in no backup
+
+	code, out, errOut = env.runTool(t, slices.Concat(backupArgs, []string{"--snapshot", "s2", "--name", "b2", "--base-snapshot", "s1", "--base-backup", "b1"})...)
+	if code != 0 {
+		t.Fatalf("incremental backup: exit %d\n%s", code, errOut)
+	}
+	inc := backupResult(t, out)
+	// Read: blocks 10, 41 and 50; uploaded: 10 and 50 (41 is zeros now).
+	if resultInt(t, inc, "read-bytes") != 3*bs || resultInt(t, inc, "uploaded-blocks") != 2 || inc["parent"] != "b1" {
+		t.Errorf("incremental backup: %v; want 3 MiB read, 2 blocks uploaded, parent b1", inc)
+	}
+
+	checkRestore(t, env, "b1", s1)
+	checkRestore(t, env, "b2", s2)
+	refusals(t, env, backupArgs)
+}
+
+// checkRestore restores a backup with the restore command into a new file
+// and compares it with want, byte for byte.
+func checkRestore(t *testing.T, env backupEnv, name string, want []byte) {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), name+".img")
+	code, out, errOut := env.runTool(t, append([]string{"restore", "--volume", "vol-a", "--backup", name, "--to", dst}, env.flags...)...)
+	if code != 0 {
+		t.Fatalf("restore %s: exit %d\n%s", name, code, errOut)
+	}
+	if !strings.Contains(out, "restored vol-a/"+name) {
+		t.Errorf("restore %s printed:\n%s", name, out)
+	}
+	got, err := os.ReadFile(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("restore %s: %d bytes, want %d", name, len(got), len(want))
+	}
+	if i := firstDiff(got, want); i >= 0 {
+		t.Fatalf("restore %s differs from the snapshot first at byte %d (block %d)", name, i, i>>20)
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return -1
+}
+
+// refusals: bad requests fail with a clear message and change nothing on
+// the target or the destination.
+func refusals(t *testing.T, env backupEnv, backupArgs []string) {
+	t.Helper()
+	existing := filepath.Join(t.TempDir(), "existing.img")
+	if err := os.WriteFile(existing, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restoreArgs := append([]string{"restore", "--volume", "vol-a"}, env.flags...)
+	for _, tc := range []struct {
+		what string
+		args []string
+		code int
+		says string
+	}{
+		{"base backup of another snapshot", slices.Concat(backupArgs, []string{"--snapshot", "s2", "--name", "b3", "--base-snapshot", "s2", "--base-backup", "b1"}), 1, `taken from snapshot "s1"`},
+		{"base not older", slices.Concat(backupArgs, []string{"--snapshot", "s1", "--name", "b3", "--base-snapshot", "s2", "--base-backup", "b2"}), 1, "not older"},
+		{"missing snapshot", slices.Concat(backupArgs, []string{"--snapshot", "nope", "--name", "b3"}), 1, "not found"},
+		{"name taken", slices.Concat(backupArgs, []string{"--snapshot", "s2", "--name", "b1"}), 1, "already exists"},
+		{"bad name", slices.Concat(backupArgs, []string{"--snapshot", "s2", "--name", "B_3"}), 1, "backup name"},
+		{"base half given", slices.Concat(backupArgs, []string{"--snapshot", "s2", "--base-snapshot", "s1"}), 2, "go together"},
+		{"restore over a file", slices.Concat(restoreArgs, []string{"--backup", "b1", "--to", existing}), 1, "not a block device"},
+		{"restore a missing backup", slices.Concat(restoreArgs, []string{"--backup", "nope", "--to", existing + ".new"}), 1, "backup not found"},
+	} {
+		code, _, errOut := env.runTool(t, tc.args...)
+		if code != tc.code || !strings.Contains(errOut, tc.says) {
+			t.Errorf("%s: exit %d, stderr %q; want exit %d saying %q", tc.what, code, errOut, tc.code, tc.says)
+		}
+	}
+	if got, _ := os.ReadFile(existing); string(got) != "keep me" {
+		t.Errorf("a refused restore changed the existing file: %q", got)
+	}
+	if _, err := os.Stat(existing + ".new"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused restore left a file: %v", err)
+	}
+	store, err := backupstore.New(env.open(t), backupstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := store.List(context.Background(), "vol-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, b := range list {
+		names = append(names, b.Name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"b1", "b2"}) {
+		t.Errorf("backups after the refusals: %v, want [b1 b2]", names)
+	}
+}
+
+func TestAppendBlockRange(t *testing.T) {
+	const bs, size = 100, 1000
+	type r = backupstore.Range
+	rr := func(o, n int64) r { return r{Offset: o, Length: n} }
+	for _, tc := range []struct {
+		in   [][2]int64
+		want []r
+	}{
+		{nil, []r{}},
+		{[][2]int64{{0, 1}}, []r{rr(0, 100)}},
+		{[][2]int64{{150, 10}, {170, 10}}, []r{rr(100, 100)}},
+		{[][2]int64{{150, 10}, {200, 10}}, []r{rr(100, 200)}},
+		{[][2]int64{{50, 300}, {500, 1}}, []r{rr(0, 400), rr(500, 100)}},
+		{[][2]int64{{950, 50}}, []r{rr(900, 100)}},
+		{[][2]int64{{990, 10}}, []r{rr(900, 100)}},
+	} {
+		got := []r{}
+		for _, x := range tc.in {
+			got = appendBlockRange(got, x[0], x[1], bs, size)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%v: got %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestCheckChangesPage(t *testing.T) {
+	br := func(o, n int64) *replicav1.ByteRange { return &replicav1.ByteRange{Offset: o, Length: n} }
+	for _, tc := range []struct {
+		what   string
+		ranges []*replicav1.ByteRange
+		next   int64
+		ok     bool
+	}{
+		{"empty, done", nil, 1000, true},
+		{"sorted", []*replicav1.ByteRange{br(100, 10), br(200, 10)}, 1000, true},
+		{"no progress", nil, 100, false},
+		{"past the end", nil, 2000, false},
+		{"before off", []*replicav1.ByteRange{br(0, 10)}, 1000, false},
+		{"past next", []*replicav1.ByteRange{br(500, 600)}, 1000, false},
+		{"overlapping", []*replicav1.ByteRange{br(100, 100), br(150, 10)}, 1000, false},
+		{"empty range", []*replicav1.ByteRange{br(100, 0)}, 1000, false},
+		{"overflowing", []*replicav1.ByteRange{br(200, 1<<62+(1<<62-1))}, 1000, false},
+	} {
+		next, err := checkChangesPage(&replicav1.SnapshotChangesResponse{Ranges: tc.ranges, NextOffset: tc.next}, 100, 1000)
+		if (err == nil) != tc.ok || (tc.ok && next != tc.next) || (!tc.ok && !errors.Is(err, errReplicaReply)) {
+			t.Errorf("%s: next %d, err %v; want ok=%v", tc.what, next, err, tc.ok)
+		}
+	}
+}
+
+func TestS3Credentials(t *testing.T) {
+	dir := t.TempDir()
+	file := func(s string) string {
+		p := filepath.Join(dir, strconv.Itoa(len(s)))
+		if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	env := map[string]string{"AWS_ACCESS_KEY_ID": "env-id", "AWS_SECRET_ACCESS_KEY": "env-secret"}
+	got, err := s3Credentials("", func(k string) string { return env[k] })
+	if err != nil || got["AWS_ACCESS_KEY_ID"] != "env-id" || got["AWS_SECRET_ACCESS_KEY"] != "env-secret" {
+		t.Errorf("from the environment: %v, %v", got, err)
+	}
+	got, err = s3Credentials(file("# creds\nAWS_ACCESS_KEY_ID=id\n\nexport AWS_SECRET_ACCESS_KEY=\"s=cret\"\n"), nil)
+	if err != nil || got["AWS_ACCESS_KEY_ID"] != "id" || got["AWS_SECRET_ACCESS_KEY"] != "s=cret" {
+		t.Errorf("from a file: %v, %v", got, err)
+	}
+	_, err = s3Credentials(file("AWS_ACCESS_KEY_ID=id\nhunter2-alone\n"), nil)
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("a bad line: %v; want an error that does not quote the line", err)
+	}
+	if _, err := s3Credentials(file(strings.Repeat("#", maxCredentialsFile+1)), nil); err == nil {
+		t.Errorf("a file over %d bytes was read", maxCredentialsFile)
+	}
+}
