@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -13,8 +14,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -283,6 +286,78 @@ func testBackupRestore(t *testing.T, env backupEnv) {
 	checkRestore(t, env, "b1", s1)
 	checkRestore(t, env, "b2", s2)
 	refusals(t, env, backupArgs)
+}
+
+// TestRestoreToBlockDevice: a restore onto a block device (a loop device
+// over a file full of other bytes) writes every block, zeros included, so
+// the device then holds exactly the snapshot; a device someone holds open
+// exclusively (as a mount does) is refused and left as it was.
+func TestRestoreToBlockDevice(t *testing.T) {
+	needTool(t, "losetup")
+	env := dirBackupEnv(t)
+	const size = 8 << 20
+	rng := rand.New(rand.NewPCG(28, 2))
+	v := startTestVolume(t, size)
+	v.write(t, randomBytes(rng, 1<<20), 3<<20)
+	want := v.snapshot(t, "s1")
+	if code, _, errOut := env.runTool(t, slices.Concat([]string{"backup", "--replica", v.p.control, "--volume", "vol-a", "--snapshot", "s1", "--name", "b1"}, env.flags)...); code != 0 {
+		t.Fatalf("backup: exit %d\n%s", code, errOut)
+	}
+	backing := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(backing, bytes.Repeat([]byte{0xee}, size+1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", backing).CombinedOutput()
+	if err != nil {
+		t.Skipf("no loop device here: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", dev).Run() })
+	restoreArgs := slices.Concat([]string{"restore", "--volume", "vol-a", "--backup", "b1", "--to", dev}, env.flags)
+
+	held, err := os.OpenFile(dev, os.O_RDONLY|os.O_EXCL, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := env.runTool(t, restoreArgs...)
+	held.Close()
+	if code != 1 || !strings.Contains(errOut, "in use") {
+		t.Errorf("restore onto a device held exclusively: exit %d, %q; want a refusal", code, errOut)
+	}
+	if got := readDevice(t, dev, size); !bytes.Equal(got, bytes.Repeat([]byte{0xee}, size)) {
+		t.Fatal("a refused restore wrote to the device")
+	}
+
+	if code, _, errOut := env.runTool(t, restoreArgs...); code != 0 {
+		t.Fatalf("restore onto %s: exit %d\n%s", dev, code, errOut)
+	}
+	if i := firstDiff(readDevice(t, dev, size), want); i >= 0 {
+		t.Fatalf("the device differs from the snapshot first at byte %d", i)
+	}
+	if tail := readDevice(t, dev, size+1<<20)[size:]; !bytes.Equal(tail, bytes.Repeat([]byte{0xee}, 1<<20)) {
+		t.Fatal("the restore wrote past the backup's size")
+	}
+}
+
+func readDevice(t *testing.T, dev string, n int) []byte {
+	t.Helper()
+	f, err := os.OpenFile(dev, os.O_RDONLY|syscall.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := directBuf(n)
+	if _, err := io.ReadFull(f, buf); err != nil {
+		t.Fatal(err)
+	}
+	return buf
+}
+
+// directBuf is n bytes aligned for O_DIRECT.
+func directBuf(n int) []byte {
+	b := make([]byte, n+4096)
+	off := int(4096 - uintptr(unsafe.Pointer(&b[0]))%4096)
+	return b[off%4096 : off%4096+n]
 }
 
 // checkRestore restores a backup with the restore command into a new file
