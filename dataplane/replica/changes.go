@@ -16,6 +16,11 @@ type Range struct {
 // continues from the returned offset.
 const MaxChangeRanges = 1 << 16
 
+// maxChangeScan bounds the blocks one Changes call looks at (16 GiB of the
+// volume), so that a call holds the replica's lock for a bounded time
+// however the layers' indexes are shaped.
+const maxChangeScan int64 = 1 << 22
+
 // ChangedLayers returns the layers [lo, hi) whose data makes up the
 // difference between the view at snapshot base and the view at snapshot
 // snap, for a chain of snapshot names (oldest first): every layer after
@@ -91,8 +96,9 @@ func appendRange(rs []Range, off, n int64) []Range {
 // every layer after base up to snap. It is a superset of the difference,
 // never a subset: a block rewritten with the same bytes, or unmapped over
 // older data (zeros are written then), is listed too. At most max ranges
-// (1 to MaxChangeRanges) are returned; next is where a further call
-// continues, off+length when the span is done. off and length must be
+// (1 to MaxChangeRanges) are returned, from at most 16 GiB of the span;
+// next is where a further call continues, off+length when the span is
+// done. off and length must be
 // block-aligned.
 //
 // Deleting a snapshot merges its layer into a neighbour of the chain and
@@ -125,7 +131,7 @@ func (r *Replica) Changes(snap, base string, off, length int64, max int) (rs []R
 	for _, l := range r.layers[lo:hi] {
 		layers = append(layers, l.idx)
 	}
-	return changedRanges(layers, off, length, max)
+	return changedRanges(layers, off, min(length, maxChangeScan*BlockSize), max)
 }
 
 // changedRanges lists the data runs of the union of layers in [off,

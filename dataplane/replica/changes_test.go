@@ -229,3 +229,26 @@ func coverDiff(t *testing.T, snap, base string, listed []bool, views map[string]
 		}
 	}
 }
+
+// TestReplicaChangesScanBound: one call looks at 16 GiB of the span at
+// most and says where to continue; the listing continued finds data
+// beyond.
+func TestReplicaChangesScanBound(t *testing.T) {
+	const size = 20 << 30
+	r := open(t, t.TempDir(), size)
+	defer r.Close()
+	if _, err := r.WriteAt(bytes.Repeat([]byte{1}, BlockSize), 18<<30); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Snapshot(SnapshotOptions{Name: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	rs, next, err := r.Changes("s1", "", 0, size, MaxChangeRanges)
+	if err != nil || len(rs) != 0 || next != maxChangeScan*BlockSize {
+		t.Fatalf("first call: %v next %d, %v; want nothing up to %d", rs, next, err, maxChangeScan*BlockSize)
+	}
+	rs, next, err = r.Changes("s1", "", next, size-next, MaxChangeRanges)
+	if err != nil || next != size || !slices.Equal(rs, []Range{{Offset: 18 << 30, Length: BlockSize}}) {
+		t.Fatalf("continued: %v next %d, %v", rs, next, err)
+	}
+}

@@ -103,7 +103,8 @@ type ReplicaServiceClient interface {
 	// base): the data blocks of every layer after base up to the snapshot,
 	// from the layers' indexes (no data is read). A superset of the
 	// difference, never a subset. Block-aligned; at most max_ranges
-	// (1 to 65536) ranges per call, continued from next_offset.
+	// (1 to 65536) ranges from at most 16 GiB of the span per call,
+	// continued from next_offset.
 	// NOT_FOUND for a missing snapshot or base; INVALID_ARGUMENT for a base
 	// not older than the snapshot, an unaligned span or a bad max_ranges.
 	SnapshotChanges(ctx context.Context, in *SnapshotChangesRequest, opts ...grpc.CallOption) (*SnapshotChangesResponse, error)
@@ -322,7 +323,8 @@ type ReplicaServiceServer interface {
 	// base): the data blocks of every layer after base up to the snapshot,
 	// from the layers' indexes (no data is read). A superset of the
 	// difference, never a subset. Block-aligned; at most max_ranges
-	// (1 to 65536) ranges per call, continued from next_offset.
+	// (1 to 65536) ranges from at most 16 GiB of the span per call,
+	// continued from next_offset.
 	// NOT_FOUND for a missing snapshot or base; INVALID_ARGUMENT for a base
 	// not older than the snapshot, an unaligned span or a bad max_ranges.
 	SnapshotChanges(context.Context, *SnapshotChangesRequest) (*SnapshotChangesResponse, error)
