@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,12 +48,14 @@ flags:
 `
 
 const restoreUsage = `usage: cairn-data restore --volume VOLUME --backup NAME --to PATH TARGET
+       cairn-data restore --volume VOLUME --list TARGET
 
 Writes a backup to PATH: a new file (created sparse; it must not exist) or a
 block device at least the backup's size (opened exclusively, so not one in
 use). Every block is checked against the manifest's SHA-256. A failed restore
 removes the file it created; a device it wrote to must not be used. TARGET
-as for 'cairn-data backup'.
+as for 'cairn-data backup'. --list prints the volume's backups, oldest
+first, from the index on the target, and restores nothing.
 
 flags:
 `
@@ -498,6 +501,7 @@ type restoreFlags struct {
 	target             targetFlags
 	volume, backupName string
 	to                 string
+	list               bool
 }
 
 func parseRestoreFlags(args []string, stderr io.Writer) (*restoreFlags, error) {
@@ -508,11 +512,14 @@ func parseRestoreFlags(args []string, stderr io.Writer) (*restoreFlags, error) {
 	fs.StringVar(&f.volume, "volume", "", "the volume whose backup to restore")
 	fs.StringVar(&f.backupName, "backup", "", "the backup's name")
 	fs.StringVar(&f.to, "to", "", "a new file, or a block device at least the backup's size")
+	fs.BoolVar(&f.list, "list", false, "list the volume's backups instead of restoring one")
 	f.target.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	if fs.NArg() > 0 || f.volume == "" || f.backupName == "" || f.to == "" {
+	// Either --list, or both --backup and --to.
+	restoring := f.backupName != "" || f.to != ""
+	if fs.NArg() > 0 || f.volume == "" || f.list == restoring || (restoring && (f.backupName == "" || f.to == "")) {
 		fs.Usage()
 		return nil, flag.ErrHelp
 	}
@@ -527,7 +534,11 @@ func runRestore(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		return 2
 	}
-	if err := restore(ctx, f, stdout, newLogger(stderr, "restore")); err != nil {
+	run := restore
+	if f.list {
+		run = listBackups
+	}
+	if err := run(ctx, f, stdout, newLogger(stderr, "restore")); err != nil {
 		fmt.Fprintln(stderr, "cairn-data restore:", err)
 		return 1
 	}
@@ -610,4 +621,22 @@ func openRestoreDest(path string, size int64) (f *os.File, created bool, err err
 		return nil, false, err
 	}
 	return f, false, nil
+}
+
+// listBackups prints the volume's backups, one line each, oldest first.
+func listBackups(ctx context.Context, f *restoreFlags, out io.Writer, log logr.Logger) error {
+	store, err := f.target.store(log)
+	if err != nil {
+		return err
+	}
+	list, err := store.List(ctx, f.volume)
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(list, func(a, b backupstore.BackupInfo) int { return a.Created.Compare(b.Created) })
+	for _, b := range list {
+		fmt.Fprintf(out, "%s created=%s snapshot=%s parent=%s size=%d blocks=%d\n",
+			b.Name, b.Created.Format(time.RFC3339), b.Labels[snapshotLabel], b.Parent, b.Size, b.Blocks)
+	}
+	return nil
 }

@@ -286,6 +286,13 @@ func testBackupRestore(t *testing.T, env backupEnv) {
 	checkRestore(t, env, "b1", s1)
 	checkRestore(t, env, "b2", s2)
 	refusals(t, env, backupArgs)
+
+	code, out, errOut = env.runTool(t, slices.Concat([]string{"restore", "--volume", "vol-a", "--list"}, env.flags)...)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[0], "b1 ") || !strings.Contains(lines[0], "snapshot=s1 parent= ") ||
+		!strings.HasPrefix(lines[1], "b2 ") || !strings.Contains(lines[1], "snapshot=s2 parent=b1 ") {
+		t.Errorf("restore --list: exit %d\n%s%s", code, out, errOut)
+	}
 }
 
 // TestRestoreToBlockDevice: a restore onto a block device (a loop device
@@ -416,6 +423,7 @@ func refusals(t *testing.T, env backupEnv, backupArgs []string) {
 		{"base half given", slices.Concat(backupArgs, []string{"--snapshot", "s2", "--base-snapshot", "s1"}), 2, "go together"},
 		{"restore over a file", slices.Concat(restoreArgs, []string{"--backup", "b1", "--to", existing}), 1, "not a block device"},
 		{"restore a missing backup", slices.Concat(restoreArgs, []string{"--backup", "nope", "--to", existing + ".new"}), 1, "backup not found"},
+		{"list and restore at once", slices.Concat(restoreArgs, []string{"--list", "--backup", "b1", "--to", existing + ".new"}), 2, "usage"},
 	} {
 		code, _, errOut := env.runTool(t, tc.args...)
 		if code != tc.code || !strings.Contains(errOut, tc.says) {
