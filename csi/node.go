@@ -46,11 +46,30 @@ func (s *NodeServer) ready(ctx context.Context) error {
 	return fmt.Errorf("node %s has no InstanceManager: is the cairn instance-manager DaemonSet running a pod on it?", s.nodeID)
 }
 
-// NodeGetInfo reports the node's ID (the Kubernetes node name). Volumes
-// have no topology: any node with an instance manager can attach any
-// volume.
+// TopologyKeyNodePlugin is the one topology key the node plugin reports,
+// with the value NodePluginTopologyValue on every node. kubelet records it
+// in the node's CSINode and labels the node with it; the
+// external-provisioner's capacity controller then has one non-empty
+// topology segment, which it publishes CSIStorageCapacity objects for
+// (with no key at all it cannot keep them: docs/csi.md, Storage capacity).
+// It does not restrict volumes: the plugin does not advertise
+// VOLUME_ACCESSIBILITY_CONSTRAINTS, so CreateVolume gets no accessibility
+// requirements and PersistentVolumes no node affinity.
+const TopologyKeyNodePlugin = "topology.storage.cairn.io/node-plugin"
+
+// NodePluginTopologyValue is TopologyKeyNodePlugin's value, the same on
+// every node: any node with an instance manager can attach any volume.
+const NodePluginTopologyValue = "present"
+
+// NodeGetInfo reports the node's ID (the Kubernetes node name) and the
+// TopologyKeyNodePlugin segment, the same on every node.
 func (s *NodeServer) NodeGetInfo(context.Context, *csipb.NodeGetInfoRequest) (*csipb.NodeGetInfoResponse, error) {
-	return &csipb.NodeGetInfoResponse{NodeId: s.nodeID}, nil
+	return &csipb.NodeGetInfoResponse{
+		NodeId: s.nodeID,
+		AccessibleTopology: &csipb.Topology{
+			Segments: map[string]string{TopologyKeyNodePlugin: NodePluginTopologyValue},
+		},
+	}, nil
 }
 
 // NodeGetCapabilities lists what the node service does.

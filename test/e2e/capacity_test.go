@@ -5,6 +5,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -15,9 +16,9 @@ import (
 )
 
 // wffcClass is a StorageClass whose claims wait for their pod
-// (WaitForFirstConsumer): kube-scheduler places the pod first, and would
-// check the claim against CSIStorageCapacity objects if the CSIDriver
-// asked it to (storageCapacity: true).
+// (WaitForFirstConsumer): kube-scheduler places the pod first, checking
+// the claim against the class's CSIStorageCapacity objects (the CSIDriver
+// has storageCapacity: true).
 const wffcClass = "cairn-e2e-wffc"
 
 // overSize is larger than any disk the e2e cluster has (checked before it
@@ -107,14 +108,62 @@ func volumesOfClaim(claim string) []string {
 	return of
 }
 
-// Cairn publishes no CSIStorageCapacity (docs/csi.md, Storage capacity):
-// the scheduler places a WaitForFirstConsumer pod without asking about
-// room, and CreateVolume is what refuses a claim no disk set can hold.
-// This spec holds both halves of that: a claim that fits is never kept
-// waiting for capacity information, and one that does not fit leaves its
-// pod Pending with the reason on the claim.
+// capacityObject is the one CSIStorageCapacity the external-provisioner
+// publishes for a StorageClass of Cairn's, as the scheduler reads it.
+type capacityObject struct {
+	UID               string
+	NodeTopology      map[string]string
+	MaximumVolumeSize int64
+}
+
+// capacityOf returns the class's CSIStorageCapacity objects in Cairn's
+// namespace.
+func capacityOf(class string) []capacityObject {
+	GinkgoHelper()
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				UID string `json:"uid"`
+			} `json:"metadata"`
+			StorageClassName string `json:"storageClassName"`
+			NodeTopology     *struct {
+				MatchLabels map[string]string `json:"matchLabels"`
+			} `json:"nodeTopology"`
+			MaximumVolumeSize *resource.Quantity `json:"maximumVolumeSize"`
+		} `json:"items"`
+	}
+	Expect(json.Unmarshal([]byte(must("", "-n", ns, "get", "csistoragecapacities",
+		"-l", "csi.storage.k8s.io/drivername=storage.cairn.io", "-o", "json")), &list)).To(Succeed())
+	var of []capacityObject
+	for _, c := range list.Items {
+		if c.StorageClassName != class {
+			continue
+		}
+		o := capacityObject{UID: c.Metadata.UID}
+		if c.NodeTopology != nil {
+			o.NodeTopology = c.NodeTopology.MatchLabels
+		}
+		if c.MaximumVolumeSize != nil {
+			o.MaximumVolumeSize = c.MaximumVolumeSize.Value()
+		}
+		of = append(of, o)
+	}
+	return of
+}
+
+// capacityPoll is the external-provisioner's --capacity-poll-interval
+// (its default): an object that stays longer than this has survived a
+// poll.
+const capacityPoll = time.Minute
+
+// Cairn publishes one CSIStorageCapacity per WaitForFirstConsumer class,
+// for the node plugin's topology segment (docs/csi.md, Storage capacity):
+// the scheduler places a pod whose claim fits, and keeps a pod whose claim
+// does not fit off every node, so that the provisioner is never asked.
+// The object must stay (it survives the provisioner's polls), and the
+// claim's PV carries no node affinity.
 var _ = Describe("a WaitForFirstConsumer claim", func() {
-	It("binds and runs when it fits; when larger than any room, its pod stays Pending and the claim says why", func() {
+	It("binds and runs when it fits; when larger than any room, the scheduler keeps its pod off every node", func() {
 		must(fmt.Sprintf(`apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata: {name: %s}
@@ -124,6 +173,18 @@ volumeBindingMode: WaitForFirstConsumer
 `, wffcClass), "apply", "-f", "-")
 		DeferCleanup(func() { _, _ = kubectl("", "delete", "storageclass", wffcClass) })
 
+		By("the class gets one CSIStorageCapacity for the node plugin's topology segment")
+		Eventually(func() []capacityObject { return capacityOf(wffcClass) }, deadline.Scale(3*time.Minute), 2*time.Second).
+			Should(HaveLen(1), "the external-provisioner publishes the class's room")
+		published := capacityOf(wffcClass)[0]
+		publishedAt := time.Now()
+		Expect(published.NodeTopology).To(Equal(map[string]string{"topology.storage.cairn.io/node-plugin": "present"}))
+		fits := resource.MustParse("64Mi")
+		Expect(published.MaximumVolumeSize).To(BeNumerically(">=", fits.Value()), "room for the claim that fits")
+		for _, n := range strings.Split(must("", "get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.metadata.labels.topology\.storage\.cairn\.io/node-plugin}{"\n"}{end}`), "\n") {
+			Expect(n).To(HaveSuffix("=present"), "kubelet labels every node the node plugin registered on (all run it)")
+		}
+
 		By("a claim that fits: bound once the scheduler places its pod, and the pod runs")
 		pvc("cap-fits", wffcClass, "64Mi", false, "")
 		scheduledPod("cap-fits", "cap-fits")
@@ -131,24 +192,30 @@ volumeBindingMode: WaitForFirstConsumer
 		Expect(must("", "-n", "default", "get", "pvc", "cap-fits", "-o", "jsonpath={.status.phase}")).To(Equal("Bound"))
 		Expect(podExec("cap-fits", "cat /data/f")).To(Equal("fits"))
 		Expect(eventsOf("Pod", "cap-fits", "FailedScheduling")).NotTo(ContainSubstring("enough free storage"),
-			"placed without waiting for capacity objects")
+			"the class's capacity object was there before the pod")
+		pv := must("", "-n", "default", "get", "pvc", "cap-fits", "-o", "jsonpath={.spec.volumeName}")
+		Expect(must("", "get", "pv", pv, "-o", "jsonpath={.spec.nodeAffinity}")).To(BeEmpty(),
+			"the topology segment is for capacity only: volumes attach anywhere")
 
-		By("a claim larger than any room: refused by CreateVolume, the pod Pending on no node")
+		By("a claim larger than any room: the scheduler keeps its pod off every node, no Volume is made")
 		over := resource.MustParse(overSize)
 		Expect(over.Value()).To(BeNumerically(">", 4*largestDisk()),
 			"%s must be more than any disk holds, even over-provisioned", overSize)
+		Expect(over.Value()).To(BeNumerically(">", published.MaximumVolumeSize))
 		pvc("cap-big", wffcClass, overSize, false, "")
 		scheduledPod("cap-big", "cap-big")
-		Eventually(func() string { return eventsOf("PersistentVolumeClaim", "cap-big", "ProvisioningFailed") }, deadline.Scale(3*time.Minute), 2*time.Second).
-			Should(ContainSubstring("ResourceExhausted"), "the claim names why it is not provisioned")
-		Expect(eventsOf("PersistentVolumeClaim", "cap-big", "ProvisioningFailed")).To(ContainSubstring("can be placed"))
-		Expect(must("", "-n", "default", "get", "pvc", "cap-big", "-o", "jsonpath={.status.phase} {.spec.volumeName}")).To(Equal("Pending"))
+		Eventually(func() string { return eventsOf("Pod", "cap-big", "FailedScheduling") }, deadline.Scale(3*time.Minute), 2*time.Second).
+			Should(ContainSubstring("did not have enough free storage"), "the scheduler refuses the pod for room")
 		Expect(must("", "-n", "default", "get", "pod", "cap-big", "-o", "jsonpath={.status.phase} {.spec.nodeName}")).To(Equal("Pending"))
+		Expect(must("", "-n", "default", "get", "pvc", "cap-big", "-o", "jsonpath={.status.phase} {.spec.volumeName}")).To(Equal("Pending"))
 		Expect(must("", "-n", "default", "get", "pvc", "cap-big", "-o", `jsonpath={.metadata.annotations.volume\.kubernetes\.io/selected-node}`)).
-			NotTo(BeEmpty(), "the scheduler chose a node without asking about room; the provisioner keeps it (no topology, no rescheduling)")
-		GinkgoWriter.Printf("cap-big's scheduling: %s\n", eventsOf("Pod", "cap-big", "FailedScheduling"))
-		// The Volume of each refused attempt is withdrawn: nothing of the
-		// claim stays on the disks.
-		Eventually(func() []string { return volumesOfClaim("default/cap-big") }, deadline.Scale(2*time.Minute), 2*time.Second).Should(BeEmpty())
+			To(BeEmpty(), "no node was chosen, so the provisioner is not asked")
+		Expect(eventsOf("PersistentVolumeClaim", "cap-big", "ProvisioningFailed")).To(BeEmpty())
+		Expect(volumesOfClaim("default/cap-big")).To(BeEmpty())
+
+		By("the capacity object stays across the provisioner's polls")
+		Consistently(func() []capacityObject { return capacityOf(wffcClass) }, max(capacityPoll+15*time.Second-time.Since(publishedAt), time.Second), 2*time.Second).
+			Should(ConsistOf(HaveField("UID", published.UID)), "the object published first is neither deleted nor replaced")
+		Expect(volumesOfClaim("default/cap-big")).To(BeEmpty(), "still no Volume for the claim that does not fit")
 	})
 })
