@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -13,8 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// indexSecrets indexes PersistentVolumes by the Secrets they name
-// (types.NamespacedName.String()).
+// indexSecrets indexes PersistentVolumes and VolumeSnapshotContents by
+// the Secrets they name (types.NamespacedName.String()).
 const indexSecrets = "secretguard.secrets"
 
 // secretMeta returns an empty metadata-only Secret: what the guard reads,
@@ -28,12 +29,13 @@ func secretMeta() *metav1.PartialObjectMetadata {
 
 // newCache makes the guard's own cache, beside the manager's: it holds
 // the metadata of every Secret, cut down by slim to what the guard
-// decides from, and PersistentVolumes (those of other drivers cut down to
-// their names), indexed by the Secrets they name. Its own cache keeps
+// decides from, and PersistentVolumes and, if snapshots,
+// VolumeSnapshotContents (those of other drivers cut down to their
+// names), indexed by the Secrets they name. Its own cache keeps
 // Secrets out of the manager's shared one (where a full Secret informer,
 // data included, would start the day some code reads a Secret through the
 // manager's client), and reading anything else from it is an error.
-func newCache(mgr ctrl.Manager, driver string) (cache.Cache, error) {
+func newCache(mgr ctrl.Manager, driver string, snapshots bool) (cache.Cache, error) {
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		HTTPClient:                  mgr.GetHTTPClient(),
 		Scheme:                      mgr.GetScheme(),
@@ -59,6 +61,16 @@ func newCache(mgr ctrl.Manager, driver string) (cache.Cache, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("secret guard's PersistentVolume index: %w", err)
 	}
+	if snapshots {
+		if err := c.IndexField(ctx, contentObject(), indexSecrets, func(o client.Object) []string {
+			if s, ok := contentSecret(o.(*unstructured.Unstructured), driver); ok {
+				return []string{s.String()}
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("secret guard's VolumeSnapshotContent index: %w", err)
+		}
+	}
 	if err := mgr.Add(c); err != nil {
 		return nil, fmt.Errorf("add the secret guard's cache: %w", err)
 	}
@@ -70,7 +82,8 @@ func newCache(mgr ctrl.Manager, driver string) (cache.Cache, error) {
 // annotations (kubectl apply's last-applied-configuration annotation
 // holds a copy of the Secret's data). A PersistentVolume of driver loses
 // its managed fields; one of another driver keeps its name and version
-// only (the guard never looks at it). Anything else passes unchanged.
+// only (the guard never looks at it). A VolumeSnapshotContent is cut down
+// by slimContent. Anything else passes unchanged.
 func slim(driver string) toolscache.TransformFunc {
 	return func(in any) (any, error) {
 		switch o := in.(type) {
@@ -86,17 +99,39 @@ func slim(driver string) toolscache.TransformFunc {
 			}
 			o.ManagedFields = nil
 			return o, nil
+		case *unstructured.Unstructured:
+			if o.GroupVersionKind() == contentGVK {
+				return slimContent(o, driver), nil
+			}
 		}
 		return in, nil
 	}
 }
 
-// usersOf lists the PersistentVolumes of the driver that name secret, as
-// the cache has them (deleted ones go from it when they go from the API).
-func (r *Reconciler) usersOf(ctx context.Context, secret types.NamespacedName) ([]corev1.PersistentVolume, error) {
+// users are the objects of the driver that name one Secret.
+type users struct {
+	pvs      []corev1.PersistentVolume
+	contents []unstructured.Unstructured
+}
+
+func (u users) empty() bool { return len(u.pvs) == 0 && len(u.contents) == 0 }
+
+// keysAndValues names the users for a log line.
+func (u users) keysAndValues() []any {
+	return []any{"persistentVolumes", names(u.pvs), "volumeSnapshotContents", contentNames(u.contents)}
+}
+
+// usersOf lists the PersistentVolumes and VolumeSnapshotContents of the
+// driver that name secret, as the cache has them (deleted ones go from it
+// when they go from the API).
+func (r *Reconciler) usersOf(ctx context.Context, secret types.NamespacedName) (users, error) {
 	var pvs corev1.PersistentVolumeList
 	if err := r.cache.List(ctx, &pvs, client.MatchingFields{indexSecrets: secret.String()}); err != nil {
-		return nil, fmt.Errorf("list the PersistentVolumes naming Secret %s: %w", secret, err)
+		return users{}, fmt.Errorf("list the PersistentVolumes naming Secret %s: %w", secret, err)
 	}
-	return pvs.Items, nil
+	contents, err := r.contentsOf(ctx, secret)
+	if err != nil {
+		return users{}, err
+	}
+	return users{pvs: pvs.Items, contents: contents}, nil
 }

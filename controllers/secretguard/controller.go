@@ -1,5 +1,5 @@
-// Package secretguard keeps the Secrets that Cairn's PersistentVolumes name
-// for as long as those PersistentVolumes exist.
+// Package secretguard keeps the Secrets that Cairn's PersistentVolumes and
+// VolumeSnapshotContents name for as long as those objects exist.
 //
 // A StorageClass's CSI secret parameters (provisioner, controller-publish,
 // node-stage, ...) end up on each PersistentVolume it provisions: in
@@ -14,13 +14,23 @@
 // their content after CreateVolume (an encrypted volume's key is in its
 // own Secret in Cairn's namespace).
 //
+// Snapshots carry the same trap: a VolumeSnapshotClass's snapshotter
+// secret is recorded on each VolumeSnapshotContent (the annotations
+// AnnotationSnapshotDeletionSecretName and -Namespace), and the
+// csi-snapshotter reads it before DeleteSnapshot and retries for good
+// while it is missing. Cairn's driver does not need its content to delete
+// a snapshot.
+//
 // The guard puts the finalizer Finalizer on every Secret that a
-// PersistentVolume of Cairn's driver names and takes it off once none
-// does: a Secret deleted while its volumes exist stays (Terminating) until
-// the last of them is gone, and then goes by itself. A PersistentVolume
-// naming a Secret that does not exist gets a Warning Event
-// (v1alpha1.EventReasonSecretMissing), and so does its claim, saying which
-// Secret and how to make it again.
+// PersistentVolume or VolumeSnapshotContent of Cairn's driver names and
+// takes it off once none does: a Secret deleted while they exist stays
+// (Terminating) until the last of them is gone, and then goes by itself.
+// A PersistentVolume naming a Secret that does not exist gets a Warning
+// Event (v1alpha1.EventReasonSecretMissing), and so does its claim, saying
+// which Secret and how to make it again; a VolumeSnapshotContent and its
+// VolumeSnapshot likewise. On a cluster without the external-snapshotter's
+// CRDs the guard watches PersistentVolumes only (it looks once, when it
+// starts, and logs that it does).
 package secretguard
 
 import (
@@ -28,9 +38,11 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -49,10 +61,11 @@ import (
 // while one does.
 const Finalizer = "storage.cairn.io/secret-in-use"
 
-// Reconciler guards the Secrets named by Cairn's PersistentVolumes. Its
-// work item is a Secret's key; PersistentVolume events map to the
-// Secrets they name (before and after a change), Secret events to the
-// Secret when a PersistentVolume names it or it carries Finalizer.
+// Reconciler guards the Secrets named by Cairn's PersistentVolumes and
+// VolumeSnapshotContents. Its work item is a Secret's key; events of
+// those objects map to the Secrets they name (before and after a change),
+// Secret events to the Secret when one of them names it or it carries
+// Finalizer.
 type Reconciler struct {
 	// Writer patches Secrets' finalizers (the manager's client: writes go
 	// to the API server, as metadata only).
@@ -66,19 +79,29 @@ type Reconciler struct {
 	Driver string
 	// Recorder records Events (SetupWithManager makes one if nil).
 	Recorder events.EventRecorder
+	// Log is where SetupWithManager says what it watches (the manager's
+	// logger if unset); reconciles log through their context's logger.
+	Log logr.Logger
 
-	// cache holds Secrets' metadata and PersistentVolumes (newCache).
+	// cache holds Secrets' metadata, PersistentVolumes and, if snapshots,
+	// VolumeSnapshotContents (newCache).
 	cache cache.Cache
+	// snapshots: the API server serves VolumeSnapshotContents, and the
+	// guard watches them.
+	snapshots bool
 }
 
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get
+// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotcontents,verbs=get;list;watch
+// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshots,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile brings one Secret's finalizer in line with the
-// PersistentVolumes that name it: on while any does, off when none does;
-// a named Secret that does not exist is reported on its volumes.
+// PersistentVolumes and VolumeSnapshotContents that name it: on while any
+// does, off when none does; a named Secret that does not exist is
+// reported on them.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	users, err := r.usersOf(ctx, req.NamespacedName)
 	if err != nil {
@@ -92,7 +115,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, fmt.Errorf("read Secret %s: %w", req.NamespacedName, err)
 	}
 	switch {
-	case len(users) == 0:
+	case users.empty():
 		return reconcile.Result{}, r.release(ctx, secret)
 	case secret == nil:
 		return reconcile.Result{}, r.reportMissing(ctx, req.NamespacedName, users)
@@ -107,22 +130,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // here). If the manager crashes after the patch, the next reconcile finds
 // the finalizer there; a conflicting change of the Secret fails the patch
 // (it carries the resourceVersion it was computed from) and is retried.
-func (r *Reconciler) hold(ctx context.Context, secret *metav1.PartialObjectMetadata, users []corev1.PersistentVolume) error {
+func (r *Reconciler) hold(ctx context.Context, secret *metav1.PartialObjectMetadata, u users) error {
 	if controllerutil.ContainsFinalizer(secret, Finalizer) {
 		return nil
 	}
 	log := ctrl.LoggerFrom(ctx)
 	if secret.DeletionTimestamp != nil {
-		log.Info("Secret is being deleted and no finalizer can be added any more; the volumes that name it will need it made again",
-			"persistentVolumes", names(users))
+		log.Info("Secret is being deleted and no finalizer can be added any more; the objects that name it will need it made again",
+			u.keysAndValues()...)
 		return nil
 	}
 	before := secret.DeepCopy()
 	controllerutil.AddFinalizer(secret, Finalizer)
 	if err := r.Writer.Patch(ctx, secret, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-		return client.IgnoreNotFound(fmt.Errorf("hold Secret %s/%s for PersistentVolumes %v: %w", secret.Namespace, secret.Name, names(users), err))
+		return client.IgnoreNotFound(fmt.Errorf("hold Secret %s/%s for PersistentVolumes %v and VolumeSnapshotContents %v: %w",
+			secret.Namespace, secret.Name, names(u.pvs), contentNames(u.contents), err))
 	}
-	log.V(1).Info("holding Secret", "persistentVolumes", names(users))
+	log.V(1).Info("holding Secret", u.keysAndValues()...)
 	return nil
 }
 
@@ -138,7 +162,7 @@ func (r *Reconciler) release(ctx context.Context, secret *metav1.PartialObjectMe
 	if err := r.Writer.Patch(ctx, secret, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("release Secret %s/%s: %w", secret.Namespace, secret.Name, err))
 	}
-	ctrl.LoggerFrom(ctx).V(1).Info("released Secret: no PersistentVolume names it")
+	ctrl.LoggerFrom(ctx).V(1).Info("released Secret: no PersistentVolume or VolumeSnapshotContent names it")
 	return nil
 }
 
@@ -164,7 +188,15 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder("cairn-secret-guard")
 	}
-	c, err := newCache(mgr, r.Driver)
+	if r.Log.GetSink() == nil {
+		r.Log = mgr.GetLogger().WithName("secretguard")
+	}
+	snapshots, err := snapshotsServed(mgr.GetRESTMapper(), r.Log)
+	if err != nil {
+		return err
+	}
+	r.snapshots = snapshots
+	c, err := newCache(mgr, r.Driver, snapshots)
 	if err != nil {
 		return err
 	}
@@ -176,22 +208,33 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}
 		return out
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("secretguard").
 		WatchesRawSource(source.Kind(c, &corev1.PersistentVolume{}, handler.TypedEnqueueRequestsFromMapFunc(toSecrets))).
 		WatchesRawSource(source.Kind(c, secretMeta(), &handler.TypedEnqueueRequestForObject[*metav1.PartialObjectMetadata]{},
-			predicate.NewTypedPredicateFuncs(r.concerns))).
-		Complete(r)
+			predicate.NewTypedPredicateFuncs(r.concerns)))
+	if snapshots {
+		contentToSecret := func(_ context.Context, u *unstructured.Unstructured) []reconcile.Request {
+			if s, ok := contentSecret(u, r.Driver); ok {
+				return []reconcile.Request{{NamespacedName: s}}
+			}
+			return nil
+		}
+		b = b.WatchesRawSource(source.Kind(c, contentObject(), handler.TypedEnqueueRequestsFromMapFunc(contentToSecret)))
+	}
+	r.Log.Info("guarding the Secrets of PersistentVolumes", "driver", r.Driver, "volumeSnapshotContents", snapshots)
+	return b.Complete(r)
 }
 
 // concerns tells whether a Secret's event is the guard's business: it
-// carries Finalizer (it may have to be released: its last volume went
-// while the manager was down), or a PersistentVolume of the driver names
-// it (it was made again after being reported missing, or it is gone).
+// carries Finalizer (it may have to be released: its last user went
+// while the manager was down), or a PersistentVolume or
+// VolumeSnapshotContent of the driver names it (it was made again after
+// being reported missing, or it is gone).
 func (r *Reconciler) concerns(s *metav1.PartialObjectMetadata) bool {
 	if slices.Contains(s.Finalizers, Finalizer) {
 		return true
 	}
 	users, err := r.usersOf(context.Background(), types.NamespacedName{Namespace: s.Namespace, Name: s.Name})
-	return err != nil || len(users) > 0
+	return err != nil || !users.empty()
 }

@@ -270,9 +270,9 @@ func TestMissingNoteFits(t *testing.T) {
 		{types.NamespacedName{Namespace: "app", Name: "enc"}, all},
 		{long, all},
 	} {
-		note := missingNote(c.secret, strings.Repeat("p", 253), c.roles)
+		note := missingNote(c.secret, kindPV, strings.Repeat("p", 253), c.roles)
 		g.Expect(len(note)).To(BeNumerically("<=", noteLimit), note)
 		g.Expect(note).To(HavePrefix("Secret " + c.secret.String()))
 	}
-	g.Expect(missingNote(types.NamespacedName{Namespace: "app", Name: "enc"}, "pv1", all[:2])).To(ContainSubstring("kubectl -n app create secret generic enc"))
+	g.Expect(missingNote(types.NamespacedName{Namespace: "app", Name: "enc"}, kindPV, "pv1", all[:2])).To(ContainSubstring("kubectl -n app create secret generic enc"))
 }

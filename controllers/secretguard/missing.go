@@ -17,12 +17,13 @@ import (
 )
 
 // reportMissing records, on each PersistentVolume in users and on its
-// claim if it still exists, that secret does not exist. The cache may not
+// claim if it still exists, and on each VolumeSnapshotContent in users and
+// on its VolumeSnapshot if it still exists, that secret does not exist. The cache may not
 // have seen a Secret just made yet, so the API server is asked first; a
 // Secret it has is left to its create event. Repeated reports of the same
 // trouble fold into one Event with a count (the API server's event
 // series).
-func (r *Reconciler) reportMissing(ctx context.Context, secret types.NamespacedName, users []corev1.PersistentVolume) error {
+func (r *Reconciler) reportMissing(ctx context.Context, secret types.NamespacedName, u users) error {
 	switch err := r.Reader.Get(ctx, secret, secretMeta()); {
 	case err == nil:
 		return nil
@@ -30,15 +31,16 @@ func (r *Reconciler) reportMissing(ctx context.Context, secret types.NamespacedN
 		return fmt.Errorf("read Secret %s: %w", secret, err)
 	}
 	log := ctrl.LoggerFrom(ctx)
-	log.Info("a Secret that PersistentVolumes name does not exist", "persistentVolumes", names(users))
-	for i := range users {
-		pv := &users[i]
-		note := missingNote(secret, pv.Name, rolesOf(pv, r.Driver, secret))
+	log.Info("a Secret that PersistentVolumes or VolumeSnapshotContents name does not exist", u.keysAndValues()...)
+	for i := range u.pvs {
+		pv := &u.pvs[i]
+		note := missingNote(secret, kindPV, pv.Name, rolesOf(pv, r.Driver, secret))
 		objects.Event(r.Recorder, pv, true, v1.EventReasonSecretMissing, "CheckSecret", "%s", note)
 		if claim := r.claimOf(ctx, pv); claim != nil {
 			objects.Event(r.Recorder, claim, true, v1.EventReasonSecretMissing, "CheckSecret", "%s", note)
 		}
 	}
+	r.reportMissingOnContents(ctx, secret, u.contents)
 	return nil
 }
 
@@ -68,10 +70,17 @@ func (r *Reconciler) claimOf(ctx context.Context, pv *corev1.PersistentVolume) *
 // refuses longer ones).
 const noteLimit = 1024
 
-// missingNote is the Event's message: which Secret, for what, what waits
-// on it, and the fix. A Secret named in many roles, or long names, drop
-// the sidecars' part, and at worst the end, to stay within noteLimit.
-func missingNote(secret types.NamespacedName, pv string, roles []Role) string {
+// The kinds of object that name Secrets, as missingNote writes them.
+const (
+	kindPV      = "PersistentVolume"
+	kindContent = "VolumeSnapshotContent"
+)
+
+// missingNote is the Event's message: which Secret, for what (a Secret
+// named by the object of kind named name, in roles), what waits on it,
+// and the fix. A Secret named in many roles, or long names, drop the
+// sidecars' part, and at worst the end, to stay within noteLimit.
+func missingNote(secret types.NamespacedName, kind, name string, roles []Role) string {
 	kinds := make([]string, 0, len(roles))
 	var readers []string
 	for _, r := range roles {
@@ -80,10 +89,14 @@ func missingNote(secret types.NamespacedName, pv string, roles []Role) string {
 			readers = append(readers, rd)
 		}
 	}
-	head := fmt.Sprintf("Secret %s, the %s secret of PersistentVolume %s, does not exist", secret, strings.Join(kinds, " and "), pv)
-	tail := fmt.Sprintf("Cairn's driver does not need its content to detach or delete the volume. "+
-		"Fix: kubectl -n %s create secret generic %s (an empty Secret will do); the volume's detach and deletion then go on, "+
-		"and Cairn keeps that Secret until the PersistentVolume is gone.", secret.Namespace, secret.Name)
+	needless, goesOn := "detach or delete the volume", "the volume's detach and deletion then go on"
+	if kind == kindContent {
+		needless, goesOn = "delete the snapshot", "the snapshot's deletion then goes on"
+	}
+	head := fmt.Sprintf("Secret %s, the %s secret of %s %s, does not exist", secret, strings.Join(kinds, " and "), kind, name)
+	tail := fmt.Sprintf("Cairn's driver does not need its content to %s. "+
+		"Fix: kubectl -n %s create secret generic %s (an empty Secret will do); %s, "+
+		"and Cairn keeps that Secret until the %s is gone.", needless, secret.Namespace, secret.Name, goesOn, kind)
 	note := head + ": " + strings.Join(readers, "; ") + ". " + tail
 	if len(note) > noteLimit {
 		note = head + ". " + tail

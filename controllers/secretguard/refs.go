@@ -42,6 +42,10 @@ const (
 	// RoleNodeExpand: spec.csi.nodeExpandSecretRef, read by kubelet before
 	// NodeExpandVolume (growing the filesystem).
 	RoleNodeExpand Role = "node-expand"
+	// RoleSnapshotterDeletion: a VolumeSnapshotContent's deletion
+	// annotations (its VolumeSnapshotClass's snapshotter secret), read by
+	// the csi-snapshotter before DeleteSnapshot.
+	RoleSnapshotterDeletion Role = "snapshotter-deletion"
 )
 
 // reader says who reads a Secret of the role, before what, and what a
@@ -58,11 +62,14 @@ func (r Role) reader() string {
 		return "the external-resizer reads it before it expands the volume, and without it the volume does not grow"
 	case RoleNodeExpand:
 		return "kubelet reads it before it grows the volume's filesystem, and without it the filesystem does not grow"
+	case RoleSnapshotterDeletion:
+		return "the csi-snapshotter reads it before it deletes the snapshot, and without it the VolumeSnapshotContent and the snapshot stay"
 	}
 	return "Kubernetes reads it"
 }
 
-// Ref is one Secret a PersistentVolume names, and for what.
+// Ref is one Secret a PersistentVolume (or VolumeSnapshotContent) names,
+// and for what.
 type Ref struct {
 	Secret types.NamespacedName
 	Role   Role

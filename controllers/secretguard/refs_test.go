@@ -6,6 +6,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -89,4 +90,77 @@ func TestSlim(t *testing.T) {
 
 func deletionAnn() map[string]string {
 	return map[string]string{AnnotationDeletionSecretNamespace: "app", AnnotationDeletionSecretName: "enc"}
+}
+
+// content returns an unstructured VolumeSnapshotContent of driver d with
+// annotations ann.
+func content(d string, ann map[string]string) *unstructured.Unstructured {
+	u := contentObject()
+	u.SetName("snapcontent-1")
+	u.SetAnnotations(ann)
+	u.Object["spec"] = map[string]any{"driver": d, "deletionPolicy": "Delete",
+		"source":            map[string]any{"snapshotHandle": "h"},
+		"volumeSnapshotRef": map[string]any{"namespace": "app", "name": "snap", "uid": "u2", "resourceVersion": "9"}}
+	return u
+}
+
+func TestContentSecret(t *testing.T) {
+	snapAnn := func(ns, name string) map[string]string {
+		return map[string]string{AnnotationSnapshotDeletionSecretNamespace: ns, AnnotationSnapshotDeletionSecretName: name}
+	}
+	for _, c := range []struct {
+		name string
+		u    *unstructured.Unstructured
+		ok   bool
+	}{
+		{"ours", content(driver, snapAnn("app", "enc")), true},
+		{"another driver", content("other", snapAnn("app", "enc")), false},
+		{"no annotations", content(driver, nil), false},
+		{"empty annotations", content(driver, snapAnn("", "")), false},
+		{"a name without a namespace", content(driver, map[string]string{AnnotationSnapshotDeletionSecretName: "enc"}), false},
+		{"no spec", contentObject(), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g := NewWithT(t)
+			s, ok := contentSecret(c.u, driver)
+			g.Expect(ok).To(Equal(c.ok))
+			if ok {
+				g.Expect(s).To(Equal(types.NamespacedName{Namespace: "app", Name: "enc"}))
+			}
+		})
+	}
+}
+
+// TestSlimContent: the cache keeps of a VolumeSnapshotContent of the
+// driver its identity, deletion annotations, driver and VolumeSnapshot
+// reference, and of another driver's its identity only.
+func TestSlimContent(t *testing.T) {
+	g := NewWithT(t)
+	ann := map[string]string{AnnotationSnapshotDeletionSecretNamespace: "app", AnnotationSnapshotDeletionSecretName: "enc",
+		"kubectl.kubernetes.io/last-applied-configuration": "{}"}
+	in := content(driver, ann)
+	in.SetUID("u1")
+	in.SetResourceVersion("7")
+	in.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "x"}})
+	out, err := slim(driver)(in)
+	g.Expect(err).NotTo(HaveOccurred())
+	want := contentObject()
+	want.SetName("snapcontent-1")
+	want.SetUID("u1")
+	want.SetResourceVersion("7")
+	want.SetAnnotations(map[string]string{AnnotationSnapshotDeletionSecretNamespace: "app", AnnotationSnapshotDeletionSecretName: "enc"})
+	want.Object["spec"] = map[string]any{"driver": driver, "volumeSnapshotRef": map[string]any{"namespace": "app", "name": "snap", "uid": "u2"}}
+	g.Expect(out).To(Equal(want))
+	s, ok := contentSecret(out.(*unstructured.Unstructured), driver)
+	g.Expect(ok).To(BeTrue(), "the slim copy still names its Secret")
+	g.Expect(s.Name).To(Equal("enc"))
+
+	theirs := content("other", ann)
+	theirs.SetResourceVersion("3")
+	out, err = slim(driver)(theirs)
+	g.Expect(err).NotTo(HaveOccurred())
+	want = contentObject()
+	want.SetName("snapcontent-1")
+	want.SetResourceVersion("3")
+	g.Expect(out).To(Equal(want))
 }

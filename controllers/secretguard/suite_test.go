@@ -2,8 +2,10 @@ package secretguard
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -13,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/yaml"
@@ -26,7 +29,11 @@ import (
 // a user bound to config/rbac/role.yaml (as generated from the markers),
 // so a verb the markers lack fails the tests. envtest runs no controllers
 // of its own: the API server puts pv-protection on every PersistentVolume
-// and nothing lifts it (the tests do), and a namespace deleted stays.
+// and nothing lifts it (the tests do), and a namespace deleted stays. The
+// external-snapshotter's CRDs (VolumeSnapshot, VolumeSnapshotContent,
+// VolumeSnapshotClass) are installed before the guard starts, from the
+// client module of the version Cairn deploys (snapshotterVersion);
+// TestStartsWithoutSnapshotCRDs runs an API server of its own without them.
 var (
 	k8sClient client.Client
 	env       *suite.Env
@@ -55,6 +62,9 @@ func runWithManagerRole(mgr ctrl.Manager) error {
 	if err := bindManagerRole(mgr); err != nil {
 		return err
 	}
+	if err := installSnapshotCRDs(mgr.GetConfig()); err != nil {
+		return err
+	}
 	cfg := rest.CopyConfig(mgr.GetConfig())
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: guardUser}
 	inner, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: mgr.GetScheme(), Metrics: metricsserver.Options{BindAddress: "0"},
@@ -66,6 +76,34 @@ func runWithManagerRole(mgr ctrl.Manager) error {
 		return err
 	}
 	return mgr.Add(manager.RunnableFunc(inner.Start))
+}
+
+// snapshotterVersion is the external-snapshotter whose CRDs the tests
+// install: the csi-snapshotter of config/csi/controller.yaml and the
+// Makefile's SNAPSHOTTER_VERSION.
+const snapshotterVersion = "v8.7.0"
+
+// installSnapshotCRDs installs the snapshot CRDs of snapshotterVersion's
+// client module, found as `make deploy-snapshot-controller` finds them
+// (go mod download, which reads the module cache first).
+func installSnapshotCRDs(cfg *rest.Config) error {
+	out, err := exec.Command("go", "mod", "download", "-json", "github.com/kubernetes-csi/external-snapshotter/client/v8@"+snapshotterVersion).Output()
+	if err != nil {
+		return fmt.Errorf("find the external-snapshotter client module %s: %w", snapshotterVersion, err)
+	}
+	var mod struct{ Dir string }
+	if err := json.Unmarshal(out, &mod); err != nil {
+		return fmt.Errorf("read go mod download's answer %q: %w", out, err)
+	}
+	if mod.Dir == "" {
+		return fmt.Errorf("go mod download named no directory for the external-snapshotter client module: %q", out)
+	}
+	var paths []string
+	for _, kind := range []string{"volumesnapshotclasses", "volumesnapshotcontents", "volumesnapshots"} {
+		paths = append(paths, filepath.Join(mod.Dir, "config", "crd", "snapshot.storage.k8s.io_"+kind+".yaml"))
+	}
+	_, err = envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: paths, ErrorIfPathMissing: true})
+	return err
 }
 
 // bindManagerRole creates config/rbac/role.yaml's ClusterRole and binds
