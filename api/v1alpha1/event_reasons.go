@@ -24,10 +24,12 @@ const (
 	// not attached there after a while; the message says what it waits for.
 	EventReasonAttachWaiting = "VolumeAttachWaiting"
 	// EventReasonSecretMissing (Warning, on a PersistentVolume of Cairn's
-	// driver and its claim): a Secret the PersistentVolume names (the CSI
-	// secret parameters of its StorageClass) does not exist. Kubernetes
-	// reads it before it attaches, detaches, deletes, mounts or expands the
-	// volume, and waits while it is missing; the message names the Secret
-	// and the command that makes it again.
+	// driver and its claim, or on a VolumeSnapshotContent of Cairn's
+	// driver and its VolumeSnapshot): a Secret the object names (the CSI
+	// secret parameters of its StorageClass or VolumeSnapshotClass) does
+	// not exist. Kubernetes reads it before it attaches, detaches, deletes,
+	// mounts or expands the volume, or deletes the snapshot, and waits
+	// while it is missing; the message names the Secret and the command
+	// that makes it again.
 	EventReasonSecretMissing = "SecretMissing"
 )
