@@ -30,6 +30,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	storagev1alpha1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/backuptarget"
 	"github.com/cairn-io/cairn/controllers/certs"
 	"github.com/cairn-io/cairn/controllers/claims"
 	"github.com/cairn-io/cairn/controllers/drain"
@@ -214,6 +215,8 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 		"volume-events": (&claims.Forwarder{Client: c, Namespace: disc.namespace}).SetupWithManager,
 		// The Secrets Cairn's PersistentVolumes name kept while they do.
 		"secret-guard": (&secretguard.Reconciler{}).SetupWithManager,
+		// Whether each BackupTarget is reachable and writable.
+		"BackupTarget": (&backuptarget.Reconciler{}).SetupWithManager,
 	} {
 		if err := setup(mgr); err != nil {
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)

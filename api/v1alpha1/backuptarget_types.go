@@ -1,0 +1,256 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// BackupTarget condition types.
+const (
+	// BackupTargetConditionAvailable is True when the target answered, the
+	// credentials were accepted, and a probe object was written, read back
+	// and deleted: backups to it can start. Unknown for an NFS target,
+	// which the manager does not mount.
+	BackupTargetConditionAvailable = "Available"
+)
+
+// BackupTarget condition reasons (condition Available). The message says
+// what was tried and what to change.
+const (
+	// BackupTargetReasonAvailable: the probe listed, wrote, read back and
+	// deleted an object under the target's prefix.
+	BackupTargetReasonAvailable = "Available"
+	// BackupTargetReasonCredentialsMissing: the credentials Secret does not
+	// exist or lacks AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY. Create the
+	// Secret, or add the key, named in the message.
+	BackupTargetReasonCredentialsMissing = "CredentialsMissing"
+	// BackupTargetReasonCABundleInvalid: the CA bundle's Secret or ConfigMap
+	// or its key does not exist, or it holds no PEM certificate.
+	BackupTargetReasonCABundleInvalid = "CABundleInvalid"
+	// BackupTargetReasonUnreachable: no answer from the endpoint within the
+	// probe's timeout (refused, unresolvable, timed out, or a TLS
+	// certificate that is not trusted: set caBundle). Check the URL and the
+	// network path from the manager's pod.
+	BackupTargetReasonUnreachable = "Unreachable"
+	// BackupTargetReasonAccessDenied: the server refused the credentials or
+	// the listing (wrong key, wrong secret, no permission on the bucket).
+	BackupTargetReasonAccessDenied = "AccessDenied"
+	// BackupTargetReasonBucketNotFound: the bucket does not exist. Cairn
+	// never creates buckets; create it, or fix spec.s3.bucket.
+	BackupTargetReasonBucketNotFound = "BucketNotFound"
+	// BackupTargetReasonNotWritable: the bucket could be listed but the
+	// probe object could not be written, read back identically or deleted
+	// (read-only credentials, a bucket policy, object lock).
+	BackupTargetReasonNotWritable = "NotWritable"
+	// BackupTargetReasonProbeFailed: the server answered the probe with an
+	// error not covered above; the message holds the server's code.
+	BackupTargetReasonProbeFailed = "ProbeFailed"
+	// BackupTargetReasonNotChecked: an NFS target; the manager's pod does not
+	// mount NFS exports, so nothing is checked from it (Available Unknown).
+	BackupTargetReasonNotChecked = "NotChecked"
+)
+
+// BackupTargetType is the kind of store a BackupTarget is.
+// +kubebuilder:validation:Enum=s3;nfs
+type BackupTargetType string
+
+const (
+	// BackupTargetTypeS3 is an S3-compatible bucket.
+	BackupTargetTypeS3 BackupTargetType = "s3"
+	// BackupTargetTypeNFS is an NFS export.
+	BackupTargetTypeNFS BackupTargetType = "nfs"
+)
+
+// SecretReference names a Secret in a namespace.
+type SecretReference struct {
+	// name is the Secret's name.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Name string `json:"name"`
+	// namespace is the Secret's namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Namespace string `json:"namespace"`
+}
+
+// KeyReference names one key of a Secret or ConfigMap in a namespace.
+type KeyReference struct {
+	// name is the object's name.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Name string `json:"name"`
+	// namespace is the object's namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Namespace string `json:"namespace"`
+	// key is the data key holding the PEM certificates.
+	// +optional
+	// +kubebuilder:default="ca.crt"
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key,omitempty"`
+}
+
+// CABundleSource says where the PEM CA certificates that the S3 endpoint's
+// certificate must chain to are: one key of a Secret or of a ConfigMap.
+// +kubebuilder:validation:XValidation:rule="has(self.secret) != has(self.configMap)",message="set exactly one of secret and configMap"
+type CABundleSource struct {
+	// secret names a Secret key holding the CA bundle.
+	// +optional
+	Secret *KeyReference `json:"secret,omitempty"`
+	// configMap names a ConfigMap key holding the CA bundle.
+	// +optional
+	ConfigMap *KeyReference `json:"configMap,omitempty"`
+}
+
+// S3BackupTarget is an S3-compatible bucket (AWS S3, MinIO, Ceph RGW,
+// versitygw, ...). The bucket must exist; Cairn never creates or deletes
+// buckets.
+type S3BackupTarget struct {
+	// endpoint is the server's URL, scheme and host (and port) only:
+	// "https://s3.eu-west-1.amazonaws.com", "http://10.0.0.5:7070" (http
+	// only where the network is trusted).
+	// +required
+	// +kubebuilder:validation:MinLength=8
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != '' && url(self).getEscapedPath() in ['', '/'] && url(self).getQuery().size() == 0",message="endpoint must be an http or https URL with a host and no path or query, such as https://s3.example.com"
+	Endpoint string `json:"endpoint"`
+	// bucket is the bucket's name (3 to 63 lower-case letters, digits, '.'
+	// and '-', as S3 requires).
+	// +required
+	// +kubebuilder:validation:MinLength=3
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9][a-z0-9.-]*[a-z0-9]$`
+	Bucket string `json:"bucket"`
+	// prefix is put before every key Cairn writes ("cluster-a"), so several
+	// clusters or targets can share a bucket. Empty uses the bucket's root.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!_.*'()/-]*$`
+	// +kubebuilder:validation:XValidation:rule="!self.split('/').exists(e, e == '.' || e == '..')",message="prefix must not contain '.' or '..' path elements"
+	Prefix string `json:"prefix,omitempty"`
+	// region is the bucket's region; empty lets the client ask the server.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[a-z0-9-]*$`
+	Region string `json:"region,omitempty"`
+	// pathStyle addresses the bucket as https://endpoint/bucket (most
+	// self-hosted servers) instead of https://bucket.endpoint.
+	// +optional
+	PathStyle bool `json:"pathStyle,omitempty"`
+	// credentialsSecret names the Secret holding the credentials under the
+	// keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and, for temporary
+	// credentials, AWS_SESSION_TOKEN). The manager reads it when it checks
+	// the target.
+	// +required
+	CredentialsSecret SecretReference `json:"credentialsSecret"`
+	// caBundle, if set, is the only set of CAs trusted for the endpoint's
+	// certificate (a private CA); otherwise the system's roots are.
+	// +optional
+	CABundle *CABundleSource `json:"caBundle,omitempty"`
+}
+
+// NFSBackupTarget is a directory on an NFS export.
+type NFSBackupTarget struct {
+	// server is the NFS server's host name or IP address.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9.:\[\]-]+$`
+	Server string `json:"server"`
+	// path is the exported directory, absolute ("/exports/cairn").
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^/[^\x00]*$`
+	Path string `json:"path"`
+}
+
+// BackupTargetSpec says where backups are stored: exactly one of s3 and nfs.
+// +kubebuilder:validation:XValidation:rule="has(self.s3) != has(self.nfs)",message="set exactly one of s3 and nfs"
+type BackupTargetSpec struct {
+	// s3 is an S3-compatible bucket.
+	// +optional
+	S3 *S3BackupTarget `json:"s3,omitempty"`
+	// nfs is an NFS export.
+	// +optional
+	NFS *NFSBackupTarget `json:"nfs,omitempty"`
+	// pollInterval is how often the target is checked while it is
+	// available (30s to 24h). A failing target is checked again sooner,
+	// from 5 seconds on, backing off up to this interval.
+	// +optional
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('30s') && duration(self) <= duration('24h')",message="pollInterval must be between 30s and 24h"
+	PollInterval *metav1.Duration `json:"pollInterval,omitempty"`
+}
+
+// BackupTargetStatus is what the BackupTarget reconciler observed.
+type BackupTargetStatus struct {
+	// observedGeneration is the metadata.generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// type is s3 or nfs, from the spec.
+	// +optional
+	Type BackupTargetType `json:"type,omitempty"`
+	// url names the target: s3://<bucket>/<prefix> at the endpoint, or
+	// nfs://<server><path>.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	URL string `json:"url,omitempty"`
+	// lastCheckTime is when the target was last probed.
+	// +optional
+	LastCheckTime *metav1.Time `json:"lastCheckTime,omitempty"`
+	// conditions: Available.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// BackupTarget is a place outside the cluster where volume backups are
+// stored: an S3-compatible bucket or an NFS export. It is cluster-scoped;
+// several may exist. The manager checks an S3 target periodically (list,
+// write, read back and delete a probe object under
+// <prefix>/.cairn-probe/) and reports the result in condition Available.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=cbt,categories=cairn
+// +kubebuilder:printcolumn:name="Type",type=string,JSONPath=`.status.type`,description="s3 or nfs"
+// +kubebuilder:printcolumn:name="URL",type=string,JSONPath=`.status.url`,description="Bucket and prefix, or NFS export"
+// +kubebuilder:printcolumn:name="Available",type=string,JSONPath=`.status.conditions[?(@.type=="Available")].status`,description="Reachable and writable"
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Available")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type BackupTarget struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec says where backups go.
+	// +required
+	Spec BackupTargetSpec `json:"spec"`
+
+	// status is what Cairn observed.
+	// +optional
+	Status BackupTargetStatus `json:"status,omitempty"`
+}
+
+// BackupTargetList is a list of BackupTargets.
+// +kubebuilder:object:root=true
+type BackupTargetList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the BackupTargets.
+	Items []BackupTarget `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&BackupTarget{}, &BackupTargetList{})
+}

@@ -1,0 +1,132 @@
+package backuptarget
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/backupstore"
+)
+
+// The keys of a BackupTarget's credentials Secret: the names the AWS tools
+// and cairn-data's --s3-credentials-file use.
+const (
+	KeyAccessKeyID     = "AWS_ACCESS_KEY_ID"
+	KeySecretAccessKey = "AWS_SECRET_ACCESS_KEY"
+	KeySessionToken    = "AWS_SESSION_TOKEN"
+)
+
+// defaultCAKey is the CA bundle's key when the reference names none.
+const defaultCAKey = "ca.crt"
+
+// result is the outcome of one check: condition Available's status,
+// reason and message.
+type result struct {
+	status  metav1.ConditionStatus
+	reason  string
+	message string
+}
+
+func failed(reason, format string, args ...any) *result {
+	return &result{status: metav1.ConditionFalse, reason: reason, message: fmt.Sprintf(format, args...)}
+}
+
+// s3Config builds the store's configuration from spec and the objects it
+// names. A missing object or key is a result (the user's to fix); any
+// other failure to read one is an error (retried).
+func (r *Reconciler) s3Config(ctx context.Context, spec *v1.S3BackupTarget) (backupstore.S3Config, *result, error) {
+	cfg := backupstore.S3Config{Endpoint: spec.Endpoint, Bucket: spec.Bucket, Prefix: spec.Prefix,
+		Region: spec.Region, PathStyle: spec.PathStyle}
+	res, err := r.credentials(ctx, spec.CredentialsSecret, &cfg)
+	if res != nil || err != nil {
+		return cfg, res, err
+	}
+	if spec.CABundle != nil {
+		cfg.CACertPEM, res, err = r.caBundle(ctx, *spec.CABundle)
+	}
+	return cfg, res, err
+}
+
+// credentials reads the access key, the secret key and the optional
+// session token from the Secret ref names.
+func (r *Reconciler) credentials(ctx context.Context, ref v1.SecretReference, cfg *backupstore.S3Config) (*result, error) {
+	s := &corev1.Secret{}
+	err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, s)
+	if apierrors.IsNotFound(err) {
+		return failed(v1.BackupTargetReasonCredentialsMissing,
+			"credentials Secret %s/%s not found: create it with keys %s and %s (spec.s3.credentialsSecret)",
+			ref.Namespace, ref.Name, KeyAccessKeyID, KeySecretAccessKey), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read credentials Secret %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	for _, k := range []string{KeyAccessKeyID, KeySecretAccessKey} {
+		if len(s.Data[k]) == 0 {
+			return failed(v1.BackupTargetReasonCredentialsMissing,
+				"credentials Secret %s/%s has no key %s (or it is empty): add it", ref.Namespace, ref.Name, k), nil
+		}
+	}
+	cfg.AccessKeyID = strings.TrimSpace(string(s.Data[KeyAccessKeyID]))
+	cfg.SecretAccessKey = strings.TrimSpace(string(s.Data[KeySecretAccessKey]))
+	cfg.SessionToken = strings.TrimSpace(string(s.Data[KeySessionToken]))
+	return nil, nil
+}
+
+// caBundle reads the PEM bundle src names, from a Secret or a ConfigMap.
+func (r *Reconciler) caBundle(ctx context.Context, src v1.CABundleSource) ([]byte, *result, error) {
+	var (
+		ref  v1.KeyReference
+		kind string
+		data map[string][]byte
+		err  error
+	)
+	switch {
+	case src.Secret != nil:
+		ref, kind = *src.Secret, "Secret"
+		s := &corev1.Secret{}
+		err = r.Reader.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, s)
+		data = s.Data
+	case src.ConfigMap != nil:
+		ref, kind = *src.ConfigMap, "ConfigMap"
+		cm := &corev1.ConfigMap{}
+		err = r.Reader.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, cm)
+		data = map[string][]byte{}
+		for k, v := range cm.Data {
+			data[k] = []byte(v)
+		}
+		for k, v := range cm.BinaryData {
+			data[k] = v
+		}
+	default:
+		return nil, failed(v1.BackupTargetReasonCABundleInvalid, "spec.s3.caBundle names neither a Secret nor a ConfigMap"), nil
+	}
+	if apierrors.IsNotFound(err) {
+		return nil, failed(v1.BackupTargetReasonCABundleInvalid, "CA bundle %s %s/%s not found: create it or fix spec.s3.caBundle",
+			kind, ref.Namespace, ref.Name), nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read CA bundle %s %s/%s: %w", kind, ref.Namespace, ref.Name, err)
+	}
+	key := ref.Key
+	if key == "" {
+		key = defaultCAKey
+	}
+	if len(data[key]) == 0 {
+		return nil, failed(v1.BackupTargetReasonCABundleInvalid, "CA bundle %s %s/%s has no key %s (or it is empty): add the PEM certificates under it",
+			kind, ref.Namespace, ref.Name, key), nil
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(data[key]) {
+		return nil, failed(v1.BackupTargetReasonCABundleInvalid, "CA bundle %s %s/%s key %s holds no PEM certificate",
+			kind, ref.Namespace, ref.Name, key), nil
+	}
+	return data[key], nil, nil
+}
+
+func trimSlashes(s string) string { return strings.Trim(s, "/") }

@@ -1,0 +1,243 @@
+package backuptarget
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
+)
+
+var (
+	waitFor = deadline.Scale(60 * time.Second)
+	ctx     = context.Background()
+	seq     atomic.Int64
+)
+
+const ns = "cairn-system"
+
+// unique returns a fresh object name (the API server is the suite's own).
+func unique(base string) string { return fmt.Sprintf("%s-%d", base, seq.Add(1)) }
+
+func ensureNamespace(g Gomega) {
+	err := k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	if !apierrors.IsAlreadyExists(err) {
+		g.Expect(err).To(Succeed())
+	}
+}
+
+// credentialsSecret creates a Secret with the given keys.
+func credentialsSecret(g Gomega, name string, data map[string]string) {
+	ensureNamespace(g)
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, StringData: data}
+	g.Expect(k8sClient.Create(ctx, s)).To(Succeed())
+}
+
+func goodCredentials() map[string]string {
+	return map[string]string{KeyAccessKeyID: s3.access, KeySecretAccessKey: s3.secret}
+}
+
+// s3Target returns a BackupTarget for the test server's bucket under
+// prefix, with credentials from Secret secret.
+func s3Target(name, endpoint, bkt, secret string) *v1.BackupTarget {
+	return &v1.BackupTarget{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.BackupTargetSpec{S3: &v1.S3BackupTarget{
+		Endpoint: endpoint, Bucket: bkt, Prefix: "cluster-" + name, Region: "us-east-1", PathStyle: true,
+		CredentialsSecret: v1.SecretReference{Name: secret, Namespace: ns},
+	}}}
+}
+
+// waitAvailable waits until bt's Available condition has reason and
+// returns it.
+func waitAvailable(g Gomega, name, reason string) metav1.Condition {
+	var got metav1.Condition
+	g.Eventually(func(g Gomega) {
+		bt := &v1.BackupTarget{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: name}, bt)).To(Succeed())
+		c := meta.FindStatusCondition(bt.Status.Conditions, v1.BackupTargetConditionAvailable)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Reason).To(Equal(reason), c.Message)
+		got = *c
+	}, waitFor, 50*time.Millisecond).Should(Succeed())
+	return got
+}
+
+// probeObjects lists what the check left under the target's probe folder.
+func probeObjects(g Gomega, prefix string) []string {
+	var keys []string
+	for o := range s3.client.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: prefix + "/", Recursive: true}) {
+		g.Expect(o.Err).NotTo(HaveOccurred())
+		keys = append(keys, o.Key)
+	}
+	return keys
+}
+
+func TestAvailable(t *testing.T) {
+	g := NewWithT(t)
+	name := unique("good")
+	credentialsSecret(g, name, goodCredentials())
+	bt := s3Target(name, s3.endpoint, bucket, name)
+	g.Expect(k8sClient.Create(ctx, bt)).To(Succeed())
+
+	c := waitAvailable(g, name, v1.BackupTargetReasonAvailable)
+	g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+	g.Expect(c.Message).To(ContainSubstring(bucket + "/cluster-" + name + "/" + ProbeDir))
+	got := &v1.BackupTarget{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(bt), got)).To(Succeed())
+	g.Expect(got.Status.Type).To(Equal(v1.BackupTargetTypeS3))
+	g.Expect(got.Status.URL).To(Equal("s3://" + bucket + "/cluster-" + name + " at " + s3.endpoint))
+	g.Expect(got.Status.LastCheckTime).NotTo(BeNil())
+	g.Expect(got.Status.ObservedGeneration).To(Equal(got.Generation))
+	g.Expect(got.Spec.PollInterval.Duration).To(Equal(5*time.Minute), "the API server defaults pollInterval")
+	// The probe object was deleted: the check leaves nothing on the target.
+	g.Expect(probeObjects(g, "cluster-"+name)).To(BeEmpty())
+}
+
+func TestWrongSecretKeyThenFixed(t *testing.T) {
+	g := NewWithT(t)
+	name := unique("wrongkey")
+	credentialsSecret(g, name, map[string]string{KeyAccessKeyID: s3.access, KeySecretAccessKey: "not-the-secret"})
+	g.Expect(k8sClient.Create(ctx, s3Target(name, s3.endpoint, bucket, name))).To(Succeed())
+
+	c := waitAvailable(g, name, v1.BackupTargetReasonAccessDenied)
+	g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+	g.Expect(c.Message).To(ContainSubstring("Secret " + ns + "/" + name))
+	g.Expect(c.Message).To(ContainSubstring(KeySecretAccessKey))
+
+	// Fixing the Secret is seen by the next check (back-off from 1 s here).
+	s := &corev1.Secret{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, s)).To(Succeed())
+	s.Data[KeySecretAccessKey] = []byte(s3.secret)
+	g.Expect(k8sClient.Update(ctx, s)).To(Succeed())
+	g.Expect(waitAvailable(g, name, v1.BackupTargetReasonAvailable).Status).To(Equal(metav1.ConditionTrue))
+}
+
+func TestCredentialsMissing(t *testing.T) {
+	g := NewWithT(t)
+	name := unique("nosecret")
+	ensureNamespace(g)
+	g.Expect(k8sClient.Create(ctx, s3Target(name, s3.endpoint, bucket, name))).To(Succeed())
+	c := waitAvailable(g, name, v1.BackupTargetReasonCredentialsMissing)
+	g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+	g.Expect(c.Message).To(ContainSubstring(ns + "/" + name + " not found"))
+
+	// A Secret without the secret key is still missing credentials, and
+	// the message names the key.
+	credentialsSecret(g, name, map[string]string{KeyAccessKeyID: s3.access})
+	g.Eventually(func(g Gomega) {
+		c := waitAvailable(g, name, v1.BackupTargetReasonCredentialsMissing)
+		g.Expect(c.Message).To(ContainSubstring("has no key " + KeySecretAccessKey))
+	}, waitFor, 50*time.Millisecond).Should(Succeed())
+
+	s := &corev1.Secret{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, s)).To(Succeed())
+	s.Data[KeySecretAccessKey] = []byte(s3.secret)
+	g.Expect(k8sClient.Update(ctx, s)).To(Succeed())
+	g.Expect(waitAvailable(g, name, v1.BackupTargetReasonAvailable).Status).To(Equal(metav1.ConditionTrue))
+}
+
+func TestBucketNotFound(t *testing.T) {
+	g := NewWithT(t)
+	name := unique("nobucket")
+	credentialsSecret(g, name, goodCredentials())
+	g.Expect(k8sClient.Create(ctx, s3Target(name, s3.endpoint, "no-such-bucket", name))).To(Succeed())
+	c := waitAvailable(g, name, v1.BackupTargetReasonBucketNotFound)
+	g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+	g.Expect(c.Message).To(ContainSubstring(`bucket "no-such-bucket" does not exist`))
+}
+
+func TestUnreachable(t *testing.T) {
+	g := NewWithT(t)
+	ensureNamespace(g)
+
+	t.Run("nobody listens", func(t *testing.T) {
+		g := NewWithT(t)
+		port, err := freePort()
+		g.Expect(err).NotTo(HaveOccurred())
+		name := unique("refused")
+		credentialsSecret(g, name, goodCredentials())
+		endpoint := "http://127.0.0.1:" + strconv.Itoa(port)
+		g.Expect(k8sClient.Create(ctx, s3Target(name, endpoint, bucket, name))).To(Succeed())
+		c := waitAvailable(g, name, v1.BackupTargetReasonUnreachable)
+		g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+		g.Expect(c.Message).To(ContainSubstring("cannot reach " + endpoint))
+	})
+
+	t.Run("stalled server", func(t *testing.T) {
+		// A server that accepts connections and never answers: only the
+		// probe's timeout ends the check.
+		g := NewWithT(t)
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		g.Expect(err).NotTo(HaveOccurred())
+		var conns []net.Conn
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				conns = append(conns, c)
+			}
+		}()
+		t.Cleanup(func() {
+			_ = l.Close()
+			<-done
+			for _, c := range conns {
+				_ = c.Close()
+			}
+		})
+		name := unique("stalled")
+		credentialsSecret(g, name, goodCredentials())
+		endpoint := "http://" + l.Addr().String()
+		g.Expect(k8sClient.Create(ctx, s3Target(name, endpoint, bucket, name))).To(Succeed())
+		c := waitAvailable(g, name, v1.BackupTargetReasonUnreachable)
+		g.Expect(c.Message).To(ContainSubstring("no answer from " + endpoint + " within " + probeTimeout.String()))
+	})
+}
+
+func TestCABundleInvalid(t *testing.T) {
+	g := NewWithT(t)
+	name := unique("ca")
+	credentialsSecret(g, name, goodCredentials())
+	bt := s3Target(name, s3.endpoint, bucket, name)
+	bt.Spec.S3.CABundle = &v1.CABundleSource{ConfigMap: &v1.KeyReference{Name: name, Namespace: ns}}
+	g.Expect(k8sClient.Create(ctx, bt)).To(Succeed())
+	c := waitAvailable(g, name, v1.BackupTargetReasonCABundleInvalid)
+	g.Expect(c.Message).To(ContainSubstring("ConfigMap " + ns + "/" + name + " not found"))
+
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: map[string]string{"ca.crt": "not a certificate"}}
+	g.Expect(k8sClient.Create(ctx, cm)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		c := waitAvailable(g, name, v1.BackupTargetReasonCABundleInvalid)
+		g.Expect(c.Message).To(ContainSubstring("holds no PEM certificate"))
+	}, waitFor, 50*time.Millisecond).Should(Succeed())
+}
+
+func TestNFSNotChecked(t *testing.T) {
+	g := NewWithT(t)
+	name := unique("nfs")
+	bt := &v1.BackupTarget{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{Server: "10.0.0.5", Path: "/exports/cairn"}}}
+	g.Expect(k8sClient.Create(ctx, bt)).To(Succeed())
+	c := waitAvailable(g, name, v1.BackupTargetReasonNotChecked)
+	g.Expect(c.Status).To(Equal(metav1.ConditionUnknown))
+	got := &v1.BackupTarget{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(bt), got)).To(Succeed())
+	g.Expect(got.Status.Type).To(Equal(v1.BackupTargetTypeNFS))
+	g.Expect(got.Status.URL).To(Equal("nfs://10.0.0.5/exports/cairn"))
+	g.Expect(got.Status.LastCheckTime).To(BeNil(), "nothing was checked")
+}
