@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os/exec"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -240,4 +241,26 @@ func TestNFSNotChecked(t *testing.T) {
 	g.Expect(got.Status.Type).To(Equal(v1.BackupTargetTypeNFS))
 	g.Expect(got.Status.URL).To(Equal("nfs://10.0.0.5/exports/cairn"))
 	g.Expect(got.Status.LastCheckTime).To(BeNil(), "nothing was checked")
+}
+
+// TestNotWritable: credentials that may list the bucket and read from it
+// but not write (a versitygw user given only those by a bucket policy).
+func TestNotWritable(t *testing.T) {
+	g := NewWithT(t)
+	const user, userSecret = "cairn-reader", "cairn-reader-secret"
+	out, err := exec.Command(s3.bin, "admin", "--access", s3.access, "--secret", s3.secret, "--endpoint-url", s3.endpoint,
+		"create-user", "--access", user, "--secret", userSecret, "--role", "user").CombinedOutput()
+	g.Expect(err).NotTo(HaveOccurred(), "versitygw admin create-user: %s", out)
+	policy := fmt.Sprintf(`{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"AWS":[%q]},`+
+		`"Action":["s3:ListBucket","s3:GetObject"],"Resource":["arn:aws:s3:::%s","arn:aws:s3:::%s/*"]}]}`, user, bucket, bucket)
+	g.Expect(s3.client.SetBucketPolicy(ctx, bucket, policy)).To(Succeed())
+	t.Cleanup(func() { _ = s3.client.SetBucketPolicy(ctx, bucket, "") })
+
+	name := unique("readonly")
+	credentialsSecret(g, name, map[string]string{KeyAccessKeyID: user, KeySecretAccessKey: userSecret})
+	g.Expect(k8sClient.Create(ctx, s3Target(name, s3.endpoint, bucket, name))).To(Succeed())
+	c := waitAvailable(g, name, v1.BackupTargetReasonNotWritable)
+	g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+	g.Expect(c.Message).To(ContainSubstring("may list bucket %q but not write", bucket))
+	g.Expect(probeObjects(g, "cluster-"+name)).To(BeEmpty())
 }

@@ -39,6 +39,7 @@ const versitygwVersion = "v1.8.0"
 type s3Server struct {
 	endpoint, access, secret string
 	client                   *minio.Client
+	bin                      string
 }
 
 // bucket is the bucket the server has; others do not exist.
@@ -90,8 +91,9 @@ func versitygwBinary() (string, error) {
 	return p, nil
 }
 
-// startVersitygw runs versitygw on 127.0.0.1 over dir/root and creates
-// the bucket; stop kills it.
+// startVersitygw runs versitygw on 127.0.0.1 over dir/root, with its
+// internal IAM in dir/iam (so tests can add users with fewer rights), and
+// creates the bucket; stop kills it.
 func startVersitygw(dir string) (stop func(), err error) {
 	bin, err := versitygwBinary()
 	if err != nil {
@@ -101,17 +103,19 @@ func startVersitygw(dir string) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	root := filepath.Join(dir, "root")
-	if err := os.Mkdir(root, 0o700); err != nil {
-		return nil, err
+	root, iam := filepath.Join(dir, "root"), filepath.Join(dir, "iam")
+	for _, d := range []string{root, iam} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, err
+		}
 	}
-	s3 = s3Server{endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), access: "cairn-test-access", secret: "cairn-test-secret-key"}
+	s3 = s3Server{endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), access: "cairn-test-access", secret: "cairn-test-secret-key", bin: bin}
 	logf, err := os.Create(filepath.Join(dir, "versitygw.log"))
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, "--access", s3.access, "--secret", s3.secret,
-		"--port", fmt.Sprintf("127.0.0.1:%d", port), "--quiet", "posix", root)
+		"--port", fmt.Sprintf("127.0.0.1:%d", port), "--iam-dir", iam, "--quiet", "posix", root)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		return nil, err
