@@ -264,3 +264,22 @@ func TestNotWritable(t *testing.T) {
 	g.Expect(c.Message).To(ContainSubstring("may list bucket %q but not write", bucket))
 	g.Expect(probeObjects(g, "cluster-"+name)).To(BeEmpty())
 }
+
+// TestCustomCA: an HTTPS endpoint whose certificate a private CA signed is
+// Unreachable (untrusted) until caBundle names that CA, then Available.
+func TestCustomCA(t *testing.T) {
+	g := NewWithT(t)
+	name := unique("tls")
+	credentialsSecret(g, name, goodCredentials())
+	bt := s3Target(name, s3tls.endpoint, bucket, name)
+	g.Expect(k8sClient.Create(ctx, bt)).To(Succeed())
+	c := waitAvailable(g, name, v1.BackupTargetReasonUnreachable)
+	g.Expect(c.Message).To(ContainSubstring("does not present a certificate this manager trusts"))
+
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: map[string]string{"ca.crt": string(s3tls.caPEM)}}
+	g.Expect(k8sClient.Create(ctx, cm)).To(Succeed())
+	g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(bt), bt)).To(Succeed())
+	bt.Spec.S3.CABundle = &v1.CABundleSource{ConfigMap: &v1.KeyReference{Name: name, Namespace: ns}}
+	g.Expect(k8sClient.Update(ctx, bt)).To(Succeed())
+	g.Expect(waitAvailable(g, name, v1.BackupTargetReasonAvailable).Status).To(Equal(metav1.ConditionTrue))
+}
