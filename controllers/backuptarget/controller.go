@@ -18,6 +18,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -194,5 +195,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("backuptarget").
 		For(&v1.BackupTarget{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// A check may wait its whole timeout on a stalled endpoint; a few
+		// at once keep one such target from delaying the others'.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(r)
 }
