@@ -166,9 +166,16 @@ func nodes() []string {
 	return strings.Fields(out)
 }
 
+// volumeOf is the name of the volume the claim is bound to, once it is
+// bound (a claim just created is not yet).
 func volumeOf(claim string) string {
 	GinkgoHelper()
-	return must("", "-n", "default", "get", "pvc", claim, "-o", "jsonpath={.spec.volumeName}")
+	var vol string
+	Eventually(func() string {
+		vol = must("", "-n", "default", "get", "pvc", claim, "-o", "jsonpath={.spec.volumeName}")
+		return vol
+	}, deadline.Scale(3*time.Minute), time.Second).ShouldNot(BeEmpty(), "claim %s bound to a volume", claim)
+	return vol
 }
 
 func volumeField(vol, path string) string {
