@@ -147,8 +147,13 @@ func TestEngineStartsWithoutDeadReplicaAddresses(t *testing.T) {
 
 	dead := newDeadPort(t).addr + "," + newDeadPort(t).addr
 	closed := freeAddr(t) + "," + freeAddr(t)
+	// Each attempt gets 8 s, well beyond the engine's 3 s interval
+	// between waiting lines, so a line is logged before the attempts end
+	// (at engineArgs' 3 s the two fell due together and the line was
+	// logged or not by the luck of a select).
+	args := append(engineArgs(t, v.addrs[0], dead, closed), "--connect-timeout", "8s")
 	began := time.Now()
-	e, rep := startReady(t, engineArgs(t, v.addrs[0], dead, closed)...)
+	e, rep := startReady(t, args...)
 	if took := time.Since(began); took > deadline.Scale(time.Minute) {
 		t.Fatalf("ready after %v, beyond the instance manager's start timeout (1m)", took)
 	}
