@@ -279,19 +279,27 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail(err)
 	}
 	<-ctx.Done()
-	if handOver() && f.leave != nil {
+	shutdown(e, f, handOver(), log)
+	return 0
+}
+
+// shutdown ends a running engine's service once its context ended: the
+// frontend leaves its device to the next engine of the volume (handOver:
+// the instance manager is going away) or detaches it, then the replicas
+// are flushed.
+func shutdown(e *engine.Engine, f *frontend, handOver bool, log logr.Logger) {
+	if handOver && f.leave != nil {
 		log.Info("stopping for the instance manager, which is going away: leaving the device to the next engine of the volume, flushing")
 		f.leave()
 	} else {
 		log.Info("stopping: detaching the frontend, flushing")
 		f.stop()
 	}
-	fctx, fcancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer fcancel()
-	if err := e.Flush(fctx); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.Flush(ctx); err != nil {
 		log.Error(err, "final flush failed")
 	}
-	return 0
 }
 
 // watchHandOver returns a context that also ends when the engine gets
@@ -391,7 +399,7 @@ func startFrontend(c *engineFlags, e *engine.Engine, claim *nbd.Frontend, fclaim
 		},
 		leave: func() {
 			if err := claim.Leave(); err != nil {
-				log.Error(err, "detaching the nbd frontend")
+				log.Error(err, "leaving the nbd device to the next engine")
 			}
 		}}
 	if claim.Device() != nil {
