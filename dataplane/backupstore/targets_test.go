@@ -3,26 +3,16 @@ package backupstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
-
 	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
+	"github.com/cairn-io/cairn/dataplane/testutil/versitygw"
 )
-
-// versitygwVersion is the S3 server the tests run (hack/install-versitygw.sh).
-const versitygwVersion = "v1.8.0"
 
 // targetKind builds a fresh, empty target of one kind for a test, and
 // says how to open the same target again (from a child process).
@@ -67,77 +57,23 @@ func targetKinds() []targetKind {
 	}
 }
 
-// versitygwBinary finds the server hack/install-versitygw.sh built.
-func versitygwBinary(t *testing.T) string {
-	if p := os.Getenv("CAIRN_VERSITYGW"); p != "" {
-		return p
-	}
-	cache := os.Getenv("CAIRN_CACHE")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache", "cairn")
-	}
-	p := filepath.Join(cache, "versitygw-"+versitygwVersion, "versitygw")
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("versitygw %s not found at %s: run make test-tools (hack/install-versitygw.sh) or set CAIRN_VERSITYGW", versitygwVersion, p)
-	}
-	return p
-}
-
-// startVersitygw runs versitygw on 127.0.0.1 over a temporary directory,
-// creates a bucket and returns the config of a target in it (under a
-// prefix, as a shared bucket would be used).
+// startVersitygw runs versitygw over a temporary directory with a
+// bucket and returns the config of a target in it (under a prefix, as a
+// shared bucket would be used).
 func startVersitygw(t *testing.T) S3Config {
 	t.Helper()
-	root := t.TempDir()
-	port := freePort(t)
-	const access, secret = "cairn-test-access", "cairn-test-secret-key"
-	cmd := exec.Command(versitygwBinary(t), "--access", access, "--secret", secret,
-		"--port", fmt.Sprintf("127.0.0.1:%d", port), "--quiet", "posix", root)
-	logf, err := os.Create(filepath.Join(t.TempDir(), "versitygw.log"))
+	srv, err := versitygw.Start(versitygw.Options{Dir: t.TempDir(), Bucket: "backups"})
 	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		_ = logf.Close()
+		srv.Stop()
 		if t.Failed() {
-			out, _ := os.ReadFile(logf.Name())
-			t.Logf("versitygw log:\n%s", out)
+			t.Logf("versitygw log:\n%s", srv.Log())
 		}
 	})
-	cfg := S3Config{Endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), Bucket: "backups", Prefix: "cluster-a/",
-		Region: "us-east-1", PathStyle: true, AccessKeyID: access, SecretAccessKey: secret}
-	client, err := minio.New(fmt.Sprintf("127.0.0.1:%d", port), &minio.Options{
-		Creds: credentials.NewStaticV4(access, secret, ""), Region: cfg.Region, BucketLookup: minio.BucketLookupPath})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for until := deadline.After(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(5*time.Second))
-		err = client.MakeBucket(ctx, cfg.Bucket, minio.MakeBucketOptions{Region: cfg.Region})
-		cancel()
-		if err == nil {
-			return cfg
-		}
-		if time.Now().After(until) {
-			t.Fatalf("versitygw on port %d did not create a bucket: %v", port, err)
-		}
-	}
-}
-
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
+	return S3Config{Endpoint: srv.Endpoint, Bucket: "backups", Prefix: "cluster-a/", Region: versitygw.Region,
+		PathStyle: true, AccessKeyID: versitygw.AccessKey, SecretAccessKey: versitygw.SecretKey}
 }
 
 // countingTarget passes every call to a real target and counts what is

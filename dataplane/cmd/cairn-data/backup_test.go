@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,13 +18,11 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
-
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/backupstore"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
 	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
+	"github.com/cairn-io/cairn/dataplane/testutil/versitygw"
 )
 
 // backupEnv is where a test's backups go: the target flags and the
@@ -51,59 +48,18 @@ func dirBackupEnv(t *testing.T) backupEnv {
 // docs/backup.md, Testing) over a temporary directory with a bucket, and
 // passes the credentials through the environment, as an operator would.
 func s3BackupEnv(t *testing.T) backupEnv {
-	bin := os.Getenv("CAIRN_VERSITYGW")
-	if bin == "" {
-		cache := os.Getenv("CAIRN_CACHE")
-		if cache == "" {
-			home, _ := os.UserHomeDir()
-			cache = filepath.Join(home, ".cache", "cairn")
-		}
-		bin = filepath.Join(cache, "versitygw-v1.8.0", "versitygw")
-	}
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("versitygw not found at %s: run make test-tools (hack/install-versitygw.sh) or set CAIRN_VERSITYGW", bin)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, err := versitygw.Start(versitygw.Options{Dir: t.TempDir(), Bucket: "backups"})
 	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	const access, secret = "cairn-backup-access", "cairn-backup-secret-key"
-	logf, err := os.Create(filepath.Join(t.TempDir(), "versitygw.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--access", access, "--secret", secret, "--port", addr, "--quiet", "posix", t.TempDir())
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		srv.Stop()
 		if t.Failed() {
-			out, _ := os.ReadFile(logf.Name())
-			t.Logf("versitygw log:\n%s", out)
+			t.Logf("versitygw log:\n%s", srv.Log())
 		}
-		logf.Close()
 	})
-	client, err := minio.New(addr, &minio.Options{Creds: credentials.NewStaticV4(access, secret, ""), Region: "us-east-1", BucketLookup: minio.BucketLookupPath})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for until := deadline.After(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(5*time.Second))
-		err = client.MakeBucket(ctx, "backups", minio.MakeBucketOptions{Region: "us-east-1"})
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(until) {
-			t.Fatalf("versitygw at %s did not create a bucket: %v", addr, err)
-		}
-	}
-	cfg := backupstore.S3Config{Endpoint: "http://" + addr, Bucket: "backups", Prefix: "cluster-a", Region: "us-east-1", PathStyle: true, AccessKeyID: access, SecretAccessKey: secret}
+	access, secret := versitygw.AccessKey, versitygw.SecretKey
+	cfg := backupstore.S3Config{Endpoint: srv.Endpoint, Bucket: "backups", Prefix: "cluster-a", Region: "us-east-1", PathStyle: true, AccessKeyID: access, SecretAccessKey: secret}
 	return backupEnv{
 		flags: []string{"--s3-endpoint", cfg.Endpoint, "--s3-bucket", cfg.Bucket, "--s3-prefix", cfg.Prefix, "--s3-region", cfg.Region, "--s3-path-style"},
 		env:   []string{"AWS_ACCESS_KEY_ID=" + access, "AWS_SECRET_ACCESS_KEY=" + secret},
