@@ -31,12 +31,17 @@ for t in docker kind kubectl; do command -v $t >/dev/null || { echo "kind-up: $t
 k() { kubectl --context "kind-$CLUSTER" "$@"; }
 
 say "cluster $CLUSTER: three schedulable nodes"
+existed=true
 if ! kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+  existed=false
   kind create cluster --name "$CLUSTER" ${NODE_IMAGE:+--image "$NODE_IMAGE"} --config test/e2e/kind-config.yaml --wait 5m
 fi
 k get nodes
 
 say "images: make docker-build, loaded into the nodes"
+image_id() { docker image inspect -f '{{.Id}}' "$1" 2>/dev/null || true; }
+declare -A before
+for i in "$IMG" "$DATA_IMG" "$CSI_IMG"; do before[$i]=$(image_id "$i"); done
 make -s docker-build IMG="$IMG" DATA_IMG="$DATA_IMG" CSI_IMG="$CSI_IMG" >/dev/null
 if [[ -d $OFFLINE ]]; then
   "$OFFLINE/load-images.sh" "$CLUSTER" "$IMG" "$DATA_IMG" "$CSI_IMG" >/dev/null
@@ -49,6 +54,18 @@ export KUBECONFIG=${KUBECONFIG:-$HOME/.kube/config}
 kubectl config use-context "kind-$CLUSTER" >/dev/null
 k get crd volumesnapshots.snapshot.storage.k8s.io >/dev/null 2>&1 || make -s deploy-snapshot-controller >/dev/null
 make -s deploy IMG="$IMG" DATA_IMG="$DATA_IMG" CSI_IMG="$CSI_IMG" >/dev/null
+# A tag that did not change (the :dev default) does not change the pod
+# templates, so pods of a live cluster would keep running the old build:
+# restart the workloads whose image was rebuilt with other content. The
+# instance managers restart as in an upgrade (attached volumes pause).
+restart=()
+[[ ${before[$IMG]} != "$(image_id "$IMG")" ]] && restart+=(deploy/cairn-manager)
+[[ ${before[$DATA_IMG]} != "$(image_id "$DATA_IMG")" ]] && restart+=(ds/cairn-instance-manager ds/cairn-csi-node)
+[[ ${before[$CSI_IMG]} != "$(image_id "$CSI_IMG")" ]] && restart+=(ds/cairn-csi-node deploy/cairn-csi-controller)
+$existed || restart=()
+for w in $(printf '%s\n' "${restart[@]}" | sort -u); do
+  k -n cairn-system get "$w" >/dev/null 2>&1 && { say "restart $w: its image was rebuilt"; k -n cairn-system rollout restart "$w"; }
+done
 k -n cairn-system rollout status ds/cairn-instance-manager --timeout=3m
 k -n cairn-system rollout status ds/cairn-csi-node --timeout=3m
 k -n cairn-system rollout status deploy/cairn-manager deploy/cairn-csi-controller --timeout=3m 2>/dev/null || \
