@@ -18,11 +18,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/backupstore"
 	"github.com/cairn-io/cairn/dataplane/internal/tlsfiles"
-	"github.com/cairn-io/cairn/dataplane/replica"
-	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
+	"github.com/cairn-io/cairn/dataplane/snapshotsource"
 )
 
 const backupUsage = `usage: cairn-data backup --replica HOST:PORT --volume VOLUME --snapshot SNAPSHOT
@@ -59,11 +57,6 @@ first, from the index on the target, and restores nothing.
 
 flags:
 `
-
-// snapshotLabel is the label a backup keeps with the name of the replica
-// snapshot it was taken from; an incremental backup checks its base
-// backup's against --base-snapshot.
-const snapshotLabel = "cairn.io/snapshot"
 
 // Bounds on files read from outside.
 const (
@@ -260,7 +253,7 @@ func runBackup(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 // backup runs one backup: the replica's size, the change map, then the
-// store's upload.
+// store's upload (snapshotsource.Backup).
 func backup(ctx context.Context, f *backupFlags, out io.Writer, log logr.Logger) error {
 	store, err := f.target.store(log)
 	if err != nil {
@@ -270,25 +263,18 @@ func backup(ctx context.Context, f *backupFlags, out io.Writer, log logr.Logger)
 	if err != nil {
 		return err
 	}
-	defer rc.close()
-	rc.timeout = f.target.callTimeout
-	size, err := rc.size(ctx)
-	if err != nil {
-		return err
+	defer rc.Close()
+	rc.Timeout = f.target.callTimeout
+	opts := snapshotsource.BackupOptions{
+		Volume: f.volume, Name: f.name, Snapshot: f.snap, BaseSnapshot: f.baseSnap, BaseBackup: f.baseBackup,
+		Progress: progressPrinter(out),
 	}
-	opts := backupstore.BackupOptions{
-		Volume: f.volume, Name: f.name, Size: size, Parent: f.baseBackup,
-		Source: &snapshotReader{ctx: ctx, rc: rc, snap: f.snap, size: size},
-		Labels: map[string]string{snapshotLabel: f.snap},
+	if f.baseBackup == "" {
+		if opts.BlockSize, err = parseSize(f.blockSize); err != nil {
+			return err
+		}
 	}
-	if opts.BlockSize, err = backupBlockSize(ctx, store, f); err != nil {
-		return err
-	}
-	if opts.Changed, err = rc.changes(ctx, f.snap, f.baseSnap, size, opts.BlockSize); err != nil {
-		return err
-	}
-	opts.Progress = progressPrinter(out)
-	res, err := store.Backup(ctx, opts)
+	res, err := snapshotsource.Backup(ctx, store, rc, opts)
 	if err != nil {
 		return err
 	}
@@ -296,23 +282,6 @@ func backup(ctx context.Context, f *backupFlags, out io.Writer, log logr.Logger)
 	fmt.Fprintf(out, "backup %s/%s snapshot=%s parent=%s size=%d block-size=%d blocks=%d read-bytes=%d uploaded-blocks=%d uploaded-bytes=%d\n",
 		f.volume, in.Name, f.snap, in.Parent, in.Size, in.BlockSize, in.Blocks, res.ReadBytes, in.NewBlocks, in.NewBytes)
 	return nil
-}
-
-// backupBlockSize is --block-size for a full backup; for an incremental
-// one it checks that the base backup was taken from --base-snapshot and
-// returns its block size.
-func backupBlockSize(ctx context.Context, store *backupstore.Store, f *backupFlags) (int64, error) {
-	if f.baseBackup == "" {
-		return parseSize(f.blockSize)
-	}
-	m, err := store.Manifest(ctx, f.volume, f.baseBackup)
-	if err != nil {
-		return 0, fmt.Errorf("base backup: %w", err)
-	}
-	if got := m.Labels[snapshotLabel]; got != f.baseSnap {
-		return 0, fmt.Errorf("%w: base backup %s was taken from snapshot %q, not --base-snapshot %q", backupstore.ErrInvalid, f.baseBackup, got, f.baseSnap)
-	}
-	return m.BlockSize, nil
 }
 
 // progressPrinter prints "progress DONE/TOTAL bytes (P%)" at most once a
@@ -332,16 +301,9 @@ func progressPrinter(out io.Writer) func(done, total int64) {
 	}
 }
 
-// replicaControl is a read-only client of a replica's control API: it
-// never sets an epoch or writes, so it does not disturb the engine that
-// serves the volume.
-type replicaControl struct {
-	cc      *grpc.ClientConn
-	ctl     replicav1.ReplicaServiceClient
-	timeout time.Duration
-}
-
-func dialReplicaControl(addr string, files tlsfiles.Files, log logr.Logger) (*replicaControl, error) {
+// dialReplicaControl connects to a replica's control API, with mutual TLS
+// when the files are given.
+func dialReplicaControl(addr string, files tlsfiles.Files, log logr.Logger) (*snapshotsource.Client, error) {
 	creds := insecure.NewCredentials()
 	if files.Set() {
 		src, err := tlsfiles.New(files, log)
@@ -350,150 +312,7 @@ func dialReplicaControl(addr string, files tlsfiles.Files, log logr.Logger) (*re
 		}
 		creds = credentials.NewTLS(src.Client())
 	}
-	// A reply holds at most replicaserver.MaxSnapshotRead bytes of data or
-	// MaxChangeRanges ranges; 16 MiB leaves room and bounds what a
-	// misbehaving replica can make this process take per call.
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
-	if err != nil {
-		return nil, fmt.Errorf("replica %s: %w", addr, err)
-	}
-	return &replicaControl{cc: cc, ctl: replicav1.NewReplicaServiceClient(cc), timeout: 2 * time.Minute}, nil
-}
-
-func (c *replicaControl) close() { _ = c.cc.Close() }
-
-func (c *replicaControl) size(ctx context.Context) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	in, err := c.ctl.Info(ctx, &replicav1.InfoRequest{})
-	if err != nil {
-		return 0, fmt.Errorf("replica info: %w", err)
-	}
-	if in.Size <= 0 || in.Size%replica.BlockSize != 0 || in.Size > backupstore.MaxVolumeSize {
-		return 0, fmt.Errorf("replica reports size %d: not a multiple of %d up to %d", in.Size, replica.BlockSize, backupstore.MaxVolumeSize)
-	}
-	return in.Size, nil
-}
-
-// changes lists the byte ranges where snapshot snap may differ from base
-// (from zeros without one), page by page, rounded out to whole backup
-// blocks of bs and merged as they come so that the list stays at most one
-// range per backup block however fragmented the replica's layers are.
-func (c *replicaControl) changes(ctx context.Context, snap, base string, size, bs int64) ([]backupstore.Range, error) {
-	out := []backupstore.Range{} // not nil: nil would mean the whole volume
-	for off := int64(0); off < size; {
-		resp, err := c.changesPage(ctx, snap, base, off, size-off)
-		if err != nil {
-			return nil, err
-		}
-		next, err := checkChangesPage(resp, off, size)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range resp.Ranges {
-			out = appendBlockRange(out, r.Offset, r.Length, bs, size)
-		}
-		off = next
-	}
-	return out, nil
-}
-
-func (c *replicaControl) changesPage(ctx context.Context, snap, base string, off, n int64) (*replicav1.SnapshotChangesResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.ctl.SnapshotChanges(ctx, &replicav1.SnapshotChangesRequest{Snapshot: snap, Base: base, Offset: off, Length: n, MaxRanges: replica.MaxChangeRanges})
-	if err != nil {
-		return nil, fmt.Errorf("replica changes of %s since %q: %w", snap, base, err)
-	}
-	return resp, nil
-}
-
-// errReplicaReply is a reply from the replica that breaks the API's rules.
-var errReplicaReply = errors.New("invalid reply from the replica")
-
-// checkChangesPage checks one page of ranges asked from off: sorted,
-// disjoint, inside [off, next), and next past off and at most size. It
-// returns next.
-func checkChangesPage(resp *replicav1.SnapshotChangesResponse, off, size int64) (int64, error) {
-	next := resp.GetNextOffset()
-	if next <= off || next > size {
-		return 0, fmt.Errorf("%w: changes continue at %d after %d (size %d)", errReplicaReply, next, off, size)
-	}
-	pos := off
-	for _, r := range resp.GetRanges() {
-		if r.GetOffset() < pos || r.GetLength() <= 0 || r.GetOffset() > next-r.GetLength() {
-			return 0, fmt.Errorf("%w: changed range %d+%d outside [%d, %d) or out of order", errReplicaReply, r.GetOffset(), r.GetLength(), pos, next)
-		}
-		pos = r.GetOffset() + r.GetLength()
-	}
-	return next, nil
-}
-
-// appendBlockRange adds [off, off+n) rounded out to blocks of bs (and cut
-// at size) to rs, merging it into the last range when they overlap or
-// touch. Ranges must come in increasing order.
-func appendBlockRange(rs []backupstore.Range, off, n, bs, size int64) []backupstore.Range {
-	lo := off / bs * bs
-	hi := min((off+n+bs-1)/bs*bs, size)
-	if k := len(rs) - 1; k >= 0 && rs[k].Offset+rs[k].Length >= lo {
-		rs[k].Length = max(rs[k].Length, hi-rs[k].Offset)
-		return rs
-	}
-	return append(rs, backupstore.Range{Offset: lo, Length: hi - lo})
-}
-
-// snapshotReader reads the view at a snapshot through the control API, as
-// the backup store's source: holes come back as zeros without crossing
-// the network.
-type snapshotReader struct {
-	ctx  context.Context
-	rc   *replicaControl
-	snap string
-	size int64
-}
-
-func (s *snapshotReader) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 || off > s.size {
-		return 0, fmt.Errorf("read at %d outside the volume's %d bytes", off, s.size)
-	}
-	n := min(int64(len(p)), s.size-off)
-	clear(p[:n])
-	// The replica serves block-aligned spans; the volume's size is whole
-	// blocks, so rounding out stays inside it.
-	lo := off / replica.BlockSize * replica.BlockSize
-	hi := (off + n + replica.BlockSize - 1) / replica.BlockSize * replica.BlockSize
-	for pos := lo; pos < hi; pos += replicaserver.MaxSnapshotRead {
-		if err := s.readSpan(p[:n], off, pos, min(hi-pos, replicaserver.MaxSnapshotRead)); err != nil {
-			return 0, err
-		}
-	}
-	if n < int64(len(p)) {
-		return int(n), io.EOF
-	}
-	return int(n), nil
-}
-
-// readSpan reads [pos, pos+n) of the view and copies what overlaps p
-// (which holds the bytes from off).
-func (s *snapshotReader) readSpan(p []byte, off, pos, n int64) error {
-	ctx, cancel := context.WithTimeout(s.ctx, s.rc.timeout)
-	defer cancel()
-	resp, err := s.rc.ctl.SnapshotRead(ctx, &replicav1.SnapshotReadRequest{Snapshot: s.snap, Offset: pos, Length: n})
-	if err != nil {
-		return fmt.Errorf("read snapshot %s at %d: %w", s.snap, pos, err)
-	}
-	for _, e := range resp.GetExtents() {
-		eo, ed := e.GetOffset(), e.GetData()
-		if eo < pos || eo > pos+n-int64(len(ed)) {
-			return fmt.Errorf("%w: extent %d+%d outside the span read %d+%d", errReplicaReply, eo, len(ed), pos, n)
-		}
-		// Copy the overlap of [eo, eo+len) with [off, off+len(p)).
-		from, to := max(eo, off), min(eo+int64(len(ed)), off+int64(len(p)))
-		if from < to {
-			copy(p[from-off:to-off], ed[from-eo:to-eo])
-		}
-	}
-	return nil
+	return snapshotsource.Dial(addr, grpc.WithTransportCredentials(creds))
 }
 
 // restoreFlags are the restore command's settings.
@@ -636,7 +455,7 @@ func listBackups(ctx context.Context, f *restoreFlags, out io.Writer, log logr.L
 	slices.SortFunc(list, func(a, b backupstore.BackupInfo) int { return a.Created.Compare(b.Created) })
 	for _, b := range list {
 		fmt.Fprintf(out, "%s created=%s snapshot=%s parent=%s size=%d blocks=%d\n",
-			b.Name, b.Created.Format(time.RFC3339), b.Labels[snapshotLabel], b.Parent, b.Size, b.Blocks)
+			b.Name, b.Created.Format(time.RFC3339), b.Labels[snapshotsource.SnapshotLabel], b.Parent, b.Size, b.Blocks)
 	}
 	return nil
 }
