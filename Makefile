@@ -120,6 +120,12 @@ bench: build ## fio: raw file vs qemu-nbd vs the engine with 1 and 3 replicas (t
 	hack/install-test-tools.sh
 	cd dataplane && $(GO) run ./test/bench --bin $(LOCALBIN)/cairn-data $(BENCHFLAGS)
 
+.PHONY: bench-footprint
+VOLUMES ?= 50
+bench-footprint: build ## Memory (RSS split, PSS), threads, descriptors and idle CPU per attached three-replica volume: make bench-footprint [VOLUMES=50] (qemu-nbd as the yardstick).
+	hack/install-test-tools.sh
+	cd dataplane && $(GO) run ./test/bench --bin $(LOCALBIN)/cairn-data --footprint $(VOLUMES) $(BENCHFLAGS)
+
 .PHONY: chaos
 SCHEDULES ?= 100
 SEED ?= 0

@@ -493,6 +493,10 @@ func main() {
 		must(err)
 		defer os.RemoveAll(work)
 	}
+	if *footprintN > 0 {
+		footprintTable(work, *footprintN)
+		return
+	}
 	targets := map[string]func(string) target{"raw": raw, "qemu-nbd": qemuNBD,
 		"cairn-1":     func(w string) target { return cairn(w, "cairn-1", 1, 1) },
 		"cairn-1-tcp": func(w string) target { return cairn(w, "cairn-1-tcp", 1, 0) },
