@@ -30,6 +30,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	storagev1alpha1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/backup"
 	"github.com/cairn-io/cairn/controllers/backuptarget"
 	"github.com/cairn-io/cairn/controllers/certs"
 	"github.com/cairn-io/cairn/controllers/claims"
@@ -92,6 +93,8 @@ func main() {
 	flag.BoolVar(&wl.DeletePods, workload.FlagDeletePods, true,
 		"When a volume's device is lost under its pods while it stays attached (an engine restart whose frontend could not keep the device), delete the pods on that node "+
 			"that use it and that a controller owns, so they come back with a fresh mount (an Event on the pod and the claim says why either way); false: the Events only.")
+	flag.BoolVar(&pki.dataTLS, "data-tls", false,
+		"The instance managers run with --data-tls (replicas serve their data ports with TLS): the manager's restores from backups, which write into a new volume's replicas, connect with TLS too.")
 	flag.StringVar(&dr.GuardImage, "drain-guard-image", "",
 		"Image of the per-node drain guard pods (it must run this binary with the argument drain-guard); empty: the manager's own image, read from its pod ($POD_NAME).")
 	zapOpts := zap.Options{}
@@ -148,6 +151,8 @@ type pkiFlags struct {
 	enabled                 bool
 	caSecret, servingSecret string
 	validity                time.Duration
+	// dataTLS: the instance managers serve replicas' data ports with TLS.
+	dataTLS bool
 }
 
 func envOr(key, def string) string {
@@ -186,6 +191,12 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 	var keys certs.VolumeKeys
 	if ca != nil {
 		keys = ca
+		// A restore writes into a volume's replicas from the manager,
+		// as an engine would (controllers/volume/restore.go).
+		vr.Restore.Keys, vr.Restore.ControlTLS = ca, ca.ClientTLS()
+		if pki.dataTLS {
+			vr.Restore.DataTLS = ca.ClientTLS()
+		}
 	}
 	imr := instancemanager.NewReconciler(mgr.GetClient(), nil)
 	poolOpts.OnChange = imr.Changed
@@ -217,6 +228,8 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 		"secret-guard": (&secretguard.Reconciler{}).SetupWithManager,
 		// Whether each BackupTarget is reachable and writable.
 		"BackupTarget": (&backuptarget.Reconciler{}).SetupWithManager,
+		// Backups, uploaded from a replica's snapshot by this process.
+		"Backup": (&backup.Reconciler{DialOptions: engineDial}).SetupWithManager,
 	} {
 		if err := setup(mgr); err != nil {
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)

@@ -1,0 +1,254 @@
+package backup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/backupstore"
+	"github.com/cairn-io/cairn/dataplane/snapshotsource"
+)
+
+// Errors an upload ends with that decide the Backup's reason.
+var (
+	// errStalled: no progress for StallTimeout; the upload was cancelled.
+	errStalled = errors.New("no progress")
+	// errNameConflict: the target holds a backup of this name written by
+	// another Backup object.
+	errNameConflict = errors.New("backup name taken on the target")
+)
+
+// openStore opens the backup store on an S3 target.
+func (r *Reconciler) openStore(cfg backupstore.S3Config) (*backupstore.Store, error) {
+	t, err := backupstore.NewS3Target(cfg)
+	if err != nil {
+		return nil, err
+	}
+	opts := r.StoreOptions
+	opts.Log = r.Log
+	return backupstore.New(t, opts)
+}
+
+// upload runs one attempt of j: it finds a backup of this Backup already
+// on the target (an earlier attempt wrote its manifest and the manager
+// stopped before recording it), or picks the parent and uploads.
+func (r *Reconciler) upload(ctx context.Context, j *job) (*backupstore.BackupResult, error) {
+	log := r.Log.WithValues("backup", j.key, "snapshot", j.snapshot, "replica", j.replica)
+	store, err := r.openStore(j.s3)
+	if err != nil {
+		return nil, err
+	}
+	if res, err := r.existing(ctx, store, j); res != nil || err != nil {
+		return res, err
+	}
+	rc, err := snapshotsource.Dial(j.replicaAddr, r.dialOptions()...)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	opts := snapshotsource.BackupOptions{Volume: j.volume, Name: j.name, Snapshot: j.snapshot,
+		Labels: map[string]string{LabelVolumeUID: j.volumeUID, LabelBackupUID: j.backupUID, LabelBackup: j.key.String()}}
+	if opts.BaseSnapshot, opts.BaseBackup, err = r.parent(ctx, store, rc, j); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	w := r.watch(ctx, cancel, j, opts.BaseBackup)
+	defer w.stop()
+	opts.Progress = w.progress
+	log.Info("backup upload starting", "parent", opts.BaseBackup)
+	res, err := snapshotsource.Backup(ctx, store, rc, opts)
+	if err != nil && errors.Is(context.Cause(ctx), errStalled) {
+		err = fmt.Errorf("%w for %v: %w", errStalled, r.stallTimeout(), err)
+	}
+	return res, err
+}
+
+// existing returns the result of a backup of this name already on the
+// target, if this Backup wrote it; another Backup's is errNameConflict.
+func (r *Reconciler) existing(ctx context.Context, store *backupstore.Store, j *job) (*backupstore.BackupResult, error) {
+	m, err := store.Manifest(ctx, j.volume, j.name)
+	if errors.Is(err, backupstore.ErrBackupNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if m.Labels[LabelBackupUID] != j.backupUID {
+		return nil, fmt.Errorf("%w: volume %s's backup %s on the target was written by %q", errNameConflict, j.volume, j.name, m.Labels[LabelBackup])
+	}
+	return &backupstore.BackupResult{Info: backupstore.BackupInfo{Name: m.Name, Parent: m.Parent, Size: m.Size,
+		BlockSize: m.BlockSize, Blocks: int64(len(m.Blocks)), NewBlocks: m.NewBlocks, NewBytes: m.NewBytes, Created: m.Created, Labels: m.Labels}}, nil
+}
+
+// parent picks the newest backup of the same Volume object on the target
+// whose snapshot the replica still holds: this backup is incremental to
+// it. None: a full backup.
+func (r *Reconciler) parent(ctx context.Context, store *backupstore.Store, rc *snapshotsource.Client, j *job) (baseSnap, baseBackup string, err error) {
+	list, err := store.List(ctx, j.volume)
+	if err != nil {
+		return "", "", err
+	}
+	slices.SortFunc(list, func(a, b backupstore.BackupInfo) int { return b.Created.Compare(a.Created) })
+	for _, in := range list {
+		snap := in.Labels[snapshotsource.SnapshotLabel]
+		if in.Labels[LabelVolumeUID] != j.volumeUID || in.Name == j.name || snap == "" || snap == j.snapshot {
+			continue
+		}
+		ok, err := rc.HasSnapshot(ctx, snap)
+		if err != nil {
+			return "", "", err
+		}
+		if ok {
+			return snap, in.Name, nil
+		}
+		// Its snapshot is gone from the replica: the change map since it
+		// cannot be had, so an older one will not do either (they are
+		// older snapshots still, deleted or not); take a full backup.
+		return "", "", nil
+	}
+	return "", "", nil
+}
+
+// watcher patches an upload's progress into the Backup at most every
+// ProgressInterval and cancels the upload when it reads nothing for
+// StallTimeout.
+type watcher struct {
+	r      *Reconciler
+	j      *job
+	parent string
+
+	mu          sync.Mutex
+	done, total int64
+	last        time.Time // last progress (or start)
+	sent        int64     // done as last patched, -1 before the first
+	stopCh      chan struct{}
+	ended       chan struct{}
+}
+
+func (r *Reconciler) watch(ctx context.Context, cancel context.CancelCauseFunc, j *job, parent string) *watcher {
+	w := &watcher{r: r, j: j, parent: parent, last: time.Now(), sent: -1, stopCh: make(chan struct{}), ended: make(chan struct{})}
+	go w.loop(ctx, cancel)
+	return w
+}
+
+func (w *watcher) progress(done, total int64) {
+	w.mu.Lock()
+	w.done, w.total, w.last = done, total, time.Now()
+	w.mu.Unlock()
+	if w.r.onProgress != nil {
+		w.r.onProgress(w.j.key, done, total)
+	}
+}
+
+func (w *watcher) stop() { close(w.stopCh); <-w.ended }
+
+func (w *watcher) loop(ctx context.Context, cancel context.CancelCauseFunc) {
+	defer close(w.ended)
+	tick := time.NewTicker(min(w.r.progressInterval(), w.r.stallTimeout()/4))
+	defer tick.Stop()
+	var lastPatch time.Time
+	for {
+		select {
+		case <-w.stopCh:
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		w.mu.Lock()
+		done, total, idle := w.done, w.total, time.Since(w.last)
+		w.mu.Unlock()
+		if idle > w.r.stallTimeout() {
+			w.r.Log.Info("backup upload stalled; cancelling it", "backup", w.j.key, "idle", idle.String())
+			cancel(errStalled)
+			return
+		}
+		if done != w.sent && time.Since(lastPatch) >= w.r.progressInterval() {
+			if err := w.patch(ctx, done, total); err == nil {
+				w.sent, lastPatch = done, time.Now()
+			}
+		}
+	}
+}
+
+// patch writes bytesDone, bytesTotal, progress and parent: only those
+// fields, so it does not undo what Reconcile writes.
+func (w *watcher) patch(ctx context.Context, done, total int64) error {
+	b := &v1.Backup{}
+	if err := w.r.Client.Get(ctx, w.j.key, b); err != nil {
+		return err
+	}
+	if b.Status.State != v1.BackupStateInProgress {
+		return nil
+	}
+	before := b.DeepCopy()
+	b.Status.BytesDone, b.Status.BytesTotal, b.Status.Progress = done, total, percent(done, total)
+	b.Status.Parent = w.parent
+	return client.IgnoreNotFound(w.r.Client.Status().Patch(ctx, b, client.MergeFrom(before)))
+}
+
+func percent(done, total int64) int32 {
+	if total <= 0 {
+		return 100
+	}
+	return int32(done * 100 / total)
+}
+
+// recordOutcome writes an ended upload's result into b.
+func (r *Reconciler) recordOutcome(b *v1.Backup, res *backupstore.BackupResult, err error) ctrl.Result {
+	if err == nil {
+		in := res.Info
+		b.Status.BackupName, b.Status.Parent = in.Name, in.Parent
+		b.Status.VolumeSize = resource.NewQuantity(in.Size, resource.BinarySI)
+		b.Status.UploadedBytes = in.NewBytes
+		if res.ReadBytes > 0 { // zero: found on the target, written by an earlier attempt
+			b.Status.BytesTotal = res.ReadBytes
+		}
+		b.Status.BytesDone, b.Status.Progress = b.Status.BytesTotal, 100
+		b.Status.CompletionTime = metavTime()
+		setState(b, v1.BackupStateCompleted, v1.BackupReasonCompleted, fmt.Sprintf(
+			"backup %s of volume %s is on target %s: %d blocks, %d bytes uploaded (parent %q)", in.Name, b.Spec.Volume, b.Spec.Target, in.Blocks, in.NewBytes, in.Parent))
+		r.Log.Info("backup completed", "backup", client.ObjectKeyFromObject(b), "parent", in.Parent, "uploadedBytes", in.NewBytes)
+		return ctrl.Result{}
+	}
+	b.Status.LastFailureTime = metavTime()
+	reason := v1.BackupReasonFailed
+	wait := r.backoff(b.Status.Attempts)
+	msg := fmt.Sprintf("attempt %d failed, retried in %v: %v", b.Status.Attempts, wait, err)
+	switch {
+	case errors.Is(err, errStalled):
+		reason = v1.BackupReasonStalled
+	case errors.Is(err, errNameConflict):
+		// Retrying cannot help: the status stays failed until the Backup
+		// is deleted and re-created under another name.
+		reason, wait = v1.BackupReasonNameConflict, 0
+		msg = fmt.Sprintf("%v: delete this Backup and create one under another name", err)
+		b.Status.LastFailureTime = nil
+	}
+	setState(b, v1.BackupStateFailed, reason, msg)
+	r.Log.Info("backup attempt failed", "backup", client.ObjectKeyFromObject(b), "reason", reason, "error", err.Error())
+	return ctrl.Result{RequeueAfter: wait}
+}
+
+func (r *Reconciler) stallTimeout() time.Duration {
+	if r.StallTimeout > 0 {
+		return r.StallTimeout
+	}
+	return DefaultStallTimeout
+}
+
+func (r *Reconciler) progressInterval() time.Duration {
+	if r.ProgressInterval > 0 {
+		return r.ProgressInterval
+	}
+	return DefaultProgressInterval
+}
