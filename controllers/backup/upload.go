@@ -90,18 +90,22 @@ func (r *Reconciler) existing(ctx context.Context, store *backupstore.Store, j *
 }
 
 // parent picks the newest backup of the same Volume object on the target
-// whose snapshot the replica still holds: this backup is incremental to
-// it. None: a full backup.
+// whose snapshot the replica still holds (of the newest maxParentProbes):
+// this backup is incremental to it. None: a full backup.
 func (r *Reconciler) parent(ctx context.Context, store *backupstore.Store, rc *snapshotsource.Client, j *job) (baseSnap, baseBackup string, err error) {
 	list, err := store.List(ctx, j.volume)
 	if err != nil {
 		return "", "", err
 	}
 	slices.SortFunc(list, func(a, b backupstore.BackupInfo) int { return b.Created.Compare(a.Created) })
+	probes := 0
 	for _, in := range list {
 		snap := in.Labels[snapshotsource.SnapshotLabel]
 		if in.Labels[LabelVolumeUID] != j.volumeUID || in.Name == j.name || snap == "" || snap == j.snapshot {
 			continue
+		}
+		if probes++; probes > maxParentProbes {
+			break
 		}
 		ok, err := rc.HasSnapshot(ctx, snap)
 		if err != nil {
@@ -110,13 +114,14 @@ func (r *Reconciler) parent(ctx context.Context, store *backupstore.Store, rc *s
 		if ok {
 			return snap, in.Name, nil
 		}
-		// Its snapshot is gone from the replica: the change map since it
-		// cannot be had, so an older one will not do either (they are
-		// older snapshots still, deleted or not); take a full backup.
-		return "", "", nil
 	}
 	return "", "", nil
 }
+
+// maxParentProbes bounds how many earlier backups' snapshots are looked
+// for on the replica: past the newest few, a full backup is cheaper to
+// reason about than a parent many snapshots back.
+const maxParentProbes = 8
 
 // watcher patches an upload's progress into the Backup at most every
 // ProgressInterval and cancels the upload when it reads nothing for
