@@ -1,6 +1,6 @@
 // Command kubectl-cairn is the kubectl plugin for Cairn (`kubectl cairn
 // ...` once it is on the PATH): what a volume is made of, rebuilds in
-// progress, snapshots, and why a volume is not attached or not healthy.
+// progress, snapshots, backups, and why a volume is not attached or not healthy.
 // It reads the objects through the API server with the user's kubeconfig
 // and changes nothing.
 //
@@ -37,6 +37,8 @@ commands:
   volumes              every volume with its engine and replicas (node, mode, health), as a tree
   rebuilds [--watch]   replicas being rebuilt, with progress bars (--watch: until none is left)
   snapshots [VOLUME]   snapshots, of one volume or all
+  backups [VOLUME]     backups, of one volume or all: state, progress, bytes uploaded,
+                       parent, and why one is not completed
   doctor VOLUME|NAMESPACE/CLAIM
                        why a volume is not attached or not healthy, and what to do;
                        a claim (PersistentVolumeClaim) stands for its volume
@@ -59,7 +61,7 @@ commands:
 
 flags:
   -n, --namespace NS   where Cairn's objects are (default cairn-system)
-  -o, --output FORMAT  table (default), json or yaml (volumes, rebuilds, snapshots, drain-check)
+  -o, --output FORMAT  table (default), json or yaml (volumes, rebuilds, snapshots, backups, drain-check)
   --kubeconfig FILE    as kubectl (default $KUBECONFIG or ~/.kube/config)
   --context NAME       a context of the kubeconfig
 `
@@ -177,6 +179,12 @@ func (o *options) command(ctx context.Context, rest []string, giveUp string, std
 			vol = rest[1]
 		}
 		return 0, o.snapshots(ctx, vol)
+	case "backups":
+		vol := ""
+		if len(rest) > 1 {
+			vol = rest[1]
+		}
+		return 0, o.backups(ctx, vol)
 	case "doctor":
 		if len(rest) != 2 {
 			fmt.Fprintln(stderr, "kubectl cairn: doctor needs one VOLUME (a Volume's name) or NAMESPACE/CLAIM (a PersistentVolumeClaim)")
