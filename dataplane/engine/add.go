@@ -27,7 +27,7 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	// Only the very replica that failed (same ID, data intact, not halfway
 	// through an earlier rebuild) may copy just the dirty regions; a new
 	// replica, at the same address or not, gets everything.
-	a.dirtyOnly = e.failedEarlier(a.info.ID) && !a.info.Rebuilding
+	a.dirtyOnly, a.fullReason = e.resyncKind(a.info)
 
 	// From here on a failure fails replicas: the caller's cancellation must
 	// not cause one.
@@ -54,6 +54,8 @@ type addition struct {
 	// they are after dropDeletedWhileAway).
 	info      ReplicaInfo
 	dirtyOnly bool
+	// fullReason: why a replica that held data is rebuilt in full.
+	fullReason string
 	// snap is the rebuild snapshot, taken on every member and the target.
 	snap SnapshotInfo
 	// chain is the source's snapshots before snap; missed, for a
@@ -87,13 +89,28 @@ func (e *Engine) checkAddableLocked(addr string) error {
 	return nil
 }
 
-// failedEarlier reports whether the replica with this ID failed in this
-// engine's life while the set stayed degraded since (see Engine.failed).
-func (e *Engine) failedEarlier(id string) bool {
+// resyncKind decides whether a replica being added, as it reported
+// itself before the fence, may copy dirty regions only: the replica with
+// this ID failed in this engine's life while the set stayed degraded since
+// (see Engine.failed) and is not halfway through an earlier rebuild. For a
+// replica that held data of a volume (it was given an epoch) and may not,
+// it says why: its rebuild copies everything.
+func (e *Engine) resyncKind(info ReplicaInfo) (dirtyOnly bool, fullReason string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, ok := e.failed[id]
-	return id != "" && ok
+	_, failed := e.failed[info.ID]
+	switch {
+	case info.Rebuilding:
+		return false, "an earlier rebuild of it did not finish: its data is incomplete"
+	case info.ID != "" && failed:
+		return true, ""
+	case info.Epoch == 0:
+		return false, "" // a new replica: everything is to copy
+	case e.forgot[info.ID] != "":
+		return false, "history unknown: " + e.forgot[info.ID]
+	default:
+		return false, "history unknown: this engine did not see the replica leave (it was away when the engine started, or the engine restarted while it was away), so which writes it missed is not known"
+	}
 }
 
 // dialTarget connects to the replica at addr, fences it (fenceTarget)
@@ -236,7 +253,7 @@ func (e *Engine) recheck(a *addition) error {
 	}
 	if _, failed := e.failed[a.info.ID]; a.dirtyOnly && !failed {
 		e.log.Info("the set was healthy again since the replica failed; rebuilding it in full", "replica", a.target.addr)
-		a.dirtyOnly = false
+		a.dirtyOnly, a.fullReason = false, "history unknown: "+e.forgot[a.info.ID]
 	}
 	return nil
 }
@@ -261,7 +278,7 @@ func (e *Engine) plan(ctx context.Context, a *addition) error {
 			a.missed = a.chain[len(a.info.Snapshots):]
 		} else {
 			e.log.Info("the returning replica's snapshots are not the volume's oldest; rebuilding it in full", "replica", a.target.addr)
-			a.dirtyOnly = false
+			a.dirtyOnly, a.fullReason = false, "its snapshots are not the volume's oldest"
 		}
 	}
 	return nil
@@ -396,7 +413,7 @@ func newRebuild(parent context.Context, a *addition) *rebuild {
 	ctx, cancel := context.WithCancel(parent)
 	rb := &rebuild{ctx: ctx, cancel: cancel, fin: make(chan struct{}), st: RebuildStatus{
 		Replica: a.target.addr, Source: a.src.addr, Snapshot: a.snap.Name, State: RebuildInProgress,
-		DirtyOnly: a.dirtyOnly, Started: time.Now(), Layers: names(a.srcInfo.Snapshots)}}
+		DirtyOnly: a.dirtyOnly, FullReason: a.fullReason, Started: time.Now(), Layers: names(a.srcInfo.Snapshots)}}
 	rb.dirtyLayers = append(names(a.missed), a.snap.Name)
 	return rb
 }
@@ -410,7 +427,7 @@ func (e *Engine) startRebuild(a *addition, rb *rebuild) {
 	var regions []span
 	var total int64
 	if a.dirtyOnly {
-		regions = dirtySpans(size, a.srcInfo, a.info)
+		regions = dirtySpans(size, a.srcInfo, a.info, &e.away)
 		for _, s := range regions {
 			total += s.n * int64(len(rb.dirtyLayers)) // copied into each
 		}
@@ -423,7 +440,11 @@ func (e *Engine) startRebuild(a *addition, rb *rebuild) {
 	rb.mu.Lock()
 	rb.st.BytesTotal = total
 	rb.mu.Unlock()
-	e.log.Info("rebuild started", "replica", a.target.addr, "source", a.src.addr, "snapshot", a.snap.Name, "dirtyOnly", a.dirtyOnly, "bytes", total)
+	if a.dirtyOnly {
+		e.log.Info("rebuild started: changed regions only", "replica", a.target.addr, "source", a.src.addr, "snapshot", a.snap.Name, "bytes", total)
+	} else {
+		e.log.Info("rebuild started: full", "replica", a.target.addr, "source", a.src.addr, "snapshot", a.snap.Name, "bytes", total, "why", a.fullReason)
+	}
 	go func() {
 		defer e.bg.Done()
 		e.runRebuild(rb.ctx, rb, a.src, a.target, regions)

@@ -193,6 +193,12 @@ type Engine struct {
 	// write-intent bits were kept on the survivors, so if the same replica
 	// (same ID, at any address) comes back it resyncs only dirty regions.
 	failed map[string]string
+	// away records the regions written while a replica in failed is away
+	// (see awayMap); reset whenever failed is cleared.
+	away awayMap
+	// forgot records, by replica ID, why a replica this engine saw fail
+	// was dropped from failed, for the status of its full rebuild.
+	forgot map[string]string
 	// doneSnaps are the snapshots of completed rebuilds not deleted yet
 	// (another rebuild was reading them): see removeDoneSnapshots.
 	doneSnaps map[string]bool
@@ -255,7 +261,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		opts.WaitInterval = DefaultWaitInterval
 	}
 	e := &Engine{opts: opts, log: opts.Logger.WithValues("volume", opts.Name), wanted: opts.Wanted, crypt: opts.Cipher, bufs: opts.Buffers,
-		rebuilds: map[string]*rebuild{}, failed: map[string]string{}, doneSnaps: map[string]bool{}}
+		rebuilds: map[string]*rebuild{}, failed: map[string]string{}, forgot: map[string]string{}, doneSnaps: map[string]bool{}}
 	e.stop, e.cancelStop = context.WithCancel(context.Background())
 	cands, err := e.connect(ctx)
 	if err != nil {
@@ -436,23 +442,36 @@ func (e *Engine) setMode(m *member, to Mode, cause error) error {
 	}
 	e.log.Info("replica mode", "replica", m.addr, "from", from.String(), "to", to.String(), "cause", fmt.Sprint(cause))
 	m.mode, m.since, m.err = to, time.Now(), cause
-	if from == ModeWO && to == ModeRW {
+	if from == ModeWO && to == ModeRW && len(e.failed) > 0 {
 		// A rebuilt member has no write-intent bits for the writes made
 		// before its rebuild snapshot; a failed replica coming back could
 		// take it as its source and miss them. From now on every returning
 		// replica is rebuilt in full.
-		clear(e.failed)
+		e.forgetFailedLocked(fmt.Sprintf("replica %s was rebuilt after it left, and holds no record of the writes made before its rebuild", m.addr))
 	}
 	if to == ModeERR {
 		if from != modeNew {
 			e.needBump.Store(true) // until the survivors' epoch moves past it
 			if m.id != "" {
 				e.failed[m.id] = m.addr // a replica failed mid-rebuild is refused dirty-only resync by its persisted rebuilding flag
+				e.away.start()
 			}
 		}
 		go m.close() // stop its traffic; pending requests fail at once
 	}
 	return nil
+}
+
+// forgetFailedLocked clears the record of failed replicas and of what
+// was written while they were away: from now on none of them may resync
+// dirty regions only. why is kept for the status of their full rebuild.
+// Callers hold e.mu.
+func (e *Engine) forgetFailedLocked(why string) {
+	for id := range e.failed {
+		e.forgot[id] = why
+	}
+	clear(e.failed)
+	e.away.reset()
 }
 
 // become takes e.mu and calls setMode.
@@ -536,8 +555,9 @@ func (e *Engine) publishEpoch(ctx context.Context, bump bool) error {
 		// A failure, here or elsewhere meanwhile, may have made the set
 		// degraded: the survivors must know, to keep their bits.
 		told := e.degradedLocked() == degraded
-		if told && !degraded {
-			clear(e.failed) // bits may be cleared from now on
+		if told && !degraded && len(e.failed) > 0 {
+			// Bits may be cleared from now on.
+			e.forgetFailedLocked("the volume was healthy again after it left, so the write-intent bits of what it missed were cleared")
 		}
 		var err error
 		if e.rwCountLocked() == 0 {

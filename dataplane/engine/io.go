@@ -191,6 +191,11 @@ func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare fun
 			failed = e.markFailed(m, fmt.Errorf("%s failed: %w", opName(o), errs[i])) || failed
 		}
 	}
+	if o != opFlush {
+		// Before the range is unlocked and I/O can be paused for a
+		// rebuild: a returning replica's resync copies what is noted.
+		e.away.note(off, n, last != nil)
+	}
 	if lr != nil {
 		e.ranges.unlock(lr)
 	}

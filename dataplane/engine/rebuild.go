@@ -29,6 +29,10 @@ type RebuildStatus struct {
 	// DirtyOnly is true when only regions marked in the write-intent bitmaps
 	// are copied (a returning replica); false for a full copy.
 	DirtyOnly bool
+	// FullReason says, for a full rebuild of a replica that held data of
+	// a volume (one returning after an outage), why its changed regions
+	// alone could not be copied; empty otherwise.
+	FullReason string
 	// Layers are the snapshots the rebuild reads, oldest first, the
 	// rebuild snapshot last. A full rebuild copies each one's own data
 	// into the same snapshot on the target, so the target keeps the
@@ -135,15 +139,17 @@ func eachChunk(regions []span, fn func(off, n int64) error) error {
 	return nil
 }
 
-// dirtySpans is the union of two write-intent bitmaps as byte ranges.
-func dirtySpans(size int64, a, b ReplicaInfo) []span {
+// dirtySpans is the union of two write-intent bitmaps and the engine's
+// record of the writes made while a replica was away, as byte ranges of
+// the bitmaps' regions.
+func dirtySpans(size int64, a, b ReplicaInfo, away *awayMap) []span {
 	rs := a.DirtyRegionSize
 	if rs <= 0 || rs != b.DirtyRegionSize {
 		return []span{{0, size}} // bitmaps not comparable: copy everything
 	}
 	var out []span
 	for r := int64(0); r*rs < size; r++ {
-		if bit(a.Dirty, a.DirtyCount, r) || bit(b.Dirty, b.DirtyCount, r) {
+		if bit(a.Dirty, a.DirtyCount, r) || bit(b.Dirty, b.DirtyCount, r) || away.overlaps(r*rs, min(rs, size-r*rs)) {
 			off := r * rs
 			n := min(rs, size-off)
 			if k := len(out) - 1; k >= 0 && out[k].off+out[k].n == off {

@@ -323,6 +323,9 @@ func rebuildLine(r *enginev1.Rebuild) string {
 	}
 	s := fmt.Sprintf("%s: %s %3d%% (%s of %s, %s copied, %s) from %s", r.Replica, state, pct,
 		human(r.BytesDone), human(r.BytesTotal), human(r.BytesCopied), kind, r.Source)
+	if r.FullReason != "" {
+		s += "; full because " + r.FullReason
+	}
 	if r.Error != "" {
 		s += ": " + r.Error
 	}

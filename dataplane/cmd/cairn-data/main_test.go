@@ -45,6 +45,8 @@ func TestRebuildLine(t *testing.T) {
 			"b: verifying 100% (4.0 MiB of 4.0 MiB, 4.0 MiB copied, full, 1 layer) from a"},
 		{&enginev1.Rebuild{Replica: "b", Source: "a", State: "failed", DirtyOnly: true, BytesDone: 1 << 20, BytesTotal: 2 << 20, Error: "boom"},
 			"b: failed  50% (1.0 MiB of 2.0 MiB, 0 B copied, dirty regions only) from a: boom"},
+		{&enginev1.Rebuild{Replica: "b", Source: "a", State: "complete", BytesDone: 4 << 20, BytesTotal: 4 << 20, BytesCopied: 4 << 20, Layers: []string{"rb"}, FullReason: "history unknown: x"},
+			"b: complete 100% (4.0 MiB of 4.0 MiB, 4.0 MiB copied, full, 1 layer) from a; full because history unknown: x"},
 	} {
 		if got := rebuildLine(tc.r); got != tc.want {
 			t.Errorf("rebuildLine:\n got %q\nwant %q", got, tc.want)

@@ -84,6 +84,7 @@ type replicaFlags struct {
 	direct               bool
 	workers              int
 	readyFD              int
+	clearDelay           time.Duration
 	key                  []byte
 	controlTLS, dataTLS  *tls.Config // nil: plain
 }
@@ -107,6 +108,7 @@ func parseReplicaFlags(args []string, stderr io.Writer) (*replicaFlags, int) {
 	fs.StringVar(&c.control, "control-listen", "", "host:port to serve the gRPC control API on (default: none)")
 	fs.BoolVar(&c.direct, "direct-io", false, "read and write the data files with O_DIRECT, bypassing this node's page cache")
 	fs.IntVar(&c.workers, "workers", 0, "concurrent I/O requests against the disk (default 4 x CPUs)")
+	fs.DurationVar(&c.clearDelay, "dirty-clear-delay", replica.DefaultClearDelay, "how long a region must go unwritten before its write-intent bit may be cleared; the replica flushes by itself when its client has not for this long, so an idle volume's bits clear and a resync after an outage copies only what was written meanwhile")
 	fs.IntVar(&c.readyFD, "ready-fd", -1, "once serving, write the ready report (JSON: addresses, size) to this descriptor and close it (the instance manager's contract)")
 	var files tlsfiles.Files
 	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with; with --tls-key and --tls-client-ca the control API requires a client certificate of that CA")
@@ -124,6 +126,9 @@ func parseReplicaFlags(args []string, stderr io.Writer) (*replicaFlags, int) {
 	if c.dir == "" || c.listen == "" {
 		fs.Usage()
 		return nil, 2
+	}
+	if c.clearDelay <= 0 {
+		return nil, replicaFail(stderr, "--dirty-clear-delay must be positive, got %v", c.clearDelay)
 	}
 	if *sizeFlag != "" {
 		var err error
@@ -159,7 +164,7 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return code
 	}
 	log := newLogger(stderr, "replica")
-	r, err := replica.Open(c.dir, replica.Options{Size: c.size, Logger: log, DirectIO: c.direct})
+	r, err := replica.Open(c.dir, replica.Options{Size: c.size, Logger: log, DirectIO: c.direct, ClearDelay: c.clearDelay})
 	if err != nil {
 		return replicaFail(stderr, "%v", err)
 	}

@@ -501,7 +501,12 @@ type Rebuild struct {
 	Error            string `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`
 	// The snapshots the rebuild reads, oldest first, the rebuild snapshot
 	// last; a full rebuild copies each one's layer, keeping the history.
-	Layers        []string `protobuf:"bytes,12,rep,name=layers,proto3" json:"layers,omitempty"`
+	Layers []string `protobuf:"bytes,12,rep,name=layers,proto3" json:"layers,omitempty"`
+	// For a full rebuild of a replica that held data of this volume (one
+	// that returns after an outage), why its changed regions alone could
+	// not be copied (e.g. "history unknown: the engine restarted while the
+	// replica was away"); empty for a dirty-only rebuild or a new replica.
+	FullReason    string `protobuf:"bytes,13,opt,name=full_reason,json=fullReason,proto3" json:"full_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -618,6 +623,13 @@ func (x *Rebuild) GetLayers() []string {
 		return x.Layers
 	}
 	return nil
+}
+
+func (x *Rebuild) GetFullReason() string {
+	if x != nil {
+		return x.FullReason
+	}
+	return ""
 }
 
 type RebuildStatusRequest struct {
@@ -1971,7 +1983,7 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x12ReplicaAddResponse\"0\n" +
 	"\x14ReplicaRemoveRequest\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\"\x17\n" +
-	"\x15ReplicaRemoveResponse\"\xf7\x02\n" +
+	"\x15ReplicaRemoveResponse\"\x98\x03\n" +
 	"\aRebuild\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
@@ -1988,7 +2000,9 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x12finished_unix_nano\x18\n" +
 	" \x01(\x03R\x10finishedUnixNano\x12\x14\n" +
 	"\x05error\x18\v \x01(\tR\x05error\x12\x16\n" +
-	"\x06layers\x18\f \x03(\tR\x06layers\"\x16\n" +
+	"\x06layers\x18\f \x03(\tR\x06layers\x12\x1f\n" +
+	"\vfull_reason\x18\r \x01(\tR\n" +
+	"fullReason\"\x16\n" +
 	"\x14RebuildStatusRequest\"M\n" +
 	"\x15RebuildStatusResponse\x124\n" +
 	"\brebuilds\x18\x01 \x03(\v2\x18.cairn.engine.v1.RebuildR\brebuilds\"0\n" +
