@@ -109,8 +109,9 @@ const (
 	// the progress.
 	VolumeConditionRebuilding = "Rebuilding"
 	// VolumeConditionCloned is present on a volume with spec.dataSource:
-	// True once the source's data is copied and verified. Until then the
-	// volume cannot attach, so no consumer sees a partial copy.
+	// True once the source's data (another volume's, or a backup's) is
+	// copied and verified. Until then the volume cannot attach, so no
+	// consumer sees a partial copy.
 	VolumeConditionCloned = "Cloned"
 )
 
@@ -144,21 +145,111 @@ const (
 	// VolumeReasonCloneFailed: the copy failed and is retried; the message
 	// says why (source volume or snapshot missing, no source replica, ...).
 	VolumeReasonCloneFailed = "CloneFailed"
+
+	// Reasons of condition Cloned on a volume restored from a backup
+	// (spec.dataSource.backup).
+
+	// VolumeReasonRestoreInProgress: the backup is being checked, the
+	// replicas started, or its blocks written and verified.
+	VolumeReasonRestoreInProgress = "RestoreInProgress"
+	// VolumeReasonRestoreCompleted: every block of the backup is written
+	// to every replica and verified against the manifest's checksum.
+	VolumeReasonRestoreCompleted = "RestoreCompleted"
+	// VolumeReasonBackupTargetUnavailable: the BackupTarget named does not
+	// exist, is an NFS target (the manager mounts none), or its
+	// credentials or CA bundle cannot be read. Retried.
+	VolumeReasonBackupTargetUnavailable = "BackupTargetUnavailable"
+	// VolumeReasonBackupNotFound: the target holds no such backup of that
+	// volume. Retried.
+	VolumeReasonBackupNotFound = "BackupNotFound"
+	// VolumeReasonBackupTooLarge: the backup holds more bytes than this
+	// volume's size. The volume must be created again, bigger.
+	VolumeReasonBackupTooLarge = "BackupTooLarge"
+	// VolumeReasonBackupEncryptionMismatch: the backup was taken of a
+	// volume encrypted otherwise than this one (its manifest's label
+	// BackupLabelKeyCheck differs from spec.encryption.keyCheck, or one
+	// of them is encrypted and the other not).
+	VolumeReasonBackupEncryptionMismatch = "BackupEncryptionMismatch"
+	// VolumeReasonBackupCorrupt: a block of the backup is missing from the
+	// target or fails its checksum; the message names the block's offset
+	// and object. Retried, in case the object is put back.
+	VolumeReasonBackupCorrupt = "BackupCorrupt"
+	// VolumeReasonRestoreFailed: the restore failed for another reason
+	// (the target did not answer, a replica failed); the message says
+	// why. Retried.
+	VolumeReasonRestoreFailed = "RestoreFailed"
 )
 
-// VolumeDataSource names the data a new Volume starts with.
+// BackupLabelKeyCheck is the manifest label that records the backed-up
+// volume's encryption: its spec.encryption.keyCheck, or "" for a volume
+// not encrypted. A restore refuses a backup whose label differs from the
+// new volume's key check ("" when not encrypted); a backup without the
+// label (taken by hand with cairn-data backup) is not checked.
+const BackupLabelKeyCheck = "storage.cairn.io/key-check"
+
+// IsCopyFailedReason reports whether reason, on condition Cloned, says
+// the copy into the volume (from a volume, a snapshot or a backup)
+// failed, rather than that it waits or runs.
+func IsCopyFailedReason(reason string) bool {
+	switch reason {
+	case VolumeReasonCloneFailed, VolumeReasonBackupTargetUnavailable, VolumeReasonBackupNotFound,
+		VolumeReasonBackupTooLarge, VolumeReasonBackupEncryptionMismatch, VolumeReasonBackupCorrupt,
+		VolumeReasonRestoreFailed:
+		return true
+	}
+	return false
+}
+
+// VolumeDataSource names the data a new Volume starts with: another
+// volume (or one of its snapshots), or a backup on a backup target.
+// Exactly one of volume and backup is set.
+// +kubebuilder:validation:XValidation:rule="has(self.volume) != has(self.backup)",message="set exactly one of volume (a clone) and backup (a restore)"
+// +kubebuilder:validation:XValidation:rule="!has(self.backup) || !has(self.snapshot)",message="snapshot names a snapshot of volume; a restore from a backup takes none"
 type VolumeDataSource struct {
 	// volume is the name of an existing Volume in the same namespace to copy.
-	// +required
+	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	Volume string `json:"volume"`
+	Volume string `json:"volume,omitempty"`
 
 	// snapshot is the name of a snapshot of that volume to copy. When empty,
 	// the volume's current data is copied (a clone).
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	Snapshot string `json:"snapshot,omitempty"`
+
+	// backup is a backup on a backup target to restore into the volume.
+	// The volume must be at least the backup's size.
+	// +optional
+	Backup *VolumeBackupSource `json:"backup,omitempty"`
+}
+
+// VolumeBackupSource names one backup on a backup target: the folder
+// volumes/<volume>/ of the target, and a backup in it. A backup made by
+// another cluster is restored by a BackupTarget pointed at its bucket and
+// prefix.
+type VolumeBackupSource struct {
+	// target is the name of the BackupTarget (cluster-scoped) holding the
+	// backup.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Target string `json:"target"`
+
+	// volume is the name of the volume as stored on the target (the
+	// backed-up volume's name, which need not exist in this cluster).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$`
+	Volume string `json:"volume"`
+
+	// name is the backup's name in that volume's folder on the target.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$`
+	Name string `json:"name"`
 }
 
 // CloneState is the phase of a volume's copy from its data source.
@@ -191,9 +282,22 @@ type CloneStatus struct {
 	// +optional
 	Snapshot string `json:"snapshot,omitempty"`
 
+	// backup is the backup restored, for a volume restored from one.
+	// +optional
+	Backup *VolumeBackupSource `json:"backup,omitempty"`
+
 	// progress is the percentage copied, 0 to 100.
 	// +optional
 	Progress int32 `json:"progress,omitempty"`
+
+	// bytesDone and bytesTotal measure a restore's progress: the backup's
+	// bytes written (zero blocks count as written: a new replica reads
+	// zeros already), then the bytes read back from every replica and
+	// verified.
+	// +optional
+	BytesDone int64 `json:"bytesDone,omitempty"`
+	// +optional
+	BytesTotal int64 `json:"bytesTotal,omitempty"`
 
 	// message says why the copy waits or failed.
 	// +optional
@@ -236,7 +340,7 @@ type VolumeSpec struct {
 	NodeName string `json:"nodeName,omitempty"`
 
 	// dataSource, when set, fills the new volume from another volume or one
-	// of its snapshots. It can only be set at creation.
+	// of its snapshots, or from a backup. It can only be set at creation.
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="dataSource is immutable"
 	DataSource *VolumeDataSource `json:"dataSource,omitempty"`

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/dataplane/backupstore"
@@ -130,3 +131,16 @@ func (r *Reconciler) caBundle(ctx context.Context, src v1.CABundleSource) ([]byt
 }
 
 func trimSlashes(s string) string { return strings.Trim(s, "/") }
+
+// S3Config builds the backup store's configuration of an S3 target from
+// spec and the Secret (and CA bundle) it names, read through rd, as the
+// check does; the Volume reconciler's restores use it. A missing object
+// or key gives its reason (a BackupTarget reason) and a message saying
+// what to fix; any other failure to read one is an error.
+func S3Config(ctx context.Context, rd client.Reader, spec *v1.S3BackupTarget) (cfg backupstore.S3Config, reason, message string, err error) {
+	cfg, res, err := (&Reconciler{Reader: rd}).s3Config(ctx, spec)
+	if res != nil {
+		return cfg, res.reason, res.message, nil
+	}
+	return cfg, "", "", err
+}

@@ -53,8 +53,8 @@ func failClone(st *v1.CloneStatus, format string, args ...any) {
 // the Volume's cloned annotation, the fact that no engine copies again.
 func (r *Reconciler) planClone(ctx context.Context, s *scope) error {
 	v := s.v
-	if v.Spec.DataSource == nil {
-		return nil
+	if v.Spec.DataSource == nil || v.Spec.DataSource.Backup != nil {
+		return nil // none, or a restore (planRestore)
 	}
 	if Cloned(v) {
 		s.clone = clonedStatus(v)

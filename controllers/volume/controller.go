@@ -31,7 +31,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
@@ -65,6 +67,14 @@ type Reconciler struct {
 	ConcurrentRebuildLimit int
 	// Recorder records Events (nil: none).
 	Recorder events.EventRecorder
+	// Restore configures the restores of volumes from backups (restore.go).
+	Restore RestoreOptions
+	// restores are the restores running in this manager; restoreEvents
+	// bring their volumes back to the reconciler; apiReader reads
+	// BackupTargets and the Secrets they name, uncached.
+	restores      restoreRuns
+	restoreEvents chan event.GenericEvent
+	apiReader     client.Reader
 	// now is the clock (tests); nil: time.Now.
 	now func() time.Time
 }
@@ -129,6 +139,11 @@ type scope struct {
 	// (nil without one); cloneFrom the source replica once known.
 	clone     *v1.CloneStatus
 	cloneFrom *v1.EngineCloneSource
+	// cloneReason, when set, is condition Cloned's reason (a restore's);
+	// restoring is set while a restore needs the replicas running and
+	// the engine stopped (restore.go).
+	cloneReason string
+	restoring   bool
 	// node is where the engine is to run ("" nowhere), maintenance
 	// whether without a device (runTarget).
 	node        string
@@ -171,7 +186,8 @@ func (r *Reconciler) runPhases(ctx context.Context, s *scope) error {
 		r.ensureEngine,   // the Engine object
 		r.ensureReplicas, // the Replica objects, with the plan's replacements
 		r.schedule,       // replicas placed on disks
-		r.planClone,      // the copy from spec.dataSource
+		r.planClone,      // the copy from spec.dataSource.volume
+		r.planRestore,    // the restore from spec.dataSource.backup
 		r.attachOrDetach, // processes started or stopped where the engine is to run
 		r.repair,         // a serving engine's replica set kept whole
 		r.salvage,        // a faulted engine restarted on the newest replicas
@@ -222,6 +238,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1.Volume{}, IndexDataSourceVolume, indexDataSourceVolume); err != nil {
 		return err
 	}
+	if r.apiReader == nil {
+		r.apiReader = mgr.GetAPIReader()
+	}
+	r.restoreEvents = make(chan event.GenericEvent, 64)
 	m := watchMaps{c: mgr.GetClient()}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1.Volume{}).
@@ -232,6 +252,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1.Engine{}, handler.EnqueueRequestsFromMapFunc(m.engineOfSource)).
 		Watches(&v1.Replica{}, handler.EnqueueRequestsFromMapFunc(m.replicaOfSource)).
 		Watches(&v1.StorageNode{}, handler.EnqueueRequestsFromMapFunc(m.unscheduled)).
+		WatchesRawSource(source.Channel(r.restoreEvents, &handler.EnqueueRequestForObject{})).
 		Named("volume").
 		WithOptions(controller.Options{MaxConcurrentReconciles: objects.Workers}).
 		Complete(r)

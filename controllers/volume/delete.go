@@ -17,6 +17,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, v *v1.Volume) (ctrl.Re
 	if !controllerutil.ContainsFinalizer(v, Finalizer) {
 		return ctrl.Result{}, nil
 	}
+	r.restores.forget(v.UID) // a restore into it stops
 	s := &scope{v: v}
 	if err := r.observe(ctx, s); err != nil {
 		return ctrl.Result{}, err

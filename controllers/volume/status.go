@@ -94,6 +94,11 @@ func setState(s *scope, cond condFunc, n replicaCounts) {
 		}
 		cond(v1.ConditionReady, false, v1.VolumeReasonDetached, fmt.Sprintf("not attached to any node; its replicas and an engine without a device are run on %s for %s (%d of %d scheduled replicas running, engine %s), and stopped when that is done",
 			s.node, why, n.running, n.scheduled, engineState(e)))
+	case s.restoring && !p.userEngineAlive:
+		// No engine runs: the manager writes the backup into the replicas.
+		st.State = v1.VolumeStateDetached
+		cond(v1.ConditionReady, false, v1.VolumeReasonDetached, fmt.Sprintf("not attached to any node; its replicas run for the restore from a backup (%d of %d scheduled replicas running), and the volume may attach once it is complete",
+			n.running, n.scheduled))
 	case p.anyProcess:
 		st.State = v1.VolumeStateDetaching
 		cond(v1.ConditionReady, false, v1.VolumeReasonDetaching, "stopping the engine, then the replicas")
@@ -174,6 +179,10 @@ func setCloned(s *scope, cond condFunc) {
 	}
 	s.v.Status.Clone = s.clone
 	c := s.clone
+	if s.cloneReason != "" { // a restore's
+		cond(v1.VolumeConditionCloned, c.State == v1.CloneStateCompleted, s.cloneReason, c.Message)
+		return
+	}
 	switch c.State {
 	case v1.CloneStateCompleted:
 		cond(v1.VolumeConditionCloned, true, v1.VolumeReasonCloneCompleted, c.Message)

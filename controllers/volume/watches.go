@@ -14,7 +14,7 @@ import (
 // indexDataSourceVolume is the IndexDataSourceVolume index: the volume a
 // Volume is cloned from.
 func indexDataSourceVolume(o client.Object) []string {
-	if ds := o.(*v1.Volume).Spec.DataSource; ds != nil {
+	if ds := o.(*v1.Volume).Spec.DataSource; ds != nil && ds.Volume != "" {
 		return []string{ds.Volume}
 	}
 	return nil
@@ -58,7 +58,7 @@ func (m watchMaps) snapshot(ctx context.Context, o client.Object) []reconcile.Re
 func (m watchMaps) cloneOrSource(ctx context.Context, o client.Object) []reconcile.Request {
 	v := o.(*v1.Volume)
 	out := m.clonesOf(ctx, v.Namespace, v.Name)
-	if v.Spec.DataSource != nil {
+	if v.Spec.DataSource != nil && v.Spec.DataSource.Volume != "" {
 		out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: v.Namespace, Name: v.Spec.DataSource.Volume}})
 	}
 	return out
