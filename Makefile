@@ -126,6 +126,10 @@ bench-footprint: build ## Memory (RSS split, PSS), threads, descriptors and idle
 	hack/install-test-tools.sh
 	cd dataplane && $(GO) run ./test/bench --bin $(LOCALBIN)/cairn-data --footprint $(VOLUMES) $(BENCHFLAGS)
 
+.PHONY: bench-cluster
+bench-cluster: ## fio in pods on the e2e kind cluster: Cairn claims (ext4, block; 1 and 3 replicas) vs a hostPath directory of the same node, medians and ratios; PVC -> pod Running for 1 and 20 claims (brings up or reuses the cluster cairn-e2e and keeps it).
+	hack/bench-cluster.sh
+
 .PHONY: chaos
 SCHEDULES ?= 100
 SEED ?= 0
