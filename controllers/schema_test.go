@@ -72,6 +72,21 @@ func TestRoundTrip(t *testing.T) {
 			get: &v1.Volume{},
 		},
 		{
+			obj: &v1.Volume{Spec: v1.VolumeSpec{
+				Size: q("10Gi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, AccessMode: v1.VolumeAccessModeReadWriteOnce,
+				DataSource: &v1.VolumeDataSource{Backup: &v1.VolumeBackupSource{Target: "offsite", Volume: "db-data", Name: "db-data-20261127"}},
+			}},
+			status: func(o client.Object) {
+				o.(*v1.Volume).Status = v1.VolumeStatus{
+					ObservedGeneration: 1, State: v1.VolumeStateDetached, Robustness: v1.VolumeRobustnessUnknown,
+					Clone: &v1.CloneStatus{State: v1.CloneStateCopying, Backup: &v1.VolumeBackupSource{Target: "offsite", Volume: "db-data", Name: "db-data-20261127"},
+						Progress: 41, BytesDone: 9126805504, BytesTotal: 22011707392, Message: "writing"},
+					Conditions: []metav1.Condition{cond(v1.VolumeConditionScheduled)},
+				}
+			},
+			get: &v1.Volume{},
+		},
+		{
 			obj: &v1.Engine{Spec: v1.EngineSpec{
 				VolumeName: "vol", NodeName: "worker-1", DesiredState: v1.DesiredInstanceStateRunning,
 				Size: q("1Gi"), Frontend: v1.FrontendFUSE,
@@ -274,8 +289,18 @@ func TestInvalidSpecsRejected(t *testing.T) {
 			[]string{"spec.frontend", `Unsupported value: "iscsi"`, `"nbd"`, `"fuse"`}},
 		{"unknown access mode", u("Volume", vol("accessMode", "ReadWriteMany")),
 			[]string{"spec.accessMode", `Unsupported value: "ReadWriteMany"`}},
-		{"data source without volume", u("Volume", vol("dataSource", map[string]any{"snapshot": "s"})),
-			[]string{"spec.dataSource.volume", "Required value"}},
+		{"data source without volume or backup", u("Volume", vol("dataSource", map[string]any{"snapshot": "s"})),
+			[]string{"spec.dataSource", "set exactly one of volume (a clone) and backup (a restore)"}},
+		{"data source with volume and backup", u("Volume", vol("dataSource", map[string]any{"volume": "v",
+			"backup": map[string]any{"target": "t", "volume": "v", "name": "b"}})),
+			[]string{"spec.dataSource", "set exactly one of volume (a clone) and backup (a restore)"}},
+		{"backup with a snapshot", u("Volume", vol("dataSource", map[string]any{"snapshot": "s",
+			"backup": map[string]any{"target": "t", "volume": "v", "name": "b"}})),
+			[]string{"spec.dataSource", "a restore from a backup takes none"}},
+		{"backup without name", u("Volume", vol("dataSource", map[string]any{"backup": map[string]any{"target": "t", "volume": "v"}})),
+			[]string{"spec.dataSource.backup.name", "Required value"}},
+		{"backup volume not a name", u("Volume", vol("dataSource", map[string]any{"backup": map[string]any{"target": "t", "volume": "../x", "name": "b"}})),
+			[]string{"spec.dataSource.backup.volume", "should match"}},
 		{"engine asked to be starting", u("Engine", map[string]any{"volumeName": "v", "size": "1Gi", "desiredState": "starting"}),
 			[]string{"spec.desiredState", `Unsupported value: "starting"`}},
 		{"engine without volume", u("Engine", map[string]any{"size": "1Gi"}),
