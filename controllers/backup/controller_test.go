@@ -282,3 +282,5 @@ func TestBackupMissingTarget(t *testing.T) {
 	r.g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "no snapshot taken: %v", err)
 	r.g.Expect(r.listed()).To(BeEmpty())
 }
+
+func keyOf(b *v1.Backup) client.ObjectKey { return client.ObjectKeyFromObject(b) }
