@@ -24,6 +24,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
 	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 	"github.com/cairn-io/cairn/dataplane/testutil/versitygw"
+	"github.com/cairn-io/cairn/dataplane/volcrypt"
 )
 
 // snapshotReader reads the view at a replica snapshot through the
@@ -278,4 +279,48 @@ func TestRestoreFromBackup(t *testing.T) {
 		g.Expect(meta.IsStatusConditionTrue(getVolume(g, key).Status.Conditions, v1.VolumeConditionCloned)).To(BeFalse())
 		g.Expect(getVolume(g, key).Annotations).NotTo(HaveKey("storage.cairn.io/cloned"))
 	})
+}
+
+// TestRestoreEncryptedBackup backs up a snapshot of an encrypted volume
+// (its replicas' ciphertext, labelled with its key check) and restores it
+// into a volume created with the same passphrase and key check: it reads
+// the plaintext written to the source.
+func TestRestoreEncryptedBackup(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img is not installed (make test-tools installs it)")
+	}
+	g := NewWithT(t)
+	ctx := context.Background()
+	startNodes(t, g, "re-a", "re-b")
+	f := startBackupTarget(t, g, "re-target", "")
+	pass := []byte("restore test passphrase, long enough")
+	key, err := volcrypt.DeriveKey(pass)
+	g.Expect(err).NotTo(HaveOccurred())
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "re-key", Namespace: "default"}, Data: map[string][]byte{v1.EncryptionPassphraseKey: pass}}
+	g.Expect(k8sClient.Create(ctx, secret)).To(Succeed())
+	t.Cleanup(func() { _ = k8sClient.Delete(ctx, secret) })
+	enc := &v1.VolumeEncryption{KeySecret: secret.Name, KeyCheck: volcrypt.KeyCheck(key)}
+
+	srcVol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "re-src", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("8Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, NodeName: "re-a", Encryption: enc.DeepCopy()}}
+	g.Expect(k8sClient.Create(ctx, srcVol)).To(Succeed())
+	cleanupVolume(t, srcVol)
+	sock := waitAttached(t, g, client.ObjectKeyFromObject(srcVol)).Status.Endpoint
+	qemuIO(t, srcVol.Name, sock, "write -P 0x42 1M 3M", "flush")
+	image := make([]byte, 8<<20)
+	copy(image[1<<20:4<<20], bytes.Repeat([]byte{0x42}, 3<<20))
+	createSnapshot(g, "re-src-s1", srcVol.Name)
+	g.Eventually(func() bool { return getSnapshot(g, "re-src-s1").Status.ReadyToUse }, timeout, 100*time.Millisecond).Should(BeTrue())
+	f.backUp(t, g, srcVol, "re-src-s1", "b1", map[string]string{v1.BackupLabelKeyCheck: enc.KeyCheck})
+
+	rkey := restoreVolume(t, g, "re-r1", "8Mi", "re-b", v1.VolumeBackupSource{Target: f.target, Volume: srcVol.Name, Name: "b1"}, enc.DeepCopy())
+	v := waitAttached(t, g, rkey)
+	got := readDevice(t, v.Name, v.Status.Endpoint)
+	g.Expect(bytes.Equal(got, image)).To(BeTrue(), "restored encrypted volume: %s", firstDiff(got, image))
+
+	// Without encryption, the same backup is refused before anything runs.
+	pkey := restoreVolume(t, g, "re-plain", "8Mi", "re-b", v1.VolumeBackupSource{Target: f.target, Volume: srcVol.Name, Name: "b1"}, nil)
+	g.Eventually(func() string { r, _ := clonedCondition(g, pkey); return r }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeReasonBackupEncryptionMismatch))
+	_, msg := clonedCondition(g, pkey)
+	g.Expect(msg).To(ContainSubstring("encrypted with key check " + enc.KeyCheck))
 }
