@@ -82,8 +82,6 @@ type restoreFixture struct {
 	store  *backupstore.Store
 	target string
 	prefix string
-	// image is what the backed-up snapshot holds.
-	image []byte
 }
 
 // startBackupTarget runs versitygw with a bucket, and creates its
@@ -114,7 +112,7 @@ func startBackupTarget(t *testing.T, g *WithT, name, prefix string) *restoreFixt
 
 // backUp backs the snapshot snap of vol up as backup name, read from one
 // of its running replicas.
-func (f *restoreFixture) backUp(t *testing.T, g *WithT, vol *v1.Volume, snap, name string, labels map[string]string) {
+func (f *restoreFixture) backUp(g *WithT, vol *v1.Volume, snap, name string, labels map[string]string) {
 	reps := listReplicas(g, vol)
 	g.Expect(reps).NotTo(BeEmpty())
 	src, err := replicaclient.DialSource(reps[0].Status.ControlAddress, deadline.Scale(30*time.Second), nil)
@@ -129,7 +127,7 @@ func (f *restoreFixture) backUp(t *testing.T, g *WithT, vol *v1.Volume, snap, na
 
 // corruptBlock flips the last byte of the object of the backup's block
 // at index i and returns the object's key (relative to the prefix).
-func (f *restoreFixture) corruptBlock(t *testing.T, g *WithT, vol, name string, i uint64) string {
+func (f *restoreFixture) corruptBlock(g *WithT, vol, name string, i uint64) string {
 	ctx := context.Background()
 	m, err := f.store.Manifest(ctx, vol, name)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -154,8 +152,8 @@ func (f *restoreFixture) corruptBlock(t *testing.T, g *WithT, vol, name string, 
 	return key
 }
 
-// restoreVolume creates a volume restored from backup name of vol on the
-// fixture's target (target overrides it when set).
+// restoreVolume creates volume name of size, restored from src, encrypted
+// with enc (nil: not), asked to attach to node at once ("": detached).
 func restoreVolume(t *testing.T, g *WithT, name, size, node string, src v1.VolumeBackupSource, enc *v1.VolumeEncryption) client.ObjectKey {
 	v := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Spec: v1.VolumeSpec{
 		Size: resource.MustParse(size), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, NodeName: node,
@@ -201,7 +199,7 @@ func TestRestoreFromBackup(t *testing.T) {
 	createSnapshot(g, "rs-src-s1", srcVol.Name)
 	g.Eventually(func() bool { return getSnapshot(g, "rs-src-s1").Status.ReadyToUse }, timeout, 100*time.Millisecond).Should(BeTrue())
 	qemuIO(t, srcVol.Name, sock, "write -P 0x77 0 1M", "flush")
-	f.backUp(t, g, srcVol, "rs-src-s1", "b1", map[string]string{v1.BackupLabelKeyCheck: ""})
+	f.backUp(g, srcVol, "rs-src-s1", "b1", map[string]string{v1.BackupLabelKeyCheck: ""})
 
 	t.Run("same size, attached at once", func(t *testing.T) {
 		g := NewWithT(t)
@@ -268,7 +266,7 @@ func TestRestoreFromBackup(t *testing.T) {
 
 	t.Run("corrupted block", func(t *testing.T) {
 		g := NewWithT(t)
-		blockKey := f.corruptBlock(t, g, srcVol.Name, "b1", 2) // bytes 4Mi..6Mi, with 0x33 at 5Mi
+		blockKey := f.corruptBlock(g, srcVol.Name, "b1", 2) // bytes 4Mi..6Mi, with 0x33 at 5Mi
 		key := restoreVolume(t, g, "rs-corrupt", "16Mi", "rs-b", v1.VolumeBackupSource{Target: f.target, Volume: srcVol.Name, Name: "b1"}, nil)
 		g.Eventually(func() string { r, _ := clonedCondition(g, key); return r }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeReasonBackupCorrupt))
 		_, msg := clonedCondition(g, key)
@@ -311,7 +309,7 @@ func TestRestoreEncryptedBackup(t *testing.T) {
 	copy(image[1<<20:4<<20], bytes.Repeat([]byte{0x42}, 3<<20))
 	createSnapshot(g, "re-src-s1", srcVol.Name)
 	g.Eventually(func() bool { return getSnapshot(g, "re-src-s1").Status.ReadyToUse }, timeout, 100*time.Millisecond).Should(BeTrue())
-	f.backUp(t, g, srcVol, "re-src-s1", "b1", map[string]string{v1.BackupLabelKeyCheck: enc.KeyCheck})
+	f.backUp(g, srcVol, "re-src-s1", "b1", map[string]string{v1.BackupLabelKeyCheck: enc.KeyCheck})
 
 	rkey := restoreVolume(t, g, "re-r1", "8Mi", "re-b", v1.VolumeBackupSource{Target: f.target, Volume: srcVol.Name, Name: "b1"}, enc.DeepCopy())
 	v := waitAttached(t, g, rkey)
