@@ -22,6 +22,7 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -140,6 +141,10 @@ func (r *Reconciler) reconcileBackup(ctx context.Context, b *v1.Backup) (ctrl.Re
 		}
 		return ctrl.Result{}, nil // the upload patches progress and wakes us when it ends
 	}
+	if c := meta.FindStatusCondition(b.Status.Conditions, v1.BackupConditionCompleted); b.Status.State == v1.BackupStateFailed &&
+		c != nil && c.Reason == v1.BackupReasonNameConflict {
+		return ctrl.Result{}, nil // retrying cannot help; the message says what to do
+	}
 	if wait := r.retryWait(b); wait > 0 {
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
@@ -147,9 +152,13 @@ func (r *Reconciler) reconcileBackup(ctx context.Context, b *v1.Backup) (ctrl.Re
 	if j == nil || err != nil {
 		return res, err
 	}
-	if !r.uploads.start(key, func(ctx context.Context) (*backupstore.BackupResult, error) { return r.upload(ctx, j) }) {
+	switch r.uploads.start(key, func(ctx context.Context) (*backupstore.BackupResult, error) { return r.upload(ctx, j) }) {
+	case startFull:
 		setState(b, v1.BackupStatePending, v1.BackupReasonPending, fmt.Sprintf("waiting for an upload slot: %d backups upload at once in the manager", r.maxUploads()))
 		return ctrl.Result{RequeueAfter: waitRequeue}, nil
+	case startNotRunning:
+		setState(b, v1.BackupStatePending, v1.BackupReasonPending, "waiting for the manager's upload runner to start (or it is stopping)")
+		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	// If we crash after starting the upload but before this status is
 	// written, the next manager finds the Backup pending and starts it;

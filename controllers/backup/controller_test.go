@@ -1,6 +1,7 @@
 package backup
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -284,3 +285,35 @@ func TestBackupMissingTarget(t *testing.T) {
 }
 
 func keyOf(b *v1.Backup) client.ObjectKey { return client.ObjectKeyFromObject(b) }
+
+// TestBackupNameConflict: a backup of the same name for the volume on the
+// target, written by another Backup object (another namespace's volume of
+// the same name, another cluster), is neither overwritten, adopted, retried
+// against, nor deleted with this Backup.
+func TestBackupNameConflict(t *testing.T) {
+	r := newRig(t, "vol-conflict")
+	rec, _ := r.reconciler()
+	rec.RetryBackoff = 100 * time.Millisecond
+	_, err := r.store().Backup(context.Background(), backupstore.BackupOptions{Volume: r.vol, Name: "nc", Size: 2 * mib,
+		Source: bytes.NewReader(make([]byte, 2*mib)), Labels: map[string]string{LabelBackupUID: "another-uid", LabelBackup: "elsewhere/nc"}})
+	r.g.Expect(err).NotTo(HaveOccurred())
+	r.write(0, mib)
+	r.backup("nc", r.target)
+	b := r.until(rec, "nc", v1.BackupStateFailed)
+	c := meta.FindStatusCondition(b.Status.Conditions, v1.BackupConditionCompleted)
+	r.g.Expect(c.Reason).To(Equal(v1.BackupReasonNameConflict), c.Message)
+	r.g.Expect(c.Message).To(ContainSubstring("elsewhere/nc"))
+	// Well past the back-off: still the one attempt.
+	r.g.Consistently(func() int32 { r.step(rec, "nc"); return r.get("nc").Status.Attempts }, 2*time.Second, 100*time.Millisecond).
+		Should(Equal(int32(1)), "not retried")
+	m, err := r.store().Manifest(context.Background(), r.vol, "nc")
+	r.g.Expect(err).NotTo(HaveOccurred())
+	r.g.Expect(m.Labels[LabelBackupUID]).To(Equal("another-uid"), "not overwritten")
+
+	r.g.Expect(k8sClient.Delete(context.Background(), r.get("nc"))).To(Succeed())
+	r.g.Eventually(func() bool {
+		_, _ = rec.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: "nc"}})
+		return apierrors.IsNotFound(k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "nc"}, &v1.Backup{}))
+	}, timeout, 50*time.Millisecond).Should(BeTrue())
+	r.g.Expect(r.listed()).To(Equal([]string{"nc"}), "another Backup's backup is not deleted")
+}

@@ -64,6 +64,7 @@ func (r *Reconciler) upload(ctx context.Context, j *job) (*backupstore.BackupRes
 	w := r.watch(ctx, cancel, j, opts.BaseBackup)
 	defer w.stop()
 	opts.Progress = w.progress
+	rc.OnReply = w.touch
 	log.Info("backup upload starting", "parent", opts.BaseBackup)
 	res, err := snapshotsource.Backup(ctx, store, rc, opts)
 	if err != nil && errors.Is(context.Cause(ctx), errStalled) {
@@ -154,6 +155,14 @@ func (w *watcher) progress(done, total int64) {
 	}
 }
 
+// touch records that the replica answered a call (the change map's
+// pages come before any data is read).
+func (w *watcher) touch() {
+	w.mu.Lock()
+	w.last = time.Now()
+	w.mu.Unlock()
+}
+
 func (w *watcher) stop() { close(w.stopCh); <-w.ended }
 
 func (w *watcher) loop(ctx context.Context, cancel context.CancelCauseFunc) {
@@ -237,7 +246,6 @@ func (r *Reconciler) recordOutcome(b *v1.Backup, res *backupstore.BackupResult, 
 		// is deleted and re-created under another name.
 		reason, wait = v1.BackupReasonNameConflict, 0
 		msg = fmt.Sprintf("%v: delete this Backup and create one under another name", err)
-		b.Status.LastFailureTime = nil
 	}
 	setState(b, v1.BackupStateFailed, reason, msg)
 	r.Log.Info("backup attempt failed", "backup", client.ObjectKeyFromObject(b), "reason", reason, "error", err.Error())

@@ -77,14 +77,29 @@ func (u *uploads) forget(key types.NamespacedName) {
 	}
 }
 
-// start runs fn for key in a goroutine, unless the runner is not open
-// (the manager has not started it) or max uploads run already.
-func (u *uploads) start(key types.NamespacedName, fn func(context.Context) (*backupstore.BackupResult, error)) bool {
+// startResult says whether start started the upload, and why not.
+type startResult int
+
+const (
+	started startResult = iota
+	// startFull: max uploads run already.
+	startFull
+	// startNotRunning: the runner is not open (the manager has not
+	// started it yet) or its context has ended.
+	startNotRunning
+)
+
+// start runs fn for key in a goroutine, if the runner is open and fewer
+// than max uploads run.
+func (u *uploads) start(key types.NamespacedName, fn func(context.Context) (*backupstore.BackupResult, error)) startResult {
 	u.init()
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if u.base == nil || u.base.Err() != nil || u.active() >= u.max {
-		return false
+	if u.base == nil || u.base.Err() != nil {
+		return startNotRunning
+	}
+	if u.active() >= u.max {
+		return startFull
 	}
 	ctx, cancel := context.WithCancel(u.base)
 	x := &upload{cancel: cancel, ended: make(chan struct{})}
@@ -104,7 +119,7 @@ func (u *uploads) start(key types.NamespacedName, fn func(context.Context) (*bac
 		default: // no manager reads (tests poll), or it is flooded: the Backup's requeue covers it
 		}
 	}()
-	return true
+	return started
 }
 
 // active counts the uploads still running (mu held).

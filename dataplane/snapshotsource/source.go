@@ -40,6 +40,10 @@ type Client struct {
 	ctl replicav1.ReplicaServiceClient
 	// Timeout bounds each call (DefaultTimeout if zero).
 	Timeout time.Duration
+	// OnReply, if set, is called after each call the replica answered:
+	// a caller watching for a stalled transfer sees the change map's
+	// pages, not only the data, as progress.
+	OnReply func()
 }
 
 // Dial connects to the replica's control address with opts (transport
@@ -59,6 +63,13 @@ func Dial(addr string, opts ...grpc.DialOption) (*Client, error) {
 // Close closes the connection.
 func (c *Client) Close() { _ = c.cc.Close() }
 
+// replied tells OnReply, if set, that a call was answered.
+func (c *Client) replied() {
+	if c.OnReply != nil {
+		c.OnReply()
+	}
+}
+
 func (c *Client) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	t := c.Timeout
 	if t <= 0 {
@@ -76,6 +87,7 @@ func (c *Client) Size(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("replica info: %w", err)
 	}
+	c.replied()
 	if in.Size <= 0 || in.Size%replica.BlockSize != 0 || in.Size > backupstore.MaxVolumeSize {
 		return 0, fmt.Errorf("%w: replica reports size %d: not a multiple of %d up to %d", ErrReply, in.Size, replica.BlockSize, backupstore.MaxVolumeSize)
 	}
@@ -90,6 +102,7 @@ func (c *Client) HasSnapshot(ctx context.Context, name string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("replica snapshot list: %w", err)
 	}
+	c.replied()
 	return slices.ContainsFunc(resp.GetSnapshots(), func(s *replicav1.Snapshot) bool { return s.GetName() == name }), nil
 }
 
@@ -123,6 +136,7 @@ func (c *Client) changesPage(ctx context.Context, snap, base string, off, n int6
 	if err != nil {
 		return nil, fmt.Errorf("replica changes of %s since %q: %w", snap, base, err)
 	}
+	c.replied()
 	return resp, nil
 }
 
@@ -201,6 +215,7 @@ func (s *snapshotReader) readSpan(p []byte, off, pos, n int64) error {
 	if err != nil {
 		return fmt.Errorf("read snapshot %s at %d: %w", s.snap, pos, err)
 	}
+	s.c.replied()
 	for _, e := range resp.GetExtents() {
 		eo, ed := e.GetOffset(), e.GetData()
 		if eo < pos || eo > pos+n-int64(len(ed)) {
