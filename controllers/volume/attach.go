@@ -113,7 +113,10 @@ func engineNotServing(e *v1.Engine) bool {
 // once it runs): on a restart (the engine's process died under an
 // attached volume), and at an attach for a replica on a node that is out
 // of service (shut down, the operator says), which runs again only when
-// the node is back. Without such a replica, a missing one may hold the
+// the node is back. On a restart, a replica about to run again
+// (comingBack: the node's replica when its instance manager restarted)
+// is held in the engine's spec instead, so that the engine is started
+// once, with it. Without such a replica, a missing one may hold the
 // only copy of the newest writes, and the start waits for it. A first
 // attach waits for every other replica, as a detached volume's replicas
 // all stopped together and come back together.
@@ -144,6 +147,13 @@ func (r *Reconciler) startSet(ctx context.Context, s *scope, restart bool) (map[
 			continue
 		case expired(rep, r.wait(), s.now):
 			continue
+		case restart && comingBack(s, rep):
+			if a, ok := s.engine.Spec.ReplicaAddresses[rep.Name]; ok {
+				addrs[rep.Name] = a // held: the Engine reconciler waits until it runs, then gets its new address
+				continue
+			}
+			away++
+			continue
 		case restart:
 			away++
 			continue
@@ -162,6 +172,35 @@ func (r *Reconciler) startSet(ctx context.Context, s *scope, restart bool) (map[
 		waiting += away
 	}
 	return addrs, waiting, nil
+}
+
+// comingBack reports whether a replica that does not run now is about to,
+// under an instance manager that answers: its process is starting, or it
+// is on the engine's node, whose instance manager has just reported the
+// engine's process gone (restart) while the replica's own state there is
+// not observed yet. Only a replica RW with the last engine and not failed
+// since (spec.healthyAt, no failedAt) counts: the engine's open serves only
+// once every replica RW at the newest epoch answers (docs/engine.md,
+// "Opening with replicas that do not answer"), so an engine started
+// without it would wait for it and be started again when it runs.
+// startSet keeps such a replica in the engine's spec at the address the
+// engine had for it: the Engine reconciler starts nothing while a replica
+// named does not run at the address given (ReasonWaitingForReplicas), and
+// the replica's change to running brings the current address here, so
+// the engine is started once, with every replica. A replica that fails to
+// start (error, stopped) is no longer coming back, and the engine is
+// started without it as before.
+func comingBack(s *scope, rep *v1.Replica) bool {
+	if rep.Spec.HealthyAt == nil || rep.Spec.FailedAt != nil {
+		return false
+	}
+	switch rep.Status.InstanceState {
+	case v1.InstanceStateStarting:
+		return true
+	case v1.InstanceStateUnknown, "":
+		return rep.Spec.NodeName == s.node
+	}
+	return false
 }
 
 // restartEngine gives an engine whose process does not serve (engineNotServing)

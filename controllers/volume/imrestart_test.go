@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"os/exec"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -33,7 +32,11 @@ import (
 // never answers (an IP handed to another pod). The volume is attached and
 // healthy again within the suite's deadline with every byte written
 // before, and no engine process is ever given the replica's old address:
-// the restarted engine follows the replicas' current addresses.
+// the restarted engine follows the replicas' current addresses. The
+// engine is started there once, with the three replicas: the manager
+// waits for the node's replica, which the engine's open needs (it was RW
+// at the newest epoch), while its process starts, instead of starting an
+// engine without it and starting it again when the replica runs.
 func TestEngineNodeInstanceManagerNewAddress(t *testing.T) {
 	if _, err := exec.LookPath("qemu-io"); err != nil {
 		t.Skip("qemu-io is not installed (make test-tools installs it)")
@@ -70,37 +73,34 @@ func TestEngineNodeInstanceManagerNewAddress(t *testing.T) {
 	setIMAddress(g, "im-na-a", "")
 	holes := blackholes(t, old.Data, old.Control)
 	ims["na-a"] = imtest.Start(t, "na-a", freeAddrOn(t, "127.0.0.2"), dirs["na-a"])
+	// Every engine process the new instance manager starts is recorded
+	// from its process watch, before the manager is told of it.
+	starts := engineStarts(t, ims["na-a"].Addr, "default/"+EngineName(vol))
 	start := time.Now()
 	setIMAddress(g, "im-na-a", ims["na-a"].Addr)
 
-	// Every engine process the new instance manager runs is recorded, to
-	// check that none was given the old address.
-	var given [][]string
-	engineSpecs := func() {
-		for _, p := range processesOn(g, ims["na-a"].Addr) {
-			if eng := p.GetEngine(); eng != nil && p.GetName() == "default/"+EngineName(vol) {
-				var addrs []string
-				for _, r := range eng.GetReplicas() {
-					addrs = append(addrs, r.GetData()+","+r.GetControl())
-				}
-				if !slices.ContainsFunc(given, func(a []string) bool { return slices.Equal(a, addrs) }) {
-					given = append(given, addrs)
-				}
-			}
-		}
-	}
-	g.Eventually(func() bool { engineSpecs(); return healthy() }, timeout, 100*time.Millisecond).Should(BeTrue(), func() string { return describeKey(key) })
+	g.Eventually(healthy, timeout, 100*time.Millisecond).Should(BeTrue(), func() string { return describeKey(key) })
 	t.Logf("attached and healthy again %s after the new instance manager was named", time.Since(start).Round(100*time.Millisecond))
-	engineSpecs()
-	for _, addrs := range given {
-		g.Expect(addrs).NotTo(ContainElement(old.Data+","+old.Control), "an engine process was given the replica's old address: %v", given)
-	}
 	g.Expect(holes.Load()).To(BeZero(), "nothing connected to the replica's old address")
 	now := getEngine(g, vol).Spec.ReplicaAddresses[local.Name]
 	g.Expect(now).NotTo(Equal(old), "the engine's spec follows the replica's new address")
 	host, _, err := net.SplitHostPort(now.Data)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(host).To(Equal("127.0.0.2"), "the replica runs under the new instance manager")
+	// The engine is started once, with every replica at its current
+	// address: the node's replica, RW with the last engine, is held for
+	// while its process starts (an engine without it could not open, and
+	// would be started again once it runs), and no engine process is
+	// ever given its old address.
+	given := starts()
+	g.Expect(given).To(HaveLen(1), "engine processes started on the new instance manager (replicas given to each): %v", given)
+	var want []string
+	for _, a := range getEngine(g, vol).Spec.ReplicaAddresses {
+		want = append(want, a.Data+","+a.Control)
+	}
+	g.Expect(want).To(HaveLen(3))
+	g.Expect(given[0]).To(ConsistOf(want), "the engine was started with the three replicas at their current addresses")
+	g.Expect(given[0]).NotTo(ContainElement(old.Data+","+old.Control), "an engine process was given the replica's old address")
 
 	sock := getVolume(g, key).Status.Endpoint
 	qemuIO(t, vol.Name, sock, "read -P 0x5a 0 4M", "write -P 0x6b 4M 1M", "flush", "read -P 0x6b 4M 1M")
@@ -130,20 +130,6 @@ func freeAddrOn(t *testing.T, ip string) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-// processesOn lists the processes of the instance manager at addr.
-func processesOn(g *WithT, addr string) []*imv1.Process {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	g.Expect(err).NotTo(HaveOccurred())
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(10*time.Second))
-	defer cancel()
-	res, err := imv1.NewInstanceManagerServiceClient(cc).ProcessList(ctx, &imv1.ProcessListRequest{})
-	if err != nil {
-		return nil // starting up
-	}
-	return res.GetProcesses()
 }
 
 // blackholes listens on addrs (once the processes that had them are gone)
@@ -185,4 +171,79 @@ func blackholes(t *testing.T, addrs ...string) *atomic.Int32 {
 		}
 	})
 	return &n
+}
+
+// engineStarts follows the process watch of the instance manager at addr
+// until the test ends (from its first snapshot, which it waits for) and
+// returns a function that lists, per engine
+// process named name that it saw start (by pid), the replicas it was
+// given ("data,control", in the order given).
+func engineStarts(t *testing.T, addr, name string) func() [][]string {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); cc.Close() })
+	var mu sync.Mutex
+	byPid := map[int32][]string{}
+	var order []int32
+	note := func(p *imv1.Process) {
+		eng := p.GetEngine()
+		if p.GetName() != name || eng == nil || p.GetPid() == 0 {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if _, ok := byPid[p.GetPid()]; ok {
+			return
+		}
+		var addrs []string
+		for _, r := range eng.GetReplicas() {
+			addrs = append(addrs, r.GetData()+","+r.GetControl())
+		}
+		byPid[p.GetPid()] = addrs
+		order = append(order, p.GetPid())
+	}
+	watching := make(chan error, 1)
+	go func() {
+		st, err := imv1.NewInstanceManagerServiceClient(cc).ProcessWatch(ctx, &imv1.ProcessWatchRequest{}, grpc.WaitForReady(true))
+		if err != nil {
+			watching <- err
+			return
+		}
+		for first := true; ; first = false {
+			ev, err := st.Recv()
+			if first {
+				watching <- err // the snapshot: nothing started before it is missed
+			}
+			if err != nil {
+				return
+			}
+			for _, p := range ev.GetProcesses() {
+				note(p)
+			}
+			if p := ev.GetProcess(); p != nil {
+				note(p)
+			}
+		}
+	}()
+	select {
+	case err := <-watching:
+		if err != nil {
+			t.Fatalf("process watch of %s: %v", addr, err)
+		}
+	case <-time.After(deadline.Scale(30 * time.Second)):
+		t.Fatalf("process watch of %s: not started", addr)
+	}
+	return func() [][]string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make([][]string, 0, len(order))
+		for _, pid := range order {
+			out = append(out, byPid[pid])
+		}
+		return out
+	}
 }
