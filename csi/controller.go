@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -116,11 +117,9 @@ func (s *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVo
 	if err != nil {
 		return nil, err
 	}
-	var srcVolume *v1.Volume
-	if source != nil {
-		if srcVolume, err = s.getVolume(ctx, source.Volume); err != nil {
-			return nil, err
-		}
+	srcVolume, err := s.sourceVolume(ctx, source)
+	if err != nil {
+		return nil, err
 	}
 	enc, pass, err := encryption(name, params.encrypted, req.GetSecrets(), srcVolume)
 	if err != nil {
@@ -176,6 +175,24 @@ func checkCreateVolume(req *csipb.CreateVolumeRequest) (volumeParams, error) {
 		}
 	}
 	return p, nil
+}
+
+// sourceVolume is the Volume whose bytes a new volume copies, for the
+// encryption check: a clone's or snapshot's source, or a backup's when it
+// still exists in this cluster (else the restore checks the key against
+// the backup's manifest).
+func (s *ControllerServer) sourceVolume(ctx context.Context, source *v1.VolumeDataSource) (*v1.Volume, error) {
+	switch {
+	case source == nil:
+		return nil, nil
+	case source.Backup != nil:
+		v, err := s.getVolume(ctx, source.Backup.Volume)
+		if status.Code(err) == codes.NotFound {
+			return nil, nil
+		}
+		return v, err
+	}
+	return s.getVolume(ctx, source.Volume)
 }
 
 // createSize is the size of a new volume whose content source holds
@@ -274,7 +291,7 @@ func compatible(have, want *v1.Volume, r *csipb.CapacityRange) error {
 		diffs = append(diffs, fmt.Sprintf("frontend %s, not %s", have.Spec.Frontend, want.Spec.Frontend))
 	}
 	hs, ws := have.Spec.DataSource, want.Spec.DataSource
-	if (hs == nil) != (ws == nil) || (hs != nil && *hs != *ws) {
+	if !equality.Semantic.DeepEqual(hs, ws) {
 		diffs = append(diffs, "another content source")
 	}
 	he, we := have.Spec.Encryption, want.Spec.Encryption
@@ -305,6 +322,9 @@ func (s *ControllerServer) contentSource(ctx context.Context, src *csipb.VolumeC
 		id := src.GetSnapshot().GetSnapshotId()
 		if id == "" {
 			return nil, 0, status.Error(codes.InvalidArgument, "volume_content_source.snapshot.snapshot_id is empty")
+		}
+		if name, ok := backupOfSnapshotID(id); ok {
+			return s.backupSource(ctx, id, name)
 		}
 		snap := &v1.Snapshot{}
 		if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: id}, snap); err != nil {
@@ -416,6 +436,8 @@ func (s *ControllerServer) DeleteVolume(ctx context.Context, req *csipb.DeleteVo
 		// A whole-volume clone of this volume copies from a snapshot the
 		// Volume reconciler takes and deletes once the copy is done: wait
 		// for those to go. The user's own snapshots refuse the deletion.
+		// A completed backup's Snapshot only serves as the base of the
+		// volume's next backup: it goes with the volume.
 		err := waitFor(ctx, "the snapshots clones of volume "+id+" copy from to be deleted", func() (bool, string, error) {
 			user, internal, err := s.snapshotsOf(ctx, id)
 			switch {
@@ -426,7 +448,7 @@ func (s *ControllerServer) DeleteVolume(ctx context.Context, req *csipb.DeleteVo
 			case len(internal) > 0:
 				return false, fmt.Sprintf("a clone is being copied from it, or its snapshot %s is being deleted", strings.Join(internal, ", ")), nil
 			}
-			return true, "", nil
+			return s.releaseBackupSnapshots(ctx, id)
 		})
 		if err != nil {
 			return nil, err
@@ -457,7 +479,8 @@ func (s *ControllerServer) DeleteVolume(ctx context.Context, req *csipb.DeleteVo
 }
 
 // snapshotsOf names the Snapshots of a volume: the CO's, and those the
-// Volume reconciler takes for whole-volume clones.
+// Volume reconciler takes for whole-volume clones (not those Backups take:
+// releaseBackupSnapshots).
 func (s *ControllerServer) snapshotsOf(ctx context.Context, volumeID string) (user, internal []string, err error) {
 	var l v1.SnapshotList
 	if err := s.c.List(ctx, &l, client.InNamespace(s.ns)); err != nil {
@@ -466,6 +489,7 @@ func (s *ControllerServer) snapshotsOf(ctx context.Context, volumeID string) (us
 	for _, sn := range l.Items {
 		switch {
 		case sn.Spec.Volume != volumeID:
+		case ownedByBackup(&sn):
 		case sn.Labels[labelCloneFor] != "":
 			internal = append(internal, sn.Name)
 		default:

@@ -25,8 +25,12 @@ func (s *ControllerServer) CreateSnapshot(ctx context.Context, req *csipb.Create
 	if req.GetSourceVolumeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "source_volume_id is required")
 	}
-	for k := range req.GetParameters() {
-		return nil, status.Errorf(codes.InvalidArgument, "unknown VolumeSnapshotClass parameter %q: Cairn snapshots take no parameters; remove it", k)
+	class, err := parseSnapshotParams(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	if class.backup {
+		return s.createBackup(ctx, req, class)
 	}
 	name := objectName("snap-", req.GetName())
 	unlock, err := s.locks.lock("snapshot " + name)
@@ -97,6 +101,9 @@ func (s *ControllerServer) DeleteSnapshot(ctx context.Context, req *csipb.Delete
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "snapshot_id is required")
 	}
+	if name, ok := backupOfSnapshotID(id); ok {
+		return s.deleteBackup(ctx, id, name)
+	}
 	unlock, err := s.locks.lock("snapshot " + id)
 	if err != nil {
 		return nil, err
@@ -133,33 +140,44 @@ func (s *ControllerServer) DeleteSnapshot(ctx context.Context, req *csipb.Delete
 	return &csipb.DeleteSnapshotResponse{}, nil
 }
 
-// ListSnapshots lists snapshots, all or by id or source volume.
+// ListSnapshots lists snapshots and backups, all or by id or source
+// volume.
 func (s *ControllerServer) ListSnapshots(ctx context.Context, req *csipb.ListSnapshotsRequest) (*csipb.ListSnapshotsResponse, error) {
-	var l v1.SnapshotList
-	if err := s.c.List(ctx, &l, client.InNamespace(s.ns)); err != nil {
-		return nil, apiError(err)
+	byID := map[string]*csipb.Snapshot{}
+	if err := s.listLocalSnapshots(ctx, req, byID); err != nil {
+		return nil, err
 	}
-	byName := map[string]*v1.Snapshot{}
-	var names []string
-	for i := range l.Items {
-		sn := &l.Items[i]
-		if _, internal := sn.Labels[labelCloneFor]; internal || sn.DeletionTimestamp != nil ||
-			(req.GetSnapshotId() != "" && sn.Name != req.GetSnapshotId()) ||
-			(req.GetSourceVolumeId() != "" && sn.Spec.Volume != req.GetSourceVolumeId()) {
-			continue
-		}
-		byName[sn.Name] = sn
-		names = append(names, sn.Name)
+	if err := s.listBackups(ctx, req, byID); err != nil {
+		return nil, err
 	}
-	names, next, err := page(names, req.GetStartingToken(), req.GetMaxEntries())
+	ids, next, err := page(sortedIDs(byID), req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err
 	}
 	out := &csipb.ListSnapshotsResponse{NextToken: next}
-	for _, n := range names {
-		out.Entries = append(out.Entries, &csipb.ListSnapshotsResponse_Entry{Snapshot: snapshotOf(byName[n])})
+	for _, id := range ids {
+		out.Entries = append(out.Entries, &csipb.ListSnapshotsResponse_Entry{Snapshot: byID[id]})
 	}
 	return out, nil
+}
+
+// listLocalSnapshots adds the CO's Snapshots to a listing: not those a
+// clone or a Backup took for itself.
+func (s *ControllerServer) listLocalSnapshots(ctx context.Context, req *csipb.ListSnapshotsRequest, byID map[string]*csipb.Snapshot) error {
+	var l v1.SnapshotList
+	if err := s.c.List(ctx, &l, client.InNamespace(s.ns)); err != nil {
+		return apiError(err)
+	}
+	for i := range l.Items {
+		sn := &l.Items[i]
+		if _, internal := sn.Labels[labelCloneFor]; internal || ownedByBackup(sn) || sn.DeletionTimestamp != nil ||
+			(req.GetSnapshotId() != "" && sn.Name != req.GetSnapshotId()) ||
+			(req.GetSourceVolumeId() != "" && sn.Spec.Volume != req.GetSourceVolumeId()) {
+			continue
+		}
+		byID[sn.Name] = snapshotOf(sn)
+	}
+	return nil
 }
 
 // labelCloneFor marks the Snapshots the Volume reconciler takes for a

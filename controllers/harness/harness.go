@@ -19,6 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/backup"
+	"github.com/cairn-io/cairn/controllers/backuptarget"
 	"github.com/cairn-io/cairn/controllers/certs"
 	"github.com/cairn-io/cairn/controllers/engine"
 	"github.com/cairn-io/cairn/controllers/imclient"
@@ -69,8 +71,10 @@ func Start(opts Options) (*Cluster, error) {
 			(&storagenode.Reconciler{Client: c, Pool: pool, Resync: time.Second}).SetupWithManager,
 			(&replica.Reconciler{Client: c, Pool: pool, Keys: keys}).SetupWithManager,
 			(&engine.Reconciler{Client: c, Pool: pool, Keys: keys}).SetupWithManager,
-			(&volume.Reconciler{Client: c, ReplenishmentWait: opts.ReplenishmentWait}).SetupWithManager,
+			(&volume.Reconciler{Client: c, ReplenishmentWait: opts.ReplenishmentWait, Restore: volume.RestoreOptions{Keys: keys}}).SetupWithManager,
 			(&snapshot.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+			(&backuptarget.Reconciler{}).SetupWithManager,
+			(&backup.Reconciler{}).SetupWithManager,
 		} {
 			if err := setup(mgr); err != nil {
 				return err
