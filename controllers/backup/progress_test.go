@@ -19,7 +19,9 @@ type countingClient struct {
 	patches atomic.Int32
 }
 
-func (c *countingClient) Status() client.SubResourceWriter { return countingStatus{c.Client.Status(), c} }
+func (c *countingClient) Status() client.SubResourceWriter {
+	return countingStatus{c.Client.Status(), c}
+}
 
 type countingStatus struct {
 	client.SubResourceWriter
