@@ -2,13 +2,16 @@ package backup
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -92,18 +95,7 @@ func (p *gateProxy) pipe(dst, src net.Conn) {
 // its back-off; once the path delivers again the retry completes.
 func TestBackupStalledRetried(t *testing.T) {
 	r := newRig(t, "vol-stall")
-	ctx := context.Background()
-	// Both replicas' control ports through a gate, held shut.
-	var proxies []*gateProxy
-	for _, n := range []string{"vol-stall-r0", "vol-stall-r1"} {
-		rep := &v1.Replica{}
-		r.g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: n}, rep)).To(Succeed())
-		p := newGateProxy(t, rep.Status.ControlAddress)
-		p.set(true)
-		proxies = append(proxies, p)
-		rep.Status.ControlAddress = p.addr()
-		r.g.Expect(k8sClient.Status().Update(ctx, rep)).To(Succeed())
-	}
+	proxies := r.gateReplicas()
 	rec, _ := r.reconciler()
 	rec.StallTimeout = deadline.Scale(2 * time.Second)
 	rec.RetryBackoff = deadline.Scale(2 * time.Second)
@@ -123,4 +115,48 @@ func TestBackupStalledRetried(t *testing.T) {
 	r.g.Expect(b.Status.Attempts).To(Equal(int32(2)))
 	r.g.Expect(b.Status.BytesTotal).To(Equal(int64(2 * mib)))
 	r.g.Expect(r.listed()).To(Equal([]string{"st"}))
+}
+
+// gateReplicas puts both replicas' control ports behind gates, held shut.
+func (r *rig) gateReplicas() []*gateProxy {
+	ctx := context.Background()
+	var proxies []*gateProxy
+	for i := range 2 {
+		rep := &v1.Replica{}
+		r.g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("%s-r%d", r.vol, i)}, rep)).To(Succeed())
+		p := newGateProxy(r.t, rep.Status.ControlAddress)
+		p.set(true)
+		proxies = append(proxies, p)
+		rep.Status.ControlAddress = p.addr()
+		r.g.Expect(k8sClient.Status().Update(ctx, rep)).To(Succeed())
+	}
+	return proxies
+}
+
+// TestBackupDeletedWhileUploading: deleting a Backup whose upload runs
+// cancels the upload and lets the object go; nothing is left listed on the
+// target, and the path delivering again later writes nothing.
+func TestBackupDeletedWhileUploading(t *testing.T) {
+	r := newRig(t, "vol-delrun")
+	proxies := r.gateReplicas()
+	rec, _ := r.reconciler()
+	rec.StallTimeout = time.Hour
+	r.write(0, 2*mib)
+	r.backup("dr", r.target)
+	r.until(rec, "dr", v1.BackupStateInProgress)
+	_, running := rec.uploads.state(client.ObjectKey{Namespace: ns, Name: "dr"})
+	r.g.Expect(running).To(BeTrue())
+
+	r.g.Expect(k8sClient.Delete(context.Background(), r.get("dr"))).To(Succeed())
+	r.g.Eventually(func() bool {
+		_, _ = rec.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: "dr"}})
+		return apierrors.IsNotFound(k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "dr"}, &v1.Backup{}))
+	}, timeout, 50*time.Millisecond).Should(BeTrue())
+	_, running = rec.uploads.state(client.ObjectKey{Namespace: ns, Name: "dr"})
+	r.g.Expect(running).To(BeFalse(), "the upload was cancelled and forgotten")
+	for _, p := range proxies {
+		p.set(false)
+	}
+	rec.uploads.wait()
+	r.g.Expect(r.listed()).To(BeEmpty())
 }
