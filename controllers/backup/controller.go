@@ -24,6 +24,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -38,6 +39,15 @@ import (
 
 // Finalizer keeps a Backup until its backup is deleted from the target.
 const Finalizer = "storage.cairn.io/backup"
+
+// Event reasons, on the Backup.
+const (
+	// EventCompleted (Normal): the manifest is written.
+	EventCompleted = "BackupCompleted"
+	// EventFailed (Warning): an attempt failed; the message says why and
+	// when it is retried.
+	EventFailed = "BackupFailed"
+)
 
 // Defaults for the Reconciler's settings.
 const (
@@ -88,6 +98,8 @@ type Reconciler struct {
 	// RetryBackoff is the wait after a first failure, doubled after each
 	// further one up to 5 minutes (DefaultRetryBackoff if zero).
 	RetryBackoff time.Duration
+	// Recorder records Events on Backups (nil: none).
+	Recorder events.EventRecorder
 
 	uploads uploads
 	// onProgress, if set, sees every progress report (tests).
@@ -101,6 +113,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=volumes;engines;replicas;backuptargets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile moves one Backup along: inputs checked, snapshot ready,
 // upload started, outcome recorded; or deletes it from the target.
@@ -229,6 +242,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.Log.GetSink() == nil {
 		r.Log = mgr.GetLogger().WithName("backup")
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder("cairn-backup")
 	}
 	if err := mgr.Add(r); err != nil {
 		return err

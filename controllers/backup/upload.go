@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/objects"
 	"github.com/cairn-io/cairn/dataplane/backupstore"
 	"github.com/cairn-io/cairn/dataplane/snapshotsource"
 )
@@ -232,6 +233,7 @@ func (r *Reconciler) recordOutcome(b *v1.Backup, res *backupstore.BackupResult, 
 		setState(b, v1.BackupStateCompleted, v1.BackupReasonCompleted, fmt.Sprintf(
 			"backup %s of volume %s is on target %s: %d blocks, %d bytes uploaded (parent %q)", in.Name, b.Spec.Volume, b.Spec.Target, in.Blocks, in.NewBytes, in.Parent))
 		r.Log.Info("backup completed", "backup", client.ObjectKeyFromObject(b), "parent", in.Parent, "uploadedBytes", in.NewBytes)
+		objects.Event(r.Recorder, b, false, EventCompleted, "Backup", "%s", b.Status.Message)
 		return ctrl.Result{}
 	}
 	b.Status.LastFailureTime = metavTime()
@@ -249,6 +251,7 @@ func (r *Reconciler) recordOutcome(b *v1.Backup, res *backupstore.BackupResult, 
 	}
 	setState(b, v1.BackupStateFailed, reason, msg)
 	r.Log.Info("backup attempt failed", "backup", client.ObjectKeyFromObject(b), "reason", reason, "error", err.Error())
+	objects.Event(r.Recorder, b, true, EventFailed, "Backup", "%s: %s", reason, msg)
 	return ctrl.Result{RequeueAfter: wait}
 }
 
