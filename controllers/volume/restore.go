@@ -77,8 +77,9 @@ func (r *Reconciler) startRestore(ctx context.Context, s *scope, st *v1.CloneSta
 		return nil, err
 	}
 	if msg != "" {
-		st.State, st.Message = v1.CloneStateFailed, msg
-		s.cloneReason, s.requeueAfter = v1.VolumeReasonBackupTargetUnavailable, r.restoreOpts().RetryAfter
+		retry := r.restoreOpts().RetryAfter
+		st.State, st.Message = v1.CloneStateFailed, fmt.Sprintf("%s (tried again in %s)", msg, retry.Round(time.Second))
+		s.cloneReason, s.requeueAfter = v1.VolumeReasonBackupTargetUnavailable, retry
 		return nil, nil
 	}
 	keyCheck := ""
@@ -96,8 +97,12 @@ func (r *Reconciler) startRestore(ctx context.Context, s *scope, st *v1.CloneSta
 // a message instead when it cannot (the target or its Secret missing, an
 // NFS target).
 func (r *Reconciler) restoreStore(ctx context.Context, target string) (*backupstore.Store, string, error) {
+	rd := r.apiReader
+	if rd == nil { // a Reconciler not set up with a manager (tests)
+		rd = r.Client
+	}
 	bt := &v1.BackupTarget{}
-	if err := r.apiReader.Get(ctx, client.ObjectKey{Name: target}, bt); err != nil {
+	if err := rd.Get(ctx, client.ObjectKey{Name: target}, bt); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, fmt.Sprintf("BackupTarget %s does not exist: create it (pointed at the bucket and prefix holding the backup), or fix spec.dataSource.backup.target", target), nil
 		}
@@ -106,7 +111,7 @@ func (r *Reconciler) restoreStore(ctx context.Context, target string) (*backupst
 	if bt.Spec.S3 == nil {
 		return nil, fmt.Sprintf("BackupTarget %s is an NFS target, which the manager does not mount: restores are read from S3 targets only (restore by hand with cairn-data restore --target-dir on a node that mounts the export)", target), nil
 	}
-	cfg, reason, msg, err := backuptarget.S3Config(ctx, r.apiReader, bt.Spec.S3)
+	cfg, reason, msg, err := backuptarget.S3Config(ctx, rd, bt.Spec.S3)
 	if err != nil {
 		return nil, "", err
 	}
@@ -158,12 +163,16 @@ func (r *Reconciler) followRestore(ctx context.Context, s *scope, st *v1.CloneSt
 		}
 		st.State, st.Message = v1.CloneStateFailed, rv.err.Error()
 		s.cloneReason = rv.reason
-		wait := r.restoreOpts().RetryAfter - s.now.Sub(rv.ended)
+		// The message names the time of the retry, not the time left, so
+		// that it stays the same from one reconcile to the next (a changed
+		// failure message is an Event).
+		at := rv.ended.Add(r.restoreOpts().RetryAfter)
+		st.Message += fmt.Sprintf(" (tried again at %s)", at.UTC().Format(time.TimeOnly))
+		wait := at.Sub(s.now)
 		if wait <= 0 {
 			r.restores.forget(s.v.UID)
 			wait = time.Millisecond // the next reconcile starts it again
 		}
-		st.Message += fmt.Sprintf(" (tried again in %s)", wait.Round(time.Second))
 		s.requeueAfter = wait
 	}
 	return nil
