@@ -322,3 +322,48 @@ func TestRestoreEncryptedBackup(t *testing.T) {
 	_, msg := clonedCondition(g, pkey)
 	g.Expect(msg).To(ContainSubstring("encrypted with key check " + enc.KeyCheck))
 }
+
+// TestRestoreStatus: a restore's status as computeStatus writes it. While
+// the replicas run for it (no engine), the volume reads detached, not
+// detaching, and asked to attach it reads attaching with the restore's
+// message; condition Cloned carries the restore's own reason.
+func TestRestoreStatus(t *testing.T) {
+	running, stopped := v1.InstanceStateRunning, v1.InstanceStateStopped
+	restoring := func(node string, st v1.CloneState, reason, msg string) *scope {
+		v := statusVolume(node)
+		v.Spec.DataSource = &v1.VolumeDataSource{Backup: &v1.VolumeBackupSource{Target: "t", Volume: "v", Name: "b"}}
+		return &scope{v: v, engine: statusEngine("", stopped), replicas: threeReplicas(running), restoring: st != v1.CloneStateFailed,
+			clone: &v1.CloneStatus{State: st, Message: msg}, cloneReason: reason}
+	}
+	for _, tc := range []struct {
+		name         string
+		s            *scope
+		state        v1.VolumeState
+		ready        string
+		readyMsg     string
+		cloned       metav1.ConditionStatus
+		clonedReason string
+	}{
+		{"writing, detached", restoring("", v1.CloneStateCopying, v1.VolumeReasonRestoreInProgress, "writing backup v/b from target t: 40%"),
+			v1.VolumeStateDetached, v1.VolumeReasonDetached, "its replicas run for the restore from a backup", metav1.ConditionFalse, v1.VolumeReasonRestoreInProgress},
+		{"writing, asked to attach", restoring("n1", v1.CloneStateCopying, v1.VolumeReasonRestoreInProgress, "writing backup v/b from target t: 40%"),
+			v1.VolumeStateAttaching, v1.VolumeReasonAttaching, "waits for the copy from the data source to complete: writing backup v/b", metav1.ConditionFalse, v1.VolumeReasonRestoreInProgress},
+		{"corrupt, asked to attach", restoring("n1", v1.CloneStateFailed, v1.VolumeReasonBackupCorrupt, "block at offset 0 (object k) ..."),
+			v1.VolumeStateAttaching, v1.VolumeReasonAttaching, "block at offset 0", metav1.ConditionFalse, v1.VolumeReasonBackupCorrupt},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			computeStatus(tc.s)
+			st := tc.s.v.Status
+			g.Expect(st.State).To(Equal(tc.state))
+			r := meta.FindStatusCondition(st.Conditions, v1.ConditionReady)
+			g.Expect(r.Reason).To(Equal(tc.ready))
+			g.Expect(r.Message).To(ContainSubstring(tc.readyMsg))
+			c := meta.FindStatusCondition(st.Conditions, v1.VolumeConditionCloned)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(tc.cloned))
+			g.Expect(c.Reason).To(Equal(tc.clonedReason))
+			g.Expect(v1.IsCopyFailedReason(c.Reason)).To(Equal(tc.s.clone.State == v1.CloneStateFailed))
+		})
+	}
+}
