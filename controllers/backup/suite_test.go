@@ -21,6 +21,10 @@ import (
 var (
 	k8sClient client.Client
 	gw        *versitygw.Server
+	env       *suite.Env
+	// managed, when set, registers reconcilers in the manager
+	// (TestManagerRunsBackups); the other tests call Reconcile themselves.
+	managed func(ctrl.Manager) error
 )
 
 const bucket = "backups"
@@ -42,7 +46,12 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer gw.Stop()
-	env, err := suite.Start(func(ctrl.Manager, *imclient.Pool) error { return nil }, nil)
+	env, err = suite.Start(func(mgr ctrl.Manager, _ *imclient.Pool) error {
+		if managed != nil {
+			return managed(mgr)
+		}
+		return nil
+	}, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
