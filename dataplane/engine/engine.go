@@ -92,6 +92,12 @@ type Options struct {
 	// replicas, and everything copied from them (rebuilds, snapshots,
 	// clones), hold ciphertext only. Nil: data is stored as written.
 	Cipher *volcrypt.Cipher
+	// IdleFlush is how long after the last write, with no flush from the
+	// client, the engine flushes the replicas itself (a few times, that
+	// far apart), so that their write-intent bits clear on an idle volume
+	// and a replica returning from an outage copies only what was written
+	// while it was away. Default DefaultIdleFlush; negative: never.
+	IdleFlush time.Duration
 	// Buffers hands out the I/O path's scratch buffers (an encrypted
 	// write's ciphertext). cairn-data passes the arena over the memory it
 	// shares with the replicas on its node, so ciphertext reaches them as
@@ -188,6 +194,8 @@ type Engine struct {
 	wanted   int
 	closed   bool
 	rebuilds map[string]*rebuild
+	// idle decides when the engine flushes by itself (flushWhenIdle).
+	idle idleFlusher
 	// failed records, by replica ID, the address of replicas that failed
 	// during this engine's life while the set stayed degraded since: their
 	// write-intent bits were kept on the survivors, so if the same replica
@@ -260,6 +268,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.WaitInterval <= 0 {
 		opts.WaitInterval = DefaultWaitInterval
 	}
+	if opts.IdleFlush == 0 {
+		opts.IdleFlush = DefaultIdleFlush
+	}
 	e := &Engine{opts: opts, log: opts.Logger.WithValues("volume", opts.Name), wanted: opts.Wanted, crypt: opts.Cipher, bufs: opts.Buffers,
 		rebuilds: map[string]*rebuild{}, failed: map[string]string{}, forgot: map[string]string{}, doneSnaps: map[string]bool{}}
 	e.stop, e.cancelStop = context.WithCancel(context.Background())
@@ -298,6 +309,10 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		if m.mode != ModeERR {
 			go e.watch(m)
 		}
+	}
+	if opts.IdleFlush > 0 {
+		e.bg.Add(1) // not closed yet: nobody else has the engine
+		go e.flushWhenIdle(opts.IdleFlush)
 	}
 	e.log.Info("engine opened", "size", size, "epoch", e.epoch, "rw", e.rwCount(), "wanted", e.wanted, "encrypted", e.crypt != nil)
 	return e, nil

@@ -157,6 +157,9 @@ func (e *Engine) mutate(ctx context.Context, o op, off, n int64, fn func(*member
 // the fan-out (a read-modify-write reads there).
 func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare func() error, fn func(*member) error, start func(*member) func() error) error {
 	began := time.Now()
+	if o != opFlush {
+		e.idle.wrote()
+	}
 	e.io.RLock()
 	var lr *lockedRange
 	if o != opFlush {

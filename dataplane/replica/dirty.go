@@ -21,10 +21,14 @@ import (
 // and only while the replica set is complete (not degraded): while a peer
 // is missing, every region written stays marked, so the peer can later
 // resync by copying only the marked regions (union with its own bitmap).
-// A replica whose client stops flushing (an idle application) flushes by
-// itself (Replica.cleanWhenIdle), so the bits of its last writes clear
-// anyway: otherwise they would stay set for good and make the next resync
-// copy regions written long before the outage.
+// An engine whose client stops flushing (an idle application) flushes
+// the replicas itself a few times (engine Options.IdleFlush), so the bits
+// of its last writes clear anyway: otherwise they would stay set for good
+// and make the next resync copy regions written long before an outage.
+// The replica never clears on its own: only a flush from an engine, which
+// has every write it completed on all its replicas, says the regions
+// agree (after an engine's crash, the bits of its last writes must stay
+// for the next engine to reconcile).
 //
 // File layout (dirty.bitmap), little-endian:
 //
@@ -65,7 +69,6 @@ type dirtyMap struct {
 	inflight   map[int64]int
 	degraded   bool
 	lastRotate time.Time
-	lastFlush  time.Time // when flushBegin last ran
 }
 
 func words(regions int64) int { return int((regions + 63) / 64) }
@@ -240,7 +243,6 @@ func (d *dirtyMap) end(off, length int64) {
 func (d *dirtyMap) flushBegin() []uint64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.lastFlush = time.Now()
 	if time.Since(d.lastRotate) >= d.clearDelay {
 		d.older, d.recent = d.recent, d.older
 		clear(d.recent)
@@ -291,24 +293,6 @@ func (d *dirtyMap) flushEnd(keep []uint64) error {
 		}
 	}
 	return nil
-}
-
-// idleClearable reports whether a flush now could clear bits that no
-// flush would clear otherwise: the set is complete, some bit is set, and
-// no flush ran for clearDelay (a client that flushes keeps clearing them
-// itself).
-func (d *dirtyMap) idleClearable() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.degraded || time.Since(d.lastFlush) < d.clearDelay {
-		return false
-	}
-	for _, w := range d.persisted {
-		if w != 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // setDegraded says whether the replica set is missing a member.

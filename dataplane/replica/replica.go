@@ -94,8 +94,6 @@ type Replica struct {
 	rmw   [64]sync.Mutex // read-modify-write of partial blocks, striped by block
 	// sums answers a rebuild's checksum of a chunk it just read.
 	sums sumCache
-	// stopClean ends cleanWhenIdle; closed by Close.
-	stopClean chan struct{}
 }
 
 // Open opens the replica in dir, creating it (and dir) when dir holds no
@@ -175,38 +173,7 @@ func Open(dir string, opts Options) (*Replica, error) {
 		}
 	}
 	r.log.Info("replica opened", "dir", dir, "size", m.Size, "epoch", m.Epoch, "snapshots", len(m.Snapshots), "created", !existing)
-	r.stopClean = make(chan struct{})
-	if opts.ClearDelay > 0 {
-		go r.cleanWhenIdle(opts.ClearDelay)
-	}
 	return r, nil
-}
-
-// cleanWhenIdle flushes the replica every interval in which no flush came
-// while write-intent bits are set and the set is complete, so that the
-// bits of writes an idle client never flushed are cleared too (two such
-// flushes, the bitmap's two windows, clear a region last written before
-// both). Without it a volume written and then left idle keeps them for
-// good, and a replica returning from an outage copies those regions as
-// well as the ones written while it was away. It costs one fdatasync per
-// interval while bits stay set, nothing once the bitmap is clean or while
-// the client flushes.
-func (r *Replica) cleanWhenIdle(interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.stopClean:
-			return
-		case <-t.C:
-		}
-		if !r.dirty.idleClearable() {
-			continue
-		}
-		if err := r.Flush(); err != nil && !errors.Is(err, ErrClosed) {
-			r.log.Error(err, "flushing an idle replica to clear its write-intent bits")
-		}
-	}
 }
 
 // create initialises an empty replica in dir.
@@ -687,9 +654,6 @@ func (r *Replica) Close() error {
 		return nil
 	}
 	r.closed = true
-	if r.stopClean != nil {
-		close(r.stopClean)
-	}
 	err := r.closeLayers()
 	if r.dirty != nil {
 		err = errors.Join(err, r.dirty.close())

@@ -80,6 +80,7 @@ type engineFlags struct {
 	listen         string
 	shared         int64
 	replicaTimeout time.Duration
+	idleFlush      time.Duration
 	connectTimeout time.Duration // bounds each attempt to reach a replica at open
 	acceptLost     bool          // serve without members of the newest epoch that were not given
 	readyFD        int
@@ -139,6 +140,7 @@ func defineEngineFlags(fs *flag.FlagSet, c *engineFlags) *rawEngineFlags {
 	fs.StringVar(&c.listen, "listen", "", "host:port for the gRPC control API (default: none)")
 	r.shared = fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for NBD writes to reach them without a socket copy; 0 turns it off")
 	fs.DurationVar(&c.replicaTimeout, "replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
+	fs.DurationVar(&c.idleFlush, "idle-flush", engine.DefaultIdleFlush, "after writes with no flush from the client for this long, flush the replicas (three times, this far apart) so that their write-intent bits clear and a replica back from an outage copies only what was written meanwhile; keep it above the replicas' --dirty-clear-delay; negative: never")
 	fs.DurationVar(&c.connectTimeout, "connect-timeout", engine.DefaultConnectTimeout, "at open, how long each attempt to reach a replica (connect, handshake, first answer) may take; the replicas are tried at once, and one that does not answer is left out (ERR) when the others can serve the volume safely, else tried again")
 	fs.BoolVar(&c.acceptLost, "accept-lost-members", false, "at open, serve the volume although replicas recorded as RW at its newest epoch are not among the --replica given, once every given one answered: they are declared lost for good (the control plane sets this only when each replica left out is on a node an operator declared shut down); writes only they held are lost. A given replica that does not answer is still waited for")
 	fs.StringVar(&r.files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with and presents to the replicas' control APIs; with --tls-key and --tls-client-ca enables mutual TLS on both")
@@ -368,7 +370,7 @@ func openEngine(ctx context.Context, c *engineFlags, region *shm.Region, buffers
 	defer cancel()
 	return engine.Open(octx, engine.Options{
 		Name: c.name, Size: c.size, Replicas: c.replicas, Wanted: c.wanted, Logger: log, UnsafeAckEarly: unsafeEarly,
-		Cipher: c.cipher, Buffers: buffers, ConnectTimeout: c.connectTimeout, AcceptLostMembers: c.acceptLost,
+		Cipher: c.cipher, Buffers: buffers, ConnectTimeout: c.connectTimeout, AcceptLostMembers: c.acceptLost, IdleFlush: c.idleFlush,
 		OnWait: func(w engine.Waiting) {
 			if err := readyW.Waiting(w.String()); err != nil {
 				log.Info("could not tell the instance manager what the engine waits for", "reason", err.Error())

@@ -108,7 +108,7 @@ func parseReplicaFlags(args []string, stderr io.Writer) (*replicaFlags, int) {
 	fs.StringVar(&c.control, "control-listen", "", "host:port to serve the gRPC control API on (default: none)")
 	fs.BoolVar(&c.direct, "direct-io", false, "read and write the data files with O_DIRECT, bypassing this node's page cache")
 	fs.IntVar(&c.workers, "workers", 0, "concurrent I/O requests against the disk (default 4 x CPUs)")
-	fs.DurationVar(&c.clearDelay, "dirty-clear-delay", replica.DefaultClearDelay, "how long a region must go unwritten before its write-intent bit may be cleared; the replica flushes by itself when its client has not for this long, so an idle volume's bits clear and a resync after an outage copies only what was written meanwhile")
+	fs.DurationVar(&c.clearDelay, "dirty-clear-delay", replica.DefaultClearDelay, "how long a region must go unwritten before a flush may clear its write-intent bit (the engine flushes an idle volume by itself, see its --idle-flush)")
 	fs.IntVar(&c.readyFD, "ready-fd", -1, "once serving, write the ready report (JSON: addresses, size) to this descriptor and close it (the instance manager's contract)")
 	var files tlsfiles.Files
 	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with; with --tls-key and --tls-client-ca the control API requires a client certificate of that CA")

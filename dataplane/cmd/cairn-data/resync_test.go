@@ -130,47 +130,46 @@ func checkCopied(t *testing.T, o outage, rb *enginev1.Rebuild) {
 	t.Logf("%s: copied %d bytes of %d written while away, volume %d", o, rb.BytesCopied, resyncWritten, resyncVolume)
 }
 
-// resyncVolumeProcs starts three replica processes (bits cleared after 1
-// s without writes) and an engine over them, with engineArgs added to its
-// command line (a later flag wins).
-func resyncVolumeProcs(t *testing.T, engineArgs ...string) *volume {
+// resyncVolumeProcs starts three replica processes (a bit may be cleared
+// 1 s after its region was written) and an engine over them that flushes
+// an idle volume every 1.2 s.
+func resyncVolumeProcs(t *testing.T) *volume {
+	t.Helper()
+	return resyncVolumeProcsWith(t, "1s")
+}
+
+// resyncVolumeProcsWith is resyncVolumeProcs with the replicas' clear
+// delay.
+func resyncVolumeProcsWith(t *testing.T, clearDelay string) *volume {
 	t.Helper()
 	dir := t.TempDir()
 	v := &volume{sock: filepath.Join(dir, "vol.sock")}
 	for i := range 3 {
 		d := filepath.Join(dir, fmt.Sprint("r", i))
 		p := start(t, "replica", "--dir", d, "--size", resyncVolumeArg, "--listen", "127.0.0.1:0",
-			"--control-listen", "127.0.0.1:0", "--dirty-clear-delay", "1s")
+			"--control-listen", "127.0.0.1:0", "--dirty-clear-delay", clearDelay)
 		v.replicas = append(v.replicas, p)
 		v.addrs = append(v.addrs, p.data+","+p.control)
 		v.dirs = append(v.dirs, d)
 	}
 	v.args = []string{"engine", "--name", "vol", "--frontend", "nbd", "--nbd-socket", v.sock, "--nbd-kernel", "off",
-		"--listen", "127.0.0.1:0", "--replica-timeout", "3s"}
+		"--listen", "127.0.0.1:0", "--replica-timeout", "3s", "--idle-flush", "1200ms"}
 	for _, a := range v.addrs {
 		v.args = append(v.args, "--replica", a)
 	}
-	v.args = append(v.args, engineArgs...)
 	v.uri = "nbd+unix:///vol?socket=" + v.sock
 	v.engine = start(t, v.args...)
 	return v
 }
 
 // waitBitmapsClean waits until no replica marks a region dirty, with no
-// flush from the client: the replicas clear their bits by themselves
-// once it has gone idle.
+// flush from the client: the engine flushes the replicas once the volume
+// has gone idle.
 func waitBitmapsClean(t *testing.T, v *volume) {
 	t.Helper()
 	until := deadline.After(60 * time.Second)
 	for {
-		dirty := int64(0)
-		for _, p := range v.replicas {
-			in, err := dialControl(t, p.control).Info(context.Background(), &replicav1.InfoRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			dirty += in.GetDirty().GetDirty()
-		}
+		dirty := dirtyRegions(t, v)
 		if dirty == 0 {
 			return
 		}
@@ -179,6 +178,20 @@ func waitBitmapsClean(t *testing.T, v *volume) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// dirtyRegions is the number of regions v's replicas mark dirty, summed.
+func dirtyRegions(t *testing.T, v *volume) int64 {
+	t.Helper()
+	dirty := int64(0)
+	for _, p := range v.replicas {
+		in, err := dialControl(t, p.control).Info(context.Background(), &replicav1.InfoRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dirty += in.GetDirty().GetDirty()
+	}
+	return dirty
 }
 
 func engineClient(t *testing.T, control string) enginev1.EngineServiceClient {
@@ -230,17 +243,17 @@ func rebuildOf(t *testing.T, control, addr string) *enginev1.Rebuild {
 }
 
 // TestReturningReplicaGetsWriteInFlightWhenItHung: a replica that hangs
-// (SIGSTOP) with a write in flight to it is failed only when the engine's
-// timeout passes; meanwhile the other replicas completed the write, the
-// region went quiet and their idle flushes cleared its write-intent bit
-// (the set was not degraded yet). The hung replica never applied the
-// write and has no bit for it either. When it comes back after a restart,
-// its changed-regions resync must still copy that region: the engine
-// noted the write that failed on it. Read from the returned replica
-// alone, the write is there.
+// (SIGSTOP) with a write in flight to it is failed only when the engine
+// gives up on it; meanwhile the other replicas completed the write, and
+// flushes from the client (each waiting for the hung replica too) cleared
+// its write-intent bit on them: the set was not degraded yet. The hung
+// replica never applied the write and has no bit for it either. When it
+// comes back after a restart, its changed-regions resync must still copy
+// that region: the engine noted the write that failed on it. Read from the
+// returned replica alone, the write is there.
 func TestReturningReplicaGetsWriteInFlightWhenItHung(t *testing.T) {
 	needTool(t, "qemu-io")
-	v := resyncVolumeProcs(t, "--replica-timeout", deadline.Scale(20*time.Second).String())
+	v := resyncVolumeProcsWith(t, "1ms")
 	qemuIO(t, v.uri, "write -P 0x11 0 128M", "flush")
 	waitBitmapsClean(t, v)
 
@@ -248,26 +261,28 @@ func TestReturningReplicaGetsWriteInFlightWhenItHung(t *testing.T) {
 	if err := hung.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	write := exec.Command("qemu-io", "-f", "raw", "-c", "write -P 0x44 64M 1M", v.uri)
-	out := &syncBuffer{}
-	write.Stdout, write.Stderr = out, out
-	if err := write.Start(); err != nil {
-		t.Fatal(err)
+	write, wrote := background(t, v.uri, "write -P 0x44 64M 4k")
+	// The others complete the write; flushes clear its bit on them (two
+	// flushes after a write clear it with this clear delay), while the
+	// engine still waits for the hung replica.
+	survivors := &volume{replicas: []*proc{v.replicas[0], v.replicas[2]}}
+	until := deadline.After(30 * time.Second)
+	for dirty := dirtyRegions(t, survivors); dirty > 0; dirty = dirtyRegions(t, survivors) {
+		select {
+		case err := <-wrote:
+			t.Fatalf("the write completed (%v) while the survivors still marked %d regions: the test no longer sets up what it checks\n%s", err, dirty, write.String())
+		default:
+		}
+		if time.Now().After(until) {
+			t.Fatalf("the survivors still mark %d regions", dirty)
+		}
+		background(t, v.uri, "flush")
+		time.Sleep(50 * time.Millisecond)
 	}
-	done := make(chan error, 1)
-	go func() { done <- write.Wait() }()
-	// The others have the write and clear its bit while the engine still
-	// waits for the hung replica.
-	waitBitmapsClean(t, &volume{replicas: []*proc{v.replicas[0], v.replicas[2]}})
 	select {
-	case err := <-done:
-		t.Fatalf("the write completed before the survivors cleared their bits (%v): the test no longer sets up what it checks\n%s", err, out.String())
-	default:
-	}
-	select {
-	case err := <-done:
+	case err := <-wrote:
 		if err != nil {
-			t.Fatalf("the write failed: %v\n%s", err, out.String())
+			t.Fatalf("the write failed: %v\n%s", err, write.String())
 		}
 	case <-time.After(deadline.Scale(60 * time.Second)):
 		t.Fatal("the write never completed")
@@ -276,7 +291,7 @@ func TestReturningReplicaGetsWriteInFlightWhenItHung(t *testing.T) {
 	hung.cmd.Process.Kill()
 	hung.waitExit(t)
 
-	back := start(t, "replica", "--dir", v.dirs[1], "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0", "--dirty-clear-delay", "1s")
+	back := start(t, "replica", "--dir", v.dirs[1], "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
 	addr := back.data + "," + back.control
 	t.Logf("ctl add --wait:\n%s", v.ctl(t, "add", addr, "--wait"))
 	if rb := rebuildOf(t, v.engine.control, addr); rb.State != "complete" || !rb.DirtyOnly {
@@ -285,5 +300,21 @@ func TestReturningReplicaGetsWriteInFlightWhenItHung(t *testing.T) {
 	for _, i := range []int{0, 2} {
 		v.ctl(t, "remove", v.addrs[i])
 	}
-	qemuIO(t, v.uri, "read -P 0x11 0 64M", "read -P 0x44 64M 1M", "read -P 0x11 65M 63M")
+	qemuIO(t, v.uri, "read -P 0x11 0 64M", "read -P 0x44 64M 4k", "read -P 0x11 67112960 67104768")
+}
+
+// background runs qemu-io with one command on uri without waiting; the
+// channel gets its exit.
+func background(t *testing.T, uri, cmd string) (*syncBuffer, chan error) {
+	t.Helper()
+	c := exec.Command("qemu-io", "-f", "raw", "-c", cmd, uri)
+	out := &syncBuffer{}
+	c.Stdout, c.Stderr = out, out
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done, exited := make(chan error, 1), make(chan struct{})
+	go func() { done <- c.Wait(); close(exited) }()
+	t.Cleanup(func() { c.Process.Kill(); <-exited })
+	return out, done
 }
