@@ -39,6 +39,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
 	cairnmetrics "github.com/cairn-io/cairn/controllers/metrics"
+	"github.com/cairn-io/cairn/controllers/recurringjob"
 	"github.com/cairn-io/cairn/controllers/replica"
 	"github.com/cairn-io/cairn/controllers/scheduler"
 	"github.com/cairn-io/cairn/controllers/secretguard"
@@ -230,6 +231,8 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 		"BackupTarget": (&backuptarget.Reconciler{}).SetupWithManager,
 		// Backups, uploaded from a replica's snapshot by this process.
 		"Backup": (&backup.Reconciler{DialOptions: engineDial}).SetupWithManager,
+		// Snapshots and Backups on a schedule, pruned to their retention.
+		"RecurringJob": (&recurringjob.Reconciler{Client: c}).SetupWithManager,
 	} {
 		if err := setup(mgr); err != nil {
 			return fmt.Errorf("set up the %s reconciler: %w", kind, err)

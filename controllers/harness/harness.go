@@ -27,6 +27,7 @@ import (
 	"github.com/cairn-io/cairn/controllers/instancemanager"
 	"github.com/cairn-io/cairn/controllers/internal/imtest"
 	"github.com/cairn-io/cairn/controllers/internal/suite"
+	"github.com/cairn-io/cairn/controllers/recurringjob"
 	"github.com/cairn-io/cairn/controllers/replica"
 	"github.com/cairn-io/cairn/controllers/snapshot"
 	"github.com/cairn-io/cairn/controllers/storagenode"
@@ -75,6 +76,7 @@ func Start(opts Options) (*Cluster, error) {
 			(&snapshot.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 			(&backuptarget.Reconciler{}).SetupWithManager,
 			(&backup.Reconciler{}).SetupWithManager,
+			(&recurringjob.Reconciler{Client: c}).SetupWithManager,
 		} {
 			if err := setup(mgr); err != nil {
 				return err
