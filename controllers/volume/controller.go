@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -242,6 +243,14 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		r.apiReader = mgr.GetAPIReader()
 	}
 	r.restoreEvents = make(chan event.GenericEvent, 64)
+	// Restores run while this manager leads, and stop with it.
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		r.restores.stopAll()
+		return nil
+	})); err != nil {
+		return err
+	}
 	m := watchMaps{c: mgr.GetClient()}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1.Volume{}).

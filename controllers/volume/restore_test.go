@@ -178,13 +178,13 @@ func TestRestoreFromBackup(t *testing.T) {
 	}
 	g := NewWithT(t)
 	ctx := context.Background()
-	startNodes(t, g, "rs-a", "rs-b")
+	startNodes(t, g, "rb-a", "rb-b")
 	f := startBackupTarget(t, g, "rs-target", "cluster-a")
 
 	// The source: patterns in the first block, mid-volume and the last
 	// block, a snapshot, then a write after it that no restore may show.
 	srcVol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "rs-src", Namespace: "default"}, Spec: v1.VolumeSpec{
-		Size: resource.MustParse("16Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, NodeName: "rs-a"}}
+		Size: resource.MustParse("16Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, NodeName: "rb-a"}}
 	g.Expect(k8sClient.Create(ctx, srcVol)).To(Succeed())
 	cleanupVolume(t, srcVol)
 	sock := waitAttached(t, g, client.ObjectKeyFromObject(srcVol)).Status.Endpoint
@@ -203,7 +203,7 @@ func TestRestoreFromBackup(t *testing.T) {
 
 	t.Run("same size, attached at once", func(t *testing.T) {
 		g := NewWithT(t)
-		key := restoreVolume(t, g, "rs-r1", "16Mi", "rs-b", v1.VolumeBackupSource{Target: f.target, Volume: srcVol.Name, Name: "b1"}, nil)
+		key := restoreVolume(t, g, "rs-r1", "16Mi", "rb-b", v1.VolumeBackupSource{Target: f.target, Volume: srcVol.Name, Name: "b1"}, nil)
 		v := waitAttached(t, g, key)
 		g.Expect(v.Status.Clone).NotTo(BeNil())
 		g.Expect(v.Status.Clone.State).To(Equal(v1.CloneStateCompleted))
@@ -219,7 +219,7 @@ func TestRestoreFromBackup(t *testing.T) {
 
 	t.Run("bigger volume", func(t *testing.T) {
 		g := NewWithT(t)
-		key := restoreVolume(t, g, "rs-r2", "24Mi", "rs-a", v1.VolumeBackupSource{Target: f.target, Volume: srcVol.Name, Name: "b1"}, nil)
+		key := restoreVolume(t, g, "rs-r2", "24Mi", "rb-a", v1.VolumeBackupSource{Target: f.target, Volume: srcVol.Name, Name: "b1"}, nil)
 		v := waitAttached(t, g, key)
 		want := append(bytes.Clone(image), make([]byte, 8<<20)...)
 		got := readDevice(t, v.Name, v.Status.Endpoint)
@@ -246,7 +246,7 @@ func TestRestoreFromBackup(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
-			key := restoreVolume(t, g, tc.name, tc.size, "rs-a", tc.src, tc.enc)
+			key := restoreVolume(t, g, tc.name, tc.size, "rb-a", tc.src, tc.enc)
 			g.Eventually(func() string { r, _ := clonedCondition(g, key); return r }, timeout, 100*time.Millisecond).Should(Equal(tc.reason))
 			_, msg := clonedCondition(g, key)
 			g.Expect(msg).To(ContainSubstring(tc.msg))
@@ -267,7 +267,7 @@ func TestRestoreFromBackup(t *testing.T) {
 	t.Run("corrupted block", func(t *testing.T) {
 		g := NewWithT(t)
 		blockKey := f.corruptBlock(g, srcVol.Name, "b1", 2) // bytes 4Mi..6Mi, with 0x33 at 5Mi
-		key := restoreVolume(t, g, "rs-corrupt", "16Mi", "rs-b", v1.VolumeBackupSource{Target: f.target, Volume: srcVol.Name, Name: "b1"}, nil)
+		key := restoreVolume(t, g, "rs-corrupt", "16Mi", "rb-b", v1.VolumeBackupSource{Target: f.target, Volume: srcVol.Name, Name: "b1"}, nil)
 		g.Eventually(func() string { r, _ := clonedCondition(g, key); return r }, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeReasonBackupCorrupt))
 		_, msg := clonedCondition(g, key)
 		g.Expect(msg).To(ContainSubstring("block at offset %d", 4<<20))
@@ -366,4 +366,37 @@ func TestRestoreStatus(t *testing.T) {
 			g.Expect(v1.IsCopyFailedReason(c.Reason)).To(Equal(tc.s.clone.State == v1.CloneStateFailed))
 		})
 	}
+}
+
+// TestRestoreAcrossManagerRestart stops the manager as soon as a restore
+// reports a state and starts a new one: the restore is started again,
+// completes, and the volume reads the backup's bytes.
+func TestRestoreAcrossManagerRestart(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img is not installed (make test-tools installs it)")
+	}
+	g := NewWithT(t)
+	ctx := context.Background()
+	startNodes(t, g, "rm-a", "rm-b")
+	f := startBackupTarget(t, g, "rm-target", "")
+	srcVol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "rm-src", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("64Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, NodeName: "rm-a"}}
+	g.Expect(k8sClient.Create(ctx, srcVol)).To(Succeed())
+	cleanupVolume(t, srcVol)
+	sock := waitAttached(t, g, client.ObjectKeyFromObject(srcVol)).Status.Endpoint
+	qemuIO(t, srcVol.Name, sock, "write -P 0x6b 0 40M", "flush")
+	image := append(bytes.Repeat([]byte{0x6b}, 40<<20), make([]byte, 24<<20)...)
+	createSnapshot(g, "rm-src-s1", srcVol.Name)
+	g.Eventually(func() bool { return getSnapshot(g, "rm-src-s1").Status.ReadyToUse }, timeout, 100*time.Millisecond).Should(BeTrue())
+	f.backUp(g, srcVol, "rm-src-s1", "b1", nil)
+
+	key := restoreVolume(t, g, "rm-r1", "64Mi", "rm-b", v1.VolumeBackupSource{Target: f.target, Volume: srcVol.Name, Name: "b1"}, nil)
+	if !poll(func() bool { c := getVolume(g, key).Status.Clone; return c != nil && c.State != v1.CloneStateCompleted }) {
+		t.Fatalf("never saw the restore's state: %s", describeKey(key))
+	}
+	testEnv.StopManager()
+	g.Expect(testEnv.StartManager()).To(Succeed())
+	v := waitAttached(t, g, key)
+	got := readDevice(t, v.Name, v.Status.Endpoint)
+	g.Expect(bytes.Equal(got, image)).To(BeTrue(), "restored volume: %s", firstDiff(got, image))
 }

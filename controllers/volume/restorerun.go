@@ -134,6 +134,18 @@ func (rs *restoreRuns) forget(uid types.UID) {
 	}
 }
 
+// stopAll cancels every run: the manager stops (or lost its leadership),
+// and the next leader starts them again.
+func (rs *restoreRuns) stopAll() {
+	rs.mu.Lock()
+	runs := rs.runs
+	rs.runs = nil
+	rs.mu.Unlock()
+	for _, run := range runs {
+		run.cancel()
+	}
+}
+
 // restoreJob is what a run needs to know of the volume and its target.
 type restoreJob struct {
 	store *backupstore.Store
