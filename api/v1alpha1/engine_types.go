@@ -171,6 +171,15 @@ type RebuildStatus struct {
 	// +optional
 	DirtyOnly bool `json:"dirtyOnly,omitempty"`
 
+	// fullReason says why a replica that had been a member before copies
+	// the whole volume instead of the regions written while it was away
+	// (its history is unknown: the engine restarted while it was away,
+	// another replica was rebuilt since, ...). Empty for a new replica and
+	// for a delta resync.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	FullReason string `json:"fullReason,omitempty"`
+
 	// progress is bytesDone as a percentage of bytesTotal, 0 to 100.
 	// +optional
 	// +kubebuilder:validation:Minimum=0

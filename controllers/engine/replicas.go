@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	grpcstatus "google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -63,7 +64,8 @@ func applyWatchStatus(e *v1.Engine, vs *enginev1.VolumeStatus) {
 			st.RebuildStatus = map[string]v1.RebuildStatus{}
 		}
 		out := v1.RebuildStatus{State: v1.RebuildState(rb.GetState()), SourceReplica: names[rb.GetSource()],
-			BytesDone: rb.GetBytesDone(), BytesTotal: rb.GetBytesTotal(), DirtyOnly: rb.GetDirtyOnly(), Error: rb.GetError()}
+			BytesDone: rb.GetBytesDone(), BytesTotal: rb.GetBytesTotal(), DirtyOnly: rb.GetDirtyOnly(), Error: rb.GetError(),
+			FullReason: truncate(rb.GetFullReason(), maxFullReason)}
 		if out.SourceReplica == "" {
 			out.SourceReplica = rb.GetSource()
 		}
@@ -379,4 +381,20 @@ func replicaMismatch(a v1.ReplicaAddress, s replicaSeen) string {
 		return fmt.Sprintf("it runs at %s, the spec gives %s", now, ReplicaAddress(a))
 	}
 	return ""
+}
+
+// maxFullReason bounds RebuildStatus.fullReason (its CRD limit).
+const maxFullReason = 256
+
+// truncate cuts a text the engine reported to at most n bytes, at a rune
+// boundary, so a long answer cannot make the status update invalid.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
 }

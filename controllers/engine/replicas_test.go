@@ -2,8 +2,10 @@ package engine
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -171,5 +173,26 @@ func TestReplicaMismatch(t *testing.T) {
 				t.Fatalf("replicaMismatch = %q, want ok=%v", why, tc.ok)
 			}
 		})
+	}
+}
+
+// A full rebuild of a returning replica carries the engine's reason into
+// status, cut to the CRD's limit at a rune boundary.
+func TestApplyWatchStatusFullReason(t *testing.T) {
+	e := &v1.Engine{Spec: v1.EngineSpec{ReplicaAddresses: map[string]v1.ReplicaAddress{"r1": {Data: "x:1", Control: "x:2"}, "r2": {Data: "y:1", Control: "y:2"}}}}
+	reason := "history unknown: the engine restarted while it was away"
+	applyWatchStatus(e, &enginev1.VolumeStatus{Size: 8 << 20,
+		Replicas: []*enginev1.Replica{{Address: "x:1,x:2", Mode: "RW"}, {Address: "y:1,y:2", Mode: "WO"}},
+		Rebuilds: []*enginev1.Rebuild{{Replica: "y:1,y:2", Source: "x:1,x:2", State: "in-progress", BytesTotal: 8 << 20, FullReason: reason, StartedUnixNano: 1}}})
+	if rb := e.Status.RebuildStatus["r2"]; rb.FullReason != reason || rb.DirtyOnly {
+		t.Fatalf("rebuild %+v", rb)
+	}
+	long := strings.Repeat("é", 200) // 400 bytes
+	applyWatchStatus(e, &enginev1.VolumeStatus{Size: 8 << 20,
+		Replicas: []*enginev1.Replica{{Address: "x:1,x:2", Mode: "RW"}, {Address: "y:1,y:2", Mode: "WO"}},
+		Rebuilds: []*enginev1.Rebuild{{Replica: "y:1,y:2", Source: "x:1,x:2", State: "in-progress", FullReason: long, StartedUnixNano: 1}}})
+	got := e.Status.RebuildStatus["r2"].FullReason
+	if len(got) > maxFullReason || !utf8.ValidString(got) || !strings.HasPrefix(long, got) || len(got) < maxFullReason-1 {
+		t.Fatalf("cut reason: %d bytes, valid %v", len(got), utf8.ValidString(got))
 	}
 }

@@ -355,8 +355,11 @@ func rebuildRows(engs []v1.Engine, shown func(string) bool) []rebuildRow {
 		for rep, st := range e.Status.RebuildStatus {
 			rr := rebuildRow{Volume: e.Spec.VolumeName, Replica: rep, Source: st.SourceReplica, State: string(st.State),
 				Kind: "full", Done: display.Bytes(st.BytesDone), Total: display.Bytes(st.BytesTotal)}
-			if st.DirtyOnly {
+			switch {
+			case st.DirtyOnly:
 				rr.Kind = "changed regions"
+			case st.FullReason != "":
+				rr.Kind = "full: " + st.FullReason
 			}
 			if st.BytesTotal > 0 {
 				rr.Progress = float64(st.BytesDone) / float64(st.BytesTotal)

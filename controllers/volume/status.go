@@ -233,8 +233,11 @@ func setRebuilding(s *scope, cond condFunc) {
 				continue
 			}
 			kind := "full copy"
-			if rb.DirtyOnly {
+			switch {
+			case rb.DirtyOnly:
 				kind = "regions written while it was away"
+			case rb.FullReason != "":
+				kind = "full copy: " + rb.FullReason
 			}
 			parts = append(parts, fmt.Sprintf("%s from %s: %d%% (%s of %s, %s)", n, rb.SourceReplica, rb.Progress,
 				display.Bytes(rb.BytesDone), display.Bytes(rb.BytesTotal), kind))
