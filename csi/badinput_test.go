@@ -67,6 +67,9 @@ func TestBadInput(t *testing.T) {
 		{"CreateVolume btrfs", cv(func(r *csipb.CreateVolumeRequest) { r.VolumeCapabilities = caps(volCap("btrfs", false)) }), codes.InvalidArgument},
 		{"CreateVolume unknown parameter", cv(func(r *csipb.CreateVolumeRequest) { r.Parameters = map[string]string{"replicas": "3"} }), codes.InvalidArgument},
 		{"CreateVolume 11 replicas", cv(func(r *csipb.CreateVolumeRequest) { r.Parameters = map[string]string{ParamNumberOfReplicas: "11"} }), codes.InvalidArgument},
+		{"CreateVolume bad recurring job group", cv(func(r *csipb.CreateVolumeRequest) {
+			r.Parameters = map[string]string{ParamRecurringJobGroups: "daily,not a label"}
+		}), codes.InvalidArgument},
 		{"CreateVolume fsType contradicts capability", cv(func(r *csipb.CreateVolumeRequest) {
 			r.Parameters = map[string]string{ParamFSType: "xfs"}
 		}), codes.InvalidArgument},

@@ -225,6 +225,12 @@ func desiredVolume(req *csipb.CreateVolumeRequest, name, namespace string, size 
 	if p.pv != "" {
 		want.Annotations[AnnotationPV] = p.pv
 	}
+	for _, g := range p.recurringJobGroups {
+		if want.Labels == nil {
+			want.Labels = map[string]string{}
+		}
+		want.Labels[v1.RecurringJobGroupLabel(g)] = v1.RecurringJobGroupEnabled
+	}
 	return want
 }
 

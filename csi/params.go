@@ -23,11 +23,14 @@ const (
 	ParamFrontend         = "frontend"
 	ParamFSType           = "fsType"
 	ParamDiskSelector     = "diskSelector"
+	// ParamRecurringJobGroups is a comma-separated list of RecurringJob
+	// groups; the Volume is labelled into each (v1.RecurringJobGroupLabel).
+	ParamRecurringJobGroups = "recurringJobGroups"
 )
 
 // knownParams are the StorageClass parameters CreateVolume takes, for
 // the error that names an unknown one.
-var knownParams = []string{ParamNumberOfReplicas, ParamFrontend, ParamFSType, ParamDiskSelector, ParamEncrypted}
+var knownParams = []string{ParamNumberOfReplicas, ParamFrontend, ParamFSType, ParamDiskSelector, ParamEncrypted, ParamRecurringJobGroups}
 
 // Keys the external-provisioner adds (with --extra-create-metadata) or
 // reserves; they are accepted and recorded, never rejected.
@@ -81,6 +84,8 @@ type volumeParams struct {
 	diskSelector []string
 	encrypted    bool
 	pvc, pv      string
+	// recurringJobGroups are the RecurringJob groups the Volume is put in.
+	recurringJobGroups []string
 }
 
 // parseParams checks StorageClass parameters. An unknown key is an error
@@ -128,6 +133,12 @@ func parseParams(p map[string]string) (volumeParams, error) {
 			if len(out.diskSelector) > 16 {
 				return out, status.Errorf(codes.InvalidArgument, "StorageClass parameter %s: at most 16 tags, got %d", k, len(out.diskSelector))
 			}
+		case ParamRecurringJobGroups:
+			g, err := parseGroups(val)
+			if err != nil {
+				return out, err
+			}
+			out.recurringJobGroups = g
 		case ParamEncrypted:
 			b, err := parseEncrypted(val)
 			if err != nil {
@@ -144,6 +155,30 @@ func parseParams(p map[string]string) (volumeParams, error) {
 			}
 			return out, status.Errorf(codes.InvalidArgument, "unknown StorageClass parameter %q: remove it from the StorageClass; known parameters are %s", k, strings.Join(knownParams, ", "))
 		}
+	}
+	return out, nil
+}
+
+// groupName is a RecurringJob group name: a DNS label short enough for
+// the label key it makes.
+var groupName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// parseGroups reads recurringJobGroups: comma-separated group names,
+// blanks and repeats dropped, at most v1.MaxRecurringJobGroups.
+func parseGroups(val string) ([]string, error) {
+	var out []string
+	for _, g := range strings.Split(val, ",") {
+		g = strings.TrimSpace(g)
+		if g == "" || slices.Contains(out, g) {
+			continue
+		}
+		if len(g) > v1.MaxRecurringJobGroupLength || !groupName.MatchString(g) {
+			return nil, status.Errorf(codes.InvalidArgument, "StorageClass parameter %s: group %q must be a DNS label (lower-case letters, digits and '-') of at most %d characters", ParamRecurringJobGroups, g, v1.MaxRecurringJobGroupLength)
+		}
+		out = append(out, g)
+	}
+	if len(out) > v1.MaxRecurringJobGroups {
+		return nil, status.Errorf(codes.InvalidArgument, "StorageClass parameter %s: at most %d groups, got %d", ParamRecurringJobGroups, v1.MaxRecurringJobGroups, len(out))
 	}
 	return out, nil
 }

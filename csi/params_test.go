@@ -34,6 +34,13 @@ func TestParseParams(t *testing.T) {
 		{name: "bad fs", in: map[string]string{"fsType": "btrfs"}, code: codes.InvalidArgument, errHas: "btrfs"},
 		{name: "long tag", in: map[string]string{"diskSelector": strings.Repeat("x", 64)}, code: codes.InvalidArgument},
 		{name: "too many tags", in: map[string]string{"diskSelector": strings.Repeat("a,", 17)}, code: codes.InvalidArgument},
+		{name: "recurring job groups", in: map[string]string{"recurringJobGroups": " daily, weekly-1,,daily"},
+			want: volumeParams{recurringJobGroups: []string{"daily", "weekly-1"}}},
+		{name: "group not a DNS label", in: map[string]string{"recurringJobGroups": "daily,Week_ly"}, code: codes.InvalidArgument, errHas: `group "Week_ly" must be a DNS label`},
+		{name: "group too long", in: map[string]string{"recurringJobGroups": strings.Repeat("g", v1.MaxRecurringJobGroupLength+1)}, code: codes.InvalidArgument},
+		{name: "longest group", in: map[string]string{"recurringJobGroups": strings.Repeat("g", v1.MaxRecurringJobGroupLength)},
+			want: volumeParams{recurringJobGroups: []string{strings.Repeat("g", v1.MaxRecurringJobGroupLength)}}},
+		{name: "too many groups", in: map[string]string{"recurringJobGroups": "a0,a1,a2,a3,a4,a5,a6,a7,a8,a9,b0,b1,b2,b3,b4,b5,b6"}, code: codes.InvalidArgument, errHas: "at most 16 groups"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -213,4 +220,20 @@ func TestParseEndpoint(t *testing.T) {
 		_, _, err := parseEndpoint(bad)
 		g.Expect(err).To(HaveOccurred(), bad)
 	}
+}
+
+// TestDesiredVolumeGroups: the StorageClass's recurringJobGroups become
+// the Volume's group labels, which RecurringJob spec.groups select.
+func TestDesiredVolumeGroups(t *testing.T) {
+	g := NewWithT(t)
+	p, err := parseParams(map[string]string{ParamRecurringJobGroups: "daily,weekly"})
+	g.Expect(err).NotTo(HaveOccurred())
+	v := desiredVolume(&csipb.CreateVolumeRequest{Name: "pvc-1"}, "pvc-1", "cairn-system", 8<<20, p, nil, nil)
+	g.Expect(v.Labels).To(Equal(map[string]string{
+		"storage.cairn.io/recurring-job-group.daily":  "enabled",
+		"storage.cairn.io/recurring-job-group.weekly": "enabled",
+	}))
+	p, err = parseParams(nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(desiredVolume(&csipb.CreateVolumeRequest{Name: "pvc-2"}, "pvc-2", "cairn-system", 8<<20, p, nil, nil).Labels).To(BeEmpty())
 }
