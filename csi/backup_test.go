@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -150,4 +152,33 @@ func TestBackupSnapshotClass(t *testing.T) {
 	unmountFrom(t, g, ctrl, r, restored.GetVolume().GetVolumeId())
 	_, err = ctrl.controller.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: restored.GetVolume().GetVolumeId()})
 	g.Expect(err).NotTo(HaveOccurred())
+}
+
+// TestPublishRefusedWhileRestoreFails: a volume whose restore from a
+// backup fails (here: its BackupTarget does not exist) is refused at
+// ControllerPublishVolume with FailedPrecondition and the restore's
+// message, instead of waiting out the attacher's timeout.
+func TestPublishRefusedWhileRestoreFails(t *testing.T) {
+	g := NewWithT(t)
+	addNodes(t, "rf-a")
+	d := startDriver(t, "rf-a")
+	ctx := callCtx(t)
+	v := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "restore-fails", Namespace: testNamespace},
+		Spec: v1.VolumeSpec{Size: resource.MustParse("64Mi"), NumberOfReplicas: 1,
+			DataSource: &v1.VolumeDataSource{Backup: &v1.VolumeBackupSource{Target: "no-such-target", Volume: "pvc-gone", Name: "b1"}}}}
+	g.Expect(cluster.Client.Create(ctx, v)).To(Succeed())
+	t.Cleanup(func() { _ = cluster.Client.Delete(context.Background(), v) })
+	g.Eventually(func() string {
+		g.Expect(cluster.Client.Get(ctx, client.ObjectKeyFromObject(v), v)).To(Succeed())
+		if c := meta.FindStatusCondition(v.Status.Conditions, v1.VolumeConditionCloned); c != nil {
+			return c.Reason
+		}
+		return ""
+	}, deadline.Scale(time.Minute), 200*time.Millisecond).Should(Equal(v1.VolumeReasonBackupTargetUnavailable))
+	_, err := d.controller.ControllerPublishVolume(ctx, &csipb.ControllerPublishVolumeRequest{VolumeId: v.Name, NodeId: "rf-a",
+		VolumeCapability: volCap("ext4", false)})
+	g.Expect(status.Code(err)).To(Equal(codes.FailedPrecondition), "%v", err)
+	g.Expect(status.Convert(err).Message()).To(ContainSubstring("no-such-target"))
+	g.Expect(cluster.Client.Get(ctx, client.ObjectKeyFromObject(v), v)).To(Succeed())
+	g.Expect(v.Spec.NodeName).To(BeEmpty(), "nothing changed")
 }

@@ -59,7 +59,7 @@ func (s *ControllerServer) ControllerPublishVolume(ctx context.Context, req *csi
 	if v.Spec.NodeName != "" && v.Spec.NodeName != node {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is attached to node %s; a Cairn volume is attached to one node at a time: stop the pod using it there first", id, v.Spec.NodeName)
 	}
-	if c := meta.FindStatusCondition(v.Status.Conditions, v1.VolumeConditionCloned); c != nil && c.Status != metav1.ConditionTrue && c.Reason == v1.VolumeReasonCloneFailed {
+	if c := meta.FindStatusCondition(v.Status.Conditions, v1.VolumeConditionCloned); c != nil && c.Status != metav1.ConditionTrue && v1.IsCopyFailedReason(c.Reason) {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s cannot attach before its data is copied from its source, and the copy fails: %s", id, c.Message)
 	}
 	if v.Spec.NodeName == "" {

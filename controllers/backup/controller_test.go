@@ -219,6 +219,9 @@ func TestBackupLifecycle(t *testing.T) {
 	r.g.Expect(b1.Status.UploadedBytes).To(BeNumerically("<", 5*mib))
 	r.g.Expect(b1.Status.VolumeSize.Value()).To(Equal(int64(size)))
 	r.g.Expect(meta.IsStatusConditionTrue(b1.Status.Conditions, v1.BackupConditionCompleted)).To(BeTrue())
+	m1, err := r.store().Manifest(context.Background(), r.vol, "b1")
+	r.g.Expect(err).NotTo(HaveOccurred())
+	r.g.Expect(m1.Labels).To(HaveKeyWithValue(v1.BackupLabelKeyCheck, ""), "the manifest records that the volume is not encrypted, for restores to check")
 
 	// One more MiB, inside one 2 MiB backup block.
 	r.write(8*mib, mib)
@@ -244,7 +247,7 @@ func TestBackupLifecycle(t *testing.T) {
 	rec1.uploads.wait()
 	b3 := r.get("b3")
 	r.g.Expect(b3.Status.State).To(Equal(v1.BackupStateInProgress))
-	_, err := r.store().Manifest(context.Background(), r.vol, "b3")
+	_, err = r.store().Manifest(context.Background(), r.vol, "b3")
 	r.g.Expect(errors.Is(err, backupstore.ErrBackupNotFound)).To(BeTrue(), "the stopped upload wrote no manifest: %v", err)
 	// The next manager finds it inProgress and runs it again.
 	b3 = r.until(rec, "b3", v1.BackupStateCompleted)

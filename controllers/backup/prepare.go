@@ -26,6 +26,7 @@ type job struct {
 	snapshot             string
 	replica, replicaAddr string
 	volumeUID, backupUID string
+	keyCheck             string // the volume's spec.encryption.keyCheck, "" when not encrypted
 	s3                   backupstore.S3Config
 }
 
@@ -69,7 +70,7 @@ func (r *Reconciler) prepare(ctx context.Context, b *v1.Backup) (*job, ctrl.Resu
 		return nil, ctrl.Result{}, nil // the Engine's changes bring us back
 	}
 	return &job{key: client.ObjectKeyFromObject(b), volume: vol.Name, name: b.Name, snapshot: snap,
-		replica: name, replicaAddr: addr, volumeUID: string(vol.UID), backupUID: string(b.UID), s3: cfg}, ctrl.Result{}, nil
+		replica: name, replicaAddr: addr, volumeUID: string(vol.UID), backupUID: string(b.UID), keyCheck: keyCheckOf(vol), s3: cfg}, ctrl.Result{}, nil
 }
 
 // target returns the S3 configuration of the Backup's BackupTarget, if it
@@ -204,3 +205,14 @@ func conditionStatus(ok bool) metav1.ConditionStatus {
 }
 
 func metavTime() *metav1.Time { return &metav1.Time{Time: time.Now()} }
+
+// keyCheckOf is what a backup's manifest records of the volume's
+// encryption (label v1.BackupLabelKeyCheck), so a restore can refuse a
+// volume whose key would not read it: the key check, or "" when the volume
+// is not encrypted.
+func keyCheckOf(vol *v1.Volume) string {
+	if vol.Spec.Encryption == nil {
+		return ""
+	}
+	return vol.Spec.Encryption.KeyCheck
+}

@@ -56,7 +56,7 @@ func (r *Reconciler) upload(ctx context.Context, j *job) (*backupstore.BackupRes
 	}
 	defer rc.Close()
 	opts := snapshotsource.BackupOptions{Volume: j.volume, Name: j.name, Snapshot: j.snapshot,
-		Labels: map[string]string{LabelVolumeUID: j.volumeUID, LabelBackupUID: j.backupUID, LabelBackup: j.key.String()}}
+		Labels: map[string]string{LabelVolumeUID: j.volumeUID, LabelBackupUID: j.backupUID, LabelBackup: j.key.String(), v1.BackupLabelKeyCheck: j.keyCheck}}
 	if opts.BaseSnapshot, opts.BaseBackup, err = r.parent(ctx, store, rc, j); err != nil {
 		return nil, err
 	}
