@@ -153,7 +153,7 @@ test-conformance: ## Kubernetes' CSI driver suites (External Storage) against Ca
 	hack/test-conformance.sh
 
 .PHONY: demo demo-kind
-demo: build ## See it work on Kubernetes: a three-node kind cluster (node image built offline the first time: minutes), Cairn deployed, a PVC written by a pod, a replica's node stopped and back, the repair shown live, the data verified.
+demo: build ## See it work on Kubernetes: a three-node kind cluster (node image built offline the first time: minutes), Cairn deployed, a PVC written by a pod, a replica's node stopped and back, the repair shown live, the data verified, the instance manager restarted under a writer, a backup to an in-cluster S3 server restored into a larger claim.
 	hack/demo-kind.sh
 
 demo-kind: demo ## The same as demo (its former name).

@@ -2,7 +2,9 @@
 # demo-kind.sh (`make demo`): Cairn on a real three-node kind cluster. Brings the cluster
 # up (reused if it exists), builds and loads the images, deploys Cairn, has
 # a pod write data to a three-replica PVC, fails a replica's node, shows
-# the repair live, and verifies the data. Where ../shared/tools/kind-offline
+# the repair live, and verifies the data; restarts the instance manager
+# under a writer; backs the volume up to an in-cluster S3 server and
+# restores it into a new, larger claim on another node. Where ../shared/tools/kind-offline
 # sits beside the clone (machines without registry access) it builds the
 # kind node image and the CSI sidecars first: minutes the first time.
 set -euo pipefail
@@ -109,9 +111,111 @@ k exec demo -- sh -c "seq 1 $acked | sed 's/^/rec /' | cmp - /data/log" && echo 
 echo "   failed writes seen by the app: $errors; longest pause between two fsyncs: $(k exec demo -- cat /tmp/maxgap) ms"
 [[ $errors == 0 ]] || { echo "demo-kind: the app saw $errors failed writes" >&2; exit 1; }
 
+say "a backup outside the cluster: an S3 server (versitygw) in the cluster stands in for the bucket"
+S3_IMAGE=${S3_IMAGE:-cairn-demo-s3:local}
+hack/s3-image.sh "$S3_IMAGE" "$APP_IMAGE" "$CLUSTER"
+k apply -f - <<YAML
+apiVersion: v1
+kind: Namespace
+metadata: {name: demo-s3}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: s3, namespace: demo-s3}
+spec:
+  selector: {matchLabels: {app: s3}}
+  template:
+    metadata: {labels: {app: s3}}
+    spec:
+      containers:
+      - name: versitygw
+        image: $S3_IMAGE
+        imagePullPolicy: IfNotPresent
+        command: ["sh", "-c", "mkdir -p /data/demo-backups && exec versitygw --access demo-access --secret demo-secret-key --port :7070 posix /data"]
+        readinessProbe: {tcpSocket: {port: 7070}, periodSeconds: 1}
+        volumeMounts: [{name: data, mountPath: /data}]
+      volumes: [{name: data, emptyDir: {}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: s3, namespace: demo-s3}
+spec: {selector: {app: s3}, ports: [{port: 7070}]}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: demo-s3-credentials, namespace: cairn-system}
+stringData: {AWS_ACCESS_KEY_ID: demo-access, AWS_SECRET_ACCESS_KEY: demo-secret-key}
+---
+apiVersion: storage.cairn.io/v1alpha1
+kind: BackupTarget
+metadata: {name: demo-s3}
+spec:
+  s3:
+    endpoint: http://s3.demo-s3.svc.cluster.local:7070
+    bucket: demo-backups
+    region: us-east-1
+    pathStyle: true
+    credentialsSecret: {name: demo-s3-credentials, namespace: cairn-system}
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {name: cairn-backup}
+driver: storage.cairn.io
+deletionPolicy: Delete
+parameters: {type: backup, backupTarget: demo-s3}
+YAML
+k -n demo-s3 rollout status deploy/s3 --timeout=3m
+k wait backuptarget/demo-s3 --for=condition=Available --timeout=2m
+k get backuptargets
+say "a VolumeSnapshot of the backup class: the volume's snapshot uploaded to the bucket"
+k apply -f - <<YAML
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: demo-backup}
+spec:
+  volumeSnapshotClassName: cairn-backup
+  source: {persistentVolumeClaimName: demo}
+YAML
+for _ in $(seq 100); do
+  ready=$(k get volumesnapshot demo-backup -o jsonpath='{.status.readyToUse}')
+  k -n cairn-system get backups -o custom-columns='BACKUP:.metadata.name,STATE:.status.state,PROGRESS:.status.progress,UPLOADED:.status.uploadedBytes' --no-headers 2>/dev/null | sed 's/^/   /'
+  [[ $ready == true ]] && break
+  sleep 3
+done
+[[ $ready == true ]] || { echo "demo-kind: the backup did not complete" >&2; exit 1; }
+restore_node=$(k get nodes -l '!node-role.kubernetes.io/control-plane' -o name | sed 's|node/||' | grep -vx "$app_node" | head -1)
+say "a new claim twice the size restored from the backup, read on $restore_node"
+k apply -f - <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: demo-restored}
+spec:
+  storageClassName: cairn
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: demo-backup}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: demo-restored}
+spec:
+  nodeName: ${restore_node:-$app_node}
+  containers:
+  - name: app
+    image: $APP_IMAGE
+    imagePullPolicy: IfNotPresent
+    command: ["sleep", "infinity"]
+    volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+  - {name: data, persistentVolumeClaim: {claimName: demo-restored}}
+YAML
+k wait pod/demo-restored --for=condition=Ready --timeout=5m
+k exec demo-restored -- sh -c 'cd /data && sha256sum -c sum && df -h /data | tail -1'
+
 say "done"
 cat <<TXT
 Look around:  kubectl --context kind-$CLUSTER -n cairn-system get volumes,engines,replicas,snapshots -o wide
-Clean up:     kubectl --context kind-$CLUSTER delete pod/demo pvc/demo
+Backups:      kubectl --context kind-$CLUSTER -n cairn-system get backups; kubectl --context kind-$CLUSTER get volumesnapshots
+Clean up:     kubectl --context kind-$CLUSTER delete pod/demo-restored pvc/demo-restored volumesnapshot/demo-backup pod/demo pvc/demo
               kind delete cluster --name $CLUSTER
 TXT

@@ -33,11 +33,7 @@ kind load docker-image --name "$CLUSTER" "$E2E_FIO_IMAGE" >/dev/null
 # Its backup spec runs versitygw (hack/e2e-s3) in the cluster as the S3 target.
 export E2E_S3_IMAGE=${E2E_S3_IMAGE:-cairn-e2e-s3:local}
 say "S3 server image $E2E_S3_IMAGE (versitygw, FROM $E2E_APP_IMAGE)"
-s3ctx=$(mktemp -d)
-cp hack/e2e-s3/Dockerfile "$(hack/install-versitygw.sh)" "$s3ctx/"
-docker build -q --build-arg BASE_IMAGE="$E2E_APP_IMAGE" -t "$E2E_S3_IMAGE" "$s3ctx" >/dev/null
-rm -rf "$s3ctx"
-kind load docker-image --name "$CLUSTER" "$E2E_S3_IMAGE" >/dev/null
+hack/s3-image.sh "$E2E_S3_IMAGE" "$E2E_APP_IMAGE" "$CLUSTER"
 
 say "e2e suite"
 rc=0
