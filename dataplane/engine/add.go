@@ -10,10 +10,12 @@ import (
 // on every replica at this moment, and rebuilds it in the background:
 // the data older than the snapshot is copied from an RW replica while new
 // writes reach it directly, then verified, then the replica becomes RW.
-// A replica that failed earlier in this engine's life, while the set has
-// stayed degraded since, copies only the regions marked dirty in its own
-// and the source's write-intent bitmaps; any other copies everything,
-// skipping holes. The failed replica is recognised by its ID, not its
+// A replica that held data of the volume copies only the regions marked
+// dirty in its own and the source's write-intent bitmaps (and in the
+// engine's record of the writes made while it was away) if it failed
+// earlier in this engine's life while the set stayed degraded since, or
+// if the source has kept its bits since the replica left (keptFor: also
+// after an engine restart); any other copies everything, skipping holes. The failed replica is recognised by its ID, not its
 // address: a replica process restarted on its data directory usually gets
 // other ports. AddReplica returns once the replica is taking writes.
 func (e *Engine) AddReplica(ctx context.Context, addr string) error {
@@ -27,7 +29,7 @@ func (e *Engine) AddReplica(ctx context.Context, addr string) error {
 	// Only the very replica that failed (same ID, data intact, not halfway
 	// through an earlier rebuild) may copy just the dirty regions; a new
 	// replica, at the same address or not, gets everything.
-	a.dirtyOnly, a.fullReason = e.resyncKind(a.info)
+	a.dirtyOnly, a.byMarker, a.fullReason = e.resyncKind(a.info)
 
 	// From here on a failure fails replicas: the caller's cancellation must
 	// not cause one.
@@ -54,7 +56,12 @@ type addition struct {
 	// they are after dropDeletedWhileAway).
 	info      ReplicaInfo
 	dirtyOnly bool
-	// fullReason: why a replica that held data is rebuilt in full.
+	// byMarker: dirtyOnly holds only if the source's DirtyKeptSince
+	// marker covers the target's absence (keptFor), checked once the
+	// source is picked; the engine has no record of it leaving.
+	byMarker bool
+	// fullReason: why a replica that held data is rebuilt in full (with
+	// byMarker, why the engine's own record cannot tell).
 	fullReason string
 	// snap is the rebuild snapshot, taken on every member and the target.
 	snap SnapshotInfo
@@ -92,24 +99,27 @@ func (e *Engine) checkAddableLocked(addr string) error {
 // resyncKind decides whether a replica being added, as it reported
 // itself before the fence, may copy dirty regions only: the replica with
 // this ID failed in this engine's life while the set stayed degraded since
-// (see Engine.failed) and is not halfway through an earlier rebuild. For a
-// replica that held data of a volume (it was given an epoch) and may not,
-// it says why: its rebuild copies everything.
-func (e *Engine) resyncKind(info ReplicaInfo) (dirtyOnly bool, fullReason string) {
+// (see Engine.failed) and is not halfway through an earlier rebuild. A
+// replica that held data of the volume (it was given an epoch) that the
+// engine has no such record of may still, byMarker, if the source picked
+// later has kept its write-intent bits since the replica left (keptFor);
+// fullReason then says why the engine's record cannot tell, for the
+// status of a full rebuild if the source cannot either.
+func (e *Engine) resyncKind(info ReplicaInfo) (dirtyOnly, byMarker bool, fullReason string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	_, failed := e.failed[info.ID]
 	switch {
 	case info.Rebuilding:
-		return false, "an earlier rebuild of it did not finish: its data is incomplete"
+		return false, false, "an earlier rebuild of it did not finish: its data is incomplete"
 	case info.ID != "" && failed:
-		return true, ""
+		return true, false, ""
 	case info.Epoch == 0:
-		return false, "" // a new replica: everything is to copy
+		return false, false, "" // a new replica: everything is to copy
 	case e.forgot[info.ID] != "":
-		return false, "history unknown: " + e.forgot[info.ID]
+		return true, true, e.forgot[info.ID]
 	default:
-		return false, "history unknown: this engine did not see the replica leave (it was away when the engine started, or the engine restarted while it was away), so which writes it missed is not known"
+		return true, true, "this engine did not see the replica leave (it was away when the engine started, or the engine restarted while it was away)"
 	}
 }
 
@@ -237,6 +247,13 @@ func (e *Engine) join(ctx context.Context, a *addition) (rb *rebuild, err error)
 	if a.src, a.srcInfo, err = e.rebuildSource(ctx, a.src, want); err != nil {
 		return nil, err
 	}
+	if ok, why := keptFor(a.srcInfo, a.info); a.dirtyOnly && a.byMarker && !ok {
+		// Another source than plan's (that one failed meanwhile), which
+		// cannot vouch for the target's dirty regions; its chain is set
+		// for a dirty-only rebuild. It is marked rebuilding: the next
+		// add of it copies everything.
+		return nil, fmt.Errorf("%w: the rebuild source changed to %s, which %s", ErrNoReplica, a.src.addr, why)
+	}
 	return e.admit(ctx, a)
 }
 
@@ -244,16 +261,16 @@ func (e *Engine) join(ctx context.Context, a *addition) (rb *rebuild, err error)
 // held): another add of the same address may have joined since, and the
 // set may have become healthy since, clearing the failed record that
 // allowed a dirty-only rebuild (the survivors' bits for the target's
-// missed writes may be gone: it is rebuilt in full).
+// missed writes may be gone: the source's marker decides).
 func (e *Engine) recheck(a *addition) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err := e.checkAddableLocked(a.target.addr); err != nil {
 		return err
 	}
-	if _, failed := e.failed[a.info.ID]; a.dirtyOnly && !failed {
-		e.log.Info("the set was healthy again since the replica failed; rebuilding it in full", "replica", a.target.addr)
-		a.dirtyOnly, a.fullReason = false, "history unknown: "+e.forgot[a.info.ID]
+	if _, failed := e.failed[a.info.ID]; a.dirtyOnly && !a.byMarker && !failed {
+		// The source's marker decides (plan).
+		a.byMarker, a.fullReason = true, e.forgot[a.info.ID]
 	}
 	return nil
 }
@@ -273,6 +290,15 @@ func (e *Engine) plan(ctx context.Context, a *addition) error {
 		return err
 	}
 	a.src, a.chain = src, before.Snapshots
+	if a.dirtyOnly && a.byMarker {
+		if ok, why := keptFor(before, a.info); ok {
+			e.log.Info("the source has kept its write-intent bits since the returning replica left: changed regions only", "replica", a.target.addr, "engine", a.fullReason, "keptSince", before.DirtyKeptSince, "replicaEpoch", a.info.Epoch)
+			a.fullReason = ""
+		} else {
+			e.log.Info("which writes the returning replica missed is not known; rebuilding it in full", "replica", a.target.addr, "why", a.fullReason, "source", why)
+			a.dirtyOnly, a.fullReason = false, "history unknown: "+a.fullReason+"; "+why
+		}
+	}
 	if a.dirtyOnly {
 		if isPrefix(a.info.Snapshots, a.chain) {
 			a.missed = a.chain[len(a.info.Snapshots):]

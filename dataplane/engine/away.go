@@ -22,8 +22,10 @@ const awayRegion = 1 << 20
 // write: it is in this record.
 //
 // It is kept while Engine.failed is not empty and reset with it; an
-// engine that restarts loses it, and so forgets which replicas may resync
-// dirty regions only (they are rebuilt in full, saying so).
+// engine that restarts loses it. The replicas' bitmaps then stand alone:
+// the writes that failed on a replica were marked on the others before
+// being acknowledged (markFailedWrite), and a source's DirtyKeptSince
+// marker says since when it cleared no bit (keptFor).
 type awayMap struct {
 	on   atomic.Bool // set while a failed replica may come back
 	mu   sync.Mutex

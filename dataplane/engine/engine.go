@@ -539,6 +539,13 @@ func (e *Engine) afterFailure(ctx context.Context) {
 // serialises epoch changes. e.mu is taken only around reading and
 // applying, not across the calls.
 func (e *Engine) publishEpoch(ctx context.Context, bump bool) error {
+	return e.publishEpochMarking(ctx, bump, nil)
+}
+
+// publishEpochMarking is publishEpoch that also has every writable
+// replica mark the write-intent bits of marks durably, if the set is
+// degraded (see markFailedWrite).
+func (e *Engine) publishEpochMarking(ctx context.Context, bump bool, marks []ByteRange) error {
 	ctx = detach(ctx) // a refusal fails the replica: never let a caller's cancellation cause one
 	e.mu.Lock()
 	if bump {
@@ -555,6 +562,9 @@ func (e *Engine) publishEpoch(ctx context.Context, bump bool) error {
 		e.mu.Unlock()
 		errs := each(ms, func(i int, m *member) error {
 			st := EpochState{Epoch: epoch, Degraded: degraded, Rebuilding: modes[i] == ModeWO, Members: ids}
+			if degraded {
+				st.Mark = marks
+			}
 			if err := m.ctl.SetEpoch(ctx, st); err != nil {
 				return err
 			}

@@ -541,9 +541,11 @@ func TestFullRebuildOverStaleData(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.Close()
-	// A new engine knows nothing of the failure: the returning replica (with
-	// its old data) gets a full rebuild.
-	e2, err := engine.Open(ctx, engine.Options{Replicas: []string{reps[0].addr}, Dial: dialer(), Wanted: 2})
+	// A new engine knows nothing of the failure, and serves a set that is
+	// not degraded (one replica wanted): the survivor keeps no record of
+	// its bits, so the returning replica (with its old data) gets a full
+	// rebuild.
+	e2, err := engine.Open(ctx, engine.Options{Replicas: []string{reps[0].addr}, Dial: dialer(), Wanted: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -203,7 +203,11 @@ func (e *Engine) mutateWith(ctx context.Context, o op, off, n int64, prepare fun
 		e.ranges.unlock(lr)
 	}
 	e.io.RUnlock()
-	if failed || e.needBump.Load() {
+	marked := last != nil && o != opFlush
+	if marked {
+		e.markFailedWrite(ctx, off, n)
+	}
+	if failed || marked || e.needBump.Load() {
 		// Acknowledge only once every failed replica is fenced off by the
 		// epoch bump (see needBump), and only if a replica that took the
 		// write is still RW after it: if the bump found none left, the

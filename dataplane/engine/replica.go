@@ -90,7 +90,15 @@ type EpochState struct {
 	// engine opening the volume while some replica does not answer reads
 	// them to tell whether the missing one can hold newer data (safeToOpen).
 	Members []string
+	// Mark are byte ranges whose write-intent bits the replica sets,
+	// durably, before it answers (only with Degraded): the writes that
+	// failed on another replica, which this one may have taken and
+	// cleared the bits of before it was told the set is degraded.
+	Mark []ByteRange
 }
+
+// ByteRange is a byte range of the volume.
+type ByteRange struct{ Off, N int64 }
 
 // Extent is a run of data at an offset.
 type Extent struct {
@@ -110,8 +118,11 @@ type ReplicaInfo struct {
 	// EpochMembers are the IDs of the replicas RW when Epoch was set
 	// (EpochState.Members); empty if it was set without them.
 	EpochMembers []string
-	HeadBytes    int64
-	Snapshots    []SnapshotInfo
+	// DirtyKeptSince is the epoch since which the replica has cleared no
+	// write-intent bit (0: unknown, or a replica older than the marker).
+	DirtyKeptSince uint64
+	HeadBytes      int64
+	Snapshots      []SnapshotInfo
 	// Dirty is the write-intent bitmap: bit r%64 of word r/64 is region r.
 	DirtyRegionSize int64
 	DirtyCount      int64

@@ -295,6 +295,13 @@ func (d *dirtyMap) flushEnd(keep []uint64) error {
 	return nil
 }
 
+// mark makes the bits of [off, off+length) durable, as a write's begin
+// does, with no write in flight.
+func (d *dirtyMap) mark(off, length int64) error {
+	first, last := d.regionsOf(off, length)
+	return d.persist(first, last)
+}
+
 // setDegraded says whether the replica set is missing a member.
 func (d *dirtyMap) setDegraded(v bool) {
 	d.mu.Lock()

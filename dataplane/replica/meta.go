@@ -37,6 +37,14 @@ type metadata struct {
 	// binary). An engine opening the volume without some replica needs
 	// them to show that the missing one cannot hold newer data.
 	EpochMembers []string `json:"epochMembers,omitempty"`
+	// DirtyKeptSince is the epoch from which this replica has cleared no
+	// write-intent bit, continuously: every write it took at that epoch
+	// or later, and every region the engine asked it to mark
+	// (FenceOptions.Mark), is marked in dirty.bitmap. 0: unknown (bits
+	// may be cleared, or metadata written before the marker existed). A
+	// replica last a member at epoch E may copy only the dirty regions
+	// from a source whose marker is non-zero and at most E+1.
+	DirtyKeptSince uint64 `json:"dirtyKeptSince,omitempty"`
 	// Rebuilding is true while the replica is being rebuilt: its data is
 	// incomplete and no engine may open it as a healthy member.
 	Rebuilding bool   `json:"rebuilding,omitempty"`

@@ -325,6 +325,28 @@ type FenceOptions struct {
 	// Members are the IDs of the replicas that are RW in the set at
 	// Epoch; persisted with it (see metadata.EpochMembers).
 	Members []string
+	// Mark are byte ranges whose write-intent bits are set, durably,
+	// before Fence returns: the engine names the writes that failed on
+	// another replica, which this one took and may have cleared the bits
+	// of before it was told the set is degraded.
+	Mark []Range
+}
+
+// keptSince is the DirtyKeptSince marker after a fence at o (see
+// metadata.DirtyKeptSince): bits clear only in a set that is not
+// degraded, so such a fence resets it; a replica being rebuilt has bits
+// only for the writes that reach it from its rebuild on, so its marker
+// is the fence's epoch; otherwise a degraded fence keeps the marker, or
+// starts it at its epoch.
+func keptSince(cur uint64, o FenceOptions) uint64 {
+	switch {
+	case !o.Degraded:
+		return 0
+	case o.Rebuilding || cur == 0:
+		return o.Epoch
+	default:
+		return cur
+	}
 }
 
 // Fence makes o.Epoch the replica's epoch, persisted with its owner and
@@ -340,6 +362,9 @@ type FenceOptions struct {
 // over), and only one of them may hold it. The same epoch from the same
 // owner (or with no owner given) is accepted again, with new flags.
 func (r *Replica) Fence(o FenceOptions) error {
+	if err := r.checkMarks(o); err != nil {
+		return err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -357,12 +382,47 @@ func (r *Replica) Fence(o FenceOptions) error {
 	m.Epoch = o.Epoch
 	m.Rebuilding = o.Rebuilding
 	m.EpochMembers = slices.Clone(o.Members)
+	m.DirtyKeptSince = keptSince(m.DirtyKeptSince, o)
+	if err := r.markForFence(o); err != nil {
+		return fmt.Errorf("set epoch: %w", err)
+	}
 	if err := writeMeta(r.dir, m); err != nil {
 		return fmt.Errorf("set epoch: %w", err)
 	}
 	r.meta = m
 	r.epoch.Store(o.Epoch)
 	r.dirty.setDegraded(o.Degraded)
+	return nil
+}
+
+// checkMarks refuses, before anything changes, regions to mark that
+// are out of the volume or given with a set that is not degraded (whose
+// bits would clear again).
+func (r *Replica) checkMarks(o FenceOptions) error {
+	if len(o.Mark) > 0 && !o.Degraded {
+		return fmt.Errorf("%w: write-intent regions to mark in a set that is not degraded", ErrOutOfRange)
+	}
+	for _, rg := range o.Mark {
+		if err := r.checkRange(rg.Offset, rg.Length); err != nil {
+			return fmt.Errorf("write-intent regions to mark: %w", err)
+		}
+	}
+	return nil
+}
+
+// markForFence marks o.Mark durably in a degraded set, the set made
+// degraded first so that no flush clears a bit from then on: the marks
+// stay, and so do the bits the DirtyKeptSince marker promises.
+func (r *Replica) markForFence(o FenceOptions) error {
+	if !o.Degraded {
+		return nil
+	}
+	r.dirty.setDegraded(true)
+	for _, rg := range o.Mark {
+		if err := r.dirty.mark(rg.Offset, rg.Length); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -39,6 +39,9 @@ type Info struct {
 	// EpochMembers are the IDs of the replicas RW at Epoch
 	// (FenceOptions.Members).
 	EpochMembers []string
+	// DirtyKeptSince is the epoch since which no write-intent bit was
+	// cleared (0: unknown); see metadata.DirtyKeptSince.
+	DirtyKeptSince uint64
 }
 
 // Info returns the replica's size, epoch, chain and dirty regions.
@@ -48,7 +51,7 @@ func (r *Replica) Info() (Info, error) {
 	if r.closed {
 		return Info{}, ErrClosed
 	}
-	in := Info{ID: r.meta.ID, Rebuilding: r.meta.Rebuilding, Dir: r.dir, Size: r.size.Load(), Epoch: r.epoch.Load(), EpochMembers: slices.Clone(r.meta.EpochMembers), Head: r.meta.Head, Snapshots: r.snapshotsLocked(), Dirty: r.dirty.snapshot()}
+	in := Info{ID: r.meta.ID, Rebuilding: r.meta.Rebuilding, Dir: r.dir, Size: r.size.Load(), Epoch: r.epoch.Load(), EpochMembers: slices.Clone(r.meta.EpochMembers), DirtyKeptSince: r.meta.DirtyKeptSince, Head: r.meta.Head, Snapshots: r.snapshotsLocked(), Dirty: r.dirty.snapshot()}
 	in.HeadBytes = r.head().idx.count() * BlockSize
 	for _, l := range r.layers {
 		in.IndexBytes += l.idx.memBytes()

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -32,10 +34,15 @@ const (
 	// engineRestart: as newAddress, and the engine is killed and started
 	// again while the replica is away.
 	engineRestart
+	// oldMetadata: as engineRestart, and the other replicas are restarted
+	// too, their metadata without the epoch since which they kept their
+	// write-intent bits (as a replica binary from before that record
+	// wrote it): which writes the returning one missed is not known.
+	oldMetadata
 )
 
 func (o outage) String() string {
-	return [...]string{"process restart", "new address", "engine restart"}[o]
+	return [...]string{"process restart", "new address", "engine restart", "old metadata"}[o]
 }
 
 const (
@@ -50,14 +57,17 @@ const (
 // flush from the application) until every replica's write-intent bitmap
 // is clean. One replica goes away, 8 MiB are written to the 128 MiB
 // volume, and the replica comes back on its directory. Whether its
-// process restarted at its old ports or at new ones, its resync copies
-// the regions written meanwhile, not the volume; if the engine restarted
-// while it was away, the engine no longer knows what it missed and
-// rebuilds it in full, saying why in the rebuild's status. Either way,
-// the returned replica alone then serves every byte right.
+// process restarted at its old ports or at new ones, and whether the
+// engine restarted while it was away (the new engine has no record of
+// it leaving: the survivors' write-intent bits, kept since it left, tell
+// what it missed), its resync copies the regions written meanwhile, not
+// the volume. If the survivors cannot tell since when they kept their
+// bits (metadata from before that record), it is rebuilt in full, saying
+// why in the rebuild's status. Either way, the returned replica alone
+// then serves every byte right.
 func TestReturningReplicaCopiesWhatChanged(t *testing.T) {
 	needTool(t, "qemu-io")
-	for _, o := range []outage{processRestart, newAddress, engineRestart} {
+	for _, o := range []outage{processRestart, newAddress, engineRestart, oldMetadata} {
 		t.Run(o.String(), func(t *testing.T) { testResync(t, o) })
 	}
 }
@@ -74,9 +84,12 @@ func testResync(t *testing.T, o outage) {
 	// 8 MiB while it is away, in two places, region-aligned.
 	qemuIO(t, v.uri, "write -P 0x22 32M 4M", "write -P 0x33 96M 4M", "flush")
 
-	if o == engineRestart {
+	if o == engineRestart || o == oldMetadata {
 		v.engine.cmd.Process.Kill()
 		v.engine.waitExit(t)
+		if o == oldMetadata {
+			restartWithoutKeptSince(t, v, 0, 2)
+		}
 		v.engine = start(t, v.args...)
 		waitMode(t, v.engine.control, v.addrs[1], "ERR")
 	}
@@ -96,6 +109,7 @@ func testResync(t *testing.T, o outage) {
 		t.Fatalf("rebuild: %+v", rb)
 	}
 	checkCopied(t, o, rb)
+	waitMode(t, v.engine.control, addr, "RW")
 
 	// The returned replica alone: every byte as written.
 	for _, i := range []int{0, 2} {
@@ -109,12 +123,14 @@ func testResync(t *testing.T, o outage) {
 
 // checkCopied: a returning replica copies what was written while it was
 // away, rounded to regions (plus at most one region either side of each
-// write); after an engine restart it copies everything, and says why.
+// write); when the survivors cannot tell since when they kept their bits
+// it copies everything, and says why.
 func checkCopied(t *testing.T, o outage, rb *enginev1.Rebuild) {
 	t.Helper()
-	if o == engineRestart {
-		if rb.DirtyOnly || !strings.Contains(rb.FullReason, "history unknown") || !strings.Contains(rb.FullReason, "engine restarted") {
-			t.Fatalf("after an engine restart the rebuild is dirty-only %v, reason %q; want full, history unknown because of the restart", rb.DirtyOnly, rb.FullReason)
+	if o == oldMetadata {
+		if rb.DirtyOnly || !strings.Contains(rb.FullReason, "history unknown") || !strings.Contains(rb.FullReason, "engine restarted") ||
+			!strings.Contains(rb.FullReason, "kept its write-intent bits only since epoch") {
+			t.Fatalf("with the survivors' record of kept bits lost, the rebuild is dirty-only %v, reason %q; want full, history unknown, saying why", rb.DirtyOnly, rb.FullReason)
 		}
 		if rb.BytesCopied < resyncVolume {
 			t.Fatalf("a full rebuild copied %d bytes of a volume of %d", rb.BytesCopied, resyncVolume)
@@ -128,6 +144,39 @@ func checkCopied(t *testing.T, o outage, rb *enginev1.Rebuild) {
 		t.Fatalf("copied %d bytes after %d were written to a %d-byte volume while the replica was away", rb.BytesCopied, resyncWritten, resyncVolume)
 	}
 	t.Logf("%s: copied %d bytes of %d written while away, volume %d", o, rb.BytesCopied, resyncWritten, resyncVolume)
+}
+
+// restartWithoutKeptSince kills v's replicas idx, removes from their
+// metadata the epoch since which they kept their write-intent bits (which
+// each must have recorded: the set was degraded), and starts them again
+// on their directories at their old ports.
+func restartWithoutKeptSince(t *testing.T, v *volume, idx ...int) {
+	t.Helper()
+	for _, i := range idx {
+		p := v.replicas[i]
+		p.cmd.Process.Kill()
+		p.waitExit(t)
+		path := filepath.Join(v.dirs[i], "volume.meta")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		if k, _ := m["dirtyKeptSince"].(float64); k == 0 {
+			t.Fatalf("replica %d, in a degraded set, records no epoch since which it kept its write-intent bits: %s", i, b)
+		}
+		delete(m, "dirtyKeptSince")
+		if b, err = json.Marshal(m); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		v.replicas[i] = start(t, "replica", "--dir", v.dirs[i], "--listen", p.data, "--control-listen", p.control, "--dirty-clear-delay", "1s")
+	}
 }
 
 // resyncVolumeProcs starts three replica processes (a bit may be cleared
@@ -249,10 +298,17 @@ func rebuildOf(t *testing.T, control, addr string) *enginev1.Rebuild {
 // its write-intent bit on them: the set was not degraded yet. The hung
 // replica never applied the write and has no bit for it either. When it
 // comes back after a restart, its changed-regions resync must still copy
-// that region: the engine noted the write that failed on it. Read from the
-// returned replica alone, the write is there.
+// that region: the engine noted the write that failed on it, and had the
+// survivors mark it again in their bitmaps before acknowledging it, so
+// the region is copied also when the engine restarted while the replica
+// was away. Read from the returned replica alone, the write is there.
 func TestReturningReplicaGetsWriteInFlightWhenItHung(t *testing.T) {
 	needTool(t, "qemu-io")
+	t.Run("same engine", func(t *testing.T) { testHungWrite(t, false) })
+	t.Run("engine restart", func(t *testing.T) { testHungWrite(t, true) })
+}
+
+func testHungWrite(t *testing.T, restartEngine bool) {
 	v := resyncVolumeProcsWith(t, "1ms")
 	qemuIO(t, v.uri, "write -P 0x11 0 128M", "flush")
 	waitBitmapsClean(t, v)
@@ -290,6 +346,12 @@ func TestReturningReplicaGetsWriteInFlightWhenItHung(t *testing.T) {
 	waitMode(t, v.engine.control, v.addrs[1], "ERR")
 	hung.cmd.Process.Kill()
 	hung.waitExit(t)
+	if restartEngine {
+		v.engine.cmd.Process.Kill()
+		v.engine.waitExit(t)
+		v.engine = start(t, v.args...)
+		waitMode(t, v.engine.control, v.addrs[1], "ERR")
+	}
 
 	back := start(t, "replica", "--dir", v.dirs[1], "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
 	addr := back.data + "," + back.control

@@ -340,7 +340,7 @@ func (c *Client) Info(ctx context.Context) (engine.ReplicaInfo, error) {
 	if err != nil {
 		return engine.ReplicaInfo{}, err
 	}
-	out := engine.ReplicaInfo{ID: in.Id, Rebuilding: in.Rebuilding, Size: in.Size, Epoch: in.Epoch, EpochMembers: in.EpochMembers, HeadBytes: in.HeadBytes}
+	out := engine.ReplicaInfo{ID: in.Id, Rebuilding: in.Rebuilding, Size: in.Size, Epoch: in.Epoch, EpochMembers: in.EpochMembers, DirtyKeptSince: in.DirtyKeptSince, HeadBytes: in.HeadBytes}
 	if d := in.Dirty; d != nil {
 		out.DirtyRegionSize, out.DirtyCount, out.Dirty = d.RegionSize, d.Count, d.Bits
 	}
@@ -363,8 +363,12 @@ func (c *Client) SetEpoch(ctx context.Context, st engine.EpochState) error {
 	c.mu.Unlock()
 	qctx, cancel := c.qctx(ctx)
 	defer cancel()
-	_, err := c.ctl.SetEpoch(qctx, &replicav1.SetEpochRequest{Epoch: st.Epoch, Owner: c.owner, Degraded: st.Degraded,
-		Rebuilding: st.Rebuilding, Members: st.Members})
+	req := &replicav1.SetEpochRequest{Epoch: st.Epoch, Owner: c.owner, Degraded: st.Degraded,
+		Rebuilding: st.Rebuilding, Members: st.Members}
+	for _, m := range st.Mark {
+		req.Mark = append(req.Mark, &replicav1.ByteRange{Offset: m.Off, Length: m.N})
+	}
+	_, err := c.ctl.SetEpoch(qctx, req)
 	c.mu.Lock()
 	if err == nil {
 		c.epoch = st.Epoch

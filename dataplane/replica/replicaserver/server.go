@@ -125,7 +125,7 @@ func (c *Control) Info(context.Context, *replicav1.InfoRequest) (*replicav1.Info
 		return nil, grpcErr(err)
 	}
 	out := &replicav1.InfoResponse{
-		Id: in.ID, Rebuilding: in.Rebuilding, Size: in.Size, Epoch: in.Epoch, EpochMembers: in.EpochMembers, Head: in.Head, HeadBytes: in.HeadBytes, IndexBytes: in.IndexBytes, DataAddress: c.DataAddress,
+		Id: in.ID, Rebuilding: in.Rebuilding, Size: in.Size, Epoch: in.Epoch, EpochMembers: in.EpochMembers, DirtyKeptSince: in.DirtyKeptSince, Head: in.Head, HeadBytes: in.HeadBytes, IndexBytes: in.IndexBytes, DataAddress: c.DataAddress,
 		Dirty: &replicav1.DirtyRegions{RegionSize: in.Dirty.RegionSize, Count: in.Dirty.Count, Bits: in.Dirty.Bits, Dirty: in.Dirty.Dirty()},
 	}
 	for _, s := range in.Snapshots {
@@ -169,6 +169,9 @@ func (c *Control) Expand(_ context.Context, req *replicav1.ExpandRequest) (*repl
 
 func (c *Control) SetEpoch(_ context.Context, req *replicav1.SetEpochRequest) (*replicav1.SetEpochResponse, error) {
 	o := replica.FenceOptions{Epoch: req.GetEpoch(), Owner: req.GetOwner(), Degraded: req.GetDegraded(), Rebuilding: req.GetRebuilding(), Members: req.GetMembers()}
+	for _, m := range req.GetMark() {
+		o.Mark = append(o.Mark, replica.Range{Offset: m.GetOffset(), Length: m.GetLength()})
+	}
 	return &replicav1.SetEpochResponse{}, grpcErr(c.Replica.Fence(o))
 }
 

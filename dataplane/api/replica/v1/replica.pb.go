@@ -954,9 +954,13 @@ type InfoResponse struct {
 	Rebuilding bool `protobuf:"varint,10,opt,name=rebuilding,proto3" json:"rebuilding,omitempty"`
 	// The IDs of the replicas that were RW in the set when the epoch was set
 	// (SetEpochRequest.members); empty if the epoch was set without them.
-	EpochMembers  []string `protobuf:"bytes,11,rep,name=epoch_members,json=epochMembers,proto3" json:"epoch_members,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EpochMembers []string `protobuf:"bytes,11,rep,name=epoch_members,json=epochMembers,proto3" json:"epoch_members,omitempty"`
+	// The epoch since which the replica has cleared no write-intent bit (0:
+	// unknown). A replica last a member at epoch E may resync only the dirty
+	// regions from a source whose marker is non-zero and at most E+1.
+	DirtyKeptSince uint64 `protobuf:"varint,12,opt,name=dirty_kept_since,json=dirtyKeptSince,proto3" json:"dirty_kept_since,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -1064,6 +1068,13 @@ func (x *InfoResponse) GetEpochMembers() []string {
 		return x.EpochMembers
 	}
 	return nil
+}
+
+func (x *InfoResponse) GetDirtyKeptSince() uint64 {
+	if x != nil {
+		return x.DirtyKeptSince
+	}
+	return 0
 }
 
 type SnapshotCreateRequest struct {
@@ -1539,7 +1550,13 @@ type SetEpochRequest struct {
 	// persisted with it: an engine that opens the volume while a replica
 	// does not answer serves without it only if every replica named by the
 	// newest epoch's set answered (docs/engine.md, "Opening").
-	Members       []string `protobuf:"bytes,5,rep,name=members,proto3" json:"members,omitempty"`
+	Members []string `protobuf:"bytes,5,rep,name=members,proto3" json:"members,omitempty"`
+	// Byte ranges whose write-intent bits the replica sets, durably, before
+	// it answers: writes that failed on another replica, which this one took
+	// (and may have cleared the bits of before it was told the set is
+	// degraded). Only with degraded; OUT_OF_RANGE otherwise or for a range
+	// outside the volume.
+	Mark          []*ByteRange `protobuf:"bytes,6,rep,name=mark,proto3" json:"mark,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1605,6 +1622,13 @@ func (x *SetEpochRequest) GetOwner() string {
 func (x *SetEpochRequest) GetMembers() []string {
 	if x != nil {
 		return x.Members
+	}
+	return nil
+}
+
+func (x *SetEpochRequest) GetMark() []*ByteRange {
+	if x != nil {
+		return x.Mark
 	}
 	return nil
 }
@@ -1845,7 +1869,7 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x12\n" +
 	"\x04bits\x18\x03 \x03(\x06R\x04bits\x12\x14\n" +
 	"\x05dirty\x18\x04 \x01(\x03R\x05dirty\"\r\n" +
-	"\vInfoRequest\"\xf4\x02\n" +
+	"\vInfoRequest\"\x9e\x03\n" +
 	"\fInfoResponse\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x12\n" +
@@ -1862,7 +1886,8 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"rebuilding\x18\n" +
 	" \x01(\bR\n" +
 	"rebuilding\x12#\n" +
-	"\repoch_members\x18\v \x03(\tR\fepochMembers\"\x90\x01\n" +
+	"\repoch_members\x18\v \x03(\tR\fepochMembers\x12(\n" +
+	"\x10dirty_kept_since\x18\f \x01(\x04R\x0edirtyKeptSince\"\x90\x01\n" +
 	"\x15SnapshotCreateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fuser_created\x18\x02 \x01(\bR\vuserCreated\x12*\n" +
@@ -1883,7 +1908,7 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\rExpandRequest\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x10\n" +
-	"\x0eExpandResponse\"\x93\x01\n" +
+	"\x0eExpandResponse\"\xc4\x01\n" +
 	"\x0fSetEpochRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\bdegraded\x18\x02 \x01(\bR\bdegraded\x12\x1e\n" +
@@ -1891,7 +1916,8 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"rebuilding\x18\x03 \x01(\bR\n" +
 	"rebuilding\x12\x14\n" +
 	"\x05owner\x18\x04 \x01(\tR\x05owner\x12\x18\n" +
-	"\amembers\x18\x05 \x03(\tR\amembers\"\x12\n" +
+	"\amembers\x18\x05 \x03(\tR\amembers\x12/\n" +
+	"\x04mark\x18\x06 \x03(\v2\x1b.cairn.replica.v1.ByteRangeR\x04mark\"\x12\n" +
 	"\x10SetEpochResponse\"w\n" +
 	"\n" +
 	"StaleEpoch\x12#\n" +
@@ -1974,39 +2000,40 @@ var file_replica_v1_replica_proto_depIdxs = []int32{
 	14, // 3: cairn.replica.v1.InfoResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
 	15, // 4: cairn.replica.v1.InfoResponse.dirty:type_name -> cairn.replica.v1.DirtyRegions
 	14, // 5: cairn.replica.v1.SnapshotListResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
-	16, // 6: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
-	18, // 7: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
-	20, // 8: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
-	22, // 9: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
-	24, // 10: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
-	26, // 11: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
-	28, // 12: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
-	31, // 13: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
-	4,  // 14: cairn.replica.v1.ReplicaService.SnapshotRead:input_type -> cairn.replica.v1.SnapshotReadRequest
-	6,  // 15: cairn.replica.v1.ReplicaService.ReplaceChain:input_type -> cairn.replica.v1.ReplaceChainRequest
-	8,  // 16: cairn.replica.v1.ReplicaService.LayerWrite:input_type -> cairn.replica.v1.LayerWriteRequest
-	10, // 17: cairn.replica.v1.ReplicaService.SyncLayers:input_type -> cairn.replica.v1.SyncLayersRequest
-	12, // 18: cairn.replica.v1.ReplicaService.Checksum:input_type -> cairn.replica.v1.ChecksumRequest
-	0,  // 19: cairn.replica.v1.ReplicaService.SnapshotChanges:input_type -> cairn.replica.v1.SnapshotChangesRequest
-	17, // 20: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
-	19, // 21: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
-	21, // 22: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
-	23, // 23: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
-	25, // 24: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
-	27, // 25: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
-	29, // 26: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
-	32, // 27: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
-	5,  // 28: cairn.replica.v1.ReplicaService.SnapshotRead:output_type -> cairn.replica.v1.SnapshotReadResponse
-	7,  // 29: cairn.replica.v1.ReplicaService.ReplaceChain:output_type -> cairn.replica.v1.ReplaceChainResponse
-	9,  // 30: cairn.replica.v1.ReplicaService.LayerWrite:output_type -> cairn.replica.v1.LayerWriteResponse
-	11, // 31: cairn.replica.v1.ReplicaService.SyncLayers:output_type -> cairn.replica.v1.SyncLayersResponse
-	13, // 32: cairn.replica.v1.ReplicaService.Checksum:output_type -> cairn.replica.v1.ChecksumResponse
-	2,  // 33: cairn.replica.v1.ReplicaService.SnapshotChanges:output_type -> cairn.replica.v1.SnapshotChangesResponse
-	20, // [20:34] is the sub-list for method output_type
-	6,  // [6:20] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	1,  // 6: cairn.replica.v1.SetEpochRequest.mark:type_name -> cairn.replica.v1.ByteRange
+	16, // 7: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
+	18, // 8: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
+	20, // 9: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
+	22, // 10: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
+	24, // 11: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
+	26, // 12: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
+	28, // 13: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
+	31, // 14: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
+	4,  // 15: cairn.replica.v1.ReplicaService.SnapshotRead:input_type -> cairn.replica.v1.SnapshotReadRequest
+	6,  // 16: cairn.replica.v1.ReplicaService.ReplaceChain:input_type -> cairn.replica.v1.ReplaceChainRequest
+	8,  // 17: cairn.replica.v1.ReplicaService.LayerWrite:input_type -> cairn.replica.v1.LayerWriteRequest
+	10, // 18: cairn.replica.v1.ReplicaService.SyncLayers:input_type -> cairn.replica.v1.SyncLayersRequest
+	12, // 19: cairn.replica.v1.ReplicaService.Checksum:input_type -> cairn.replica.v1.ChecksumRequest
+	0,  // 20: cairn.replica.v1.ReplicaService.SnapshotChanges:input_type -> cairn.replica.v1.SnapshotChangesRequest
+	17, // 21: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
+	19, // 22: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
+	21, // 23: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
+	23, // 24: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
+	25, // 25: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
+	27, // 26: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
+	29, // 27: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
+	32, // 28: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
+	5,  // 29: cairn.replica.v1.ReplicaService.SnapshotRead:output_type -> cairn.replica.v1.SnapshotReadResponse
+	7,  // 30: cairn.replica.v1.ReplicaService.ReplaceChain:output_type -> cairn.replica.v1.ReplaceChainResponse
+	9,  // 31: cairn.replica.v1.ReplicaService.LayerWrite:output_type -> cairn.replica.v1.LayerWriteResponse
+	11, // 32: cairn.replica.v1.ReplicaService.SyncLayers:output_type -> cairn.replica.v1.SyncLayersResponse
+	13, // 33: cairn.replica.v1.ReplicaService.Checksum:output_type -> cairn.replica.v1.ChecksumResponse
+	2,  // 34: cairn.replica.v1.ReplicaService.SnapshotChanges:output_type -> cairn.replica.v1.SnapshotChangesResponse
+	21, // [21:35] is the sub-list for method output_type
+	7,  // [7:21] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_replica_v1_replica_proto_init() }
