@@ -130,7 +130,8 @@ type RecurringJobSpec struct {
 	// +kubebuilder:validation:Maximum=100
 	Concurrency int32 `json:"concurrency,omitempty"`
 
-	// suspend stops new runs; a run started goes on.
+	// suspend stops the job: no run starts and the current run creates
+	// no more objects (those created go on); retention still applies.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
 }

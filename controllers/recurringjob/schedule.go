@@ -33,6 +33,11 @@ func parseSchedule(s string) (cron.Schedule, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The parser reads the fields in the process's local time zone; a
+	// schedule is in UTC wherever the manager runs.
+	if spec, ok := sch.(*cron.SpecSchedule); ok {
+		spec.Location = time.UTC
+	}
 	return sch, nil
 }
 

@@ -69,6 +69,12 @@ func TestParseSchedule(t *testing.T) {
 	}
 	_, err := parseSchedule("CRON_TZ=Europe/Paris 0 3 * * *")
 	g.Expect(errors.Is(err, errTimeZone)).To(BeTrue())
+
+	// In UTC whatever the time zone of the time it is given.
+	sch, err := parseSchedule("0 3 * * *")
+	g.Expect(err).NotTo(HaveOccurred())
+	plus5 := time.FixedZone("UTC+5", 5*3600)
+	g.Expect(sch.Next(at("2026-11-27T00:00:00Z").In(plus5))).To(BeTemporally("==", at("2026-11-27T03:00:00Z")))
 }
 
 // TestObjectName: fixed by job, volume and time; different volumes get
