@@ -243,7 +243,7 @@ func (b *bundle) cairnObjects(ctx context.Context) error {
 	for name, l := range map[string]client.ObjectList{
 		"volumes": &v1.VolumeList{}, "engines": &v1.EngineList{}, "replicas": &v1.ReplicaList{},
 		"instancemanagers": &v1.InstanceManagerList{}, "storagenodes": &v1.StorageNodeList{}, "snapshots": &v1.SnapshotList{},
-		"backups": &v1.BackupList{}, "backuptargets": &v1.BackupTargetList{},
+		"backups": &v1.BackupList{}, "backuptargets": &v1.BackupTargetList{}, "recurringjobs": &v1.RecurringJobList{},
 	} {
 		if _, err := b.save(ctx, name, l, "", nil); err != nil {
 			return err
