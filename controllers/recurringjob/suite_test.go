@@ -16,10 +16,22 @@ import (
 // move, against a real API server (envtest). The Snapshot reconciler is
 // run by hand beside it over real engines and replicas in process, so
 // the Snapshots a job makes are really taken and really deleted.
-var k8sClient client.Client
+var (
+	k8sClient client.Client
+	env       *suite.Env
+	// managed, when set, registers reconcilers in the manager at its
+	// next start (TestManagerRunsJob); otherwise it runs none.
+	managed func(ctrl.Manager) error
+)
 
 func TestMain(m *testing.M) {
-	env, err := suite.Start(func(ctrl.Manager, *imclient.Pool) error { return nil }, nil)
+	var err error
+	env, err = suite.Start(func(mgr ctrl.Manager, _ *imclient.Pool) error {
+		if managed != nil {
+			return managed(mgr)
+		}
+		return nil
+	}, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
