@@ -12,12 +12,15 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -73,6 +76,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	before := job.DeepCopy()
 	defer func() {
 		job.Status.ObservedGeneration = job.Generation
+		if equality.Semantic.DeepEqual(before.Status, job.Status) {
+			return // Volumes change often; an unchanged status is not written
+		}
 		if perr := r.Client.Status().Patch(ctx, job, client.MergeFrom(before)); perr != nil {
 			err = errors.Join(err, client.IgnoreNotFound(perr))
 		}
@@ -161,7 +167,8 @@ func (r *Reconciler) checkSpec(ctx context.Context, job *v1.RecurringJob) (bool,
 
 // SetupWithManager registers the reconciler: a job is looked at again
 // when an object it made changes (counted in its status, pruned), a
-// Volume changes (selection) or its BackupTarget appears.
+// Volume is created, deleted or relabelled (selection) or its
+// BackupTarget appears.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder("cairn-recurringjob")
@@ -197,7 +204,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1.Backup{}, byLabel).
 		Watches(&v1.Volume{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return all(ctx, o.GetNamespace(), func(*v1.RecurringJob) bool { return true })
-		})).
+		}), builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&v1.BackupTarget{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return all(ctx, "", func(j *v1.RecurringJob) bool {
 				return j.Spec.Task == v1.RecurringJobTaskBackup && j.Spec.Target == o.GetName()
