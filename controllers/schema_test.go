@@ -443,7 +443,7 @@ func TestPrinterColumns(t *testing.T) {
 func TestSamplesServerDryRun(t *testing.T) {
 	g := NewWithT(t)
 	out := kubectl(g, "apply", "--dry-run=server", "-n", ns, "-k", "../config/samples")
-	for _, kind := range []string{"volume", "engine", "replica", "instancemanager", "storagenode"} {
+	for _, kind := range []string{"volume", "engine", "replica", "instancemanager", "storagenode", "recurringjob"} {
 		g.Expect(out).To(MatchRegexp(`(?m)^%s\.storage\.cairn\.io/\S+ created \(server dry run\)$`, kind))
 	}
 	vol := &v1.Volume{}
