@@ -126,6 +126,11 @@ bench-footprint: build ## Memory (RSS split, PSS), threads, descriptors and idle
 	hack/install-test-tools.sh
 	cd dataplane && $(GO) run ./test/bench --bin $(LOCALBIN)/cairn-data --footprint $(VOLUMES) $(BENCHFLAGS)
 
+.PHONY: bench-backup
+bench-backup: build ## Backups against versitygw on 127.0.0.1: full backup and restore of a 1 GiB random volume from a real replica vs a plain S3 client (ratios), incremental after changing 1 %: make bench-backup [BENCHFLAGS=--size=256M]
+	CAIRN_CACHE=$(CAIRN_CACHE) hack/install-versitygw.sh >/dev/null
+	cd dataplane && CAIRN_CACHE=$(CAIRN_CACHE) $(GO) run ./test/benchbackup --bin $(LOCALBIN)/cairn-data $(BENCHFLAGS)
+
 .PHONY: bench-cluster
 bench-cluster: ## fio in pods on the e2e kind cluster: Cairn claims (ext4, block; 1 and 3 replicas) vs a hostPath directory of the same node, medians and ratios; PVC -> pod Running for 1 and 20 claims (brings up or reuses the cluster cairn-e2e and keeps it).
 	hack/bench-cluster.sh
