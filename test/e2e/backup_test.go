@@ -130,6 +130,40 @@ spec:
 		backup := strings.TrimPrefix(handle, "backup:")
 		Expect(must("", "-n", ns, "get", "backups.storage.cairn.io", backup, "-o", "jsonpath={.status.state}")).To(Equal("completed"))
 
+		By("a RecurringJob backing the volume up every minute keeps one backup")
+		must("", "-n", ns, "label", "volumes.storage.cairn.io", source, "storage.cairn.io/recurring-job-group.e2e=enabled")
+		must(fmt.Sprintf(`apiVersion: storage.cairn.io/v1alpha1
+kind: RecurringJob
+metadata: {name: e2e-rj, namespace: %s}
+spec: {schedule: "* * * * *", task: backup, target: %s, retain: 1, groups: [e2e]}
+`, ns, e2eTarget), "apply", "-f", "-")
+		jobBackups := func() []string {
+			out, _ := kubectl("", "-n", ns, "get", "backups.storage.cairn.io", "-l", "storage.cairn.io/recurring-job=e2e-rj",
+				"-o", `jsonpath={range .items[*]}{.metadata.name}={.status.state}{"\n"}{end}`)
+			return strings.Fields(out)
+		}
+		DeferCleanup(func() {
+			_, _ = kubectl("", "-n", ns, "delete", "recurringjob", "e2e-rj", "--ignore-not-found")
+			_, _ = kubectl("", "-n", ns, "delete", "backups.storage.cairn.io", "-l", "storage.cairn.io/recurring-job=e2e-rj", "--wait=true", "--timeout=3m")
+		})
+		var first string
+		Eventually(func() []string {
+			b := jobBackups()
+			if len(b) > 0 && first == "" {
+				first, _, _ = strings.Cut(b[0], "=")
+			}
+			return b
+		}, deadline.Scale(3*time.Minute), 2*time.Second).Should(ContainElement(HaveSuffix("=completed")), "the job's first backup completes")
+		Eventually(func() []string {
+			b := jobBackups()
+			if len(b) == 1 && strings.HasPrefix(b[0], first+"=") {
+				return nil // still the first run's only
+			}
+			return b
+		}, deadline.Scale(4*time.Minute), 2*time.Second).Should(And(HaveLen(1), ContainElement(HaveSuffix("=completed"))),
+			"after a later run completes, only its backup is kept (retain 1); the first was %s", first)
+		must("", "-n", ns, "delete", "recurringjob", "e2e-rj")
+
 		By("deleting the claim and its volume")
 		deletePod("bak-w")
 		must("", "-n", "default", "delete", "pvc", "bak", "--wait=true", timeoutFlag(3*time.Minute))
