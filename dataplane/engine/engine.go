@@ -204,6 +204,9 @@ type Engine struct {
 	// away records the regions written while a replica in failed is away
 	// (see awayMap); reset whenever failed is cleared.
 	away awayMap
+	// marks are the failed writes waiting to be marked on the others
+	// (markFailedWrite).
+	marks pendingMarks
 	// forgot records, by replica ID, why a replica this engine saw fail
 	// was dropped from failed, for the status of its full rebuild.
 	forgot map[string]string

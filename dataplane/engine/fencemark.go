@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"sync"
 )
 
 // markFailedWrite has the writable replicas mark, durably and with the
@@ -16,20 +17,46 @@ import (
 // in a bitmap that their DirtyKeptSince marker vouches for, so a
 // returning replica resyncs it even after the engine restarted.
 // A replica that cannot mark is failed, as one that refuses an epoch is.
+// The writes failed by one replica's failure (all those in flight to it)
+// are marked together: each call queues its range, and whichever gets
+// I/O paused first marks every range queued; a call that finds its range
+// taken returns once that marking is done (it held the pause meanwhile).
 // Called with I/O not paused (it pauses it, as afterFailure does).
 func (e *Engine) markFailedWrite(ctx context.Context, off, n int64) {
+	e.marks.add(ByteRange{Off: off, N: n})
 	e.pause()
 	defer e.resume()
+	marks := e.marks.take()
 	e.mu.Lock()
 	closed, degraded := e.closed, e.degradedLocked()
 	bump := !closed && e.needBump.Swap(false)
 	e.mu.Unlock()
-	if closed || (!bump && !degraded) {
-		return // a set that is not degraded clears bits anyway
+	if closed || (len(marks) == 0 && !bump) || (!bump && !degraded) {
+		return // marked by another call, or a set that is not degraded (it clears bits anyway)
 	}
-	if err := e.publishEpochMarking(ctx, bump, []ByteRange{{Off: off, N: n}}); err != nil {
-		e.log.Error(err, "marking a write that failed on a replica")
+	if err := e.publishEpochMarking(ctx, bump, marks); err != nil {
+		e.log.Error(err, "marking writes that failed on a replica")
 	}
+}
+
+// pendingMarks queues the ranges markFailedWrite is to mark.
+type pendingMarks struct {
+	mu     sync.Mutex
+	ranges []ByteRange
+}
+
+func (p *pendingMarks) add(r ByteRange) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ranges = append(p.ranges, r)
+}
+
+func (p *pendingMarks) take() []ByteRange {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.ranges
+	p.ranges = nil
+	return r
 }
 
 // keptFor reports whether a returning replica, last a member at its

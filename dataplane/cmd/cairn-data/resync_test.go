@@ -292,7 +292,7 @@ func rebuildOf(t *testing.T, control, addr string) *enginev1.Rebuild {
 }
 
 // TestReturningReplicaGetsWriteInFlightWhenItHung: a replica that hangs
-// (SIGSTOP) with a write in flight to it is failed only when the engine
+// (SIGSTOP) with writes in flight to it is failed only when the engine
 // gives up on it; meanwhile the other replicas completed the write, and
 // flushes from the client (each waiting for the hung replica too) cleared
 // its write-intent bit on them: the set was not degraded yet. The hung
@@ -317,17 +317,29 @@ func testHungWrite(t *testing.T, restartEngine bool) {
 	if err := hung.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	write, wrote := background(t, v.uri, "write -P 0x44 64M 4k")
-	// The others complete the write; flushes clear its bit on them (two
-	// flushes after a write clear it with this clear delay), while the
-	// engine still waits for the hung replica.
+	// Two writes in flight to it, in two regions: both fail on it at
+	// once, and both must be marked on the others.
+	type inFlight struct {
+		out  *syncBuffer
+		done chan error
+	}
+	var writes []inFlight
+	for _, cmd := range []string{"write -P 0x44 64M 4k", "write -P 0x55 100M 4k"} {
+		out, done := background(t, v.uri, cmd)
+		writes = append(writes, inFlight{out, done})
+	}
+	// The others complete the writes; flushes clear their bits on them
+	// (two flushes after a write clear it with this clear delay), while
+	// the engine still waits for the hung replica.
 	survivors := &volume{replicas: []*proc{v.replicas[0], v.replicas[2]}}
 	until := deadline.After(30 * time.Second)
 	for dirty := dirtyRegions(t, survivors); dirty > 0; dirty = dirtyRegions(t, survivors) {
-		select {
-		case err := <-wrote:
-			t.Fatalf("the write completed (%v) while the survivors still marked %d regions: the test no longer sets up what it checks\n%s", err, dirty, write.String())
-		default:
+		for _, w := range writes {
+			select {
+			case err := <-w.done:
+				t.Fatalf("a write completed (%v) while the survivors still marked %d regions: the test no longer sets up what it checks\n%s", err, dirty, w.out.String())
+			default:
+			}
 		}
 		if time.Now().After(until) {
 			t.Fatalf("the survivors still mark %d regions", dirty)
@@ -335,13 +347,15 @@ func testHungWrite(t *testing.T, restartEngine bool) {
 		background(t, v.uri, "flush")
 		time.Sleep(50 * time.Millisecond)
 	}
-	select {
-	case err := <-wrote:
-		if err != nil {
-			t.Fatalf("the write failed: %v\n%s", err, write.String())
+	for _, w := range writes {
+		select {
+		case err := <-w.done:
+			if err != nil {
+				t.Fatalf("a write failed: %v\n%s", err, w.out.String())
+			}
+		case <-time.After(deadline.Scale(60 * time.Second)):
+			t.Fatal("a write never completed")
 		}
-	case <-time.After(deadline.Scale(60 * time.Second)):
-		t.Fatal("the write never completed")
 	}
 	waitMode(t, v.engine.control, v.addrs[1], "ERR")
 	hung.cmd.Process.Kill()
@@ -362,7 +376,8 @@ func testHungWrite(t *testing.T, restartEngine bool) {
 	for _, i := range []int{0, 2} {
 		v.ctl(t, "remove", v.addrs[i])
 	}
-	qemuIO(t, v.uri, "read -P 0x11 0 64M", "read -P 0x44 64M 4k", "read -P 0x11 67112960 67104768")
+	qemuIO(t, v.uri, "read -P 0x11 0 64M", "read -P 0x44 64M 4k", "read -P 0x11 67112960 37744640",
+		"read -P 0x55 100M 4k", "read -P 0x11 104861696 29356032")
 }
 
 // background runs qemu-io with one command on uri without waiting; the
