@@ -90,6 +90,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		descState, descRebuildDone, descRebuildTotal, descReplicaMode, descDiskCapacity, descDiskAvailable, descDiskScheduled, descProcesses} {
 		ch <- d
 	}
+	for _, d := range backupDescs {
+		ch <- d
+	}
 }
 
 func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
@@ -117,6 +120,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	volumeOf := c.collectEngines(ctx, ch)
 	c.collectDisks(ctx, ch)
 	c.collectProcesses(ctx, ch)
+	c.collectBackups(ctx, ch)
 	if c.Engines != nil {
 		if es := c.Engines(); es != nil {
 			c.collectIO(ctx, es, volumeOf, ch)
