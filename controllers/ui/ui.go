@@ -183,6 +183,7 @@ type (
 		Volumes        []volumeRow
 		Nodes          []nodeRow
 		Rebuilds       []rebuildRow
+		Backups        []backupRow
 		Events         []eventRow
 		Counts         map[string]int
 	}
@@ -209,7 +210,11 @@ type (
 		Volume, Replica, Source, State, Kind, Done, Total string
 		Progress                                          float64
 	}
-	eventRow struct{ Time, Type, Object, Reason, Message string }
+	eventRow  struct{ Time, Type, Object, Reason, Message string }
+	backupRow struct {
+		Volume, Name, Target, State, Done, Total, Uploaded, Detail string
+		Progress                                                float64
+	}
 )
 
 // ServeHTTP renders the page.
@@ -263,6 +268,11 @@ func (s *Server) data(ctx context.Context, filter string) (*pageData, error) {
 	d.Volumes = volumeRows(vols.Items, engineOf, s.historyCopy(), claimOf, shown, d.Counts)
 	d.Nodes = nodeRows(nodes.Items, reps.Items, engineOf, claimOf, shown)
 	d.Rebuilds = rebuildRows(engs.Items, shown)
+	var backups v1.BackupList
+	if err := s.Client.List(ctx, &backups, in); err != nil {
+		return nil, fmt.Errorf("list backups: %w", err)
+	}
+	d.Backups = backupRows(backups.Items, shown)
 	d.Events = s.eventRows(ctx, in)
 	return d, nil
 }
@@ -375,6 +385,47 @@ func rebuildRows(engs []v1.Engine, shown func(string) bool) []rebuildRow {
 
 // eventRows are the namespace's 20 newest events, newest first; none
 // without an events client or when they cannot be listed (logged at V(1)).
+// maxBackupRows bounds the page's backup table: the newest ones.
+const maxBackupRows = 50
+
+// backupRows are the newest Backups of the shown volumes: state,
+// progress, bytes uploaded, and when it completed or why it waits.
+func backupRows(backups []v1.Backup, shown func(string) bool) []backupRow {
+	sort.Slice(backups, func(i, j int) bool {
+		if !backups[i].CreationTimestamp.Equal(&backups[j].CreationTimestamp) {
+			return backups[j].CreationTimestamp.Before(&backups[i].CreationTimestamp)
+		}
+		return backups[i].Name < backups[j].Name
+	})
+	var out []backupRow
+	for _, b := range backups {
+		if !shown(b.Spec.Volume) {
+			continue
+		}
+		st := b.Status.State
+		if st == "" {
+			st = v1.BackupStatePending
+		}
+		r := backupRow{Volume: b.Spec.Volume, Name: b.Name, Target: b.Spec.Target, State: string(st),
+			Done: display.Bytes(b.Status.BytesDone), Total: display.Bytes(b.Status.BytesTotal), Uploaded: display.Bytes(b.Status.UploadedBytes),
+			Detail: b.Status.Message}
+		if b.Status.BytesTotal > 0 {
+			r.Progress = float64(b.Status.BytesDone) / float64(b.Status.BytesTotal)
+		}
+		if st == v1.BackupStateCompleted {
+			r.Progress = 1
+			if t := b.Status.CompletionTime; t != nil {
+				r.Detail = "completed " + t.UTC().Format(time.RFC3339)
+			}
+		}
+		out = append(out, r)
+		if len(out) == maxBackupRows {
+			break
+		}
+	}
+	return out
+}
+
 func (s *Server) eventRows(ctx context.Context, in client.InNamespace) []eventRow {
 	if s.Events == nil {
 		return nil

@@ -109,6 +109,12 @@ func TestPage(t *testing.T) {
 			Type: ev.typ, Reason: ev.reason, Message: ev.msg, LastTimestamp: metav1.NewTime(now.Add(time.Duration(i) * time.Minute))}, nil)
 	}
 
+	bk := &v1.Backup{ObjectMeta: om("nightly-1"), Spec: v1.BackupSpec{Volume: "vol-a", Target: "offsite"}}
+	put(g, bk, func() {
+		bk.Status.State, bk.Status.BytesDone, bk.Status.BytesTotal, bk.Status.UploadedBytes = v1.BackupStateInProgress, 3<<20, 4<<20, 2<<20
+		bk.Status.Message = "uploading snapshot nightly-1"
+	})
+
 	g.Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ui-page-app"}})).To(Succeed())
 	boundClaim(g, "ui-page-app", "data", "vol-a")
 	srv := &Server{Client: k8sClient, Events: k8sClient, Claims: k8sClient, Namespace: ns}
@@ -135,6 +141,11 @@ func TestPage(t *testing.T) {
 	g.Expect(rowB).To(ContainSubstring(`&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; waits`))
 	g.Expect(page).NotTo(ContainSubstring("<script>"), "text from objects is escaped")
 
+	backups := section(page, `<section id="backups">`, "</section>")
+	g.Expect(backups).To(ContainSubstring("<td>vol-a</td><td>nightly-1</td><td>offsite</td>"), "the backup's volume, name and target")
+	g.Expect(backups).To(ContainSubstring(`<span class="badge inProgress">inProgress</span>`))
+	g.Expect(backups).To(ContainSubstring("75% · 3.0 MiB / 4.0 MiB"), "its progress")
+	g.Expect(backups).To(ContainSubstring("uploading snapshot nightly-1"))
 	rebuilds := section(page, `<section id="rebuilds">`, "</section>")
 	g.Expect(rebuilds).To(ContainSubstring("<td>vol-a</td><td>vol-a-r2</td><td>vol-a-r1</td><td>changed regions</td>"))
 	g.Expect(rebuilds).To(ContainSubstring(`<span style="width: 25%">`))
