@@ -385,6 +385,13 @@ func (c *Client) Flush(ctx context.Context) error {
 	return c.do(ctx, &call{op: OpFlush}, Header{Op: OpFlush})
 }
 
+// FlushClean is a clean flush (FlushOffsetClean): only for an engine that
+// has no write in flight and every write it completed on every replica of
+// a set that is not degraded. A server that cannot clean flushes plainly.
+func (c *Client) FlushClean(ctx context.Context) error {
+	return c.do(ctx, &call{op: OpFlush}, Header{Op: OpFlush, Offset: FlushOffsetClean})
+}
+
 // Unmap discards length bytes at off; they read as zeros afterwards.
 func (c *Client) Unmap(ctx context.Context, off, length int64) error {
 	return c.do(ctx, &call{op: OpUnmap}, Header{Op: OpUnmap, Offset: uint64(off), Length: uint32(length)})

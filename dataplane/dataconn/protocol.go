@@ -93,6 +93,16 @@ func (o Op) String() string {
 	return s
 }
 
+// FlushOffsetClean, as a flush request's Offset (a plain flush's is 0),
+// makes it a clean flush: the engine sending it has no write in flight
+// and every write it completed is on every replica of a set that is not
+// degraded (it is stopping), so the server may clear the write-intent
+// record of every region without a write in flight, not only of those
+// gone quiet. A server without such a record, or one older than clean
+// flushes (they ignore a flush's Offset), flushes plainly: the record
+// stays, which is always safe.
+const FlushOffsetClean uint64 = 1
+
 // Flags modify a request.
 type Flags uint8
 

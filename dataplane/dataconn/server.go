@@ -49,6 +49,26 @@ type EpochBackend interface {
 	UnmapEpoch(off, length int64, epoch uint64) error
 }
 
+// CleanFlusher is a Backend that keeps a write-intent record it can clear
+// on a clean flush (FlushOffsetClean).
+type CleanFlusher interface {
+	FlushClean() error
+}
+
+// EpochCleanFlusher is CleanFlusher for an EpochBackend.
+type EpochCleanFlusher interface {
+	FlushCleanEpoch(epoch uint64) error
+}
+
+// flush runs a flush request on b: a clean one (FlushOffsetClean) if b
+// keeps a record to clear, else a plain one.
+func flush(b Backend, kind uint64) error {
+	if c, ok := b.(CleanFlusher); ok && kind == FlushOffsetClean {
+		return c.FlushClean()
+	}
+	return b.Flush()
+}
+
 // ServerOptions configure a Server. Zero values take the defaults.
 type ServerOptions struct {
 	// Workers bounds how many requests run against the backend at once,
@@ -363,7 +383,7 @@ func (s *Server) handle(j job) {
 				err = b.Flush()
 			}
 		case OpFlush:
-			err = b.Flush()
+			err = flush(b, h.Offset)
 		case OpUnmap:
 			err = b.Unmap(int64(h.Offset), int64(h.Length))
 		case OpPing:
@@ -451,6 +471,13 @@ func (w withEpoch) WriteAt(p []byte, off int64) (int, error) {
 func (w withEpoch) Flush() error                  { return w.b.FlushEpoch(w.epoch) }
 func (w withEpoch) Unmap(off, length int64) error { return w.b.UnmapEpoch(off, length, w.epoch) }
 func (w withEpoch) Size() int64                   { return w.b.Size() }
+
+func (w withEpoch) FlushClean() error {
+	if c, ok := w.b.(EpochCleanFlusher); ok {
+		return c.FlushCleanEpoch(w.epoch)
+	}
+	return w.Flush()
+}
 
 // codeOf maps a backend error to a wire code.
 func codeOf(err error) Code {

@@ -87,6 +87,11 @@ func killEngine(node, vol string) {
 	docker("exec", node, "pkill", "-KILL", "-f", fmt.Sprintf("[c]airn-data engine .*%s", vol))
 }
 
+// maxWriterPause bounds the longest wait between two acknowledged appends
+// of the record writer through a data-plane restart (issue #27's target on
+// the CI machine type), scaled by CAIRN_TEST_DEADLINE_SCALE.
+const maxWriterPause = 10 * time.Second
+
 var _ = Describe("day 2: the data plane restarted under a writing application", func() {
 	for _, fault := range []string{"instance-manager pod deleted", "engine process killed"} {
 		It(fmt.Sprintf("pauses, never fails, an fsync writer when its node's %s", fault), func() {
@@ -111,11 +116,21 @@ var _ = Describe("day 2: the data plane restarted under a writing application", 
 			Eventually(func() int { return writerState(claim, "acked") }, deadline.Scale(3*time.Minute), time.Second).Should(BeNumerically(">", before+10),
 				"the writer makes progress again after the %s", fault)
 			Eventually(robustness(vol), deadline.Scale(4*time.Minute), time.Second).Should(Equal("healthy"), "volume %s healthy again", vol)
-			GinkgoWriter.Printf("%s: healthy again %s after the fault; longest pause between fsyncs %d ms\n", fault, time.Since(start).Round(time.Second), writerState(claim, "maxgap"))
+			pause := time.Duration(writerState(claim, "maxgap")) * time.Millisecond
+			GinkgoWriter.Printf("%s: healthy again %s after the fault; longest pause between fsyncs %s\n", fault, time.Since(start).Round(time.Second), pause)
 			Expect(writerState(claim, "errors")).To(Equal(0), "I/O errors seen by the application: %s",
 				podExec(claim, "cat /tmp/werr 2>/dev/null; true"))
 			acked := checkRecords(claim)
 			GinkgoWriter.Printf("%s: %d records, every one fsynced and present\n", fault, acked)
+			Expect(pause).To(BeNumerically(">", 0), "the writer's longest pause")
+			if fault == "instance-manager pod deleted" {
+				// Issue #27's bound on the CI machine type (3.8 to 6.6 s
+				// measured in four runs, docs/reliability.md). Not asserted for a killed
+				// engine: it leaves the write-intent bits of its last
+				// writes (here mkfs's, every region) for the next engine to
+				// reconcile, 7.6 s measured, too close to the bound.
+				Expect(pause).To(BeNumerically("<", deadline.Scale(maxWriterPause)), "the longest pause between two fsyncs the application saw")
+			}
 			Expect(volumeField(vol, "{.status.state}")).To(Equal("attached"))
 		})
 	}

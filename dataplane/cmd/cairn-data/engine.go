@@ -288,7 +288,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // shutdown ends a running engine's service once its context ended: the
 // frontend leaves its device to the next engine of the volume (handOver:
 // the instance manager is going away) or detaches it, then the replicas
-// are flushed.
+// are flushed, and, if the set is complete, told to clear their
+// write-intent bits (engine.FinalFlush): no write comes any more, so the
+// next engine has nothing to reconcile.
 func shutdown(e *engine.Engine, f *frontend, handOver bool, log logr.Logger) {
 	if handOver && f.leave != nil {
 		log.Info("stopping for the instance manager, which is going away: leaving the device to the next engine of the volume, flushing")
@@ -299,7 +301,7 @@ func shutdown(e *engine.Engine, f *frontend, handOver bool, log logr.Logger) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := e.Flush(ctx); err != nil {
+	if err := e.FinalFlush(ctx); err != nil {
 		log.Error(err, "final flush failed")
 	}
 }
