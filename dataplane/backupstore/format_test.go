@@ -228,3 +228,27 @@ func (m *runtimeMem) read() {
 	runtime.ReadMemStats(&st)
 	m.total = st.TotalAlloc
 }
+
+// readFullTo (a restore's block reads into a reused buffer) takes an
+// object up to one byte less than the buffer, refuses a larger one with
+// ErrTooLarge, and passes a read error on.
+func TestReadFullTo(t *testing.T) {
+	buf := make([]byte, 9)
+	if n, err := readFullTo(bytes.NewReader([]byte("12345678")), buf); err != nil || string(buf[:n]) != "12345678" {
+		t.Fatalf("8 bytes into 9: %q, %v", buf[:n], err)
+	}
+	if n, err := readFullTo(bytes.NewReader(nil), buf); err != nil || n != 0 {
+		t.Fatalf("empty object: %d, %v", n, err)
+	}
+	if _, err := readFullTo(bytes.NewReader([]byte("123456789")), buf); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("9 bytes into 9: %v, want ErrTooLarge", err)
+	}
+	boom := errors.New("boom")
+	if _, err := readFullTo(errReader{boom}, buf); !errors.Is(err, boom) {
+		t.Fatalf("failing reader: %v, want its error", err)
+	}
+}
+
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }

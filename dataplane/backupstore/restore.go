@@ -142,12 +142,13 @@ func (r *restoreRun) worker(ctx context.Context, jobs <-chan job, done chan<- in
 	bs := r.m.BlockSize
 	buf := make([]byte, bs)
 	zero := make([]byte, bs)
+	obj := make([]byte, maxBlockObject(bs)+1)
 	for j := range jobs {
 		n := blockLen(j.index, r.m.Size, bs)
 		data := zero[:n]
 		if j.stored {
 			data = buf[:n]
-			if err := r.fetch(ctx, j, data); err != nil {
+			if err := r.fetch(ctx, j, data, obj); err != nil {
 				return err
 			}
 		}
@@ -163,10 +164,11 @@ func (r *restoreRun) worker(ctx context.Context, jobs <-chan job, done chan<- in
 	return nil
 }
 
-// fetch reads block j into dst and verifies it.
-func (r *restoreRun) fetch(ctx context.Context, j job, dst []byte) error {
+// fetch reads block j into dst and verifies it; objBuf (one byte more
+// than the largest block object) holds the object read.
+func (r *restoreRun) fetch(ctx context.Context, j job, dst, objBuf []byte) error {
 	key := blockKey(r.opts.Volume, j.hash)
-	obj, err := r.s.readAll(ctx, key, maxBlockObject(r.m.BlockSize))
+	obj, err := r.s.readInto(ctx, key, objBuf)
 	if errors.Is(err, ErrTooLarge) {
 		err = fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}

@@ -225,6 +225,36 @@ func (s *Store) readAll(ctx context.Context, key string, limit int64) ([]byte, e
 	return data, err
 }
 
+// readInto reads a whole object of at most len(buf)-1 bytes into buf,
+// which a caller reading many objects of one bound (a restore's blocks)
+// reuses, instead of growing a new slice per object.
+func (s *Store) readInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+	var n int
+	err := s.read(ctx, key, func(r io.Reader) error {
+		var err error
+		n, err = readFullTo(r, buf)
+		return err
+	})
+	return buf[:n], err
+}
+
+// readFullTo reads r to its end into buf, failing with ErrTooLarge if r
+// fills buf.
+func readFullTo(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err == io.EOF { //nolint:errorlint // Read returns io.EOF itself at the end, as io.ReadAll tests it
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, len(buf)-1)
+}
+
 // readLimited reads r to its end, failing with ErrTooLarge past limit
 // bytes; it never allocates more than limit+1 bytes.
 func readLimited(r io.Reader, limit int64) ([]byte, error) {
