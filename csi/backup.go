@@ -32,6 +32,8 @@ const (
 // snapshotClass is what a VolumeSnapshotClass asks of CreateSnapshot.
 type snapshotClass struct {
 	backup bool
+	// target is the class's backupTarget; empty: the volume's
+	// spec.backupTarget (from its StorageClass).
 	target string
 }
 
@@ -56,8 +58,6 @@ func parseSnapshotParams(p map[string]string) (snapshotClass, error) {
 		}
 	}
 	switch {
-	case out.backup && out.target == "":
-		return out, status.Errorf(codes.InvalidArgument, "VolumeSnapshotClass with %s: %s needs parameter %s naming a BackupTarget (kubectl get backuptargets)", ParamSnapshotType, SnapshotTypeBackup, ParamBackupTarget)
 	case !out.backup && out.target != "":
 		return out, status.Errorf(codes.InvalidArgument, "VolumeSnapshotClass parameter %s is only for %s: %s; remove it or set the type", ParamBackupTarget, ParamSnapshotType, SnapshotTypeBackup)
 	}
@@ -96,9 +96,17 @@ func (s *ControllerServer) createBackup(ctx context.Context, req *csipb.CreateSn
 		if v.DeletionTimestamp != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is being deleted", v.Name)
 		}
+		target := class.target
+		if target == "" {
+			target = v.Spec.BackupTarget
+		}
+		if target == "" {
+			return nil, status.Errorf(codes.InvalidArgument, "VolumeSnapshotClass with %s: %s names no %s, and volume %s has no default target: set parameter %s in the VolumeSnapshotClass or in the volume's StorageClass (kubectl get backuptargets)",
+				ParamSnapshotType, SnapshotTypeBackup, ParamBackupTarget, v.Name, ParamBackupTarget)
+		}
 		b = &v1.Backup{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns,
 			Annotations: map[string]string{AnnotationCSIName: req.GetName()}},
-			Spec: v1.BackupSpec{Volume: v.Name, Target: class.target}}
+			Spec: v1.BackupSpec{Volume: v.Name, Target: target}}
 		if err := s.c.Create(ctx, b); err != nil && !apierrors.IsAlreadyExists(err) {
 			if apierrors.IsInvalid(err) {
 				return nil, status.Errorf(codes.InvalidArgument, "the Backup was refused: %v", err)
@@ -107,7 +115,7 @@ func (s *ControllerServer) createBackup(ctx context.Context, req *csipb.CreateSn
 		}
 	case err != nil:
 		return nil, apiError(err)
-	case b.Spec.Volume != req.GetSourceVolumeId() || b.Spec.Target != class.target:
+	case b.Spec.Volume != req.GetSourceVolumeId() || (class.target != "" && b.Spec.Target != class.target):
 		return nil, status.Errorf(codes.AlreadyExists, "backup %s already exists for volume %s on target %s, not volume %s on %s: use another name",
 			name, b.Spec.Volume, b.Spec.Target, req.GetSourceVolumeId(), class.target)
 	case b.DeletionTimestamp != nil:

@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,6 +87,8 @@ func TestBackupSnapshotClass(t *testing.T) {
 	files := writeData(t, g, a, "backed-up")
 
 	t.Log("bad classes change nothing")
+	// type: backup without a target is refused while the volume has no
+	// default target either.
 	for _, p := range []map[string]string{{ParamSnapshotType: SnapshotTypeBackup}, {ParamSnapshotType: "bak"}, {ParamBackupTarget: "csi-offsite"}} {
 		_, err := ctrl.controller.CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: "snapshot-bad", SourceVolumeId: src.GetVolumeId(), Parameters: p})
 		g.Expect(status.Code(err)).To(Equal(codes.InvalidArgument), "%v: %v", p, err)
@@ -94,9 +97,16 @@ func TestBackupSnapshotClass(t *testing.T) {
 	g.Expect(cluster.Client.List(ctx, &backups, client.InNamespace(testNamespace))).To(Succeed())
 	g.Expect(backups.Items).To(BeEmpty())
 
-	t.Log("CreateSnapshot with the backup class, called again until ready as the snapshotter does")
+	t.Log("the volume's default target (StorageClass parameter backupTarget) is set")
+	vol := &v1.Volume{}
+	g.Expect(cluster.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: src.GetVolumeId()}, vol)).To(Succeed())
+	patch := client.MergeFrom(vol.DeepCopy())
+	vol.Spec.BackupTarget = "csi-offsite"
+	g.Expect(cluster.Client.Patch(ctx, vol, patch)).To(Succeed())
+
+	t.Log("CreateSnapshot with a backup class naming no target (the volume's is used), called again until ready as the snapshotter does")
 	req := &csipb.CreateSnapshotRequest{Name: "snapshot-backup-1", SourceVolumeId: src.GetVolumeId(),
-		Parameters: map[string]string{ParamSnapshotType: SnapshotTypeBackup, ParamBackupTarget: "csi-offsite"}}
+		Parameters: map[string]string{ParamSnapshotType: SnapshotTypeBackup}}
 	var snap *csipb.Snapshot
 	g.Eventually(func() bool {
 		res, err := ctrl.controller.CreateSnapshot(ctx, req)
@@ -105,6 +115,9 @@ func TestBackupSnapshotClass(t *testing.T) {
 		return snap.GetReadyToUse()
 	}, deadline.Scale(2*time.Minute), 500*time.Millisecond).Should(BeTrue(), "the backup completes")
 	g.Expect(snap.GetSnapshotId()).To(HavePrefix("backup:"))
+	var made v1.Backup
+	g.Expect(cluster.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: strings.TrimPrefix(snap.GetSnapshotId(), "backup:")}, &made)).To(Succeed())
+	g.Expect(made.Spec.Target).To(Equal("csi-offsite"), "the volume's default target")
 	g.Expect(snap.GetSizeBytes()).To(Equal(int64(size)))
 	g.Expect(snap.GetSourceVolumeId()).To(Equal(src.GetVolumeId()))
 	list, err := store.List(ctx, src.GetVolumeId())

@@ -218,7 +218,8 @@ func desiredVolume(req *csipb.CreateVolumeRequest, name, namespace string, size 
 	want := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace,
 		Annotations: map[string]string{AnnotationCSIName: req.GetName()}},
 		Spec: v1.VolumeSpec{Size: *resource.NewQuantity(size, resource.BinarySI), NumberOfReplicas: p.replicas,
-			Frontend: p.frontend, DataSource: source, DiskSelector: p.diskSelector, AccessMode: accessMode, Encryption: enc}}
+			Frontend: p.frontend, DataSource: source, DiskSelector: p.diskSelector, AccessMode: accessMode, Encryption: enc,
+			BackupTarget: p.backupTarget}}
 	if p.pvc != "" {
 		want.Annotations[AnnotationPVC] = p.pvc
 	}

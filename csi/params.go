@@ -12,6 +12,7 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -26,11 +27,15 @@ const (
 	// ParamRecurringJobGroups is a comma-separated list of RecurringJob
 	// groups; the Volume is labelled into each (v1.RecurringJobGroupLabel).
 	ParamRecurringJobGroups = "recurringJobGroups"
+	// ParamDefaultBackupTarget names the BackupTarget the volume's backups
+	// go to when a backup VolumeSnapshotClass names none (the Volume's
+	// spec.backupTarget). The same key as the VolumeSnapshotClass's.
+	ParamDefaultBackupTarget = "backupTarget"
 )
 
 // knownParams are the StorageClass parameters CreateVolume takes, for
 // the error that names an unknown one.
-var knownParams = []string{ParamNumberOfReplicas, ParamFrontend, ParamFSType, ParamDiskSelector, ParamEncrypted, ParamRecurringJobGroups}
+var knownParams = []string{ParamNumberOfReplicas, ParamFrontend, ParamFSType, ParamDiskSelector, ParamEncrypted, ParamRecurringJobGroups, ParamDefaultBackupTarget}
 
 // Keys the external-provisioner adds (with --extra-create-metadata) or
 // reserves; they are accepted and recorded, never rejected.
@@ -86,6 +91,8 @@ type volumeParams struct {
 	pvc, pv      string
 	// recurringJobGroups are the RecurringJob groups the Volume is put in.
 	recurringJobGroups []string
+	// backupTarget is the Volume's default BackupTarget.
+	backupTarget string
 }
 
 // parseParams checks StorageClass parameters. An unknown key is an error
@@ -139,6 +146,11 @@ func parseParams(p map[string]string) (volumeParams, error) {
 				return out, err
 			}
 			out.recurringJobGroups = g
+		case ParamDefaultBackupTarget:
+			if len(validation.IsDNS1123Subdomain(val)) > 0 {
+				return out, status.Errorf(codes.InvalidArgument, "StorageClass parameter %s=%q: must name a BackupTarget (a DNS subdomain name, kubectl get backuptargets)", k, val)
+			}
+			out.backupTarget = val
 		case ParamEncrypted:
 			b, err := parseEncrypted(val)
 			if err != nil {

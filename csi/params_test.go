@@ -40,6 +40,8 @@ func TestParseParams(t *testing.T) {
 		{name: "group too long", in: map[string]string{"recurringJobGroups": strings.Repeat("g", v1.MaxRecurringJobGroupLength+1)}, code: codes.InvalidArgument},
 		{name: "longest group", in: map[string]string{"recurringJobGroups": strings.Repeat("g", v1.MaxRecurringJobGroupLength)},
 			want: volumeParams{recurringJobGroups: []string{strings.Repeat("g", v1.MaxRecurringJobGroupLength)}}},
+		{name: "default backup target", in: map[string]string{"backupTarget": "offsite"}, want: volumeParams{backupTarget: "offsite"}},
+		{name: "backup target not a name", in: map[string]string{"backupTarget": "Off Site"}, code: codes.InvalidArgument, errHas: "must name a BackupTarget"},
 		{name: "too many groups", in: map[string]string{"recurringJobGroups": "a0,a1,a2,a3,a4,a5,a6,a7,a8,a9,b0,b1,b2,b3,b4,b5,b6"}, code: codes.InvalidArgument, errHas: "at most 16 groups"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -236,4 +238,8 @@ func TestDesiredVolumeGroups(t *testing.T) {
 	p, err = parseParams(nil)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(desiredVolume(&csipb.CreateVolumeRequest{Name: "pvc-2"}, "pvc-2", "cairn-system", 8<<20, p, nil, nil).Labels).To(BeEmpty())
+	p, err = parseParams(map[string]string{ParamDefaultBackupTarget: "offsite"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(desiredVolume(&csipb.CreateVolumeRequest{Name: "pvc-3"}, "pvc-3", "cairn-system", 8<<20, p, nil, nil).Spec.BackupTarget).To(Equal("offsite"),
+		"the StorageClass's backupTarget is the volume's default target")
 }

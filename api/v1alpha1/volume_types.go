@@ -354,6 +354,14 @@ type VolumeSpec struct {
 	// +listType=atomic
 	DiskSelector []string `json:"diskSelector,omitempty"`
 
+	// backupTarget names the BackupTarget the volume's backups go to when
+	// the one asking for a backup names none (a VolumeSnapshotClass with
+	// type: backup and no backupTarget). Set from the StorageClass
+	// parameter backupTarget; may be changed.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	BackupTarget string `json:"backupTarget,omitempty"`
+
 	// accessMode says how many consumers may use the volume at once.
 	// +optional
 	// +kubebuilder:default=ReadWriteOnce
