@@ -213,7 +213,7 @@ type (
 	eventRow  struct{ Time, Type, Object, Reason, Message string }
 	backupRow struct {
 		Volume, Name, Target, State, Done, Total, Uploaded, Detail string
-		Progress                                                float64
+		Progress                                                   float64
 	}
 )
 
