@@ -180,7 +180,6 @@ func TestPublishRefusedWhileRestoreFails(t *testing.T) {
 		Spec: v1.VolumeSpec{Size: resource.MustParse("64Mi"), NumberOfReplicas: 1,
 			DataSource: &v1.VolumeDataSource{Backup: &v1.VolumeBackupSource{Target: "no-such-target", Volume: "pvc-gone", Name: "b1"}}}}
 	g.Expect(cluster.Client.Create(ctx, v)).To(Succeed())
-	t.Cleanup(func() { _ = cluster.Client.Delete(context.Background(), v) })
 	g.Eventually(func() string {
 		g.Expect(cluster.Client.Get(ctx, client.ObjectKeyFromObject(v), v)).To(Succeed())
 		if c := meta.FindStatusCondition(v.Status.Conditions, v1.VolumeConditionCloned); c != nil {
@@ -194,4 +193,12 @@ func TestPublishRefusedWhileRestoreFails(t *testing.T) {
 	g.Expect(status.Convert(err).Message()).To(ContainSubstring("no-such-target"))
 	g.Expect(cluster.Client.Get(ctx, client.ObjectKeyFromObject(v), v)).To(Succeed())
 	g.Expect(v.Spec.NodeName).To(BeEmpty(), "nothing changed")
+
+	// Gone, replicas and all, while its node still runs: the other tests
+	// check that nothing is left in the namespace.
+	_, err = d.controller.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: v.Name})
+	g.Expect(err).NotTo(HaveOccurred())
+	var reps v1.ReplicaList
+	g.Expect(cluster.Client.List(ctx, &reps, client.InNamespace(testNamespace), client.MatchingLabels{labelVolume: v.Name})).To(Succeed())
+	g.Expect(reps.Items).To(BeEmpty(), "the volume's replicas are gone")
 }
