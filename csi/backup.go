@@ -267,8 +267,8 @@ func ownedByBackup(sn *v1.Snapshot) bool { return backupOwner(sn) != "" }
 // releaseBackupSnapshots deletes the Snapshots of a volume being deleted
 // that its completed Backups took (the backups are on their targets; the
 // Snapshots only serve as bases of later backups of this volume), and
-// says whether none is left. A Backup still uploading refuses the
-// deletion: FailedPrecondition.
+// says whether none is left. A Backup uploading refuses the deletion
+// (FailedPrecondition); a pending or failed one does not.
 func (s *ControllerServer) releaseBackupSnapshots(ctx context.Context, volumeID string) (bool, string, error) {
 	var l v1.SnapshotList
 	if err := s.c.List(ctx, &l, client.InNamespace(s.ns)); err != nil {
@@ -291,8 +291,10 @@ func (s *ControllerServer) releaseBackupSnapshots(ctx context.Context, volumeID 
 		case apierrors.IsNotFound(err):
 		case err != nil:
 			return false, "", apiError(err)
-		case b.Status.State != v1.BackupStateCompleted && b.DeletionTimestamp == nil:
-			return false, "", status.Errorf(codes.FailedPrecondition, "volume %s is being backed up (backup %s is %s): wait until it completes, or delete its VolumeSnapshot", volumeID, owner, orPending(b.Status.State))
+		case b.Status.State == v1.BackupStateInProgress && b.DeletionTimestamp == nil:
+			// A pending or failed one waits for the volume (attached, a
+			// replica running) and would wait for good: its Snapshot goes.
+			return false, "", status.Errorf(codes.FailedPrecondition, "volume %s is being backed up (backup %s is uploading): wait until it completes, or delete its VolumeSnapshot", volumeID, owner)
 		}
 		if err := s.c.Delete(ctx, sn); err != nil && !apierrors.IsNotFound(err) {
 			return false, "", apiError(err)
