@@ -34,9 +34,13 @@ const (
 	// BackupReasonCompleted: the manifest is written; the backup can be
 	// restored.
 	BackupReasonCompleted = "Completed"
-	// BackupReasonPending: waiting for the snapshot, a replica to read
-	// from, or an upload slot.
+	// BackupReasonPending: waiting for the snapshot or an upload slot.
 	BackupReasonPending = "Pending"
+	// BackupReasonWaitingForReplica: waiting for a running replica of the
+	// volume that its engine holds RW to read from. For a detached volume
+	// the Volume reconciler runs its replicas and an engine without a
+	// device until the backup is done.
+	BackupReasonWaitingForReplica = "WaitingForReplica"
 	// BackupReasonInProgress: the upload runs.
 	BackupReasonInProgress = "InProgress"
 	// BackupReasonVolumeNotFound: spec.volume names no Volume in the
@@ -84,7 +88,27 @@ type BackupSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=63
 	Snapshot string `json:"snapshot,omitempty"`
+
+	// mode is incremental (the default: only the blocks changed since the
+	// volume's newest backup on the target whose snapshot a replica still
+	// holds, unless the target's maxIncrementalBackups says the chain is
+	// long enough) or full (every block the snapshot holds is read and
+	// uploaded again, whatever the target already has).
+	// +optional
+	// +kubebuilder:validation:Enum=incremental;full
+	Mode BackupMode `json:"mode,omitempty"`
 }
+
+// BackupMode says whether a backup may build on an earlier one.
+type BackupMode string
+
+const (
+	// BackupModeIncremental reads only what changed since a parent backup
+	// when there is one.
+	BackupModeIncremental BackupMode = "incremental"
+	// BackupModeFull reads and uploads every block the snapshot holds.
+	BackupModeFull BackupMode = "full"
+)
 
 // BackupStatus is what the Backup reconciler observed.
 type BackupStatus struct {

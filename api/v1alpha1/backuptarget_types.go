@@ -191,6 +191,17 @@ type BackupTargetSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('30s') && duration(self) <= duration('24h')",message="pollInterval must be between 30s and 24h"
 	PollInterval *metav1.Duration `json:"pollInterval,omitempty"`
+	// maxIncrementalBackups bounds a volume's chain of incremental backups
+	// on this target: a backup whose parent already ends a run of this many
+	// incremental backups in a row is made full instead (every block read
+	// and uploaded again, so a block damaged on the target is written
+	// anew). 0, the default: no bound (a backup is full only when it is the
+	// volume's first, when no earlier one's snapshot is left on the
+	// replicas, or when its spec.mode is full).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=10000
+	MaxIncrementalBackups int32 `json:"maxIncrementalBackups,omitempty"`
 }
 
 // BackupTargetStatus is what the BackupTarget reconciler observed.

@@ -109,7 +109,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=backups,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=backups/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=backups/finalizers,verbs=update
-// +kubebuilder:rbac:groups=storage.cairn.io,resources=snapshots,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=storage.cairn.io,resources=snapshots,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=volumes;engines;replicas;backuptargets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get

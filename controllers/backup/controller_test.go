@@ -204,7 +204,7 @@ func (r *rig) until(rec *Reconciler, name string, want v1.BackupState) *v1.Backu
 // incremental one reads and uploads about what changed; an upload cut off
 // by its manager's stop is started again by the next manager and ends
 // complete, never reported complete before its manifest exists; deleting
-// a Backup removes it from the target's listing.
+// a Backup removes it from the target's listing and deletes its Snapshot.
 func TestBackupLifecycle(t *testing.T) {
 	r := newRig(t, "vol-life")
 	rec, _ := r.reconciler()
@@ -262,6 +262,13 @@ func TestBackupLifecycle(t *testing.T) {
 		return apierrors.IsNotFound(k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "b1"}, &v1.Backup{}))
 	}, timeout, 50*time.Millisecond).Should(BeTrue())
 	r.g.Expect(r.listed()).To(Equal([]string{"b2", "b3"}))
+	// Its Snapshot goes with it, though the Volume owns it too (the
+	// garbage collector would keep it while the Volume exists).
+	s := &v1.Snapshot{}
+	err = k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "b1"}, s)
+	r.g.Expect(apierrors.IsNotFound(err) || !s.DeletionTimestamp.IsZero()).To(BeTrue(), "snapshot b1 is deleted with its Backup: %v %+v", err, s.ObjectMeta)
+	r.g.Expect(k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "b2"}, s)).To(Succeed())
+	r.g.Expect(s.DeletionTimestamp.IsZero()).To(BeTrue(), "b2's snapshot stays")
 }
 
 // TestBackupMissingTarget: a Backup naming no BackupTarget says so and
@@ -319,4 +326,47 @@ func TestBackupNameConflict(t *testing.T) {
 		return apierrors.IsNotFound(k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "nc"}, &v1.Backup{}))
 	}, timeout, 50*time.Millisecond).Should(BeTrue())
 	r.g.Expect(r.listed()).To(Equal([]string{"nc"}), "another Backup's backup is not deleted")
+}
+
+// TestFullBackups: spec.mode full reads every written block again though
+// a parent is there, and a target's maxIncrementalBackups makes the
+// backup after that many incremental ones in a row full.
+func TestFullBackups(t *testing.T) {
+	r := newRig(t, "vol-full")
+	rec, _ := r.reconciler()
+	bt := &v1.BackupTarget{}
+	r.g.Expect(k8sClient.Get(context.Background(), client.ObjectKey{Name: r.target}, bt)).To(Succeed())
+	bt.Spec.MaxIncrementalBackups = 1
+	r.g.Expect(k8sClient.Update(context.Background(), bt)).To(Succeed())
+
+	r.write(0, 4*mib)
+	r.g.Expect(r.until(rec, r.backupNow("f1", ""), v1.BackupStateCompleted).Status.Parent).To(BeEmpty(), "the first backup is full")
+	r.write(8*mib, mib)
+	f2 := r.until(rec, r.backupNow("f2", ""), v1.BackupStateCompleted)
+	r.g.Expect(f2.Status.Parent).To(Equal("f1"), "one incremental backup is allowed")
+	r.g.Expect(f2.Status.BytesTotal).To(Equal(int64(2 * mib)))
+	r.write(8*mib, mib)
+	f3 := r.until(rec, r.backupNow("f3", ""), v1.BackupStateCompleted)
+	r.g.Expect(f3.Status.Parent).To(BeEmpty(), "f2 ends a run of 1 incremental backup: f3 is full")
+	r.g.Expect(f3.Status.BytesTotal).To(Equal(int64(6*mib)), "a full backup reads every written block")
+	r.g.Expect(f3.Status.UploadedBytes).To(BeNumerically(">=", 5*mib), "and uploads every one again (4 MiB random, 1 MiB random in a half-zero block), though the target has most of them")
+
+	r.g.Expect(k8sClient.Get(context.Background(), client.ObjectKey{Name: r.target}, bt)).To(Succeed())
+	bt.Spec.MaxIncrementalBackups = 0
+	r.g.Expect(k8sClient.Update(context.Background(), bt)).To(Succeed())
+	r.write(0, mib)
+	f4 := r.until(rec, r.backupNow("f4", ""), v1.BackupStateCompleted)
+	r.g.Expect(f4.Status.Parent).To(Equal("f3"), "without a bound, incremental")
+	f5 := r.until(rec, r.backupNow("f5", v1.BackupModeFull), v1.BackupStateCompleted)
+	r.g.Expect(f5.Status.Parent).To(BeEmpty(), "spec.mode full")
+	r.g.Expect(f5.Status.BytesTotal).To(Equal(int64(6 * mib)))
+}
+
+// backupNow creates a Backup of the rig's volume to its target, in mode,
+// and returns its name.
+func (r *rig) backupNow(name string, mode v1.BackupMode) string {
+	r.t.Helper()
+	b := &v1.Backup{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: v1.BackupSpec{Volume: r.vol, Target: r.target, Mode: mode}}
+	r.g.Expect(k8sClient.Create(context.Background(), b)).To(Succeed())
+	return name
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -23,8 +24,8 @@ import (
 const gcBusyRequeue = 30 * time.Second
 
 // reconcileDelete cancels a running upload, deletes the backup from the
-// target (its manifest, then the blocks no other backup references) and
-// lets the object go. A Backup that never started an upload wrote
+// target (its manifest, then the blocks no other backup references),
+// deletes the Snapshot it took and lets the object go. A Backup that never started an upload wrote
 // nothing; a target that no longer exists cannot be cleaned (the backup
 // stays on the bucket, and the object goes).
 func (r *Reconciler) reconcileDelete(ctx context.Context, b *v1.Backup) (ctrl.Result, error) {
@@ -44,8 +45,31 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, b *v1.Backup) (ctrl.Re
 			return res, err
 		}
 	}
+	if err := r.deleteOwnSnapshot(ctx, b); err != nil {
+		return ctrl.Result{}, err
+	}
 	controllerutil.RemoveFinalizer(b, Finalizer)
 	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, b))
+}
+
+// deleteOwnSnapshot deletes the Snapshot the Backup took (named after it,
+// controlled by it). The owner reference alone does not: the Snapshot's
+// reconciler makes the Volume an owner too, and the garbage collector
+// deletes a dependent only once every owner is gone, so the snapshot
+// would stay on the replicas (and keep the volume's PV from being
+// deleted) until the Volume went.
+func (r *Reconciler) deleteOwnSnapshot(ctx context.Context, b *v1.Backup) error {
+	if b.Spec.Snapshot != "" {
+		return nil // the user's: it stays
+	}
+	s := &v1.Snapshot{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: b.Namespace, Name: snapshotName(b)}, s); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(s, b) || !s.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	return client.IgnoreNotFound(r.Client.Delete(ctx, s, client.Preconditions{UID: &s.UID}))
 }
 
 // deleteFromTarget deletes this Backup's backup (one it wrote: its label

@@ -28,6 +28,10 @@ type job struct {
 	volumeUID, backupUID string
 	keyCheck             string // the volume's spec.encryption.keyCheck, "" when not encrypted
 	s3                   backupstore.S3Config
+	// full is spec.mode full: no parent. maxIncremental is the target's
+	// spec.maxIncrementalBackups (0: no bound).
+	full           bool
+	maxIncremental int
 }
 
 // snapshotName is the Snapshot a Backup reads: spec.snapshot, else the
@@ -53,7 +57,7 @@ func (r *Reconciler) prepare(ctx context.Context, b *v1.Backup) (*job, ctrl.Resu
 		}
 		return nil, ctrl.Result{}, err
 	}
-	cfg, ok, res, err := r.target(ctx, b)
+	cfg, maxIncremental, ok, res, err := r.target(ctx, b)
 	if !ok || err != nil {
 		return nil, res, err
 	}
@@ -66,29 +70,30 @@ func (r *Reconciler) prepare(ctx context.Context, b *v1.Backup) (*job, ctrl.Resu
 		return nil, ctrl.Result{}, err
 	}
 	if name == "" {
-		setState(b, v1.BackupStatePending, v1.BackupReasonPending, why)
+		setState(b, v1.BackupStatePending, v1.BackupReasonWaitingForReplica, why)
 		return nil, ctrl.Result{}, nil // the Engine's changes bring us back
 	}
 	return &job{key: client.ObjectKeyFromObject(b), volume: vol.Name, name: b.Name, snapshot: snap,
-		replica: name, replicaAddr: addr, volumeUID: string(vol.UID), backupUID: string(b.UID), keyCheck: keyCheckOf(vol), s3: cfg}, ctrl.Result{}, nil
+		replica: name, replicaAddr: addr, volumeUID: string(vol.UID), backupUID: string(b.UID), keyCheck: keyCheckOf(vol), s3: cfg,
+		full: b.Spec.Mode == v1.BackupModeFull, maxIncremental: maxIncremental}, ctrl.Result{}, nil
 }
 
-// target returns the S3 configuration of the Backup's BackupTarget, if it
-// is usable; otherwise the status says why (TargetNotFound or
-// TargetUnavailable, with the fix).
-func (r *Reconciler) target(ctx context.Context, b *v1.Backup) (backupstore.S3Config, bool, ctrl.Result, error) {
+// target returns the S3 configuration and the incremental chain bound of
+// the Backup's BackupTarget, if it is usable; otherwise the status says
+// why (TargetNotFound or TargetUnavailable, with the fix).
+func (r *Reconciler) target(ctx context.Context, b *v1.Backup) (backupstore.S3Config, int, bool, ctrl.Result, error) {
 	bt := &v1.BackupTarget{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: b.Spec.Target}, bt); err != nil {
 		if apierrors.IsNotFound(err) {
 			setState(b, v1.BackupStatePending, v1.BackupReasonTargetNotFound, fmt.Sprintf(
 				"BackupTarget %s does not exist: create it (kubectl get backuptargets lists those that do), or delete this Backup and create one naming an existing target", b.Spec.Target))
-			return backupstore.S3Config{}, false, ctrl.Result{}, nil
+			return backupstore.S3Config{}, 0, false, ctrl.Result{}, nil
 		}
-		return backupstore.S3Config{}, false, ctrl.Result{}, err
+		return backupstore.S3Config{}, 0, false, ctrl.Result{}, err
 	}
-	unavailable := func(format string, args ...any) (backupstore.S3Config, bool, ctrl.Result, error) {
+	unavailable := func(format string, args ...any) (backupstore.S3Config, int, bool, ctrl.Result, error) {
 		setState(b, v1.BackupStatePending, v1.BackupReasonTargetUnavailable, fmt.Sprintf(format, args...))
-		return backupstore.S3Config{}, false, ctrl.Result{}, nil
+		return backupstore.S3Config{}, 0, false, ctrl.Result{}, nil
 	}
 	if bt.Spec.S3 == nil {
 		return unavailable("BackupTarget %s is an NFS target; the manager, which uploads backups, mounts no NFS export: use an S3 target", bt.Name)
@@ -102,14 +107,14 @@ func (r *Reconciler) target(ctx context.Context, b *v1.Backup) (backupstore.S3Co
 	}
 	cfg, reason, msg, err := backuptarget.S3Config(ctx, r.Reader, bt.Spec.S3)
 	if err != nil {
-		return cfg, false, ctrl.Result{}, err
+		return cfg, 0, false, ctrl.Result{}, err
 	}
 	if reason != "" {
 		// Secrets are not watched: look again soon.
-		_, ok, _, _ := unavailable("BackupTarget %s: %s (%s)", bt.Name, msg, reason)
-		return cfg, ok, ctrl.Result{RequeueAfter: waitRequeue}, nil
+		_, _, ok, _, _ := unavailable("BackupTarget %s: %s (%s)", bt.Name, msg, reason)
+		return cfg, 0, ok, ctrl.Result{RequeueAfter: waitRequeue}, nil
 	}
-	return cfg, true, ctrl.Result{}, nil
+	return cfg, int(bt.Spec.MaxIncrementalBackups), true, ctrl.Result{}, nil
 }
 
 // snapshot returns the name of the Backup's Snapshot once it is ready,
@@ -187,7 +192,7 @@ func (r *Reconciler) pickReplica(ctx context.Context, vol *v1.Volume) (name, add
 			return n, rep.Status.ControlAddress, "", nil
 		}
 	}
-	return "", "", fmt.Sprintf("waiting for a running replica of volume %s that its engine holds RW (it holds %v RW); a detached volume's replicas run while a snapshot is taken", vol.Name, rw), nil
+	return "", "", fmt.Sprintf("waiting for a running replica of volume %s that its engine holds RW (it holds %v RW); for a detached volume they are started for the backup", vol.Name, rw), nil
 }
 
 func setState(b *v1.Backup, st v1.BackupState, reason, msg string) {

@@ -14,8 +14,8 @@ import (
 
 // TestSchema checks the CRD's validation on the real API server: a
 // Backup's spec cannot change, its name is at most 63 characters (the
-// Snapshot it takes is named after it) and volume and target are
-// required; each refusal is an Invalid error and changes nothing.
+// Snapshot it takes is named after it), volume and target are required
+// and mode is incremental or full; each refusal is an Invalid error and changes nothing.
 func TestSchema(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
@@ -25,6 +25,7 @@ func TestSchema(t *testing.T) {
 		func(s *v1.BackupSpec) { s.Volume = "other" },
 		func(s *v1.BackupSpec) { s.Target = "other" },
 		func(s *v1.BackupSpec) { s.Snapshot = "snap" },
+		func(s *v1.BackupSpec) { s.Mode = v1.BackupModeFull },
 	} {
 		changed := b.DeepCopy()
 		change(&changed.Spec)
@@ -39,6 +40,7 @@ func TestSchema(t *testing.T) {
 		{ObjectMeta: metav1.ObjectMeta{Name: strings.Repeat("a", 64), Namespace: ns}, Spec: v1.BackupSpec{Volume: "v", Target: "t"}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "no-volume", Namespace: ns}, Spec: v1.BackupSpec{Target: "t"}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "no-target", Namespace: ns}, Spec: v1.BackupSpec{Volume: "v"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "bad-mode", Namespace: ns}, Spec: v1.BackupSpec{Volume: "v", Target: "t", Mode: "differential"}},
 	} {
 		err := k8sClient.Create(ctx, bad)
 		g.Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%s: want Invalid, got %v", bad.Name, err)

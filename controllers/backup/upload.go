@@ -93,8 +93,13 @@ func (r *Reconciler) existing(ctx context.Context, store *backupstore.Store, j *
 
 // parent picks the newest backup of the same Volume object on the target
 // whose snapshot the replica still holds (of the newest maxParentProbes):
-// this backup is incremental to it. None: a full backup.
+// this backup is incremental to it. None, spec.mode full, or a parent
+// that already ends j.maxIncremental incremental backups in a row: a full
+// backup.
 func (r *Reconciler) parent(ctx context.Context, store *backupstore.Store, rc *snapshotsource.Client, j *job) (baseSnap, baseBackup string, err error) {
+	if j.full {
+		return "", "", nil
+	}
 	list, err := store.List(ctx, j.volume)
 	if err != nil {
 		return "", "", err
@@ -113,11 +118,35 @@ func (r *Reconciler) parent(ctx context.Context, store *backupstore.Store, rc *s
 		if err != nil {
 			return "", "", err
 		}
-		if ok {
-			return snap, in.Name, nil
+		if !ok {
+			continue
 		}
+		if j.maxIncremental > 0 && incrementalRun(list, in) >= j.maxIncremental {
+			return "", "", nil
+		}
+		return snap, in.Name, nil
 	}
 	return "", "", nil
+}
+
+// incrementalRun counts the incremental backups in a row that end with
+// b: b, its parent, and so on back to the first full backup (or to a
+// parent no longer listed, which ends the run).
+func incrementalRun(list []backupstore.BackupInfo, b backupstore.BackupInfo) int {
+	byName := make(map[string]backupstore.BackupInfo, len(list))
+	for _, in := range list {
+		byName[in.Name] = in
+	}
+	n := 0
+	for b.Parent != "" && n <= len(list) {
+		n++
+		p, ok := byName[b.Parent]
+		if !ok {
+			break
+		}
+		b = p
+	}
+	return n
 }
 
 // maxParentProbes bounds how many earlier backups' snapshots are looked

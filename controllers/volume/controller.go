@@ -107,6 +107,7 @@ func (r *Reconciler) rebuildLimit() int {
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=engines;replicas,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=storagenodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=snapshots,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=storage.cairn.io,resources=backups,verbs=get;list;watch
 
 // scope is what one reconcile observed of a volume, and what its phases
 // decided for the phases after them and for the status.
@@ -257,6 +258,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&v1.Engine{}).
 		Owns(&v1.Replica{}).
 		Watches(&v1.Snapshot{}, handler.EnqueueRequestsFromMapFunc(m.snapshot)).
+		Watches(&v1.Backup{}, handler.EnqueueRequestsFromMapFunc(m.backup)).
 		Watches(&v1.Volume{}, handler.EnqueueRequestsFromMapFunc(m.cloneOrSource)).
 		Watches(&v1.Engine{}, handler.EnqueueRequestsFromMapFunc(m.engineOfSource)).
 		Watches(&v1.Replica{}, handler.EnqueueRequestsFromMapFunc(m.replicaOfSource)).

@@ -9,6 +9,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/cairn-io/cairn/controllers/backup"
+	"github.com/cairn-io/cairn/controllers/backuptarget"
 	"github.com/cairn-io/cairn/controllers/engine"
 	"github.com/cairn-io/cairn/controllers/imclient"
 	"github.com/cairn-io/cairn/controllers/instancemanager"
@@ -47,6 +49,8 @@ func TestMain(m *testing.M) {
 			engines.SetupWithManager,
 			(&Reconciler{Client: c, ReplenishmentWait: replenishmentWait}).SetupWithManager,
 			(&snapshot.Reconciler{Client: c, Pool: pool}).SetupWithManager,
+			(&backuptarget.Reconciler{MinRetry: time.Second}).SetupWithManager,
+			(&backup.Reconciler{ProgressInterval: 200 * time.Millisecond, RetryBackoff: time.Second}).SetupWithManager,
 		} {
 			if err := setup(mgr); err != nil {
 				return err

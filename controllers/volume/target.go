@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
@@ -16,7 +17,8 @@ type runInput struct {
 	// userNode is spec.nodeName: where a user wants the volume.
 	userNode string
 	// work says why processes must run for Cairn's own work ("" none):
-	// snapshots to take or delete, a clone reading from this volume.
+	// snapshots to take or delete, a clone reading from this volume, a
+	// backup reading from one of its replicas.
 	work string
 	// cloned is false while this volume's own clone copy is not done;
 	// cloneReady is true once it knows the source replica to copy from.
@@ -89,7 +91,8 @@ func (s *scope) target() {
 }
 
 // observeWork lists what this volume's processes must run for: its
-// Snapshots not yet taken or being deleted, and Volumes cloning from it.
+// Snapshots not yet taken or being deleted, Volumes cloning from it, and
+// Backups uploading from it or waiting for a replica to upload from.
 func (r *Reconciler) observeWork(ctx context.Context, s *scope) error {
 	var snaps v1.SnapshotList
 	if err := r.List(ctx, &snaps, client.InNamespace(s.v.Namespace), client.MatchingLabels{LabelVolume: s.v.Name}); err != nil {
@@ -126,6 +129,10 @@ func (r *Reconciler) observeWork(ctx context.Context, s *scope) error {
 			clones = append(clones, c.Name)
 		}
 	}
+	backups, err := r.backupsReading(ctx, s.v)
+	if err != nil {
+		return err
+	}
 	var parts []string
 	if len(take) > 0 {
 		parts = append(parts, "taking snapshot "+strings.Join(take, ", "))
@@ -136,6 +143,37 @@ func (r *Reconciler) observeWork(ctx context.Context, s *scope) error {
 	if len(clones) > 0 {
 		parts = append(parts, "volume "+strings.Join(clones, ", ")+" copying from it")
 	}
+	if len(backups) > 0 {
+		parts = append(parts, "backup "+strings.Join(backups, ", "))
+	}
 	s.work = strings.Join(parts, "; ")
 	return nil
+}
+
+// backupsReading names the volume's Backups that read from its replicas
+// now (inProgress) or wait for a running one (WaitingForReplica): those a
+// detached volume's replicas and a maintenance engine are run for. A
+// Backup waiting for its snapshot is the Snapshot's work; one waiting for
+// its target or an upload slot, or failed and waiting to retry, runs
+// nothing until it is ready to read.
+func (r *Reconciler) backupsReading(ctx context.Context, v *v1.Volume) ([]string, error) {
+	if !Cloned(v) {
+		return nil, nil
+	}
+	var bs v1.BackupList
+	if err := r.List(ctx, &bs, client.InNamespace(v.Namespace)); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, b := range bs.Items {
+		if b.Spec.Volume != v.Name || !b.DeletionTimestamp.IsZero() {
+			continue
+		}
+		c := meta.FindStatusCondition(b.Status.Conditions, v1.BackupConditionCompleted)
+		if b.Status.State == v1.BackupStateInProgress || (b.Status.State == v1.BackupStatePending && c != nil && c.Reason == v1.BackupReasonWaitingForReplica) {
+			out = append(out, b.Name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }

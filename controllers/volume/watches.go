@@ -53,6 +53,13 @@ func (m watchMaps) snapshot(ctx context.Context, o client.Object) []reconcile.Re
 	return out
 }
 
+// backup: a detached volume runs its processes while a Backup reads from
+// it (observeWork).
+func (m watchMaps) backup(_ context.Context, o client.Object) []reconcile.Request {
+	b := o.(*v1.Backup)
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: b.Namespace, Name: b.Spec.Volume}}}
+}
+
 // cloneOrSource: a clone's source learns it is read from, and that it is
 // no more.
 func (m watchMaps) cloneOrSource(ctx context.Context, o client.Object) []reconcile.Request {

@@ -1,0 +1,85 @@
+package volume
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+)
+
+// TestBackupOfDetachedVolume: a Backup of a volume that no node has
+// attached runs the volume's replicas and an engine without a device for
+// the upload (the Volume's condition says so), completes, and stops them
+// again; the backup restored into a new volume reads what was written
+// before the volume was detached.
+func TestBackupOfDetachedVolume(t *testing.T) {
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make test-tools installs it)")
+	}
+	g := NewWithT(t)
+	ctx := context.Background()
+	startNodes(t, g, "bd-a", "bd-b")
+	f := startBackupTarget(t, g, "bd-target", "")
+
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "bd-src", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("16Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, NodeName: "bd-a"}}
+	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
+	key := client.ObjectKeyFromObject(vol)
+	cleanupVolume(t, vol)
+	sock := waitAttached(t, g, key).Status.Endpoint
+	qemuIO(t, vol.Name, sock, "write -P 0x42 3M 1M", "write -P 0x24 15M 4k", "flush")
+	setNode(g, key, "")
+	waitDetached(t, g, key)
+	stopped := func() bool {
+		e := &v1.Engine{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
+		if e.Status.InstanceState != v1.InstanceStateStopped {
+			return false
+		}
+		for _, r := range listReplicas(g, vol) {
+			if r.Status.InstanceState != v1.InstanceStateStopped {
+				return false
+			}
+		}
+		return true
+	}
+	g.Eventually(stopped, timeout, 100*time.Millisecond).Should(BeTrue(), "detached: no process runs")
+
+	b := &v1.Backup{ObjectMeta: metav1.ObjectMeta{Name: "bd-b1", Namespace: "default"}, Spec: v1.BackupSpec{Volume: vol.Name, Target: f.target}}
+	g.Expect(k8sClient.Create(ctx, b)).To(Succeed())
+	t.Cleanup(func() { _ = k8sClient.Delete(context.Background(), b) })
+	// The volume says why its processes run while the backup waits for
+	// them or uploads.
+	g.Eventually(func() string {
+		c := getVolume(g, key).Status.Conditions
+		for _, c := range c {
+			if c.Type == v1.ConditionReady {
+				return c.Message
+			}
+		}
+		return ""
+	}, timeout, 20*time.Millisecond).Should(ContainSubstring("backup bd-b1"), func() string { return describeKey(key) })
+	g.Eventually(func() v1.BackupState {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(b), b)).To(Succeed())
+		return b.Status.State
+	}, timeout, 100*time.Millisecond).Should(Equal(v1.BackupStateCompleted), func() string { return b.Status.Message + "; " + describeKey(key) })
+	g.Expect(b.Status.BytesTotal).To(BeNumerically(">=", 1<<20), "the written blocks were read")
+	g.Eventually(func() bool { return stopped() && getVolume(g, key).Status.State == v1.VolumeStateDetached }, timeout, 100*time.Millisecond).
+		Should(BeTrue(), "the processes stop once the backup is done: %s", describeKey(key))
+
+	rkey := restoreVolume(t, g, "bd-restored", "16Mi", "bd-b", v1.VolumeBackupSource{Target: f.target, Volume: vol.Name, Name: b.Status.BackupName}, nil)
+	r := waitAttached(t, g, rkey)
+	want := make([]byte, 16<<20)
+	copy(want[3<<20:4<<20], bytes.Repeat([]byte{0x42}, 1<<20))
+	copy(want[15<<20:15<<20+4096], bytes.Repeat([]byte{0x24}, 4096))
+	got := readDevice(t, r.Name, r.Status.Endpoint)
+	g.Expect(bytes.Equal(got, want)).To(BeTrue(), "restored volume: %s", firstDiff(got, want))
+}
