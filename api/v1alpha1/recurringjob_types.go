@@ -74,7 +74,6 @@ const (
 )
 
 // RecurringJobSpec says what to do, when, to which volumes.
-// +kubebuilder:validation:XValidation:rule="self.task != 'backup' || (has(self.target) && size(self.target) > 0)",message="a backup job needs spec.target (a BackupTarget name)"
 // +kubebuilder:validation:XValidation:rule="(has(self.groups) && size(self.groups) > 0) || has(self.selector)",message="a job needs spec.groups or spec.selector to select volumes"
 type RecurringJobSpec struct {
 	// schedule is a standard 5-field cron expression (minute hour
@@ -99,8 +98,10 @@ type RecurringJobSpec struct {
 	// +kubebuilder:validation:Maximum=100
 	Retain int32 `json:"retain"`
 
-	// target is the BackupTarget a backup job backs up to; required for
-	// task backup, ignored for snapshot.
+	// target is the BackupTarget a backup job backs up to; ignored for
+	// task snapshot. Empty: each volume's own spec.backupTarget (set from
+	// its StorageClass's backupTarget parameter); a volume with none is
+	// skipped and named in the run's result.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	Target string `json:"target,omitempty"`

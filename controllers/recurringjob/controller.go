@@ -150,9 +150,10 @@ func timePtr(t time.Time) *metav1.Time {
 }
 
 // checkSpec checks what the CRD's validation cannot: a backup job's
-// target exists.
+// target exists. Without one, each volume's own target is used, and a
+// Backup to a missing one says so itself.
 func (r *Reconciler) checkSpec(ctx context.Context, job *v1.RecurringJob) (bool, string, string, error) {
-	if job.Spec.Task != v1.RecurringJobTaskBackup {
+	if job.Spec.Task != v1.RecurringJobTaskBackup || job.Spec.Target == "" {
 		return true, "", "", nil
 	}
 	bt := &v1.BackupTarget{}

@@ -416,9 +416,46 @@ func TestBackupJob(t *testing.T) {
 	r.g.Expect(j.Status.LastResult.Volumes).To(BeEquivalentTo(3))
 }
 
+// TestBackupJobVolumeTargets: a backup job without spec.target backs
+// each volume up to the volume's own spec.backupTarget, and names (does
+// not count, does not wait for) the volumes that have none.
+func TestBackupJobVolumeTargets(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	for _, v := range []string{"vt-a", "vt-b", "vt-none"} {
+		r.volume(v, map[string]string{"rj-test": "vt"}, false)
+	}
+	for v, target := range map[string]string{"vt-a": "offsite", "vt-b": "nearby"} {
+		vol := &v1.Volume{}
+		r.g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: v}, vol)).To(Succeed())
+		vol.Spec.BackupTarget = target
+		r.g.Expect(k8sClient.Update(ctx, vol)).To(Succeed())
+	}
+	j := r.job("vt", func(j *v1.RecurringJob) {
+		j.Spec.Task, j.Spec.Concurrency = v1.RecurringJobTaskBackup, 5
+		j.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"rj-test": "vt"}}
+	})
+	t0 := r.firstRun(j)
+	r.clock.t = t0.Add(time.Minute)
+	_, err := r.reconcile("vt")
+	r.g.Expect(err).NotTo(HaveOccurred())
+	j = r.getJob("vt")
+	r.g.Expect(ready(j).Reason).To(Equal(v1.RecurringJobReasonScheduled), "no spec.target to wait for")
+	var bs v1.BackupList
+	r.g.Expect(k8sClient.List(ctx, &bs, client.InNamespace(ns), client.MatchingLabels{v1.LabelRecurringJob: "vt"})).To(Succeed())
+	got := map[string]string{}
+	for _, b := range bs.Items {
+		got[b.Spec.Volume] = b.Spec.Target
+	}
+	r.g.Expect(got).To(Equal(map[string]string{"vt-a": "offsite", "vt-b": "nearby"}))
+	r.g.Expect(j.Status.LastResult.Volumes).To(BeEquivalentTo(2))
+	r.g.Expect(j.Status.LastResult.Message).To(ContainSubstring("1 skipped: no backup target"))
+	r.g.Expect(j.Status.LastResult.Message).To(ContainSubstring("vt-none"))
+}
+
 // TestInvalidSpec: a schedule that does not parse is a condition saying
-// why, with no next run; the API server refuses a backup job without a
-// target and a retain out of range.
+// why, with no next run; the API server refuses a retain out of range,
+// another task, and a job that selects nothing.
 func TestInvalidSpec(t *testing.T) {
 	r := newRig(t)
 	r.job("bad", func(j *v1.RecurringJob) {
@@ -434,7 +471,6 @@ func TestInvalidSpec(t *testing.T) {
 	r.g.Expect(j.Status.NextRunTime).To(BeNil())
 
 	for name, mutate := range map[string]func(*v1.RecurringJob){
-		"no-target":  func(j *v1.RecurringJob) { j.Spec.Task = v1.RecurringJobTaskBackup },
 		"retain-0":   func(j *v1.RecurringJob) { j.Spec.Retain = 0 },
 		"retain-101": func(j *v1.RecurringJob) { j.Spec.Retain = 101 },
 		"trim":       func(j *v1.RecurringJob) { j.Spec.Task = "trim" },

@@ -35,10 +35,11 @@ type item struct {
 // work creates what the current run still lacks (when create), records
 // the run's result and prunes beyond retain.
 func (r *Reconciler) work(ctx context.Context, job *v1.RecurringJob, create bool) error {
-	vols, err := r.selected(ctx, job)
+	vols, targets, err := r.selected(ctx, job)
 	if err != nil {
 		return err
 	}
+	vols, noTarget := withTarget(job, vols, targets)
 	items, err := r.items(ctx, job)
 	if err != nil {
 		return err
@@ -46,44 +47,62 @@ func (r *Reconciler) work(ctx context.Context, job *v1.RecurringJob, create bool
 	if job.Status.LastRunTime != nil {
 		run := job.Status.LastRunTime.UTC()
 		if create {
-			made, err := r.createMissing(ctx, job, run, vols, items)
+			made, err := r.createMissing(ctx, job, run, vols, targets, items)
 			items = append(items, made...)
 			if err != nil {
 				return err
 			}
 		}
-		job.Status.LastResult = runResult(job, run, vols, items)
+		job.Status.LastResult = runResult(job, run, vols, noTarget, items)
 	}
 	return r.prune(ctx, job, items)
 }
 
 // selected are the Volumes in the job's namespace that spec.selector
 // matches or that are in one of spec.groups, sorted by name, without
-// those being deleted.
-func (r *Reconciler) selected(ctx context.Context, job *v1.RecurringJob) ([]string, error) {
+// those being deleted, with each one's spec.backupTarget.
+func (r *Reconciler) selected(ctx context.Context, job *v1.RecurringJob) ([]string, map[string]string, error) {
 	var sel labels.Selector
 	if job.Spec.Selector != nil {
 		s, err := metav1.LabelSelectorAsSelector(job.Spec.Selector)
 		if err != nil {
-			return nil, fmt.Errorf("spec.selector: %w", err)
+			return nil, nil, fmt.Errorf("spec.selector: %w", err)
 		}
 		sel = s
 	}
 	var vs v1.VolumeList
 	if err := r.Client.List(ctx, &vs, client.InNamespace(job.Namespace)); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var out []string
+	targets := map[string]string{}
 	for _, v := range vs.Items {
 		if !v.DeletionTimestamp.IsZero() {
 			continue
 		}
 		if (sel != nil && sel.Matches(labels.Set(v.Labels))) || inGroup(v.Labels, job.Spec.Groups) {
 			out = append(out, v.Name)
+			targets[v.Name] = v.Spec.BackupTarget
 		}
 	}
 	slices.Sort(out)
-	return out, nil
+	return out, targets, nil
+}
+
+// withTarget splits the volumes of a backup job without spec.target into
+// those whose own spec.backupTarget names one and those that have none.
+func withTarget(job *v1.RecurringJob, vols []string, targets map[string]string) (ok, none []string) {
+	if job.Spec.Task != v1.RecurringJobTaskBackup || job.Spec.Target != "" {
+		return vols, nil
+	}
+	for _, v := range vols {
+		if targets[v] == "" {
+			none = append(none, v)
+		} else {
+			ok = append(ok, v)
+		}
+	}
+	return ok, none
 }
 
 func inGroup(l map[string]string, groups []string) bool {
@@ -135,7 +154,7 @@ func newItem(o client.Object, volume string, done, failed bool) item {
 // lacks one, keeping at most spec.concurrency of the run's objects
 // unfinished. If we crash after a create, the object's name (fixed by
 // job, volume and scheduled time) makes the repeated create find it.
-func (r *Reconciler) createMissing(ctx context.Context, job *v1.RecurringJob, run time.Time, vols []string, items []item) ([]item, error) {
+func (r *Reconciler) createMissing(ctx context.Context, job *v1.RecurringJob, run time.Time, vols []string, targets map[string]string, items []item) ([]item, error) {
 	have := map[string]bool{}
 	unfinished := 0
 	for _, it := range items {
@@ -155,7 +174,7 @@ func (r *Reconciler) createMissing(ctx context.Context, job *v1.RecurringJob, ru
 		if have[vol] || unfinished >= limit {
 			continue
 		}
-		o := r.newObject(job, vol, run)
+		o := r.newObject(job, vol, targets[vol], run)
 		if err := r.Client.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 			objects.Event(r.Recorder, job, true, EventCreateFailed, "Run", "creating %s of volume %s: %v", job.Spec.Task, vol, err)
 			return made, fmt.Errorf("create %s %s: %w", job.Spec.Task, o.GetName(), err)
@@ -166,8 +185,9 @@ func (r *Reconciler) createMissing(ctx context.Context, job *v1.RecurringJob, ru
 	return made, nil
 }
 
-// newObject is the Snapshot or Backup of vol for the run at run.
-func (r *Reconciler) newObject(job *v1.RecurringJob, vol string, run time.Time) client.Object {
+// newObject is the Snapshot or Backup of vol for the run at run; a
+// Backup goes to spec.target, else to the volume's own target.
+func (r *Reconciler) newObject(job *v1.RecurringJob, vol, volTarget string, run time.Time) client.Object {
 	om := metav1.ObjectMeta{
 		Namespace:   job.Namespace,
 		Name:        objectName(job.Name, vol, run),
@@ -175,14 +195,19 @@ func (r *Reconciler) newObject(job *v1.RecurringJob, vol string, run time.Time) 
 		Annotations: map[string]string{AnnotationScheduledTime: run.UTC().Format(time.RFC3339)},
 	}
 	if job.Spec.Task == v1.RecurringJobTaskBackup {
-		return &v1.Backup{ObjectMeta: om, Spec: v1.BackupSpec{Volume: vol, Target: job.Spec.Target}}
+		target := job.Spec.Target
+		if target == "" {
+			target = volTarget
+		}
+		return &v1.Backup{ObjectMeta: om, Spec: v1.BackupSpec{Volume: vol, Target: target}}
 	}
 	return &v1.Snapshot{ObjectMeta: om, Spec: v1.SnapshotSpec{Volume: vol}}
 }
 
 // runResult counts the run's objects: the volumes are those selected
-// now and any the run made an object of.
-func runResult(job *v1.RecurringJob, run time.Time, vols []string, items []item) *v1.RecurringJobRunResult {
+// now and any the run made an object of; noTarget (selected, but with no
+// target to back up to) are named, not counted.
+func runResult(job *v1.RecurringJob, run time.Time, vols, noTarget []string, items []item) *v1.RecurringJobRunResult {
 	res := &v1.RecurringJobRunResult{ScheduledTime: metav1.NewTime(run)}
 	seen := map[string]bool{}
 	for _, v := range vols {
@@ -223,6 +248,9 @@ func runResult(job *v1.RecurringJob, run time.Time, vols []string, items []item)
 	}
 	if len(parts) == 0 {
 		parts = append(parts, fmt.Sprintf("%d of %d volumes done", res.Succeeded, res.Volumes))
+	}
+	if len(noTarget) > 0 {
+		parts = append(parts, fmt.Sprintf("%d skipped: no backup target (spec.target is empty and the Volume has no spec.backupTarget; set the StorageClass parameter backupTarget or the job's spec.target) (%s)", len(noTarget), short(noTarget)))
 	}
 	res.Message = strings.Join(parts, "; ")
 	return res
