@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
+	"github.com/cairn-io/cairn/dataplane/testutil/nfsserver"
 	"github.com/cairn-io/cairn/dataplane/testutil/versitygw"
 )
 
@@ -25,17 +26,23 @@ type targetKind struct {
 type childTarget struct {
 	Dir string
 	S3  S3Config
+	NFS NFSConfig
 }
 
 func (c childTarget) open() (Target, error) {
 	if c.Dir != "" {
 		return NewDirTarget(c.Dir)
 	}
+	if c.NFS.Server != "" {
+		return NewNFSTarget(c.NFS)
+	}
 	return NewS3Target(c.S3)
 }
 
-// targetKinds: a directory (as an NFS export would be mounted) and a real
-// S3 server (versitygw with its posix backend on a temporary directory).
+// targetKinds: a directory (as an NFS export would be mounted), a real
+// S3 server (versitygw with its posix backend on a temporary directory)
+// and a real NFSv3 server (go-nfs over a temporary directory) spoken to
+// by the user-space NFS client.
 func targetKinds() []targetKind {
 	return []targetKind{
 		{"dir", func(t *testing.T) (Target, childTarget) {
@@ -54,7 +61,32 @@ func targetKinds() []targetKind {
 			}
 			return tg, childTarget{S3: cfg}
 		}},
+		{"nfs", func(t *testing.T) (Target, childTarget) {
+			cfg := startNFSServer(t, nfsserver.Options{})
+			tg, err := NewNFSTarget(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tg.Close() })
+			return tg, childTarget{NFS: cfg}
+		}},
 	}
+}
+
+// startNFSServer runs go-nfs over a temporary directory and returns the
+// config of a target in it (under a prefix, as a shared export would be
+// used).
+func startNFSServer(t *testing.T, opts nfsserver.Options) NFSConfig {
+	t.Helper()
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	srv, err := nfsserver.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	return NFSConfig{Server: srv.Host, Export: srv.Export, Prefix: "cluster-a/", MountPort: srv.Port, NFSPort: srv.Port}
 }
 
 // startVersitygw runs versitygw over a temporary directory with a
