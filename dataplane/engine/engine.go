@@ -392,58 +392,6 @@ func (e *Engine) fenceAtOpen(ctx context.Context, usable []cand) {
 	}
 }
 
-// reconcile copies, from src to the other usable replicas, every region
-// any of them marks dirty: a previous engine may have died with writes
-// applied on some replicas only, and readers must not see two versions.
-func (e *Engine) reconcile(ctx context.Context, src *member, usable []cand) error {
-	ctx = detach(ctx)
-	if len(usable) < 2 {
-		return nil
-	}
-	union := map[int64]bool{}
-	var regionSize int64
-	for _, c := range usable {
-		regionSize = c.info.DirtyRegionSize
-		for r := range c.info.DirtyCount {
-			if c.info.Dirty[r/64]&(1<<(r%64)) != 0 {
-				union[r] = true
-			}
-		}
-	}
-	if len(union) == 0 || regionSize <= 0 {
-		return nil
-	}
-	e.log.Info("reconciling regions a previous engine may have left different", "regions", len(union))
-	size := e.size.Load()
-	buf := make([]byte, regionSize)
-	for r := range union {
-		off := r * regionSize
-		n := min(regionSize, size-off)
-		if n <= 0 || src.mode != ModeRW {
-			continue
-		}
-		if err := src.data.ReadAt(ctx, buf[:n], off); err != nil {
-			return fmt.Errorf("reconcile: read from %s: %w", src.addr, err)
-		}
-		for _, c := range usable {
-			if c.m == src || c.m.mode != ModeRW {
-				continue
-			}
-			if err := c.m.data.WriteAt(ctx, buf[:n], off, false); err != nil {
-				_ = e.become(c.m, ModeERR, fmt.Errorf("reconcile: %w", err))
-			}
-		}
-	}
-	for _, c := range usable {
-		if c.m.mode == ModeRW {
-			if err := c.m.data.Flush(ctx); err != nil {
-				_ = e.become(c.m, ModeERR, fmt.Errorf("reconcile: flush: %w", err))
-			}
-		}
-	}
-	return nil
-}
-
 // setMode is the only writer of member modes. Callers hold e.mu (become
 // takes it). A replica failed from RW or WO may hold the current epoch:
 // no write is acknowledged until the survivors' epoch moves past it (see

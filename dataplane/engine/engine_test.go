@@ -24,7 +24,7 @@ import (
 
 // testReplica is a real replica served on loopback in this process.
 type testReplica struct {
-	t        *testing.T
+	t        testing.TB
 	dir      string
 	addr     string // "data,control"
 	data     string
@@ -33,7 +33,7 @@ type testReplica struct {
 	killOnce sync.Once
 }
 
-func listenOn(t *testing.T, addr string) net.Listener {
+func listenOn(t testing.TB, addr string) net.Listener {
 	t.Helper()
 	var l net.Listener
 	var err error
@@ -52,7 +52,7 @@ func listenOn(t *testing.T, addr string) net.Listener {
 
 // startReplica serves a replica in dir; with addr set it reuses those ports
 // (a replica coming back at the same address).
-func startReplica(t *testing.T, dir string, size int64, addr string) *testReplica {
+func startReplica(t testing.TB, dir string, size int64, addr string) *testReplica {
 	t.Helper()
 	dataAddr, ctlAddr := "127.0.0.1:0", "127.0.0.1:0"
 	if addr != "" {
@@ -82,7 +82,7 @@ func dialer() engine.Dialer {
 		Conns: 2, RequestTimeout: deadline.Scale(5 * time.Second), PingInterval: 200 * time.Millisecond, PingTimeout: deadline.Scale(2 * time.Second)}})
 }
 
-func cluster(t *testing.T, n int, size int64) (*engine.Engine, []*testReplica) {
+func cluster(t testing.TB, n int, size int64) (*engine.Engine, []*testReplica) {
 	t.Helper()
 	var reps []*testReplica
 	var addrs []string
