@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -47,9 +48,11 @@ type bundle struct {
 
 // nodeCommands are what the bundle runs in each node's Cairn pods, by
 // pod component label and container: the mounts the node plugin sees,
-// the loop and nbd devices, and the space on the replicas' disk. They run
-// in the images' Debian userland (util-linux, coreutils); a missing tool
-// says so in its output and the rest still runs.
+// the loop and nbd devices, the space on the replicas' disk, and the
+// processes the instance manager's container really runs (its engines
+// and replicas are its children). They run in the images' Debian userland
+// (util-linux, coreutils, mawk; there is no ps); a missing tool says so
+// in its output and the rest still runs.
 var nodeCommands = []struct {
 	component, container, file, script string
 }{
@@ -58,7 +61,19 @@ var nodeCommands = []struct {
 		"losetup --list --noheadings 2>&1; echo; for d in /sys/block/nbd*; do [ -e \"$d/pid\" ] && echo \"$d pid $(cat $d/pid) size $(cat $d/size) sectors\"; done; echo; lsblk 2>&1"},
 	{"instance-manager", "instance-manager", "disk-usage.txt",
 		"df -h /var/lib/cairn/replicas /var/lib/cairn/logs 2>&1; echo; du -sh /var/lib/cairn/replicas/* 2>&1; echo; ls -la /var/lib/cairn/logs 2>&1"},
+	{"instance-manager", "instance-manager", "processes.txt", processListScript},
 }
+
+// processListScript lists the container's processes (not the shell that
+// lists them) from /proc: pid, parent pid, resident KiB and command line.
+// Command lines hold no secret: the instance manager hands its children
+// keys through file descriptors, never in arguments.
+const processListScript = `echo "PID PPID RSS_KB COMMAND"
+for d in /proc/[0-9]*; do
+  [ "${d#/proc/}" = "$$" ] && continue
+  c=$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null); [ -n "$c" ] || continue
+  echo "${d#/proc/} $(awk '$1=="PPid:"{p=$2} $1=="VmRSS:"{r=$2} END{print p, (r=="" ? "-" : r)}' "$d/status" 2>/dev/null) $c"
+done`
 
 // supportBundle writes the archive to file ("" picks a name in the
 // current directory) and reports progress on stderr.
@@ -120,7 +135,7 @@ func (b *bundle) collect(ctx context.Context) error {
 		{"events", b.events},
 		{"instance-manager processes", b.processes},
 		{"pod logs", b.logs},
-		{"mounts, loop/nbd devices and disk usage on each node", b.nodeState},
+		{"mounts, loop/nbd devices, disk usage and processes on each node", b.nodeState},
 	}
 	for _, s := range steps {
 		b.progress("%s", s.what)
@@ -138,8 +153,9 @@ func (b *bundle) notesText() string {
 	s.WriteString("Files: versions.yaml; objects/ (Cairn's objects, and the PersistentVolumes, claims, VolumeAttachments,\n" +
 		"StorageClasses, CSIDriver and CSINodes of " + claims.DriverName + "; nodes; the pods, Deployments and DaemonSets of the\n" +
 		"namespace); events/; processes/ (each instance manager's processes, from its InstanceManager status);\n" +
-		"logs/ (every container of every pod of the namespace, current and previous run); nodes/ (run in each node's\n" +
-		"Cairn pods: mounts, loop and nbd devices, disk usage).\n")
+		"logs/ (every container of every pod of the namespace, current and previous run; containers.txt: which logs are\n" +
+		"here, and which containers never restarted and so have no previous log); nodes/ (run in each node's Cairn pods:\n" +
+		"mounts, loop and nbd devices, disk usage, the instance manager's processes from /proc).\n")
 	if len(b.notes) == 0 {
 		s.WriteString("\nEverything was collected.\n")
 		return s.String()
@@ -394,7 +410,10 @@ func (b *bundle) processes(ctx context.Context) error {
 }
 
 // logs: every container of every pod of the namespace, the current run
-// and the previous one (if it restarted).
+// and the previous one (if it restarted), and logs/containers.txt, which
+// says for each container how often it restarted and which of its logs
+// the bundle holds: a container that never restarted has no previous
+// log, and the index says so.
 func (b *bundle) logs(ctx context.Context) error {
 	if b.o.kube == nil {
 		b.note("pod logs: no connection to the API server for logs")
@@ -405,26 +424,36 @@ func (b *bundle) logs(ctx context.Context) error {
 		b.note("pods of %s: %v", b.o.namespace, err)
 		return nil
 	}
+	var index bytes.Buffer
+	tw := tabwriter.NewWriter(&index, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POD\tNODE\tCONTAINER\tRESTARTS\tCURRENT\tPREVIOUS")
 	for _, p := range pods.Items {
-		restarted := map[string]bool{}
+		restarts := map[string]int32{}
 		for _, st := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
-			restarted[st.Name] = st.RestartCount > 0
+			restarts[st.Name] = st.RestartCount
 		}
 		for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
-			for _, previous := range []bool{false, true} {
-				if previous && !restarted[c.Name] {
-					continue
-				}
-				if err := b.log(ctx, &p, c.Name, previous); err != nil {
+			current, err := b.log(ctx, &p, c.Name, false)
+			if err != nil {
+				return err
+			}
+			previous := "none: not restarted"
+			if restarts[c.Name] > 0 {
+				if previous, err = b.log(ctx, &p, c.Name, true); err != nil {
 					return err
 				}
 			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", p.Name, orDash(p.Spec.NodeName), c.Name, restarts[c.Name], current, previous)
 		}
 	}
-	return nil
+	tw.Flush()
+	return b.write("logs/containers.txt", index.Bytes())
 }
 
-func (b *bundle) log(ctx context.Context, p *corev1.Pod, container string, previous bool) error {
+// log writes one container's log and returns the file's name in the
+// bundle, or, when the API server cannot give it, says so in a note and
+// returns what logs/containers.txt shows instead.
+func (b *bundle) log(ctx context.Context, p *corev1.Pod, container string, previous bool) (string, error) {
 	name := "logs/" + p.Name + "/" + container + ".log"
 	if previous {
 		name = "logs/" + p.Name + "/" + container + ".previous.log"
@@ -433,14 +462,14 @@ func (b *bundle) log(ctx context.Context, p *corev1.Pod, container string, previ
 		LimitBytes: ptrTo(int64(maxLogBytes))}).Stream(ctx)
 	if err != nil {
 		b.note("log of %s/%s (previous: %v): %v", p.Name, container, previous, err)
-		return nil
+		return "not collected: see NOTES.txt", nil
 	}
 	defer rc.Close()
 	data, err := io.ReadAll(io.LimitReader(rc, maxLogBytes))
 	if err != nil {
 		b.note("log of %s/%s (previous: %v), cut short: %v", p.Name, container, previous, err)
 	}
-	return b.write(name, data)
+	return name, b.write(name, data)
 }
 
 func ptrTo[T any](v T) *T { return &v }
@@ -485,7 +514,31 @@ func (b *bundle) exec(ctx context.Context, p *corev1.Pod, container, script stri
 	if err != nil {
 		return nil, err
 	}
-	var out bytes.Buffer
+	var out execOutput
 	err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &out, Stderr: &out})
-	return out.Bytes(), err
+	return out.bytes(), err
+}
+
+// execOutput is one writer for a command's stdout and stderr, in the
+// order they arrive. remotecommand copies each stream in its own
+// goroutine with io.Copy; a bytes.Buffer given as both would race, and
+// io.Copy would use its ReadFrom, by which the stream that ends last cuts
+// the buffer back to where it started reading: a command's whole stdout
+// was lost that way whenever its empty stderr closed after it. Having
+// only Write, under a lock, execOutput keeps every byte of both.
+type execOutput struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (o *execOutput) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(p)
+}
+
+func (o *execOutput) bytes() []byte {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return bytes.Clone(o.buf.Bytes())
 }

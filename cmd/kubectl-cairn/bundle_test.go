@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -178,7 +179,20 @@ func TestSupportBundle(t *testing.T) {
 	has("processes/n1_im-n1.txt", "pvc-123-e", "engine", "running", "[10000]")
 	// envtest runs no kubelet: logs and exec are notes, each naming what.
 	has("NOTES.txt", "No Secret is collected", "log of csi-node-abc/csi (previous: false)", "log of instance-manager-xyz/instance-manager (previous: true)",
-		"mounts.txt on node n1 (exec in csi-node-abc/csi)", "disk-usage.txt on node n1 (exec in instance-manager-xyz/instance-manager)")
+		"mounts.txt on node n1 (exec in csi-node-abc/csi)", "disk-usage.txt on node n1 (exec in instance-manager-xyz/instance-manager)",
+		"processes.txt on node n1 (exec in instance-manager-xyz/instance-manager)")
+	// The index of logs: a container that never restarted has no previous
+	// log, and says so; one that did has its previous log asked for.
+	has("logs/containers.txt", "POD", "RESTARTS", "PREVIOUS")
+	index := files["cairn-support/logs/containers.txt"]
+	for _, want := range [][]string{
+		{"csi-node-abc", "n1", "csi", "0", "not collected: see NOTES.txt", "none: not restarted"},
+		{"instance-manager-xyz", "n1", "instance-manager", "2", "not collected: see NOTES.txt", "not collected: see NOTES.txt"},
+	} {
+		if !hasRow(index, want) {
+			t.Errorf("logs/containers.txt has no row %q:\n%s", want, index)
+		}
+	}
 	// As the API server gives it (base64 in data) or decoded.
 	for _, secret := range []string{passphrase, caKey, base64.StdEncoding.EncodeToString([]byte(passphrase)), base64.StdEncoding.EncodeToString([]byte(caKey))} {
 		if bytes.Contains(raw, []byte(secret)) || strings.Contains(out.String()+errb.String(), secret) {
@@ -225,6 +239,72 @@ func readBundle(t *testing.T, file string) (map[string]string, []byte) {
 		files[h.Name] = string(b)
 	}
 	return files, raw
+}
+
+// hasRow tells whether a line of table holds cells, in order, each
+// separated from the next by the table's padding.
+func hasRow(table string, cells []string) bool {
+	for _, line := range strings.Split(table, "\n") {
+		rest, ok := line, true
+		for _, c := range cells {
+			i := strings.Index(rest, c)
+			if i < 0 {
+				ok = false
+				break
+			}
+			rest = rest[i+len(c):]
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// TestExecOutputKeepsBothStreams copies two streams into one execOutput
+// the way remotecommand copies a command's stdout and stderr (io.Copy in
+// a goroutine each), with the empty stderr ending after stdout: all of
+// stdout must be there. A bytes.Buffer in its place loses it.
+func TestExecOutputKeepsBothStreams(t *testing.T) {
+	var out execOutput
+	stdout := strings.Repeat("36 25 0:32 / /var/lib/kubelet rw shared:1 - ext4 /dev/vda rw\n", 200)
+	pr, stderrW := io.Pipe()
+	stderr := &firstRead{r: pr, reading: make(chan struct{})}
+	stdoutDone := make(chan struct{})
+	errs := make(chan error, 2)
+	go func() {
+		_, err := io.Copy(&out, stderr)
+		errs <- err
+	}()
+	go func() {
+		<-stderr.reading // stderr's copy waits for its first bytes
+		_, err := io.Copy(&out, strings.NewReader(stdout))
+		close(stdoutDone)
+		errs <- err
+	}()
+	<-stdoutDone
+	stderrW.Write([]byte("lsblk: not found\n"))
+	stderrW.Close()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := string(out.bytes()), stdout+"lsblk: not found\n"; got != want {
+		t.Errorf("execOutput holds %d bytes, want %d (all of stdout, then stderr)", len(got), len(want))
+	}
+}
+
+// firstRead closes reading when its first Read begins.
+type firstRead struct {
+	r       io.Reader
+	reading chan struct{}
+	once    sync.Once
+}
+
+func (f *firstRead) Read(p []byte) (int, error) {
+	f.once.Do(func() { close(f.reading) })
+	return f.r.Read(p)
 }
 
 func keys(m map[string]string) []string {
