@@ -83,3 +83,63 @@ func TestBackupOfDetachedVolume(t *testing.T) {
 	got := readDevice(t, r.Name, r.Status.Endpoint)
 	g.Expect(bytes.Equal(got, want)).To(BeTrue(), "restored volume: %s", firstDiff(got, want))
 }
+
+// TestRestoresWaitForASlot: with every restore slot of the manager taken,
+// restores read their manifest, run their replicas and wait, saying so in
+// their status, without writing; once the slots are free they complete,
+// and each volume reads the backup.
+func TestRestoresWaitForASlot(t *testing.T) {
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make test-tools installs it)")
+	}
+	g := NewWithT(t)
+	ctx := context.Background()
+	startNodes(t, g, "rq-a", "rq-b")
+	f := startBackupTarget(t, g, "rq-target", "")
+	src := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "rq-src", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("8Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, NodeName: "rq-a"}}
+	g.Expect(k8sClient.Create(ctx, src)).To(Succeed())
+	cleanupVolume(t, src)
+	sock := waitAttached(t, g, client.ObjectKeyFromObject(src)).Status.Endpoint
+	qemuIO(t, src.Name, sock, "write -P 0x6b 1M 1M", "flush")
+	createSnapshot(g, "rq-src-s1", src.Name)
+	g.Eventually(func() bool { return getSnapshot(g, "rq-src-s1").Status.ReadyToUse }, timeout, 100*time.Millisecond).Should(BeTrue())
+	f.backUp(g, src, "rq-src-s1", "b1", map[string]string{v1.BackupLabelKeyCheck: ""})
+
+	slots := volumeReconciler.restores.slots
+	held := 0
+	release := func() {
+		for ; held > 0; held-- {
+			<-slots
+		}
+	}
+	for range cap(slots) {
+		slots <- struct{}{}
+		held++
+	}
+	t.Cleanup(release)
+	var keys []client.ObjectKey
+	for _, name := range []string{"rq-r1", "rq-r2"} {
+		keys = append(keys, restoreVolume(t, g, name, "8Mi", "rq-b", v1.VolumeBackupSource{Target: f.target, Volume: src.Name, Name: "b1"}, nil))
+	}
+	for _, key := range keys {
+		g.Eventually(func() string {
+			if c := getVolume(g, key).Status.Clone; c != nil {
+				return c.Message
+			}
+			return ""
+		}, timeout, 50*time.Millisecond).Should(ContainSubstring("waiting to restore"), func() string { return describeKey(key) })
+		v := getVolume(g, key)
+		g.Expect(v.Status.Clone.State).NotTo(Equal(v1.CloneStateCopying), "nothing written while queued")
+		g.Expect(v.Status.State).NotTo(Equal(v1.VolumeStateAttached))
+	}
+
+	release()
+	want := make([]byte, 8<<20)
+	copy(want[1<<20:2<<20], bytes.Repeat([]byte{0x6b}, 1<<20))
+	for _, key := range keys {
+		v := waitAttached(t, g, key)
+		got := readDevice(t, v.Name, v.Status.Endpoint)
+		g.Expect(bytes.Equal(got, want)).To(BeTrue(), "restored volume %s: %s", v.Name, firstDiff(got, want))
+	}
+}

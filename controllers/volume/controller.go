@@ -244,6 +244,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		r.apiReader = mgr.GetAPIReader()
 	}
 	r.restoreEvents = make(chan event.GenericEvent, 64)
+	r.restores.slots = make(chan struct{}, r.restoreOpts().MaxConcurrent)
 	// Restores run while this manager leads, and stop with it.
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		<-ctx.Done()

@@ -150,6 +150,9 @@ func (r *Reconciler) followRestore(ctx context.Context, s *scope, st *v1.CloneSt
 		if addrs, ok := restoreAddresses(s); ok {
 			run.give(addrs)
 		}
+	case restoreQueued:
+		s.restoring = true
+		st.Message = fmt.Sprintf("waiting to restore %s: %d restores run at once in the manager", what, r.restoreOpts().MaxConcurrent)
 	case restoreWriting, restoreVerifying:
 		s.restoring = true
 		verb := "writing"
@@ -279,6 +282,9 @@ func (r *Reconciler) restoreOpts() RestoreOptions {
 	}
 	if o.OpenTimeout <= 0 {
 		o.OpenTimeout = 2 * time.Minute
+	}
+	if o.MaxConcurrent <= 0 {
+		o.MaxConcurrent = DefaultMaxRestores
 	}
 	return o
 }

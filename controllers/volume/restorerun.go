@@ -40,10 +40,19 @@ type RestoreOptions struct {
 	// OpenTimeout bounds the restore engine's connection to the replicas;
 	// default 2 minutes.
 	OpenTimeout time.Duration
+	// MaxConcurrent is how many restores write and verify at once in the
+	// manager (each holds the backup store's block buffers and an
+	// engine); the others wait, their replicas running, in phase queued.
+	// Default DefaultMaxRestores.
+	MaxConcurrent int
 }
 
 // DefaultRestoreRetry is RestoreOptions.RetryAfter's default.
 const DefaultRestoreRetry = time.Minute
+
+// DefaultMaxRestores is RestoreOptions.MaxConcurrent's default: the
+// manager's memory limit holds two restores beside two backup uploads.
+const DefaultMaxRestores = 2
 
 // restorePhase is where one restore run is.
 type restorePhase int
@@ -53,6 +62,9 @@ const (
 	restoreChecking restorePhase = iota
 	// restoreWaiting: the backup fits; waiting for the replicas' addresses.
 	restoreWaiting
+	// restoreQueued: the replicas run; waiting for one of the manager's
+	// MaxConcurrent restore slots.
+	restoreQueued
 	// restoreWriting: writing the blocks through an engine in the manager.
 	restoreWriting
 	// restoreVerifying: reading every stored block back from every replica.
@@ -115,6 +127,9 @@ func (run *restoreRun) give(addrs []string) {
 type restoreRuns struct {
 	mu   sync.Mutex
 	runs map[types.UID]*restoreRun
+	// slots holds one token per run writing or verifying; its capacity
+	// is RestoreOptions.MaxConcurrent, set by the first start.
+	slots chan struct{}
 }
 
 func (rs *restoreRuns) get(uid types.UID) *restoreRun {
@@ -156,7 +171,9 @@ type restoreJob struct {
 	size              int64
 	keyCheck          string
 	opts              RestoreOptions
-	log               logr.Logger
+	// slots are the manager's restore slots (restoreRuns.slots).
+	slots chan struct{}
+	log   logr.Logger
 	// notify brings the volume back to its reconciler (progress, a phase
 	// reached, the end).
 	notify func()
@@ -170,6 +187,10 @@ func (rs *restoreRuns) start(uid types.UID, job restoreJob) *restoreRun {
 	if rs.runs == nil {
 		rs.runs = map[types.UID]*restoreRun{}
 	}
+	if rs.slots == nil {
+		rs.slots = make(chan struct{}, max(job.opts.MaxConcurrent, 1))
+	}
+	job.slots = rs.slots
 	if old := rs.runs[uid]; old != nil {
 		old.cancel()
 	}
@@ -191,9 +212,9 @@ func (rs *restoreRuns) start(uid types.UID, job restoreJob) *restoreRun {
 	return run
 }
 
-// run checks the backup, waits for the replicas, writes the backup into
-// them through an engine and verifies every replica. It returns the
-// reason of condition Cloned for a failure.
+// run checks the backup, waits for the replicas and for a restore slot,
+// writes the backup into them through an engine and verifies every
+// replica. It returns the reason of condition Cloned for a failure.
 func (job *restoreJob) run(ctx context.Context, run *restoreRun) (string, error) {
 	m, reason, err := job.check(ctx)
 	if err != nil {
@@ -204,6 +225,14 @@ func (job *restoreJob) run(ctx context.Context, run *restoreRun) (string, error)
 	var addrs []string
 	select {
 	case addrs = <-run.addrs:
+	case <-ctx.Done():
+		return v1.VolumeReasonRestoreFailed, ctx.Err()
+	}
+	run.set(func(run *restoreRun) { run.phase = restoreQueued })
+	job.notify()
+	select {
+	case job.slots <- struct{}{}:
+		defer func() { <-job.slots }()
 	case <-ctx.Done():
 		return v1.VolumeReasonRestoreFailed, ctx.Err()
 	}

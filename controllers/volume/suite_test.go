@@ -29,6 +29,9 @@ var (
 	// engines is the running manager's Engine reconciler (its Watches
 	// follow the running engines).
 	engines *engine.Reconciler
+	// volumeReconciler is the running manager's Volume reconciler (its restore
+	// slots).
+	volumeReconciler *Reconciler
 )
 
 // replenishmentWait is short here: long enough for a killed replica
@@ -42,12 +45,13 @@ func TestMain(m *testing.M) {
 		imr.Client, imr.Pool = mgr.GetClient(), pool
 		c := mgr.GetClient()
 		engines = &engine.Reconciler{Client: c, Pool: pool}
+		volumeReconciler = &Reconciler{Client: c, ReplenishmentWait: replenishmentWait}
 		for _, setup := range []func(ctrl.Manager) error{
 			imr.SetupWithManager,
 			(&storagenode.Reconciler{Client: c, Pool: pool, Resync: time.Second}).SetupWithManager,
 			(&replica.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 			engines.SetupWithManager,
-			(&Reconciler{Client: c, ReplenishmentWait: replenishmentWait}).SetupWithManager,
+			volumeReconciler.SetupWithManager,
 			(&snapshot.Reconciler{Client: c, Pool: pool}).SetupWithManager,
 			(&backuptarget.Reconciler{MinRetry: time.Second}).SetupWithManager,
 			(&backup.Reconciler{ProgressInterval: 200 * time.Millisecond, RetryBackoff: time.Second}).SetupWithManager,
