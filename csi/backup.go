@@ -24,6 +24,7 @@ import (
 const (
 	ParamSnapshotType   = "type"
 	ParamBackupTarget   = "backupTarget"
+	ParamBackupMode     = "backupMode"
 	SnapshotTypeLocal   = "snapshot"
 	SnapshotTypeBackup  = "backup"
 	backupSnapshotIDTag = "backup:"
@@ -35,6 +36,8 @@ type snapshotClass struct {
 	// target is the class's backupTarget; empty: the volume's
 	// spec.backupTarget (from its StorageClass).
 	target string
+	// mode is the class's backupMode: the Backups' spec.mode.
+	mode v1.BackupMode
 }
 
 // parseSnapshotParams checks VolumeSnapshotClass parameters: unknown keys
@@ -53,13 +56,22 @@ func parseSnapshotParams(p map[string]string) (snapshotClass, error) {
 			}
 		case ParamBackupTarget:
 			out.target = val
+		case ParamBackupMode:
+			switch m := v1.BackupMode(val); m {
+			case "", v1.BackupModeIncremental, v1.BackupModeFull:
+				out.mode = m
+			default:
+				return out, status.Errorf(codes.InvalidArgument, "VolumeSnapshotClass parameter %s=%q: must be %q (the default) or %q", k, val, v1.BackupModeIncremental, v1.BackupModeFull)
+			}
 		default:
-			return out, status.Errorf(codes.InvalidArgument, "unknown VolumeSnapshotClass parameter %q: remove it; known parameters are %s and %s", k, ParamSnapshotType, ParamBackupTarget)
+			return out, status.Errorf(codes.InvalidArgument, "unknown VolumeSnapshotClass parameter %q: remove it; known parameters are %s, %s and %s", k, ParamSnapshotType, ParamBackupTarget, ParamBackupMode)
 		}
 	}
 	switch {
 	case !out.backup && out.target != "":
 		return out, status.Errorf(codes.InvalidArgument, "VolumeSnapshotClass parameter %s is only for %s: %s; remove it or set the type", ParamBackupTarget, ParamSnapshotType, SnapshotTypeBackup)
+	case !out.backup && out.mode != "":
+		return out, status.Errorf(codes.InvalidArgument, "VolumeSnapshotClass parameter %s is only for %s: %s; remove it or set the type", ParamBackupMode, ParamSnapshotType, SnapshotTypeBackup)
 	}
 	return out, nil
 }
@@ -106,7 +118,7 @@ func (s *ControllerServer) createBackup(ctx context.Context, req *csipb.CreateSn
 		}
 		b = &v1.Backup{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns,
 			Annotations: map[string]string{AnnotationCSIName: req.GetName()}},
-			Spec: v1.BackupSpec{Volume: v.Name, Target: target}}
+			Spec: v1.BackupSpec{Volume: v.Name, Target: target, Mode: class.mode}}
 		if err := s.c.Create(ctx, b); err != nil && !apierrors.IsAlreadyExists(err) {
 			if apierrors.IsInvalid(err) {
 				return nil, status.Errorf(codes.InvalidArgument, "the Backup was refused: %v", err)

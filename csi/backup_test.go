@@ -89,7 +89,8 @@ func TestBackupSnapshotClass(t *testing.T) {
 	t.Log("bad classes change nothing")
 	// type: backup without a target is refused while the volume has no
 	// default target either.
-	for _, p := range []map[string]string{{ParamSnapshotType: SnapshotTypeBackup}, {ParamSnapshotType: "bak"}, {ParamBackupTarget: "csi-offsite"}} {
+	for _, p := range []map[string]string{{ParamSnapshotType: SnapshotTypeBackup}, {ParamSnapshotType: "bak"}, {ParamBackupTarget: "csi-offsite"},
+		{ParamSnapshotType: SnapshotTypeBackup, ParamBackupTarget: "csi-offsite", ParamBackupMode: "differential"}, {ParamBackupMode: "full"}} {
 		_, err := ctrl.controller.CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: "snapshot-bad", SourceVolumeId: src.GetVolumeId(), Parameters: p})
 		g.Expect(status.Code(err)).To(Equal(codes.InvalidArgument), "%v: %v", p, err)
 	}
@@ -104,9 +105,9 @@ func TestBackupSnapshotClass(t *testing.T) {
 	vol.Spec.BackupTarget = "csi-offsite"
 	g.Expect(cluster.Client.Patch(ctx, vol, patch)).To(Succeed())
 
-	t.Log("CreateSnapshot with a backup class naming no target (the volume's is used), called again until ready as the snapshotter does")
+	t.Log("CreateSnapshot with a backup class naming no target (the volume's is used) and backupMode full, called again until ready as the snapshotter does")
 	req := &csipb.CreateSnapshotRequest{Name: "snapshot-backup-1", SourceVolumeId: src.GetVolumeId(),
-		Parameters: map[string]string{ParamSnapshotType: SnapshotTypeBackup}}
+		Parameters: map[string]string{ParamSnapshotType: SnapshotTypeBackup, ParamBackupMode: "full"}}
 	var snap *csipb.Snapshot
 	g.Eventually(func() bool {
 		res, err := ctrl.controller.CreateSnapshot(ctx, req)
@@ -118,6 +119,7 @@ func TestBackupSnapshotClass(t *testing.T) {
 	var made v1.Backup
 	g.Expect(cluster.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: strings.TrimPrefix(snap.GetSnapshotId(), "backup:")}, &made)).To(Succeed())
 	g.Expect(made.Spec.Target).To(Equal("csi-offsite"), "the volume's default target")
+	g.Expect(made.Spec.Mode).To(Equal(v1.BackupModeFull), "the class's backupMode")
 	g.Expect(snap.GetSizeBytes()).To(Equal(int64(size)))
 	g.Expect(snap.GetSourceVolumeId()).To(Equal(src.GetVolumeId()))
 	list, err := store.List(ctx, src.GetVolumeId())
