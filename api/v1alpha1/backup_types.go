@@ -49,8 +49,8 @@ const (
 	// BackupReasonTargetNotFound: spec.target names no BackupTarget.
 	BackupReasonTargetNotFound = "TargetNotFound"
 	// BackupReasonTargetUnavailable: the BackupTarget is not usable (its
-	// credentials or CA bundle are missing, or it is an NFS target, which
-	// the manager cannot write).
+	// check failed or has not run yet, or its credentials or CA bundle
+	// are missing).
 	BackupReasonTargetUnavailable = "TargetUnavailable"
 	// BackupReasonSnapshotInvalid: spec.snapshot names no Snapshot, or
 	// one of another volume, or one that failed.

@@ -7,9 +7,9 @@ import (
 // BackupTarget condition types.
 const (
 	// BackupTargetConditionAvailable is True when the target answered, the
-	// credentials were accepted, and a probe object was written, read back
-	// and deleted: backups to it can start. Unknown for an NFS target,
-	// which the manager does not mount.
+	// credentials (S3) or the export's client list (NFS) let the manager
+	// in, and a probe object was written, read back and deleted: backups
+	// to it can start.
 	BackupTargetConditionAvailable = "Available"
 )
 
@@ -26,27 +26,32 @@ const (
 	// BackupTargetReasonCABundleInvalid: the CA bundle's Secret or ConfigMap
 	// or its key does not exist, or it holds no PEM certificate.
 	BackupTargetReasonCABundleInvalid = "CABundleInvalid"
-	// BackupTargetReasonUnreachable: no answer from the endpoint within the
-	// probe's timeout (refused, unresolvable, timed out, or a TLS
-	// certificate that is not trusted: set caBundle). Check the URL and the
+	// BackupTargetReasonUnreachable: no answer from the endpoint (or the
+	// NFS server's portmapper, MOUNT or NFS service) within the probe's
+	// timeout (refused, unresolvable, timed out, or a TLS certificate that
+	// is not trusted: set caBundle). Check the URL or server and the
 	// network path from the manager's pod.
 	BackupTargetReasonUnreachable = "Unreachable"
 	// BackupTargetReasonAccessDenied: the server refused the credentials or
-	// the listing (wrong key, wrong secret, no permission on the bucket).
+	// the listing (wrong key, wrong secret, no permission on the bucket);
+	// for NFS, the server refused to mount the export for the manager's
+	// pod (not in the export's client list, or a Linux server refusing an
+	// unprivileged source port: export with "insecure").
 	BackupTargetReasonAccessDenied = "AccessDenied"
 	// BackupTargetReasonBucketNotFound: the bucket does not exist. Cairn
 	// never creates buckets; create it, or fix spec.s3.bucket.
 	BackupTargetReasonBucketNotFound = "BucketNotFound"
-	// BackupTargetReasonNotWritable: the bucket could be listed but the
-	// probe object could not be written, read back identically or deleted
-	// (read-only credentials, a bucket policy, object lock).
+	// BackupTargetReasonNotWritable: the bucket or export could be listed
+	// but the probe object could not be written, read back identically or
+	// deleted (read-only credentials, a bucket policy, object lock; a
+	// read-only export, or a directory the squashed NFS user may not write).
 	BackupTargetReasonNotWritable = "NotWritable"
 	// BackupTargetReasonProbeFailed: the server answered the probe with an
 	// error not covered above; the message holds the server's code.
 	BackupTargetReasonProbeFailed = "ProbeFailed"
-	// BackupTargetReasonNotChecked: an NFS target; the manager's pod does not
-	// mount NFS exports, so nothing is checked from it (Available Unknown).
-	BackupTargetReasonNotChecked = "NotChecked"
+	// BackupTargetReasonExportNotFound: the NFS server's MOUNT service
+	// does not export spec.nfs.path. Export it, or fix the path.
+	BackupTargetReasonExportNotFound = "ExportNotFound"
 )
 
 // BackupTargetType is the kind of store a BackupTarget is.
@@ -158,7 +163,12 @@ type S3BackupTarget struct {
 	CABundle *CABundleSource `json:"caBundle,omitempty"`
 }
 
-// NFSBackupTarget is a directory on an NFS export.
+// NFSBackupTarget is a directory on an NFSv3 export. The manager speaks
+// NFSv3 over TCP itself, from user space: it mounts nothing and needs no
+// privilege. The export must let the manager's pods in from an
+// unprivileged source port (Linux: the export option "insecure"), and the
+// directory must be writable by the user the server maps the manager to
+// (root, squashed to nobody unless "no_root_squash").
 type NFSBackupTarget struct {
 	// server is the NFS server's host name or IP address.
 	// +required
@@ -172,6 +182,27 @@ type NFSBackupTarget struct {
 	// +kubebuilder:validation:MaxLength=1024
 	// +kubebuilder:validation:Pattern=`^/[^\x00]*$`
 	Path string `json:"path"`
+	// prefix is a directory under the export that Cairn keeps its files
+	// in ("cluster-a"), created if missing, so several clusters or
+	// targets can share an export. Empty uses the export's root.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!_.*'()/-]*$`
+	// +kubebuilder:validation:XValidation:rule="!self.split('/').exists(e, e == '.' || e == '..')",message="prefix must not contain '.' or '..' path elements"
+	Prefix string `json:"prefix,omitempty"`
+	// port is the TCP port of the server's NFS service. Unset: asked of
+	// the server's portmapper (port 111), as for a Linux server.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port,omitempty"`
+	// mountPort is the TCP port of the server's MOUNT service. Unset:
+	// asked of the server's portmapper. A user-space server often serves
+	// both on one port: set both to it.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	MountPort int32 `json:"mountPort,omitempty"`
 }
 
 // BackupTargetSpec says where backups are stored: exactly one of s3 and nfs.
@@ -213,7 +244,7 @@ type BackupTargetStatus struct {
 	// +optional
 	Type BackupTargetType `json:"type,omitempty"`
 	// url names the target: s3://<bucket>/<prefix> at the endpoint, or
-	// nfs://<server><path>.
+	// nfs://<server><path>/<prefix>.
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	URL string `json:"url,omitempty"`
@@ -228,9 +259,9 @@ type BackupTargetStatus struct {
 }
 
 // BackupTarget is a place outside the cluster where volume backups are
-// stored: an S3-compatible bucket or an NFS export. It is cluster-scoped;
-// several may exist. The manager checks an S3 target periodically (list,
-// write, read back and delete a probe object under
+// stored: an S3-compatible bucket or an NFSv3 export. It is
+// cluster-scoped; several may exist. The manager checks a target
+// periodically (list, write, read back and delete a probe object under
 // <prefix>/.cairn-probe/) and reports the result in condition Available.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status

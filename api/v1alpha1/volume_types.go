@@ -156,8 +156,7 @@ const (
 	// to every replica and verified against the manifest's checksum.
 	VolumeReasonRestoreCompleted = "RestoreCompleted"
 	// VolumeReasonBackupTargetUnavailable: the BackupTarget named does not
-	// exist, is an NFS target (the manager mounts none), or its
-	// credentials or CA bundle cannot be read. Retried.
+	// exist, or its credentials or CA bundle cannot be read. Retried.
 	VolumeReasonBackupTargetUnavailable = "BackupTargetUnavailable"
 	// VolumeReasonBackupNotFound: the target holds no such backup of that
 	// volume. Retried.

@@ -79,30 +79,28 @@ func (r *Reconciler) deleteFromTarget(ctx context.Context, b *v1.Backup) (ctrl.R
 	bt := &v1.BackupTarget{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: b.Spec.Target}, bt); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.Log.Info("deleting a Backup whose BackupTarget is gone: its data stays on the bucket", "backup", client.ObjectKeyFromObject(b), "target", b.Spec.Target)
+			r.Log.Info("deleting a Backup whose BackupTarget is gone: its data stays on the target", "backup", client.ObjectKeyFromObject(b), "target", b.Spec.Target)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
-	}
-	if bt.Spec.S3 == nil {
-		return ctrl.Result{}, nil // nothing was ever uploaded to an NFS target
 	}
 	status := func(msg string, requeue time.Duration) (ctrl.Result, error) {
 		before := b.DeepCopy()
 		setState(b, b.Status.State, v1.BackupReasonTargetUnavailable, msg)
 		return ctrl.Result{RequeueAfter: requeue}, client.IgnoreNotFound(r.Client.Status().Patch(ctx, b, client.MergeFrom(before)))
 	}
-	cfg, reason, msg, err := backuptarget.S3Config(ctx, r.Reader, bt.Spec.S3)
+	cfg, reason, msg, err := backuptarget.TargetConfig(ctx, r.Reader, bt.Spec)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	if reason != "" {
 		return status(fmt.Sprintf("deleting: BackupTarget %s: %s (%s); or remove finalizer %s to leave the backup on the target", bt.Name, msg, reason, Finalizer), waitRequeue)
 	}
-	store, err := r.openStore(cfg)
+	store, closeStore, err := r.openStore(cfg)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	defer closeStore()
 	vol, name := b.Spec.Volume, b.Name
 	m, err := store.Manifest(ctx, vol, name)
 	switch {

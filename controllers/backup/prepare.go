@@ -16,7 +16,6 @@ import (
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/backuptarget"
 	"github.com/cairn-io/cairn/controllers/internal/volumes"
-	"github.com/cairn-io/cairn/dataplane/backupstore"
 )
 
 // job is what one upload needs, gathered before it starts.
@@ -27,7 +26,7 @@ type job struct {
 	replica, replicaAddr string
 	volumeUID, backupUID string
 	keyCheck             string // the volume's spec.encryption.keyCheck, "" when not encrypted
-	s3                   backupstore.S3Config
+	target               backuptarget.Config
 	// full is spec.mode full: no parent. maxIncremental is the target's
 	// spec.maxIncrementalBackups (0: no bound).
 	full           bool
@@ -74,29 +73,26 @@ func (r *Reconciler) prepare(ctx context.Context, b *v1.Backup) (*job, ctrl.Resu
 		return nil, ctrl.Result{}, nil // the Engine's changes bring us back
 	}
 	return &job{key: client.ObjectKeyFromObject(b), volume: vol.Name, name: b.Name, snapshot: snap,
-		replica: name, replicaAddr: addr, volumeUID: string(vol.UID), backupUID: string(b.UID), keyCheck: keyCheckOf(vol), s3: cfg,
+		replica: name, replicaAddr: addr, volumeUID: string(vol.UID), backupUID: string(b.UID), keyCheck: keyCheckOf(vol), target: cfg,
 		full: b.Spec.Mode == v1.BackupModeFull, maxIncremental: maxIncremental}, ctrl.Result{}, nil
 }
 
-// target returns the S3 configuration and the incremental chain bound of
+// target returns the store configuration and the incremental chain bound of
 // the Backup's BackupTarget, if it is usable; otherwise the status says
 // why (TargetNotFound or TargetUnavailable, with the fix).
-func (r *Reconciler) target(ctx context.Context, b *v1.Backup) (backupstore.S3Config, int, bool, ctrl.Result, error) {
+func (r *Reconciler) target(ctx context.Context, b *v1.Backup) (backuptarget.Config, int, bool, ctrl.Result, error) {
 	bt := &v1.BackupTarget{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: b.Spec.Target}, bt); err != nil {
 		if apierrors.IsNotFound(err) {
 			setState(b, v1.BackupStatePending, v1.BackupReasonTargetNotFound, fmt.Sprintf(
 				"BackupTarget %s does not exist: create it (kubectl get backuptargets lists those that do), or delete this Backup and create one naming an existing target", b.Spec.Target))
-			return backupstore.S3Config{}, 0, false, ctrl.Result{}, nil
+			return backuptarget.Config{}, 0, false, ctrl.Result{}, nil
 		}
-		return backupstore.S3Config{}, 0, false, ctrl.Result{}, err
+		return backuptarget.Config{}, 0, false, ctrl.Result{}, err
 	}
-	unavailable := func(format string, args ...any) (backupstore.S3Config, int, bool, ctrl.Result, error) {
+	unavailable := func(format string, args ...any) (backuptarget.Config, int, bool, ctrl.Result, error) {
 		setState(b, v1.BackupStatePending, v1.BackupReasonTargetUnavailable, fmt.Sprintf(format, args...))
-		return backupstore.S3Config{}, 0, false, ctrl.Result{}, nil
-	}
-	if bt.Spec.S3 == nil {
-		return unavailable("BackupTarget %s is an NFS target; the manager, which uploads backups, mounts no NFS export: use an S3 target", bt.Name)
+		return backuptarget.Config{}, 0, false, ctrl.Result{}, nil
 	}
 	c := meta.FindStatusCondition(bt.Status.Conditions, v1.BackupTargetConditionAvailable)
 	switch {
@@ -105,7 +101,7 @@ func (r *Reconciler) target(ctx context.Context, b *v1.Backup) (backupstore.S3Co
 	case c.Status != metav1.ConditionTrue:
 		return unavailable("BackupTarget %s is not available (%s): %s; fix the target (kubectl describe backuptarget %s), the backup starts once its check passes", bt.Name, c.Reason, c.Message, bt.Name)
 	}
-	cfg, reason, msg, err := backuptarget.S3Config(ctx, r.Reader, bt.Spec.S3)
+	cfg, reason, msg, err := backuptarget.TargetConfig(ctx, r.Reader, bt.Spec)
 	if err != nil {
 		return cfg, 0, false, ctrl.Result{}, err
 	}

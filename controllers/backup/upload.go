@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/backuptarget"
 	"github.com/cairn-io/cairn/controllers/internal/objects"
 	"github.com/cairn-io/cairn/dataplane/backupstore"
 	"github.com/cairn-io/cairn/dataplane/snapshotsource"
@@ -27,15 +28,16 @@ var (
 	errNameConflict = errors.New("backup name taken on the target")
 )
 
-// openStore opens the backup store on an S3 target.
-func (r *Reconciler) openStore(cfg backupstore.S3Config) (*backupstore.Store, error) {
-	t, err := backupstore.NewS3Target(cfg)
-	if err != nil {
-		return nil, err
-	}
+// openStore opens the backup store on a target; close returns what
+// the target holds (an NFS target's connections).
+func (r *Reconciler) openStore(cfg backuptarget.Config) (store *backupstore.Store, close func(), err error) {
 	opts := r.StoreOptions
 	opts.Log = r.Log
-	return backupstore.New(t, opts)
+	store, tg, err := cfg.OpenStore(opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return store, func() { backuptarget.CloseTarget(tg) }, nil
 }
 
 // upload runs one attempt of j: it finds a backup of this Backup already
@@ -43,10 +45,11 @@ func (r *Reconciler) openStore(cfg backupstore.S3Config) (*backupstore.Store, er
 // stopped before recording it), or picks the parent and uploads.
 func (r *Reconciler) upload(ctx context.Context, j *job) (*backupstore.BackupResult, error) {
 	log := r.Log.WithValues("backup", j.key, "snapshot", j.snapshot, "replica", j.replica)
-	store, err := r.openStore(j.s3)
+	store, closeStore, err := r.openStore(j.target)
 	if err != nil {
 		return nil, err
 	}
+	defer closeStore()
 	if res, err := r.existing(ctx, store, j); res != nil || err != nil {
 		return res, err
 	}

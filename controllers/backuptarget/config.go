@@ -3,7 +3,9 @@ package backuptarget
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -132,13 +134,72 @@ func (r *Reconciler) caBundle(ctx context.Context, src v1.CABundleSource) ([]byt
 
 func trimSlashes(s string) string { return strings.Trim(s, "/") }
 
-// S3Config builds the backup store's configuration of an S3 target from
-// spec and the Secret (and CA bundle) it names, read through rd, as the
-// check does; the Volume reconciler's restores use it. A missing object
-// or key gives its reason (a BackupTarget reason) and a message saying
-// what to fix; any other failure to read one is an error.
-func S3Config(ctx context.Context, rd client.Reader, spec *v1.S3BackupTarget) (cfg backupstore.S3Config, reason, message string, err error) {
-	cfg, res, err := (&Reconciler{Reader: rd}).s3Config(ctx, spec)
+// Config is what opening a BackupTarget's store takes: exactly one of an
+// S3 and an NFS target's configuration.
+type Config struct {
+	S3  *backupstore.S3Config
+	NFS *backupstore.NFSConfig
+}
+
+// Open returns the target cfg describes, without contacting it. Close it
+// with CloseTarget when done.
+func (c Config) Open() (backupstore.Target, error) {
+	switch {
+	case c.S3 != nil:
+		return backupstore.NewS3Target(*c.S3)
+	case c.NFS != nil:
+		return backupstore.NewNFSTarget(*c.NFS)
+	}
+	return nil, errors.New("backup target: neither s3 nor nfs is set")
+}
+
+// OpenStore opens the backup store on the target cfg describes.
+func (c Config) OpenStore(opts backupstore.Options) (*backupstore.Store, backupstore.Target, error) {
+	tg, err := c.Open()
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := backupstore.New(tg, opts)
+	if err != nil {
+		CloseTarget(tg)
+		return nil, nil, err
+	}
+	return store, tg, nil
+}
+
+// CloseTarget releases what tg holds (an NFS target's connections).
+func CloseTarget(tg backupstore.Target) {
+	if c, ok := tg.(io.Closer); ok {
+		_ = c.Close()
+	}
+}
+
+// nfsConfig is the store's configuration of an NFS target.
+func nfsConfig(spec *v1.NFSBackupTarget) *backupstore.NFSConfig {
+	return &backupstore.NFSConfig{Server: strings.Trim(spec.Server, "[]"), Export: spec.Path, Prefix: spec.Prefix,
+		NFSPort: int(spec.Port), MountPort: int(spec.MountPort)}
+}
+
+// config builds the store's configuration of spec; a result when an
+// object it names is missing (see s3Config).
+func (r *Reconciler) config(ctx context.Context, spec v1.BackupTargetSpec) (Config, *result, error) {
+	switch {
+	case spec.S3 != nil:
+		cfg, res, err := r.s3Config(ctx, spec.S3)
+		return Config{S3: &cfg}, res, err
+	case spec.NFS != nil:
+		return Config{NFS: nfsConfig(spec.NFS)}, nil, nil
+	}
+	return Config{}, failed(v1.BackupTargetReasonProbeFailed, "the spec sets neither s3 nor nfs"), nil
+}
+
+// TargetConfig builds the backup store's configuration of a target from
+// spec and, for S3, the Secret (and CA bundle) it names, read through
+// rd, as the check does; backups, their deletion and restores use it. A
+// missing object or key gives its reason (a BackupTarget reason) and a
+// message saying what to fix; any other failure to read one is an error.
+func TargetConfig(ctx context.Context, rd client.Reader, spec v1.BackupTargetSpec) (cfg Config, reason, message string, err error) {
+	cfg, res, err := (&Reconciler{Reader: rd}).config(ctx, spec)
 	if res != nil {
 		return cfg, res.reason, res.message, nil
 	}

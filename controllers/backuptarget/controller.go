@@ -1,14 +1,15 @@
-// Package backuptarget reconciles BackupTargets: it checks that an S3
-// target is reachable and writable, by listing, writing, reading back and
-// deleting a probe object under the target's prefix, and reports the
+// Package backuptarget reconciles BackupTargets: it checks that an S3 or
+// NFS target is reachable and writable, by listing, writing, reading back
+// and deleting a probe object under the target's prefix, and reports the
 // result in condition Available. Nothing else is written to the target, so
-// the check never touches backups. NFS targets are not checked from the
-// manager, which mounts nothing.
+// the check never touches backups. An NFS target is spoken to from user
+// space (backupstore.NFSTarget): nothing is mounted.
 package backuptarget
 
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -84,20 +85,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, fmt.Errorf("patch BackupTarget %s status: %w", bt.Name, err)
 	}
-	if res.status == metav1.ConditionUnknown && res.reason == v1.BackupTargetReasonNotChecked {
-		return ctrl.Result{}, nil // nothing to poll
-	}
 	return ctrl.Result{RequeueAfter: r.nextCheck(bt, now)}, nil
 }
 
 // check runs the check the target's type allows.
 func (r *Reconciler) check(ctx context.Context, bt *v1.BackupTarget) (result, error) {
-	if bt.Spec.S3 == nil {
-		return result{status: metav1.ConditionUnknown, reason: v1.BackupTargetReasonNotChecked,
-			message: "NFS targets are not checked by the manager, which mounts no NFS export; " +
-				"a backup or restore reports a failure to mount or write the export"}, nil
-	}
-	cfg, res, err := r.s3Config(ctx, bt.Spec.S3)
+	cfg, res, err := r.config(ctx, bt.Spec)
 	if err != nil || res != nil {
 		if res != nil {
 			return *res, nil
@@ -106,7 +99,10 @@ func (r *Reconciler) check(ctx context.Context, bt *v1.BackupTarget) (result, er
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.probeTimeout())
 	defer cancel()
-	p := probe{cfg: cfg, secret: bt.Spec.S3.CredentialsSecret, uid: string(bt.UID), timeout: r.probeTimeout().String()}
+	p := probe{cfg: cfg, uid: string(bt.UID), timeout: r.probeTimeout().String()}
+	if bt.Spec.S3 != nil {
+		p.secret = bt.Spec.S3.CredentialsSecret
+	}
 	return p.run(ctx), nil
 }
 
@@ -114,9 +110,7 @@ func (r *Reconciler) check(ctx context.Context, bt *v1.BackupTarget) (result, er
 func (r *Reconciler) recordStatus(bt *v1.BackupTarget, res result, now time.Time) {
 	bt.Status.ObservedGeneration = bt.Generation
 	bt.Status.Type, bt.Status.URL = describe(bt.Spec)
-	if res.reason != v1.BackupTargetReasonNotChecked {
-		bt.Status.LastCheckTime = &metav1.Time{Time: now}
-	}
+	bt.Status.LastCheckTime = &metav1.Time{Time: now}
 	meta.SetStatusCondition(&bt.Status.Conditions, metav1.Condition{
 		Type: v1.BackupTargetConditionAvailable, Status: res.status, Reason: res.reason,
 		Message: res.message, ObservedGeneration: bt.Generation, LastTransitionTime: metav1.Time{Time: now},
@@ -151,7 +145,11 @@ func describe(spec v1.BackupTargetSpec) (v1.BackupTargetType, string) {
 		}
 		return v1.BackupTargetTypeS3, u + " at " + spec.S3.Endpoint
 	case spec.NFS != nil:
-		return v1.BackupTargetTypeNFS, "nfs://" + spec.NFS.Server + spec.NFS.Path
+		u := "nfs://" + spec.NFS.Server + spec.NFS.Path
+		if p := trimSlashes(spec.NFS.Prefix); p != "" {
+			u = strings.TrimSuffix(u, "/") + "/" + p
+		}
+		return v1.BackupTargetTypeNFS, u
 	}
 	return "", ""
 }

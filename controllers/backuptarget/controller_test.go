@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +23,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
+	"github.com/cairn-io/cairn/dataplane/testutil/nfsserver"
 )
 
 var (
@@ -228,19 +232,84 @@ func TestCABundleInvalid(t *testing.T) {
 	}, waitFor, 50*time.Millisecond).Should(Succeed())
 }
 
-func TestNFSNotChecked(t *testing.T) {
+// nfsTarget starts a user-space NFS server (go-nfs) over a temporary
+// directory and returns a BackupTarget for its export and the directory.
+func nfsTarget(t *testing.T, name string, opts nfsserver.Options) (*v1.BackupTarget, string) {
+	t.Helper()
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	srv, err := nfsserver.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	return &v1.BackupTarget{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{
+		Server: srv.Host, Path: srv.Export, Prefix: "cluster-" + name, Port: int32(srv.Port), MountPort: int32(srv.Port)}}}, opts.Dir
+}
+
+// TestNFSAvailable: an NFS target is checked like an S3 one, over NFSv3
+// from user space against a real server: the probe file is written, read
+// back and deleted under the prefix directory, which the check created.
+func TestNFSAvailable(t *testing.T) {
 	g := NewWithT(t)
 	name := unique("nfs")
-	bt := &v1.BackupTarget{ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{Server: "10.0.0.5", Path: "/exports/cairn"}}}
+	bt, dir := nfsTarget(t, name, nfsserver.Options{})
 	g.Expect(k8sClient.Create(ctx, bt)).To(Succeed())
-	c := waitAvailable(g, name, v1.BackupTargetReasonNotChecked)
-	g.Expect(c.Status).To(Equal(metav1.ConditionUnknown))
+	c := waitAvailable(g, name, v1.BackupTargetReasonAvailable)
+	g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+	g.Expect(c.Message).To(ContainSubstring("nfs://127.0.0.1" + bt.Spec.NFS.Path + "/cluster-" + name + "/" + ProbeDir))
 	got := &v1.BackupTarget{}
 	g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(bt), got)).To(Succeed())
 	g.Expect(got.Status.Type).To(Equal(v1.BackupTargetTypeNFS))
-	g.Expect(got.Status.URL).To(Equal("nfs://10.0.0.5/exports/cairn"))
-	g.Expect(got.Status.LastCheckTime).To(BeNil(), "nothing was checked")
+	g.Expect(got.Status.URL).To(Equal("nfs://127.0.0.1" + bt.Spec.NFS.Path + "/cluster-" + name))
+	g.Expect(got.Status.LastCheckTime).NotTo(BeNil())
+	probes, err := os.ReadDir(filepath.Join(dir, "cluster-"+name, strings.TrimSuffix(ProbeDir, "/")))
+	g.Expect(err).NotTo(HaveOccurred(), "the check made the probe folder on the export")
+	g.Expect(probes).To(BeEmpty(), "the probe file was deleted")
+}
+
+// TestNFSExportNotFound: a path the server does not export, then fixed.
+func TestNFSExportNotFound(t *testing.T) {
+	g := NewWithT(t)
+	name := unique("nfs-noexport")
+	bt, _ := nfsTarget(t, name, nfsserver.Options{})
+	export := bt.Spec.NFS.Path
+	bt.Spec.NFS.Path = "/no/such/export"
+	g.Expect(k8sClient.Create(ctx, bt)).To(Succeed())
+	c := waitAvailable(g, name, v1.BackupTargetReasonExportNotFound)
+	g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+	g.Expect(c.Message).To(ContainSubstring("/no/such/export"))
+
+	g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(bt), bt)).To(Succeed())
+	bt.Spec.NFS.Path = export
+	g.Expect(k8sClient.Update(ctx, bt)).To(Succeed())
+	waitAvailable(g, name, v1.BackupTargetReasonAvailable)
+}
+
+// TestNFSAccessDenied: a server that refuses to mount the export for
+// this client (as one whose export does not list the manager's pods).
+func TestNFSAccessDenied(t *testing.T) {
+	g := NewWithT(t)
+	name := unique("nfs-refused")
+	bt, _ := nfsTarget(t, name, nfsserver.Options{Refuse: true})
+	g.Expect(k8sClient.Create(ctx, bt)).To(Succeed())
+	c := waitAvailable(g, name, v1.BackupTargetReasonAccessDenied)
+	g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+	g.Expect(c.Message).To(ContainSubstring("insecure"))
+}
+
+// TestNFSUnreachable: nothing listens at the NFS server's ports.
+func TestNFSUnreachable(t *testing.T) {
+	g := NewWithT(t)
+	name := unique("nfs-down")
+	port, err := freePort()
+	g.Expect(err).NotTo(HaveOccurred())
+	bt := &v1.BackupTarget{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{
+		Server: "127.0.0.1", Path: "/export", Port: int32(port), MountPort: int32(port)}}}
+	g.Expect(k8sClient.Create(ctx, bt)).To(Succeed())
+	c := waitAvailable(g, name, v1.BackupTargetReasonUnreachable)
+	g.Expect(c.Message).To(ContainSubstring("NFS server 127.0.0.1"))
 }
 
 // TestNotWritable: credentials that may list the bucket and read from it

@@ -49,6 +49,12 @@ func TestSchemaRejects(t *testing.T) {
 		{"relative NFS path", func() v1.BackupTargetSpec {
 			return v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{Server: "10.0.0.5", Path: "exports"}}
 		}, "spec.nfs.path"},
+		{"NFS prefix with ..", func() v1.BackupTargetSpec {
+			return v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{Server: "10.0.0.5", Path: "/exports", Prefix: "a/../b"}}
+		}, "spec.nfs.prefix"},
+		{"NFS port out of range", func() v1.BackupTargetSpec {
+			return v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{Server: "10.0.0.5", Path: "/exports", Port: 70000}}
+		}, "spec.nfs.port"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

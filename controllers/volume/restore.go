@@ -93,9 +93,10 @@ func (r *Reconciler) startRestore(ctx context.Context, s *scope, st *v1.CloneSta
 	return r.restores.start(s.v.UID, job), nil
 }
 
-// restoreStore builds the backup store of the BackupTarget named target;
-// a message instead when it cannot (the target or its Secret missing, an
-// NFS target).
+// restoreStore builds the backup store of the BackupTarget named target,
+// S3 or NFS; a message instead when it cannot (the target or its Secret
+// missing). The store's target is not closed when the restore ends: an
+// NFS target's few idle connections are closed when it is collected.
 func (r *Reconciler) restoreStore(ctx context.Context, target string) (*backupstore.Store, string, error) {
 	rd := r.apiReader
 	if rd == nil { // a Reconciler not set up with a manager (tests)
@@ -104,27 +105,20 @@ func (r *Reconciler) restoreStore(ctx context.Context, target string) (*backupst
 	bt := &v1.BackupTarget{}
 	if err := rd.Get(ctx, client.ObjectKey{Name: target}, bt); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, fmt.Sprintf("BackupTarget %s does not exist: create it (pointed at the bucket and prefix holding the backup), or fix spec.dataSource.backup.target", target), nil
+			return nil, fmt.Sprintf("BackupTarget %s does not exist: create it (pointed at the bucket or export and prefix holding the backup), or fix spec.dataSource.backup.target", target), nil
 		}
 		return nil, "", err
 	}
-	if bt.Spec.S3 == nil {
-		return nil, fmt.Sprintf("BackupTarget %s is an NFS target, which the manager does not mount: restores are read from S3 targets only (restore by hand with cairn-data restore --target-dir on a node that mounts the export)", target), nil
-	}
-	cfg, reason, msg, err := backuptarget.S3Config(ctx, rd, bt.Spec.S3)
+	cfg, reason, msg, err := backuptarget.TargetConfig(ctx, rd, bt.Spec)
 	if err != nil {
 		return nil, "", err
 	}
 	if reason != "" {
 		return nil, fmt.Sprintf("BackupTarget %s: %s (%s)", target, msg, reason), nil
 	}
-	tg, err := backupstore.NewS3Target(cfg)
-	if err != nil {
-		return nil, fmt.Sprintf("BackupTarget %s: %v", target, err), nil
-	}
 	opts := r.restoreOpts().Store
 	opts.Log = logf.FromContext(ctx).WithName("backupstore")
-	store, err := backupstore.New(tg, opts)
+	store, _, err := cfg.OpenStore(opts)
 	if err != nil {
 		return nil, fmt.Sprintf("BackupTarget %s: %v", target, err), nil
 	}

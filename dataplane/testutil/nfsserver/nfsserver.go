@@ -40,6 +40,7 @@ type Server struct {
 
 	l    *trackingListener
 	done chan error
+	err  error
 }
 
 // trackingListener remembers the connections it accepted, so Stop can
@@ -104,8 +105,14 @@ func Start(opts Options) (*Server, error) {
 // next server on the directory.
 func (s *Server) Stop() {
 	s.l.closeAll()
-	<-s.done
+	if err := <-s.done; err != nil && !errors.Is(err, net.ErrClosed) {
+		s.err = err
+	}
 }
+
+// Err is the error the server stopped with, other than its closed
+// listener's (nil until Stop).
+func (s *Server) Err() error { return s.err }
 
 // exportHandler answers MOUNT requests for one export path only.
 type exportHandler struct {
