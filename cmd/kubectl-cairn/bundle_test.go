@@ -283,7 +283,7 @@ func TestExecOutputKeepsBothStreams(t *testing.T) {
 		errs <- err
 	}()
 	<-stdoutDone
-	stderrW.Write([]byte("lsblk: not found\n"))
+	_, _ = stderrW.Write([]byte("lsblk: not found\n"))
 	stderrW.Close()
 	for range 2 {
 		if err := <-errs; err != nil {

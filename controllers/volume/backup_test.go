@@ -104,7 +104,7 @@ func TestRestoresWaitForASlot(t *testing.T) {
 	qemuIO(t, src.Name, sock, "write -P 0x6b 1M 1M", "flush")
 	createSnapshot(g, "rq-src-s1", src.Name)
 	g.Eventually(func() bool { return getSnapshot(g, "rq-src-s1").Status.ReadyToUse }, timeout, 100*time.Millisecond).Should(BeTrue())
-	f.backUp(g, src, "rq-src-s1", "b1", map[string]string{v1.BackupLabelKeyCheck: ""})
+	f.backUp(g, src, "rq-src-s1", "rq1", map[string]string{v1.BackupLabelKeyCheck: ""})
 
 	slots := volumeReconciler.restores.slots
 	held := 0
@@ -120,7 +120,7 @@ func TestRestoresWaitForASlot(t *testing.T) {
 	t.Cleanup(release)
 	var keys []client.ObjectKey
 	for _, name := range []string{"rq-r1", "rq-r2"} {
-		keys = append(keys, restoreVolume(t, g, name, "8Mi", "rq-b", v1.VolumeBackupSource{Target: f.target, Volume: src.Name, Name: "b1"}, nil))
+		keys = append(keys, restoreVolume(t, g, name, "8Mi", "rq-b", v1.VolumeBackupSource{Target: f.target, Volume: src.Name, Name: "rq1"}, nil))
 	}
 	for _, key := range keys {
 		g.Eventually(func() string {
