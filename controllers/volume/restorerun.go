@@ -37,7 +37,8 @@ type RestoreOptions struct {
 	// RetryAfter is how long a failed restore waits before it is tried
 	// again from the start; default DefaultRestoreRetry.
 	RetryAfter time.Duration
-	// OpenTimeout bounds the restore engine's connection to the replicas;
+	// OpenTimeout bounds the restore engine's connection to the replicas,
+	// and the wait for their addresses once the restore's turn came;
 	// default 2 minutes.
 	OpenTimeout time.Duration
 	// MaxConcurrent is how many restores write and verify at once in the
@@ -213,8 +214,8 @@ func (rs *restoreRuns) start(uid types.UID, job restoreJob) *restoreRun {
 }
 
 // run checks the backup, waits for the replicas and for a restore slot,
-// writes the backup into them through an engine and verifies every
-// replica. It returns the reason of condition Cloned for a failure.
+// then for the replicas' current addresses, writes the backup into them
+// through an engine and verifies every replica. It returns the reason of condition Cloned for a failure.
 func (job *restoreJob) run(ctx context.Context, run *restoreRun) (string, error) {
 	m, reason, err := job.check(ctx)
 	if err != nil {
@@ -233,6 +234,23 @@ func (job *restoreJob) run(ctx context.Context, run *restoreRun) (string, error)
 	select {
 	case job.slots <- struct{}{}:
 		defer func() { <-job.slots }()
+	case <-ctx.Done():
+		return v1.VolumeReasonRestoreFailed, ctx.Err()
+	}
+	// The wait for a slot may have been long, and a replica may have
+	// moved meanwhile: take the addresses again, drop the ones handed
+	// over before the turn came, and give up the slot if they do not
+	// come soon.
+	select {
+	case <-run.addrs:
+	default:
+	}
+	run.set(func(run *restoreRun) { run.phase = restoreWaiting })
+	job.notify()
+	select {
+	case addrs = <-run.addrs:
+	case <-time.After(job.opts.OpenTimeout):
+		return v1.VolumeReasonRestoreFailed, fmt.Errorf("the volume's replicas did not all run within %s of the restore's turn", job.opts.OpenTimeout)
 	case <-ctx.Done():
 		return v1.VolumeReasonRestoreFailed, ctx.Err()
 	}

@@ -151,11 +151,14 @@ func (r *Reconciler) observeWork(ctx context.Context, s *scope) error {
 }
 
 // backupsReading names the volume's Backups that read from its replicas
-// now (inProgress) or wait for a running one (WaitingForReplica): those a
-// detached volume's replicas and a maintenance engine are run for. A
-// Backup waiting for its snapshot is the Snapshot's work; one waiting for
-// its target or an upload slot, or failed and waiting to retry, runs
-// nothing until it is ready to read.
+// now (inProgress), wait for a running one (WaitingForReplica), or wait
+// for their snapshot or an upload slot (Pending): those a detached
+// volume's replicas and a maintenance engine are run for. Counting the
+// last keeps the processes up from the moment the Backup's snapshot is
+// taken until its upload starts, rather than stopping them in between
+// and failing the upload that starts on them. One waiting for its
+// target, or failed and waiting to retry, runs nothing until it is
+// ready to read.
 func (r *Reconciler) backupsReading(ctx context.Context, v *v1.Volume) ([]string, error) {
 	if !Cloned(v) {
 		return nil, nil
@@ -170,7 +173,8 @@ func (r *Reconciler) backupsReading(ctx context.Context, v *v1.Volume) ([]string
 			continue
 		}
 		c := meta.FindStatusCondition(b.Status.Conditions, v1.BackupConditionCompleted)
-		if b.Status.State == v1.BackupStateInProgress || (b.Status.State == v1.BackupStatePending && c != nil && c.Reason == v1.BackupReasonWaitingForReplica) {
+		if b.Status.State == v1.BackupStateInProgress || (b.Status.State == v1.BackupStatePending && c != nil &&
+			(c.Reason == v1.BackupReasonWaitingForReplica || c.Reason == v1.BackupReasonPending)) {
 			out = append(out, b.Name)
 		}
 	}

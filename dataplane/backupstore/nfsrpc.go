@@ -154,13 +154,23 @@ func (c *rpcConn) call(ctx context.Context, prog, vers, proc uint32, args []byte
 	if c.broken {
 		return nil, Transient(errors.New("RPC connection is broken"))
 	}
-	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	if err := ctx.Err(); err != nil {
+		return nil, Transient(err)
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.conn.SetDeadline(dl)
 	} else {
 		_ = c.conn.SetDeadline(time.Time{})
 	}
+	// Registered after the deadline is set, so that a cancellation is
+	// never overwritten by it. A callback that ran (or is running) has
+	// set a past deadline on the connection: it is not used again.
+	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Unix(1, 0)) })
+	defer func() {
+		if !stop() {
+			c.broken = true
+		}
+	}()
 	xid := rpcXID.Add(1)
 	var e xdrEnc
 	e.u32(0) // record mark, filled below
@@ -201,18 +211,25 @@ func (c *rpcConn) roundTrip(req []byte) ([]byte, error) {
 	return readRecord(c.conn, rpcMaxRecord)
 }
 
+// rpcMaxFragments bounds the fragments of one record: a server that
+// sends empty fragments without end is cut off.
+const rpcMaxFragments = 1024
+
 // readRecord reads one record (RFC 5531 record marking: fragments, the
 // last flagged in its header) of at most max bytes.
 func readRecord(r io.Reader, max int) ([]byte, error) {
 	var rec []byte
-	for {
+	for frag := 0; ; frag++ {
+		if frag >= rpcMaxFragments {
+			return nil, fmt.Errorf("%w: record of more than %d fragments", errRPCMalformed, rpcMaxFragments)
+		}
 		var hdr [4]byte
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			return nil, err
 		}
 		h := binary.BigEndian.Uint32(hdr[:])
 		n := int(h & 0x7fffffff)
-		if len(rec)+n > max {
+		if n > max-len(rec) {
 			return nil, fmt.Errorf("%w: record longer than %d bytes", errRPCMalformed, max)
 		}
 		start := len(rec)
@@ -238,6 +255,9 @@ func checkReply(d *xdrDec, xid uint32) error {
 	}
 	if gotXID != xid || mtype != 1 {
 		return fmt.Errorf("%w: xid %d type %d for call %d", errRPCMalformed, gotXID, mtype, xid)
+	}
+	if stat > 1 {
+		return fmt.Errorf("%w: reply_stat %d", errRPCMalformed, stat)
 	}
 	if stat == 1 { // MSG_DENIED
 		if d.u32() == 1 {

@@ -435,6 +435,11 @@ func (s *nfsSession) walk(ctx context.Context, dfh []byte, base, prefix string, 
 		if eof {
 			return nil
 		}
+		if next == cookie {
+			// A server whose cookie does not advance would have the
+			// listing go round for good.
+			return fmt.Errorf("%w: READDIRPLUS cookie did not advance past %d in %q", errRPCMalformed, cookie, base)
+		}
 		cookie, verf = next, nextVerf
 	}
 }
