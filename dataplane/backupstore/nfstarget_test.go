@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net"
@@ -362,5 +363,35 @@ func TestNFSTargetBoundsReplies(t *testing.T) {
 				t.Fatalf("Put against a bad server: %v, want errRPCMalformed", err)
 			}
 		})
+	}
+}
+
+// TestNFSTargetListsManyObjects: a directory with more entries than one
+// READDIRPLUS reply holds is listed page by page (the server's cookies),
+// each object exactly once.
+func TestNFSTargetListsManyObjects(t *testing.T) {
+	ctx := testCtx(t)
+	tg, dir := newNFSTestTarget(t)
+	const n = 1500
+	blocks := filepath.Join(dir, "volumes", "v", "blocks")
+	if err := os.MkdirAll(blocks, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := os.WriteFile(filepath.Join(blocks, fmt.Sprintf("b%05d", i)), []byte{byte(i)}, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]int{}
+	if err := tg.List(ctx, "volumes/v/blocks/", func(o Object) error { seen[o.Key]++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != n {
+		t.Fatalf("listed %d objects, want %d", len(seen), n)
+	}
+	for k, c := range seen {
+		if c != 1 {
+			t.Fatalf("%s listed %d times", k, c)
+		}
 	}
 }
