@@ -3,7 +3,12 @@ package volume
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/backupstore"
 )
 
 // TestBackupOfDetachedVolume: a Backup of a volume that no node has
@@ -142,4 +148,88 @@ func TestRestoresWaitForASlot(t *testing.T) {
 		got := readDevice(t, v.Name, v.Status.Endpoint)
 		g.Expect(bytes.Equal(got, want)).To(BeTrue(), "restored volume %s: %s", v.Name, firstDiff(got, want))
 	}
+}
+
+// TestBackupSurvivesManagerKill: the cairn-manager process uploading a
+// backup is killed (SIGKILL) while the Backup is inProgress. The target
+// holds no manifest of it then, unless the upload had already finished;
+// a new manager runs it again (or finds its manifest) and reports it
+// completed, and the volume restored from it reads what was written.
+func TestBackupSurvivesManagerKill(t *testing.T) {
+	for _, tool := range []string{"qemu-io", "qemu-img"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (make test-tools installs it)", tool)
+		}
+	}
+	g := NewWithT(t)
+	ctx := context.Background()
+	startNodes(t, g, "bk-a", "bk-b")
+	f := startBackupTarget(t, g, "bk-target", "")
+	const size = 256 << 20
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "bk-src", Namespace: "default"}, Spec: v1.VolumeSpec{
+		Size: resource.MustParse("256Mi"), NumberOfReplicas: 2, Frontend: v1.FrontendNBD, NodeName: "bk-a"}}
+	g.Expect(k8sClient.Create(ctx, vol)).To(Succeed())
+	key := client.ObjectKeyFromObject(vol)
+	cleanupVolume(t, vol)
+	sock := waitAttached(t, g, key).Status.Endpoint
+	qemuIO(t, vol.Name, sock, "write -P 0x3c 0 96M", "write -P 0xc3 96M 96M", "flush")
+	want := make([]byte, size)
+	copy(want[:96<<20], bytes.Repeat([]byte{0x3c}, 96<<20))
+	copy(want[96<<20:192<<20], bytes.Repeat([]byte{0xc3}, 96<<20))
+
+	// The in-process manager gives way to a cairn-manager process.
+	testEnv.StopManager()
+	restarted := false
+	defer func() {
+		if !restarted {
+			g.Expect(testEnv.StartManager()).To(Succeed())
+		}
+	}()
+	bin := managerBinary(t)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	kc, err := testEnv.KubeConfig()
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(os.WriteFile(kubeconfig, kc, 0o600)).To(Succeed())
+	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--discover-instance-managers=false", "--namespace", "default",
+		"--instance-manager-tls=false", "--metrics-bind-address", "0", "--health-probe-bind-address", "0")
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	g.Expect(cmd.Start()).To(Succeed())
+	killed := false
+	defer func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}()
+
+	b := &v1.Backup{ObjectMeta: metav1.ObjectMeta{Name: "bk-1", Namespace: "default"}, Spec: v1.BackupSpec{Volume: vol.Name, Target: f.target}}
+	g.Expect(k8sClient.Create(ctx, b)).To(Succeed())
+	t.Cleanup(func() { _ = k8sClient.Delete(context.Background(), b) })
+	g.Eventually(func() v1.BackupState {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(b), b)).To(Succeed())
+		return b.Status.State
+	}, timeout, 10*time.Millisecond).Should(Equal(v1.BackupStateInProgress), func() string { return b.Status.Message })
+	g.Expect(cmd.Process.Signal(syscall.SIGKILL)).To(Succeed())
+	_ = cmd.Wait()
+	killed = true
+	_, err = f.store.Manifest(ctx, vol.Name, b.Name)
+	finished := err == nil
+	if !finished {
+		g.Expect(errors.Is(err, backupstore.ErrBackupNotFound)).To(BeTrue(), "%v", err)
+	}
+	t.Logf("killed while inProgress; the upload had finished: %v", finished)
+
+	g.Expect(testEnv.StartManager()).To(Succeed())
+	restarted = true
+	g.Eventually(func() v1.BackupState {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(b), b)).To(Succeed())
+		return b.Status.State
+	}, timeout, 100*time.Millisecond).Should(Equal(v1.BackupStateCompleted), func() string { return b.Status.Message })
+	if !finished {
+		g.Expect(b.Status.Attempts).To(BeNumerically(">=", 2), "the killed upload was run again")
+	}
+	rkey := restoreVolume(t, g, "bk-restored", "256Mi", "bk-b", v1.VolumeBackupSource{Target: f.target, Volume: vol.Name, Name: b.Status.BackupName}, nil)
+	r := waitAttached(t, g, rkey)
+	got := readDevice(t, r.Name, r.Status.Endpoint)
+	g.Expect(bytes.Equal(got, want)).To(BeTrue(), "restored volume: %s", firstDiff(got, want))
 }
