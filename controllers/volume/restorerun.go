@@ -223,9 +223,10 @@ func (job *restoreJob) run(ctx context.Context, run *restoreRun) (string, error)
 	}
 	run.set(func(run *restoreRun) { run.phase, run.total = restoreWaiting, m.Size })
 	job.notify()
-	var addrs []string
+	// Once the replicas run, the restore queues for a slot; the
+	// addresses it writes to are taken again when its turn comes.
 	select {
-	case addrs = <-run.addrs:
+	case <-run.addrs:
 	case <-ctx.Done():
 		return v1.VolumeReasonRestoreFailed, ctx.Err()
 	}
@@ -247,6 +248,7 @@ func (job *restoreJob) run(ctx context.Context, run *restoreRun) (string, error)
 	}
 	run.set(func(run *restoreRun) { run.phase = restoreWaiting })
 	job.notify()
+	var addrs []string
 	select {
 	case addrs = <-run.addrs:
 	case <-time.After(job.opts.OpenTimeout):
