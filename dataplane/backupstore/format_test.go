@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 func sampleManifest() *Manifest {
@@ -208,6 +210,10 @@ func TestCallTimeoutNamesObject(t *testing.T) {
 	if !errors.As(err, &oe) || oe.Key != "stuck" || oe.Attempts != 3 || !errors.Is(err, ErrTimeout) {
 		t.Fatalf("stuck put: %v, want an ObjectError for key stuck after 3 attempts wrapping ErrTimeout", err)
 	}
+	// The retries of transient failures, with a timeout no loaded
+	// machine's directory write runs into (50 ms did under CI load).
+	opts.CallTimeout = deadline.Scale(30 * time.Second)
+	s = newStore(t, ft, opts)
 	ft.failures = 2
 	if err := s.put(context.Background(), "ok", []byte("x")); err != nil {
 		t.Fatalf("put after 2 transient failures: %v", err)
