@@ -162,15 +162,32 @@ func dialControl(t testing.TB, addr string) replicav1.ReplicaServiceClient {
 	return replicav1.NewReplicaServiceClient(cc)
 }
 
-// runExit runs cairn-data to completion and returns its exit code and stderr.
+// runExit runs cairn-data to completion and returns its exit code and
+// stderr. Every call expects the process to end by itself: one still
+// running after runExitWait is killed and fails the test with its stderr,
+// rather than holding the package until go test's own timeout.
 func runExit(t *testing.T, args ...string) (int, string) {
 	t.Helper()
 	cmd := command(args...)
-	var stderr bytes.Buffer
+	var stderr syncBuffer
 	cmd.Stderr = &stderr
-	_ = cmd.Run()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(deadline.Scale(runExitWait)):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("cairn-data %v did not exit within %v; its stderr:\n%s", args, deadline.Scale(runExitWait), stderr.String())
+	}
 	return cmd.ProcessState.ExitCode(), stderr.String()
 }
+
+// runExitWait is how long runExit lets a process run.
+const runExitWait = 3 * time.Minute
 
 func TestReplicaCommandErrors(t *testing.T) {
 	dir := t.TempDir()
