@@ -190,7 +190,10 @@ func (r *Reconciler) recordRestored(ctx context.Context, s *scope, st *v1.CloneS
 	if err := r.Patch(ctx, v, client.MergeFrom(before)); err != nil {
 		return err
 	}
-	r.restores.forget(v.UID)
+	// The completed run stays until a reconcile reads the annotation
+	// (planRestore forgets it then): a reconcile that still reads the
+	// volume from before the patch finds it done and records it again,
+	// instead of finding no run and starting a new restore.
 	st.State, st.Progress, st.BytesDone = v1.CloneStateCompleted, 100, st.BytesTotal
 	st.Message = "restored " + what + ": every block written and verified on every replica against the manifest's SHA-256"
 	s.cloneReason = v1.VolumeReasonRestoreCompleted
