@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/dataplane/backupstore"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestBackupOfDetachedVolume: a Backup of a volume that no node has
@@ -192,7 +194,8 @@ func TestBackupSurvivesManagerKill(t *testing.T) {
 	g.Expect(os.WriteFile(kubeconfig, kc, 0o600)).To(Succeed())
 	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--discover-instance-managers=false", "--namespace", "default",
 		"--instance-manager-tls=false", "--metrics-bind-address", "0", "--health-probe-bind-address", "0")
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	var logs lockedBuffer
+	cmd.Stdout, cmd.Stderr = io.Discard, &logs
 	g.Expect(cmd.Start()).To(Succeed())
 	killed := false
 	defer func() {
@@ -208,7 +211,9 @@ func TestBackupSurvivesManagerKill(t *testing.T) {
 	g.Eventually(func() v1.BackupState {
 		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(b), b)).To(Succeed())
 		return b.Status.State
-	}, timeout, 10*time.Millisecond).Should(Equal(v1.BackupStateInProgress), func() string { return b.Status.Message })
+	}, deadline.Scale(3*time.Minute), 10*time.Millisecond).Should(Equal(v1.BackupStateInProgress), func() string {
+		return b.Status.Message + "\ncairn-manager's log, last lines:\n" + logs.tail(4000)
+	})
 	g.Expect(cmd.Process.Signal(syscall.SIGKILL)).To(Succeed())
 	_ = cmd.Wait()
 	killed = true
@@ -232,4 +237,24 @@ func TestBackupSurvivesManagerKill(t *testing.T) {
 	r := waitAttached(t, g, rkey)
 	got := readDevice(t, r.Name, r.Status.Endpoint)
 	g.Expect(bytes.Equal(got, want)).To(BeTrue(), "restored volume: %s", firstDiff(got, want))
+}
+
+// lockedBuffer collects a process's output for a failure message.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b = append(l.b, p...)
+	return len(p), nil
+}
+
+// tail is the last n bytes written.
+func (l *lockedBuffer) tail(n int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(l.b[max(0, len(l.b)-n):])
 }
