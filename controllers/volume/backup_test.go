@@ -46,20 +46,7 @@ func TestBackupOfDetachedVolume(t *testing.T) {
 	qemuIO(t, vol.Name, sock, "write -P 0x42 3M 1M", "write -P 0x24 15M 4k", "flush")
 	setNode(g, key, "")
 	waitDetached(t, g, key)
-	stopped := func() bool {
-		e := &v1.Engine{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
-		if e.Status.InstanceState != v1.InstanceStateStopped {
-			return false
-		}
-		for _, r := range listReplicas(g, vol) {
-			if r.Status.InstanceState != v1.InstanceStateStopped {
-				return false
-			}
-		}
-		return true
-	}
-	g.Eventually(stopped, timeout, 100*time.Millisecond).Should(BeTrue(), "detached: no process runs")
+	g.Eventually(func() bool { return processesStopped(g, vol) }, timeout, 100*time.Millisecond).Should(BeTrue(), "detached: no process runs")
 
 	b := &v1.Backup{ObjectMeta: metav1.ObjectMeta{Name: "bd-b1", Namespace: "default"}, Spec: v1.BackupSpec{Volume: vol.Name, Target: f.target}}
 	g.Expect(k8sClient.Create(ctx, b)).To(Succeed())
@@ -80,7 +67,9 @@ func TestBackupOfDetachedVolume(t *testing.T) {
 		return b.Status.State
 	}, timeout, 100*time.Millisecond).Should(Equal(v1.BackupStateCompleted), func() string { return b.Status.Message + "; " + describeKey(key) })
 	g.Expect(b.Status.BytesTotal).To(BeNumerically(">=", 1<<20), "the written blocks were read")
-	g.Eventually(func() bool { return stopped() && getVolume(g, key).Status.State == v1.VolumeStateDetached }, timeout, 100*time.Millisecond).
+	g.Eventually(func() bool {
+		return processesStopped(g, vol) && getVolume(g, key).Status.State == v1.VolumeStateDetached
+	}, timeout, 100*time.Millisecond).
 		Should(BeTrue(), "the processes stop once the backup is done: %s", describeKey(key))
 
 	rkey := restoreVolume(t, g, "bd-restored", "16Mi", "bd-b", v1.VolumeBackupSource{Target: f.target, Volume: vol.Name, Name: b.Status.BackupName}, nil)

@@ -96,6 +96,22 @@ func waitAttached(t *testing.T, g *WithT, key client.ObjectKey) *v1.Volume {
 	return v
 }
 
+// processesStopped reports whether the volume's engine and every one of
+// its replicas read stopped.
+func processesStopped(g *WithT, vol *v1.Volume) bool {
+	e := &v1.Engine{}
+	g.Expect(k8sClient.Get(context.Background(), client.ObjectKey{Namespace: vol.Namespace, Name: EngineName(vol)}, e)).To(Succeed())
+	if e.Status.InstanceState != v1.InstanceStateStopped {
+		return false
+	}
+	for _, r := range listReplicas(g, vol) {
+		if r.Status.InstanceState != v1.InstanceStateStopped {
+			return false
+		}
+	}
+	return true
+}
+
 func describeKey(key client.ObjectKey) string {
 	v := &v1.Volume{}
 	if err := k8sClient.Get(context.Background(), key, v); err != nil {
@@ -167,17 +183,7 @@ func TestSnapshots(t *testing.T) {
 	g.Eventually(func() bool { return getSnapshot(g, "snap-det").Status.ReadyToUse }, timeout, 100*time.Millisecond).Should(BeTrue(),
 		func() string { return describeKey(key) })
 	g.Eventually(func() bool {
-		e := &v1.Engine{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: EngineName(vol)}, e)).To(Succeed())
-		if e.Status.InstanceState != v1.InstanceStateStopped {
-			return false
-		}
-		for _, r := range listReplicas(g, vol) {
-			if r.Status.InstanceState != v1.InstanceStateStopped {
-				return false
-			}
-		}
-		return getVolume(g, key).Status.State == v1.VolumeStateDetached
+		return processesStopped(g, vol) && getVolume(g, key).Status.State == v1.VolumeStateDetached
 	}, timeout, 100*time.Millisecond).Should(BeTrue(), "the maintenance processes stop once the snapshot is taken")
 
 	// Deleted while detached: gone from every replica.
