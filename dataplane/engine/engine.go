@@ -308,16 +308,25 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		e.closeAll()
 		return nil, err
 	}
+	// The first watcher may fail its replica and bump the epoch at once:
+	// from here on, members' modes and the epoch are read under e.mu.
+	e.mu.Lock()
+	epoch, rw := e.epoch, e.rwCountLocked()
+	var watched []*member
 	for _, m := range e.members {
 		if m.mode != ModeERR {
-			go e.watch(m)
+			watched = append(watched, m)
 		}
+	}
+	e.mu.Unlock()
+	for _, m := range watched {
+		go e.watch(m)
 	}
 	if opts.IdleFlush > 0 {
 		e.bg.Add(1) // not closed yet: nobody else has the engine
 		go e.flushWhenIdle(opts.IdleFlush)
 	}
-	e.log.Info("engine opened", "size", size, "epoch", e.epoch, "rw", e.rwCount(), "wanted", e.wanted, "encrypted", e.crypt != nil)
+	e.log.Info("engine opened", "size", size, "epoch", epoch, "rw", rw, "wanted", e.wanted, "encrypted", e.crypt != nil)
 	return e, nil
 }
 
