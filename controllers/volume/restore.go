@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -141,8 +142,11 @@ func (r *Reconciler) followRestore(ctx context.Context, s *scope, st *v1.CloneSt
 	case restoreWaiting:
 		s.restoring = true
 		st.Message = "starting the volume's replicas (without an engine) to restore " + what
-		if addrs, ok := restoreAddresses(s); ok {
+		addrs, waiting := restoreAddresses(s)
+		if waiting == "" {
 			run.give(addrs)
+		} else {
+			st.Message += ": waiting for " + waiting
 		}
 	case restoreQueued:
 		s.restoring = true
@@ -218,24 +222,40 @@ func restoredStatus(v *v1.Volume) *v1.CloneStatus {
 
 // restoreAddresses are the replicas' addresses for the restore engine,
 // once every wanted replica is placed and runs: the restore writes them
-// all, so none needs a rebuild before the volume is used.
-func restoreAddresses(s *scope) ([]string, bool) {
-	var addrs []string
+// all, so none needs a rebuild before the volume is used. Until then it
+// returns what the restore waits for instead, for the status message.
+func restoreAddresses(s *scope) ([]string, string) {
+	var addrs, starting []string
 	for _, rep := range s.replicas {
 		if rep.Spec.NodeName == "" || !rep.DeletionTimestamp.IsZero() {
 			continue
 		}
 		a, ok := runningAddress(rep)
 		if !ok {
-			return nil, false
+			starting = append(starting, fmt.Sprintf("replica %s on node %s (%s)", rep.Name, rep.Spec.NodeName, instanceStateOrPending(rep.Status.InstanceState)))
+			continue
 		}
 		addrs = append(addrs, a.Data+","+a.Control)
 	}
-	if len(addrs) < wantReplicas(s.v) {
-		return nil, false
+	placed, want := len(addrs)+len(starting), wantReplicas(s.v)
+	if len(starting) > 0 {
+		sort.Strings(starting)
+		return nil, strings.Join(starting, ", ")
+	}
+	if placed < want {
+		return nil, fmt.Sprintf("%d of %d replicas to be placed on a node (condition Scheduled says why not)", want-placed, want)
 	}
 	sort.Strings(addrs)
-	return addrs, true
+	return addrs, ""
+}
+
+// instanceStateOrPending names a process state, "pending" before the
+// instance manager reported any.
+func instanceStateOrPending(st v1.InstanceState) string {
+	if st == "" {
+		return "pending"
+	}
+	return string(st)
 }
 
 // runRestoreReplicas is attachOrDetach while a restore needs the replicas:

@@ -400,3 +400,37 @@ func TestRestoreAcrossManagerRestart(t *testing.T) {
 	got := readDevice(t, v.Name, v.Status.Endpoint)
 	g.Expect(bytes.Equal(got, image)).To(BeTrue(), "restored volume: %s", firstDiff(got, image))
 }
+
+// TestRestoreAddressesSayWhatTheyWaitFor: the restore takes the replicas'
+// addresses only once every wanted replica is placed and runs; until
+// then it names what it waits for (shown in status.clone.message).
+func TestRestoreAddressesSayWhatTheyWaitFor(t *testing.T) {
+	running := v1.InstanceStateRunning
+	for _, tc := range []struct {
+		name    string
+		reps    []*v1.Replica
+		waiting string // "" = addresses given
+	}{
+		{"all running", threeReplicas(running), ""},
+		{"one starting", []*v1.Replica{statusReplica("r1", "n1", running), statusReplica("r2", "n2", v1.InstanceStateStarting), statusReplica("r3", "n3", running)},
+			"replica r2 on node n2 (starting)"},
+		{"one never reported", []*v1.Replica{statusReplica("r1", "n1", running), statusReplica("r2", "n2", ""), statusReplica("r3", "n3", running)},
+			"replica r2 on node n2 (pending)"},
+		{"one unplaced", []*v1.Replica{statusReplica("r1", "n1", running), statusReplica("r2", "", ""), statusReplica("r3", "n3", running)},
+			"1 of 3 replicas to be placed on a node"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			v := statusVolume("")
+			v.Spec.NumberOfReplicas = 3
+			addrs, waiting := restoreAddresses(&scope{v: v, replicas: tc.reps})
+			if tc.waiting == "" {
+				g.Expect(waiting).To(BeEmpty())
+				g.Expect(addrs).To(HaveLen(3))
+				return
+			}
+			g.Expect(addrs).To(BeEmpty())
+			g.Expect(waiting).To(ContainSubstring(tc.waiting))
+		})
+	}
+}
