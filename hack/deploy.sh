@@ -29,7 +29,7 @@ KUBECTL=${KUBECTL:-kubectl}
 ROLLOUT_TIMEOUT=${ROLLOUT_TIMEOUT:-30m}
 NS=cairn-system
 COMPONENT=app.kubernetes.io/component
-say() { printf 'deploy: %s\n' "$*"; }
+say() { printf 'deploy: %s (%s)\n' "$*" "$(date -u +%T)"; }
 
 manifests=$(mktemp)
 trap 'rm -f "$manifests"' EXIT

@@ -18,7 +18,7 @@ import (
 // /tmp/stop exists. After each append it writes N to /tmp/acked when the
 // fsync succeeded, or counts a failure in /tmp/errors; /tmp/maxgap holds
 // the longest time in milliseconds between two successful appends (the
-// pause an application saw). The log's first acked lines must be exactly
+// pause an application saw), /tmp/maxgapend when it ended (Unix seconds). The log's first acked lines must be exactly
 // rec 1 .. rec acked.
 const recordWriter = `cd /data && : > log && echo 0 > /tmp/errors && echo 0 > /tmp/acked && echo 0 > /tmp/maxgap
 (i=0; errs=0; max=0; last=$(date +%s%3N)
@@ -27,7 +27,7 @@ while [ ! -f /tmp/stop ]; do
   if echo "rec $i" | dd of=/data/log oflag=append conv=notrunc,fsync status=none 2>>/tmp/werr; then
     echo $i > /tmp/acked
     now=$(date +%s%3N); gap=$((now-last)); last=$now
-    if [ $gap -gt $max ]; then max=$gap; echo $max > /tmp/maxgap; fi
+    if [ $gap -gt $max ]; then max=$gap; echo $max > /tmp/maxgap; echo $((now/1000)) > /tmp/maxgapend; fi
   else
     errs=$((errs+1)); echo $errs > /tmp/errors; i=$((i-1))
   fi

@@ -347,7 +347,9 @@ var _ = Describe("an upgrade and a rollback under load", func() {
 				Eventually(func() int { return writerState(w, "acked") }, deadline.Scale(3*time.Minute), time.Second).Should(BeNumerically(">", acked[w]+10),
 					"%s: writer %s makes progress", what, w)
 				Expect(writerState(w, "errors")).To(Equal(0), "%s: I/O errors seen by %s: %s", what, w, podExec(w, "cat /tmp/werr 2>/dev/null; true"))
-				GinkgoWriter.Printf("%s: %s longest pause between fsyncs so far %d ms\n", what, w, writerState(w, "maxgap"))
+				gap, end := writerState(w, "maxgap"), time.Unix(int64(writerState(w, "maxgapend")), 0).UTC()
+				GinkgoWriter.Printf("%s: %s longest pause between fsyncs so far %d ms, from %s to %s\n", what, w, gap,
+					end.Add(-time.Duration(gap)*time.Millisecond).Format(time.TimeOnly), end.Format(time.TimeOnly))
 			}
 			for _, p := range fios {
 				Expect(fioState(p, "fio.rc")).To(BeEmpty(), "%s: fio in %s still running without an error: %s", what, p, fioLog(p))
