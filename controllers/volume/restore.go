@@ -73,7 +73,7 @@ func (r *Reconciler) planRestore(ctx context.Context, s *scope) error {
 // after the retry wait).
 func (r *Reconciler) startRestore(ctx context.Context, s *scope, st *v1.CloneStatus) (*restoreRun, error) {
 	src := s.v.Spec.DataSource.Backup
-	store, msg, err := r.restoreStore(ctx, src.Target)
+	store, tg, msg, err := r.restoreStore(ctx, src.Target)
 	if err != nil {
 		return nil, err
 	}
@@ -88,17 +88,17 @@ func (r *Reconciler) startRestore(ctx context.Context, s *scope, st *v1.CloneSta
 		keyCheck = e.KeyCheck
 	}
 	key := client.ObjectKeyFromObject(s.v)
-	job := restoreJob{store: store, src: *src, volume: s.v.Name, namespace: s.v.Namespace, size: s.v.Spec.Size.Value(), keyCheck: keyCheck,
+	job := restoreJob{store: store, target: tg, src: *src, volume: s.v.Name, namespace: s.v.Namespace, size: s.v.Spec.Size.Value(), keyCheck: keyCheck,
 		opts: r.restoreOpts(), log: logf.FromContext(ctx).WithName("restore"),
 		notify: func() { r.notifyRestore(key) }}
 	return r.restores.start(s.v.UID, job), nil
 }
 
 // restoreStore builds the backup store of the BackupTarget named target,
-// S3 or NFS; a message instead when it cannot (the target or its Secret
-// missing). The store's target is not closed when the restore ends: an
-// NFS target's few idle connections are closed when it is collected.
-func (r *Reconciler) restoreStore(ctx context.Context, target string) (*backupstore.Store, string, error) {
+// S3 or NFS, and its target (which the restore closes when it ends: an
+// NFS target holds connections); a message instead when it cannot (the
+// target or its Secret missing).
+func (r *Reconciler) restoreStore(ctx context.Context, target string) (*backupstore.Store, backupstore.Target, string, error) {
 	rd := r.apiReader
 	if rd == nil { // a Reconciler not set up with a manager (tests)
 		rd = r.Client
@@ -106,24 +106,24 @@ func (r *Reconciler) restoreStore(ctx context.Context, target string) (*backupst
 	bt := &v1.BackupTarget{}
 	if err := rd.Get(ctx, client.ObjectKey{Name: target}, bt); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, fmt.Sprintf("BackupTarget %s does not exist: create it (pointed at the bucket or export and prefix holding the backup), or fix spec.dataSource.backup.target", target), nil
+			return nil, nil, fmt.Sprintf("BackupTarget %s does not exist: create it (pointed at the bucket or export and prefix holding the backup), or fix spec.dataSource.backup.target", target), nil
 		}
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	cfg, reason, msg, err := backuptarget.TargetConfig(ctx, rd, bt.Spec)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	if reason != "" {
-		return nil, fmt.Sprintf("BackupTarget %s: %s (%s)", target, msg, reason), nil
+		return nil, nil, fmt.Sprintf("BackupTarget %s: %s (%s)", target, msg, reason), nil
 	}
 	opts := r.restoreOpts().Store
 	opts.Log = logf.FromContext(ctx).WithName("backupstore")
-	store, _, err := cfg.OpenStore(opts)
+	store, tg, err := cfg.OpenStore(opts)
 	if err != nil {
-		return nil, fmt.Sprintf("BackupTarget %s: %v", target, err), nil
+		return nil, nil, fmt.Sprintf("BackupTarget %s: %v", target, err), nil
 	}
-	return store, "", nil
+	return store, tg, "", nil
 }
 
 // followRestore reports run in st and acts on it: hands it the replicas

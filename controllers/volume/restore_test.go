@@ -23,6 +23,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/backupstore"
 	"github.com/cairn-io/cairn/dataplane/engine/replicaclient"
 	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
+	"github.com/cairn-io/cairn/dataplane/testutil/nfsserver"
 	"github.com/cairn-io/cairn/dataplane/testutil/versitygw"
 	"github.com/cairn-io/cairn/dataplane/volcrypt"
 )
@@ -79,6 +80,7 @@ func firstDiff(a, b []byte) string {
 // snapshot.
 type restoreFixture struct {
 	gw     *versitygw.Server
+	nfs    *nfsserver.Server // an NFS target's server, else nil
 	store  *backupstore.Store
 	target string
 	prefix string

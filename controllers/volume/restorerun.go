@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/backuptarget"
 	"github.com/cairn-io/cairn/controllers/certs"
 	"github.com/cairn-io/cairn/dataplane/backupstore"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
@@ -165,7 +166,9 @@ func (rs *restoreRuns) stopAll() {
 // restoreJob is what a run needs to know of the volume and its target.
 type restoreJob struct {
 	store *backupstore.Store
-	src   v1.VolumeBackupSource
+	// target is the store's target, closed when the run ends.
+	target backupstore.Target
+	src    v1.VolumeBackupSource
 	// volume, namespace, size and keyCheck are the new volume's ("" when
 	// it is not encrypted).
 	volume, namespace string
@@ -199,6 +202,7 @@ func (rs *restoreRuns) start(uid types.UID, job restoreJob) *restoreRun {
 	rs.mu.Unlock()
 	go func() {
 		defer cancel()
+		defer backuptarget.CloseTarget(job.target)
 		reason, err := job.run(ctx, run)
 		run.set(func(run *restoreRun) {
 			run.phase, run.err, run.reason, run.ended = restoreDone, err, reason, time.Now()

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-git/go-billy/v5"
 	"github.com/go-git/go-billy/v5/osfs"
@@ -50,16 +51,33 @@ type trackingListener struct {
 	net.Listener
 	mu    sync.Mutex
 	conns []net.Conn
+	open  atomic.Int64
 }
 
 func (l *trackingListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
-	if err == nil {
-		l.mu.Lock()
-		l.conns = append(l.conns, c)
-		l.mu.Unlock()
+	if err != nil {
+		return nil, err
 	}
-	return c, err
+	tc := &trackedConn{Conn: c, open: &l.open}
+	l.open.Add(1)
+	l.mu.Lock()
+	l.conns = append(l.conns, tc)
+	l.mu.Unlock()
+	return tc, nil
+}
+
+// trackedConn counts itself out of the listener's open connections
+// when closed (go-nfs closes a connection once its client has).
+type trackedConn struct {
+	net.Conn
+	open *atomic.Int64
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() { c.open.Add(-1) })
+	return c.Conn.Close()
 }
 
 func (l *trackingListener) closeAll() {
@@ -109,6 +127,10 @@ func (s *Server) Stop() {
 		s.err = err
 	}
 }
+
+// OpenConns is how many client connections the server holds: accepted
+// and not yet closed by the client (or by Stop).
+func (s *Server) OpenConns() int { return int(s.l.open.Load()) }
 
 // Err is the error the server stopped with, other than its closed
 // listener's (nil until Stop).
