@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"sync/atomic"
 	"time"
 )
 
@@ -157,6 +158,9 @@ type nfsConnPool struct {
 	addr string
 	auth rpcAuth
 	idle chan *rpcConn
+	// closed: connections of calls that end after close are closed, not
+	// kept.
+	closed atomic.Bool
 }
 
 func newNFSConnPool(addr string, auth rpcAuth, size int) *nfsConnPool {
@@ -176,15 +180,7 @@ func (p *nfsConnPool) call(ctx context.Context, proc uint32, name string, args [
 		}
 	}
 	d, err := c.call(ctx, nfsProg, nfsVers, proc, args)
-	if c.broken {
-		_ = c.Close()
-	} else {
-		select {
-		case p.idle <- c:
-		default:
-			_ = c.Close()
-		}
-	}
+	p.putBack(c)
 	if err != nil {
 		return nil, fmt.Errorf("NFS %s: %w", name, err)
 	}
@@ -194,7 +190,32 @@ func (p *nfsConnPool) call(ctx context.Context, proc uint32, name string, args [
 	return d, nil
 }
 
+// putBack keeps c for the next call, or closes it: broken, the pool
+// full, or the pool closed. A close that drained the pool just before c
+// went in is seen after the put, and c is drained then.
+func (p *nfsConnPool) putBack(c *rpcConn) {
+	if c.broken || p.closed.Load() {
+		_ = c.Close()
+		return
+	}
+	select {
+	case p.idle <- c:
+		if p.closed.Load() {
+			p.drain()
+		}
+	default:
+		_ = c.Close()
+	}
+}
+
+// close closes the idle connections, and those of calls still running
+// when they end.
 func (p *nfsConnPool) close() {
+	p.closed.Store(true)
+	p.drain()
+}
+
+func (p *nfsConnPool) drain() {
 	for {
 		select {
 		case c := <-p.idle:

@@ -124,7 +124,8 @@ func splitKey(key string) ([]string, string, error) {
 	return parts[:len(parts)-1], parts[len(parts)-1], nil
 }
 
-// Close closes the target's idle connections.
+// Close closes the target's connections: the idle ones at once, those of
+// calls still running when they end. A later call connects again.
 func (t *NFSTarget) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()

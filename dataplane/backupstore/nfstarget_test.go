@@ -12,11 +12,14 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"runtime/debug"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 	"github.com/cairn-io/cairn/dataplane/testutil/nfsserver"
 )
 
@@ -393,5 +396,50 @@ func TestNFSTargetListsManyObjects(t *testing.T) {
 		if c != 1 {
 			t.Fatalf("%s listed %d times", k, c)
 		}
+	}
+}
+
+// TestNFSTargetCloseLeavesNoConnection: Close while calls run closes
+// every connection, those of the running calls once they end; the server
+// ends up holding none.
+func TestNFSTargetCloseLeavesNoConnection(t *testing.T) {
+	// With the collector off, an unclosed connection stays open on the
+	// server (collected, a finalizer would close its descriptor).
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	ctx := testCtx(t)
+	srv, err := nfsserver.Start(nfsserver.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	tg, err := NewNFSTarget(NFSConfig{Server: srv.Host, Export: srv.Export, Prefix: "cluster-a/", MountPort: srv.Port, NFSPort: srv.Port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := bytes.Repeat([]byte{7}, 2<<20) // several WRITEs: the calls are still running when Close comes
+	var wg sync.WaitGroup
+	started := make(chan struct{}, 4)
+	for i := range 4 {
+		wg.Go(func() {
+			started <- struct{}{}
+			_ = tg.Put(ctx, fmt.Sprintf("volumes/v/blocks/%d", i), big)
+		})
+	}
+	for range 4 {
+		<-started
+	}
+	if err := tg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if err := tg.Close(); err != nil { // a Put that mounted again after the first Close
+		t.Fatal(err)
+	}
+	dl := time.Now().Add(deadline.Scale(30 * time.Second))
+	for srv.OpenConns() != 0 {
+		if time.Now().After(dl) {
+			t.Fatalf("the server holds %d connections after Close", srv.OpenConns())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
