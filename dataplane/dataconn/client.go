@@ -375,6 +375,22 @@ func (c *Client) ReadAt(ctx context.Context, p []byte, off int64) error {
 	return c.do(ctx, &call{op: OpRead, buf: p}, Header{Op: OpRead, Offset: uint64(off), Length: uint32(len(p))})
 }
 
+// ReadSnapshotAt reads len(p) bytes at off of the view at snapshot name
+// (OpSnapshotRead) into p, holes as zeros. It carries no epoch check: a
+// reader beside the engine (a backup) uses it. A server that does not
+// serve snapshot reads answers CodeUnsupported; one older than the op
+// closes the connection, which fails the client (ErrConnectionLost).
+func (c *Client) ReadSnapshotAt(ctx context.Context, p []byte, name string, off int64) error {
+	if len(name) == 0 || len(name) > MaxSnapshotNameLen {
+		return fmt.Errorf("dataconn: snapshot name of %d bytes: want 1 to %d", len(name), MaxSnapshotNameLen)
+	}
+	if len(p) == 0 {
+		return fmt.Errorf("dataconn: snapshot read of no bytes")
+	}
+	return c.do(ctx, &call{op: OpSnapshotRead, payload: []byte(name), buf: p},
+		Header{Op: OpSnapshotRead, Offset: uint64(off), Length: uint32(len(p))})
+}
+
 // WriteAt writes p at off; with fua the data is durable before it returns.
 func (c *Client) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
 	return c.StartWriteAt(p, off, fua).Wait(ctx)
@@ -406,7 +422,9 @@ func (c *Client) do(ctx context.Context, cl *call, h Header) error { return c.st
 
 // start checks a request's size and starts it on the next connection.
 func (c *Client) start(cl *call, h Header) *Pending {
-	if n := len(cl.payload) + len(cl.buf); uint32(n) > c.opts.MaxPayload || n < 0 {
+	// The payload goes in the request, buf is filled from the reply: each
+	// is one frame's payload.
+	if n := max(len(cl.payload), len(cl.buf)); n > int(c.opts.MaxPayload) {
 		return &Pending{err: fmt.Errorf("dataconn: %s of %d bytes exceeds the %d-byte maximum", h.Op, n, c.opts.MaxPayload)}
 	}
 	return c.startOn(c.conns[c.next.Add(1)%uint64(len(c.conns))], cl, h, c.opts.RequestTimeout)
@@ -728,7 +746,7 @@ func (cc *clientConn) complete(br *bufread.Reader, cl *call, h Header) error {
 	switch {
 	case h.Code != CodeOK:
 		dst = make([]byte, h.PayloadLen)
-	case cl.op == OpRead:
+	case cl.op == OpRead || cl.op == OpSnapshotRead:
 		if int(h.PayloadLen) != len(cl.buf) {
 			return fmt.Errorf("%w: read reply of %d bytes to a %d-byte read (seq %d)", ErrMalformed, h.PayloadLen, len(cl.buf), h.Seq)
 		}

@@ -46,7 +46,16 @@ const (
 	// carries a sealed memfd (SCM_RIGHTS) and must be a unix connection's
 	// first. Afterwards writes may carry FlagShared. Not epoch-checked.
 	OpAttach Op = 6
+	// OpSnapshotRead reads length bytes at offset of the view at a
+	// snapshot: the payload is the snapshot's name (1 to
+	// MaxSnapshotNameLen bytes), the reply carries the bytes, holes as
+	// zeros. It reads only what a snapshot froze, so it is not
+	// epoch-checked: a backup reads beside the engine owning the volume.
+	OpSnapshotRead Op = 7
 )
+
+// MaxSnapshotNameLen bounds the name a snapshot read carries.
+const MaxSnapshotNameLen = 255
 
 // ReplyBit marks a reply: its op is the request's op | ReplyBit.
 const ReplyBit Op = 0x80
@@ -63,7 +72,7 @@ func (o Op) Reply() Op { return o | ReplyBit }
 // Valid reports whether o is a known request or reply op.
 func (o Op) Valid() bool {
 	switch o.Request() {
-	case OpRead, OpWrite, OpFlush, OpUnmap, OpPing, OpAttach:
+	case OpRead, OpWrite, OpFlush, OpUnmap, OpPing, OpAttach, OpSnapshotRead:
 		return true
 	}
 	return false
@@ -84,6 +93,8 @@ func (o Op) String() string {
 		s = "ping"
 	case OpAttach:
 		s = "attach"
+	case OpSnapshotRead:
+		s = "snapshot-read"
 	default:
 		return fmt.Sprintf("op(0x%02x)", uint8(o))
 	}
@@ -323,6 +334,10 @@ func (h *Header) checkShape() error {
 			if h.PayloadLen != 0 {
 				return bad("request carries a payload")
 			}
+		case OpSnapshotRead:
+			if h.PayloadLen == 0 || h.PayloadLen > MaxSnapshotNameLen || h.Length == 0 {
+				return bad(fmt.Sprintf("needs a length and a snapshot name of 1 to %d bytes as payload", MaxSnapshotNameLen))
+			}
 		case OpFlush, OpPing:
 			if h.PayloadLen != 0 || h.Length != 0 {
 				return bad("request carries a length or payload")
@@ -336,7 +351,7 @@ func (h *Header) checkShape() error {
 	if h.Code != CodeOK {
 		return nil // error replies carry a message of any length up to the bound
 	}
-	if h.Op.Request() == OpRead {
+	if r := h.Op.Request(); r == OpRead || r == OpSnapshotRead {
 		if h.PayloadLen != h.Length {
 			return bad("reply payload length differs from length")
 		}

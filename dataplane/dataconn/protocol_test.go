@@ -31,6 +31,10 @@ var goldenFrames = []struct {
 		"43524e4401060000000000000000000000000000000000000000000000000000040000000000000000000000f74cd2b1"},
 	{"write-shared", Header{Op: OpWrite, Flags: FlagShared, Seq: 6, Offset: 8192, Epoch: 7, Length: 131072}, []byte{0, 0, 0, 0, 0, 2, 0, 0},
 		"43524e44010202000000000000000006000000000000200000000000000000070002000000000008c347e087d7022a0a0000000000020000"},
+	{"snapshot-read", Header{Op: OpSnapshotRead, Seq: 7, Offset: 2 << 20, Length: 2 << 20}, []byte("snap-1"),
+		"43524e44010700000000000000000007000000000020000000000000000000000020000000000006dbe98bb8a2725453736e61702d31"},
+	{"snapshot-read-reply", Header{Op: OpSnapshotRead.Reply(), Seq: 7, Offset: 2 << 20, Length: 2}, []byte{0x12, 0x34},
+		"43524e440187000000000000000000070000000000200000000000000000000000000002000000021e986813ed996a111234"},
 	{"read-reply", Header{Op: OpRead.Reply(), Seq: 1, Offset: 4096, Epoch: 7, Length: 2}, []byte{0xab, 0xcd},
 		"43524e44018100000000000000000001000000000000100000000000000000070000000200000002a07f6f1f6cec20a6abcd"},
 	{"write-reply", Header{Op: OpWrite.Reply(), Seq: 2, Offset: 8192, Epoch: 7, Length: 4}, nil,
@@ -116,7 +120,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"bad version", frame(w, []byte("abcd"), func(b []byte) { b[4] = 2; fixCRC(b) }), 1 << 20, ErrBadVersion},
 		{"header bit flip", frame(w, []byte("abcd"), func(b []byte) { b[20] ^= 1 }), 1 << 20, ErrHeaderChecksum},
 		{"unknown op", frame(w, []byte("abcd"), func(b []byte) { b[5] = 0x42; fixCRC(b) }), 1 << 20, ErrUnknownOp},
-		{"unknown reply op", frame(w, []byte("abcd"), func(b []byte) { b[5] = 0x87; fixCRC(b) }), 1 << 20, ErrUnknownOp},
+		{"unknown reply op", frame(w, []byte("abcd"), func(b []byte) { b[5] = 0x88; fixCRC(b) }), 1 << 20, ErrUnknownOp},
 		{"unknown flag", frame(w, []byte("abcd"), func(b []byte) { b[6] = 0x80; fixCRC(b) }), 1 << 20, ErrUnknownFlags},
 		{"unknown code", frame(Header{Op: OpWrite.Reply()}, nil, func(b []byte) { b[7] = 200; fixCRC(b) }), 1 << 20, ErrUnknownCode},
 		{"oversize payload", frame(Header{Op: OpWrite, Length: 64}, make([]byte, 64), nil), 32, ErrPayloadTooLarge},
@@ -136,6 +140,11 @@ func TestDecodeRejects(t *testing.T) {
 		{"FUA on a read", frame(Header{Op: OpRead, Flags: FlagFUA, Length: 4}, nil, nil), 1 << 20, ErrMalformed},
 		{"request with error code", frame(Header{Op: OpPing, Code: CodeIO}, nil, nil), 1 << 20, ErrMalformed},
 		{"read reply short", frame(Header{Op: OpRead.Reply(), Length: 8}, []byte("abcd"), nil), 1 << 20, ErrMalformed},
+		{"snapshot read without a name", frame(Header{Op: OpSnapshotRead, Length: 4096}, nil, nil), 1 << 20, ErrMalformed},
+		{"snapshot read of no bytes", frame(Header{Op: OpSnapshotRead}, []byte("s1"), nil), 1 << 20, ErrMalformed},
+		{"snapshot read with a name too long", frame(Header{Op: OpSnapshotRead, Length: 4096}, make([]byte, MaxSnapshotNameLen+1), nil), 1 << 20, ErrMalformed},
+		{"FUA on a snapshot read", frame(Header{Op: OpSnapshotRead, Flags: FlagFUA, Length: 4096}, []byte("s1"), nil), 1 << 20, ErrMalformed},
+		{"snapshot read reply short", frame(Header{Op: OpSnapshotRead.Reply(), Length: 8}, []byte("abcd"), nil), 1 << 20, ErrMalformed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

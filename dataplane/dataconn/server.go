@@ -49,6 +49,16 @@ type EpochBackend interface {
 	UnmapEpoch(off, length int64, epoch uint64) error
 }
 
+// SnapshotBackend is a Backend that serves snapshot reads
+// (OpSnapshotRead): ReadSnapshotAt fills p with the bytes at off of the
+// view at snapshot name, holes as zeros. The server has checked that p
+// lies in the volume and is at most the payload bound; the backend checks
+// the name and any alignment it needs. A server whose backend is not one
+// answers snapshot reads with CodeUnsupported.
+type SnapshotBackend interface {
+	ReadSnapshotAt(p []byte, name string, off int64) error
+}
+
 // CleanFlusher is a Backend that keeps a write-intent record it can clear
 // on a clean flush (FlushOffsetClean).
 type CleanFlusher interface {
@@ -386,6 +396,8 @@ func (s *Server) handle(j job) {
 			err = flush(b, h.Offset)
 		case OpUnmap:
 			err = b.Unmap(int64(h.Offset), int64(h.Length))
+		case OpSnapshotRead:
+			payload, pooled, err = s.readSnapshot(h, j.buf)
 		case OpPing:
 		default:
 			err = fmt.Errorf("%w: %s", CodeUnsupported, h.Op)
@@ -402,6 +414,22 @@ func (s *Server) handle(j job) {
 		return
 	}
 	j.sc.reply(rh, payload, pooled)
+}
+
+// readSnapshot serves a snapshot read: name is the request's payload.
+// The reply's buffer comes from the pool and, on success, goes back to it
+// once written (pooled).
+func (s *Server) readSnapshot(h Header, name []byte) (payload []byte, pooled bool, err error) {
+	sb, ok := s.backend.(SnapshotBackend)
+	if !ok {
+		return nil, false, fmt.Errorf("%w: this replica serves no snapshot reads", CodeUnsupported)
+	}
+	payload = s.pool.Get(int(h.Length))
+	if err := sb.ReadSnapshotAt(payload, string(name), int64(h.Offset)); err != nil {
+		s.pool.Put(payload)
+		return nil, false, err
+	}
+	return payload, true, nil
 }
 
 // replyError answers with err's code and its message as the payload.
@@ -434,13 +462,13 @@ func (sc *serverConn) reply(rh Header, payload []byte, pooled bool) {
 // within the volume is fine.
 func (s *Server) check(h Header) error {
 	switch h.Op {
-	case OpRead, OpWrite:
+	case OpRead, OpWrite, OpSnapshotRead:
 		if h.Length > s.opts.MaxPayload {
 			return fmt.Errorf("%w: %s of %d bytes exceeds the %d-byte maximum", CodeInvalid, h.Op, h.Length, s.opts.MaxPayload)
 		}
 	}
 	switch h.Op {
-	case OpRead, OpWrite, OpUnmap:
+	case OpRead, OpWrite, OpUnmap, OpSnapshotRead:
 		size := uint64(s.backend.Size())
 		if h.Offset > size || uint64(h.Length) > size-h.Offset {
 			return fmt.Errorf("%w: %s of %d bytes at offset %d, volume size %d", CodeOutOfRange, h.Op, h.Length, h.Offset, size)

@@ -3,6 +3,7 @@ package dataconn
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -62,16 +63,24 @@ func (b *sparseBackend) Unmap(off, length int64) error {
 
 func (b *sparseBackend) Size() int64 { return b.size }
 
+func (b *sparseBackend) ReadSnapshotAt(p []byte, name string, off int64) error {
+	b.saw(p)
+	if off%7 == 3 || name == "gone" {
+		return fmt.Errorf("%w: no snapshot %q", CodeInvalid, name)
+	}
+	return nil
+}
+
 // rawConn serves b with opts on one end of a unix socket pair and returns
 // the other end, to send frames by hand.
-func rawConn(t *testing.T, b Backend, opts ServerOptions) (net.Conn, *Server) {
+func rawConn(t *testing.T, b Backend, opts ServerOptions) net.Conn {
 	t.Helper()
 	srv := NewServer(b, opts)
 	s, c := socketPair(t)
 	srv.ServeConn(s)
 	t.Cleanup(func() { c.Close(); srv.Close() })
 	_ = c.SetDeadline(deadline.After(30 * time.Second))
-	return c, srv
+	return c
 }
 
 // TestReadLongerThanMaxPayloadRefused: a read's length is the size of the
@@ -81,7 +90,7 @@ func rawConn(t *testing.T, b Backend, opts ServerOptions) (net.Conn, *Server) {
 func TestReadLongerThanMaxPayloadRefused(t *testing.T) {
 	const maxPayload = 1 << 20
 	b := &sparseBackend{size: 1 << 50}
-	c, _ := rawConn(t, b, ServerOptions{MaxPayload: maxPayload, Workers: 2})
+	c := rawConn(t, b, ServerOptions{MaxPayload: maxPayload, Workers: 2})
 
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -198,6 +207,9 @@ func FuzzServer(f *testing.F) {
 	f.Add(cat(desc(OpRead, 0, 0, 3, 512, nil), desc(OpWrite, 0, 0, 3, 512, data[:512])))
 	f.Add(cat(desc(OpRead, 0, 2|5<<3, 0, 512, nil), desc(OpWrite, 0, 3, 0, 16, data[:16])))
 	f.Add(cat(desc(OpRead, 0, 0, 0, 512, nil), desc(OpRead, 0, 4, 0, 512, nil)))
+	f.Add(cat(desc(OpSnapshotRead, 0, 0, 0, 4096, []byte("s1")), desc(OpSnapshotRead, 0, 0, 1<<40, 1<<28, []byte("s1")),
+		desc(OpSnapshotRead, 0, 0, 3, 512, []byte("gone")), desc(OpSnapshotRead, 0, 0, 0, 512, nil),
+		desc(OpSnapshotRead, 0, 0, 0, 512, make([]byte, MaxSnapshotNameLen+1))))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		b := &sparseBackend{size: 1 << 62}
 		srv := NewServer(b, ServerOptions{MaxPayload: fuzzMaxPayload, Workers: 2})
@@ -221,7 +233,7 @@ func FuzzServer(f *testing.F) {
 			if !fr.Op.IsReply() {
 				t.Fatalf("the server sent a request: %s", fr.Op)
 			}
-			if fr.Code == CodeOK && fr.Op == OpRead.Reply() && fr.Length > fuzzMaxPayload {
+			if fr.Code == CodeOK && (fr.Op == OpRead.Reply() || fr.Op == OpSnapshotRead.Reply()) && fr.Length > fuzzMaxPayload {
 				t.Fatalf("read reply of %d bytes, bound %d", fr.Length, fuzzMaxPayload)
 			}
 		}

@@ -72,6 +72,22 @@ func (r *Replica) ReadLayer(name string, off, length int64) ([]Extent, error) {
 	return r.readExtents(name, off, length, true)
 }
 
+// ReadSnapshotAt fills p with the view at snapshot name from off, holes
+// as zeros: ReadSnapshot into a caller's buffer, for a reader that wants
+// the bytes rather than the extents (a backup over the data port). off
+// and len(p) must be block-aligned. Unlike ReadSnapshot it keeps no
+// checksum for a Checksum call to follow: nothing verifies a backup's
+// read that way.
+func (r *Replica) ReadSnapshotAt(p []byte, name string, off int64) error {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	top, err := r.snapshotSpan(name, off, int64(len(p)), "snapshot reads")
+	if err != nil {
+		return err
+	}
+	return r.readChain(p, off, top)
+}
+
 func (r *Replica) readExtents(name string, off, length int64, own bool) ([]Extent, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()

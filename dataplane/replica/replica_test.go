@@ -762,3 +762,53 @@ func pattern(seed, n int) []byte {
 	}
 	return p
 }
+
+// TestReadSnapshotAt reads the view at a snapshot into a caller's buffer,
+// with buffered and direct I/O: the snapshot's data, holes as zeros over
+// whatever the buffer held, none of the writes after it; and it refuses a
+// missing snapshot, a misaligned range and one past the end.
+func TestReadSnapshotAt(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			const size = 4 << 20
+			r := openMode(t, t.TempDir(), size, direct)
+			defer r.Close()
+			want := make([]byte, size)
+			write := func(p []byte, off int64) {
+				mustWrite(t, r, p, off)
+				copy(want[off:], p)
+			}
+			write(pattern(1, 8192), 0)
+			mustSnapshot(t, r, SnapshotOptions{Name: "old", UserCreated: true})
+			write(pattern(2, 4096), 4096)
+			write(pattern(3, 3*4096), 2<<20)
+			mustSnapshot(t, r, SnapshotOptions{Name: "s"})
+			mustWrite(t, r, pattern(4, 4096), 0) // in the head: not in the view
+			mustWrite(t, r, pattern(5, 4096), 1<<20)
+
+			got := bytes.Repeat([]byte{0xee}, size) // holes must be cleared
+			for off := int64(0); off < size; off += 1 << 20 {
+				if err := r.ReadSnapshotAt(got[off:off+1<<20], "s", off); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatal("ReadSnapshotAt differs from the view at the snapshot")
+			}
+			for _, tc := range []struct {
+				name      string
+				off, n    int64
+				wantError error
+			}{
+				{"nope", 0, 4096, ErrSnapshotNotFound},
+				{"s", 512, 4096, ErrInvalidSize},
+				{"s", 0, 1000, ErrInvalidSize},
+				{"s", size - 4096, 8192, ErrOutOfRange},
+			} {
+				if err := r.ReadSnapshotAt(make([]byte, tc.n), tc.name, tc.off); !errors.Is(err, tc.wantError) {
+					t.Errorf("ReadSnapshotAt(%q, %d, %d bytes) = %v, want %v", tc.name, tc.off, tc.n, err, tc.wantError)
+				}
+			}
+		})
+	}
+}

@@ -1,9 +1,11 @@
 // Package snapshotsource reads a replica's snapshot through the replica's
 // read-only control calls (Info, SnapshotList, SnapshotChanges,
 // SnapshotRead) and backs it up with the backup store: the data path of
-// `cairn-data backup` and of the manager's Backup reconciler. It never sets
-// an epoch or writes to the replica, so it runs beside the engine serving
-// the volume.
+// `cairn-data backup` and of the manager's Backup reconciler. With a
+// DataPort it reads the snapshot's bytes over the replica's data port
+// instead (dataconn's snapshot read, see dataport.go), where a replica
+// serves them for a fraction of the CPU. It never sets an epoch or writes
+// to the replica, so it runs beside the engine serving the volume.
 package snapshotsource
 
 import (
@@ -44,6 +46,12 @@ type Client struct {
 	// a caller watching for a stalled transfer sees the change map's
 	// pages, not only the data, as progress.
 	OnReply func()
+	// DataPort, if set before the first read, makes the Reader read the
+	// snapshot's bytes over the replica's data port, falling back to
+	// SnapshotRead when the port does not serve them (see dataport.go).
+	DataPort *DataPort
+
+	data dataPath
 }
 
 // Dial connects to the replica's control address with opts (transport
@@ -60,8 +68,11 @@ func Dial(addr string, opts ...grpc.DialOption) (*Client, error) {
 	return &Client{cc: cc, ctl: replicav1.NewReplicaServiceClient(cc)}, nil
 }
 
-// Close closes the connection.
-func (c *Client) Close() { _ = c.cc.Close() }
+// Close closes the connections.
+func (c *Client) Close() {
+	c.data.close()
+	_ = c.cc.Close()
+}
 
 // replied tells OnReply, if set, that a call was answered.
 func (c *Client) replied() {
@@ -190,20 +201,38 @@ func (s *snapshotReader) ReadAt(p []byte, off int64) (int, error) {
 		return 0, fmt.Errorf("read at %d outside the volume's %d bytes", off, s.size)
 	}
 	n := min(int64(len(p)), s.size-off)
-	clear(p[:n])
-	// The replica serves block-aligned spans; the volume's size is whole
-	// blocks, so rounding out stays inside it.
-	lo := off / replica.BlockSize * replica.BlockSize
-	hi := (off + n + replica.BlockSize - 1) / replica.BlockSize * replica.BlockSize
-	for pos := lo; pos < hi; pos += replicaserver.MaxSnapshotRead {
-		if err := s.readSpan(p[:n], off, pos, min(hi-pos, replicaserver.MaxSnapshotRead)); err != nil {
-			return 0, err
-		}
+	var err error
+	if dc := s.c.dataClient(s.ctx, s.snap); dc != nil {
+		err = s.readData(dc, p[:n], off)
+	} else {
+		err = s.readControl(p[:n], off)
+	}
+	if err != nil {
+		return 0, err
 	}
 	if n < int64(len(p)) {
 		return int(n), io.EOF
 	}
 	return int(n), nil
+}
+
+// blockSpan rounds [off, off+n) out to whole replica blocks: the replica
+// serves block-aligned spans, and the volume's size is whole blocks, so
+// the rounded span stays inside it.
+func blockSpan(off, n int64) (lo, hi int64) {
+	return off / replica.BlockSize * replica.BlockSize, (off + n + replica.BlockSize - 1) / replica.BlockSize * replica.BlockSize
+}
+
+// readControl fills p with the view from off through SnapshotRead calls.
+func (s *snapshotReader) readControl(p []byte, off int64) error {
+	clear(p) // the replica sends no holes
+	lo, hi := blockSpan(off, int64(len(p)))
+	for pos := lo; pos < hi; pos += replicaserver.MaxSnapshotRead {
+		if err := s.readSpan(p, off, pos, min(hi-pos, replicaserver.MaxSnapshotRead)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // readSpan reads [pos, pos+n) of the view and copies what overlaps p

@@ -23,7 +23,10 @@ import (
 // atomically with the operation.
 type Backend struct{ Replica *replica.Replica }
 
-var _ dataconn.EpochBackend = Backend{}
+var (
+	_ dataconn.EpochBackend    = Backend{}
+	_ dataconn.SnapshotBackend = Backend{}
+)
 
 func wire(err error) error {
 	switch {
@@ -61,6 +64,17 @@ func (b Backend) ReadAtEpoch(p []byte, off int64, e uint64) (int, error) {
 func (b Backend) WriteAtEpoch(p []byte, off int64, e uint64) (int, error) {
 	n, err := b.Replica.WriteAtEpoch(p, off, e)
 	return n, wire(err)
+}
+
+// ReadSnapshotAt serves a snapshot read (dataconn.OpSnapshotRead): a
+// missing snapshot or a misaligned range is CodeInvalid, so a caller
+// tells them from a failed disk.
+func (b Backend) ReadSnapshotAt(p []byte, name string, off int64) error {
+	err := b.Replica.ReadSnapshotAt(p, name, off)
+	if errors.Is(err, replica.ErrSnapshotNotFound) || errors.Is(err, replica.ErrInvalidSize) {
+		return fmt.Errorf("%w: %w", dataconn.CodeInvalid, err)
+	}
+	return wire(err)
 }
 
 func (b Backend) FlushEpoch(e uint64) error { return wire(b.Replica.FlushEpoch(e)) }

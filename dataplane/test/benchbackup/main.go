@@ -5,7 +5,9 @@
 //	backup       a real replica process holds --size bytes of random data
 //	             in a snapshot; snapshotsource.Backup (the manager's and
 //	             `cairn-data backup`'s code) reads it over the replica's
-//	             control API and uploads it through the backup store
+//	             data port (snapshotsource.DataPort) and uploads it through
+//	             the backup store; and once more reading over the control
+//	             API (SnapshotRead), the path without a DataPort
 //	plain upload the same bytes, from a file, as objects of the store's
 //	             block size (2 MiB) with minio-go PutObject, as many at once
 //	             as the store (its default concurrency, 4)
@@ -141,7 +143,8 @@ type bench struct {
 	replica      *exec.Cmd
 	ctl          replicav1.ReplicaServiceClient
 	data         *dataconn.Client
-	src          *snapshotsource.Client
+	src          *snapshotsource.Client // reads over the data port
+	srcControl   *snapshotsource.Client // reads over the control API
 	store        *backupstore.Store
 	mirror       *os.File
 	snap         string // the replica's latest snapshot
@@ -210,20 +213,41 @@ func (b *bench) startReplica() error {
 		return err
 	}
 	b.data.SetEpoch(epoch)
-	b.src, err = snapshotsource.Dial(f["control"], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if b.src, err = snapshotsource.Dial(f["control"], grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		return err
+	}
+	b.src.DataPort = &snapshotsource.DataPort{Address: f["data"], Logger: logr.Discard()}
+	b.srcControl, err = snapshotsource.Dial(f["control"], grpc.WithTransportCredentials(insecure.NewCredentials()))
 	return err
 }
 
 func (b *bench) stop() {
 	if b.replica != nil && b.replica.Process != nil {
-		_ = b.replica.Process.Kill()
-		_ = b.replica.Wait() // killed: the error says so
+		stopProcess(b.replica)
 	}
 	if b.srv != nil {
 		b.srv.Stop()
 	}
 	if b.mirror != nil {
 		_ = b.mirror.Close()
+	}
+}
+
+// stopProcess stops cmd with SIGTERM, so that a replica run with
+// CAIRN_CPUPROFILE writes its profile, and kills it if it has not exited
+// within 10 s.
+func stopProcess(cmd *exec.Cmd) {
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait() // stopped by a signal: the error says so
+		close(done)
+	}()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
 	}
 }
 
@@ -460,13 +484,18 @@ func newSparse(path string, size int64) (*os.File, error) {
 }
 
 // backup backs the latest snapshot up through snapshotsource, as the
-// manager does; with a base, incrementally.
-func (b *bench) backup(vol, name, baseSnap, baseBackup string) (int64, int64, error) {
-	res, err := snapshotsource.Backup(context.Background(), b.store, b.src, snapshotsource.BackupOptions{
+// manager does, reading over src; with a base, incrementally.
+func (b *bench) backup(src *snapshotsource.Client, vol, name, baseSnap, baseBackup string) (int64, int64, error) {
+	res, err := snapshotsource.Backup(context.Background(), b.store, src, snapshotsource.BackupOptions{
 		Volume: vol, Name: name, Snapshot: b.snap, BaseSnapshot: baseSnap, BaseBackup: baseBackup, BlockSize: blockSize,
 	})
 	if err != nil {
 		return 0, 0, err
+	}
+	if src.DataPort != nil {
+		if used, why := src.DataPortInUse(); !used {
+			return 0, 0, fmt.Errorf("the backup did not read over the data port: %w", why)
+		}
 	}
 	return res.ReadBytes, res.Info.NewBytes, nil
 }

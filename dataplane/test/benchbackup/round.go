@@ -7,19 +7,21 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 )
 
 // roundResult holds one round's measurements.
 type roundResult struct {
-	backup, plainUp, restore, plainDown measure
-	incContiguous, incScattered         measure
+	backup, backupControl, plainUp measure
+	restore, plainDown             measure
+	incContiguous, incScattered    measure
 }
 
 func (r roundResult) summary() string {
-	return fmt.Sprintf("backup %v plain upload %v restore %v plain download %v incremental contiguous %v scattered %v",
-		r.backup.d.Round(time.Millisecond), r.plainUp.d.Round(time.Millisecond), r.restore.d.Round(time.Millisecond),
+	return fmt.Sprintf("backup %v (control API %v) plain upload %v restore %v plain download %v incremental contiguous %v scattered %v",
+		r.backup.d.Round(time.Millisecond), r.backupControl.d.Round(time.Millisecond), r.plainUp.d.Round(time.Millisecond), r.restore.d.Round(time.Millisecond),
 		r.plainDown.d.Round(time.Millisecond), r.incContiguous.d.Round(time.Millisecond), r.incScattered.d.Round(time.Millisecond))
 }
 
@@ -30,22 +32,30 @@ func (b *bench) round(r int) (roundResult, error) {
 	vol := fmt.Sprintf("bench-%d", r)
 	full := b.snap
 	restored, plain := filepath.Join(b.work, "restore.img"), filepath.Join(b.work, "plain.img")
-	steps := []struct {
+	type step struct {
 		m  *measure
 		fn func() (int64, int64, error)
-	}{
+	}
+	uploads := []step{
 		{&res.plainUp, func() (int64, int64, error) { return b.plainUpload(r) }},
 		{&res.backup, func() (int64, int64, error) {
-			return b.profiled(r, "backup", func() (int64, int64, error) { return b.backup(vol, "full", "", "") })
+			return b.profiled(r, "backup", func() (int64, int64, error) { return b.backup(b.src, vol, "full", "", "") })
 		}},
+		// Into a volume folder of its own: in the same one, every block
+		// would be there already and nothing uploaded.
+		{&res.backupControl, func() (int64, int64, error) { return b.backup(b.srcControl, vol+"-control", "full", "", "") }},
+	}
+	downloads := []step{
 		{&res.plainDown, func() (int64, int64, error) { return b.plainDownload(r, plain) }},
 		{&res.restore, func() (int64, int64, error) {
 			return b.profiled(r, "restore", func() (int64, int64, error) { return b.restore(vol, "full", restored) })
 		}},
 	}
-	if r%2 == 0 { // alternate which of each pair runs first
-		steps[0], steps[1], steps[2], steps[3] = steps[1], steps[0], steps[3], steps[2]
+	if r%2 == 0 { // alternate the order within each group
+		slices.Reverse(uploads)
+		slices.Reverse(downloads)
 	}
+	steps := append(uploads, downloads...)
 	for _, s := range steps {
 		m, err := b.timed(s.fn)
 		if err != nil {
@@ -79,7 +89,7 @@ func (b *bench) incremental(res *roundResult, vol, full string) error {
 		if err := b.change(inc.contiguous); err != nil {
 			return err
 		}
-		m, err := b.timed(func() (int64, int64, error) { return b.backup(vol, inc.name, base, inc.on) })
+		m, err := b.timed(func() (int64, int64, error) { return b.backup(b.src, vol, inc.name, base, inc.on) })
 		if err != nil {
 			return err
 		}
@@ -110,7 +120,8 @@ func (b *bench) profiled(r int, what string, fn func() (int64, int64, error)) (i
 // directory (versitygw's posix backend keeps an object as a file at its
 // key), so the disk holds one round's data at a time.
 func (b *bench) clean(vol string, r int) error {
-	return errors.Join(os.RemoveAll(filepath.Join(b.s3root, "volumes", vol)), os.RemoveAll(filepath.Join(b.s3root, "plain", fmt.Sprint(r))))
+	return errors.Join(os.RemoveAll(filepath.Join(b.s3root, "volumes", vol)), os.RemoveAll(filepath.Join(b.s3root, "volumes", vol+"-control")),
+		os.RemoveAll(filepath.Join(b.s3root, "plain", fmt.Sprint(r))))
 }
 
 const mib = float64(1 << 20)
@@ -160,6 +171,7 @@ func printTable(w io.Writer, size int64, all []roundResult) {
 		fmt.Fprintf(w, "%-34s %10.1f %10.1f %6.2fx %6s   %s; %s\n", name, c, p, c/p, "0.80x", cpuCols(size, cairn), cpuCols(size, plain))
 	}
 	row("backup, full (MiB/s)", pick(all, func(r roundResult) measure { return r.backup }), pick(all, func(r roundResult) measure { return r.plainUp }))
+	row("  reading over the control API", pick(all, func(r roundResult) measure { return r.backupControl }), pick(all, func(r roundResult) measure { return r.plainUp }))
 	row("restore into a new file (MiB/s)", pick(all, func(r roundResult) measure { return r.restore }), pick(all, func(r roundResult) measure { return r.plainDown }))
 	full := medianOf(pick(all, func(r roundResult) measure { return r.backup }), func(m measure) float64 { return m.d.Seconds() })
 	fmt.Fprintf(w, "\n%-34s %9s %12s %10s %10s   %s\n", "incremental after changing 1 %", "time s", "of full's", "read MiB", "put MiB", "CPU s: bench / replica / versitygw")
