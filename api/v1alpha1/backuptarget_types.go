@@ -203,6 +203,20 @@ type NFSBackupTarget struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=65535
 	MountPort int32 `json:"mountPort,omitempty"`
+	// uid and gid are the AUTH_UNIX user and group every call of the
+	// manager carries, and so own the files it writes unless the export
+	// squashes them. Unset: 0 (root, which a Linux server's default
+	// root_squash maps to its anonymous user). Set them to the owner of a
+	// directory exported without squashing.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967294
+	UID int64 `json:"uid,omitempty"`
+	// gid: see uid.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967294
+	GID int64 `json:"gid,omitempty"`
 }
 
 // BackupTargetSpec says where backups are stored: exactly one of s3 and nfs.

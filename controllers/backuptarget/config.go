@@ -177,7 +177,7 @@ func CloseTarget(tg backupstore.Target) {
 // nfsConfig is the store's configuration of an NFS target.
 func nfsConfig(spec *v1.NFSBackupTarget) *backupstore.NFSConfig {
 	return &backupstore.NFSConfig{Server: strings.Trim(spec.Server, "[]"), Export: spec.Path, Prefix: spec.Prefix,
-		NFSPort: int(spec.Port), MountPort: int(spec.MountPort)}
+		NFSPort: int(spec.Port), MountPort: int(spec.MountPort), UID: uint32(spec.UID), GID: uint32(spec.GID)}
 }
 
 // config builds the store's configuration of spec; a result when an

@@ -1,6 +1,7 @@
 package backuptarget
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/backupstore"
 )
 
 // TestSchemaRejects checks the CRD's validation on the real API server:
@@ -55,6 +57,12 @@ func TestSchemaRejects(t *testing.T) {
 		{"NFS port out of range", func() v1.BackupTargetSpec {
 			return v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{Server: "10.0.0.5", Path: "/exports", Port: 70000}}
 		}, "spec.nfs.port"},
+		{"NFS uid negative", func() v1.BackupTargetSpec {
+			return v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{Server: "10.0.0.5", Path: "/exports", UID: -1}}
+		}, "spec.nfs.uid"},
+		{"NFS gid past 32 bits", func() v1.BackupTargetSpec {
+			return v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{Server: "10.0.0.5", Path: "/exports", GID: 1 << 32}}
+		}, "spec.nfs.gid"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -124,4 +132,18 @@ func TestSampleValid(t *testing.T) {
 	g.Expect(bt.Spec.S3).NotTo(BeNil())
 	g.Expect(k8sClient.Create(ctx, bt, client.DryRunAll)).To(Succeed())
 	g.Expect(apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(bt), &v1.BackupTarget{}))).To(BeTrue())
+}
+
+// TestTargetConfigNFS: the store's NFS configuration carries every field
+// of spec.nfs, the identity of its calls included.
+func TestTargetConfigNFS(t *testing.T) {
+	spec := v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{Server: "[fd00::5]", Path: "/exports", Prefix: "c1", Port: 2049, MountPort: 20048, UID: 1234, GID: 5678}}
+	cfg, reason, msg, err := TargetConfig(context.Background(), k8sClient, spec)
+	if err != nil || reason != "" {
+		t.Fatalf("TargetConfig: %v %s %s", err, reason, msg)
+	}
+	want := backupstore.NFSConfig{Server: "fd00::5", Export: "/exports", Prefix: "c1", NFSPort: 2049, MountPort: 20048, UID: 1234, GID: 5678}
+	if cfg.NFS == nil || *cfg.NFS != want {
+		t.Fatalf("NFS config %+v, want %+v", cfg.NFS, want)
+	}
 }

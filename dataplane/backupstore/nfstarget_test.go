@@ -443,3 +443,58 @@ func TestNFSTargetCloseLeavesNoConnection(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestNFSTargetSendsItsIDs: every call carries AUTH_UNIX with the
+// configured uid and gid (NFSConfig.UID/GID, a BackupTarget's spec.nfs.uid
+// and gid), the identity the server gives the files the target writes.
+func TestNFSTargetSendsItsIDs(t *testing.T) {
+	ctx := testCtx(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	type cred struct {
+		flavor, uid, gid uint32
+		err              error
+	}
+	got := make(chan cred, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			got <- cred{err: err}
+			return
+		}
+		defer func() { _ = c.Close() }()
+		rec, err := readRecord(c, 4096)
+		if err != nil {
+			got <- cred{err: err}
+			return
+		}
+		d := &xdrDec{b: rec}
+		for range 6 { // xid, CALL, RPC version, program, version, procedure
+			d.u32()
+		}
+		flavor := d.u32()
+		body := &xdrDec{b: d.opaque(400)}
+		body.u32()       // stamp
+		body.opaque(255) // machine name
+		uid, gid := body.u32(), body.u32()
+		got <- cred{flavor: flavor, uid: uid, gid: gid, err: errors.Join(d.err, body.err)}
+	}()
+	port := l.Addr().(*net.TCPAddr).Port
+	tg, err := NewNFSTarget(NFSConfig{Server: "127.0.0.1", Export: "/export", MountPort: port, NFSPort: port, UID: 1234, GID: 5678})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	_ = tg.Put(cctx, "k", []byte("v")) // fails: the server hangs up after reading the call
+	c := <-got
+	if c.err != nil {
+		t.Fatal(c.err)
+	}
+	if c.flavor != 1 || c.uid != 1234 || c.gid != 5678 {
+		t.Fatalf("credential: flavor %d uid %d gid %d, want AUTH_UNIX (1) uid 1234 gid 5678", c.flavor, c.uid, c.gid)
+	}
+}
