@@ -179,6 +179,29 @@ func (f *fakeMounter) Filesystem(device string) (Filesystem, error) {
 	return fs, nil
 }
 
+func (f *fakeMounter) FilesystemMounts(device string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for p, m := range f.mounts {
+		if m.device == device && !m.block {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Trim discards nothing: the fake's filesystems hold no data.
+func (f *fakeMounter) Trim(path string) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m, ok := f.mounts[path]; !ok || m.block {
+		return 0, fmt.Errorf("no filesystem is mounted at %s", path)
+	}
+	return 0, nil
+}
+
 func (f *fakeMounter) Grow(device, mountPath string, fs Filesystem) error {
 	size, err := f.DeviceSize(device)
 	if err != nil {

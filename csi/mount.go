@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
@@ -47,6 +50,15 @@ type Mounter interface {
 	// state, an xfs only mounted. Growing a mounted ext4 fails with
 	// ErrNeedCapSysResource where the process lacks that capability.
 	Grow(device, mountPath string, fs Filesystem) error
+	// FilesystemMounts lists where device is mounted as a filesystem
+	// (the staging path and the bind mounts of its directories); none
+	// for a device only bind-mounted on a file (a raw block volume).
+	FilesystemMounts(device string) ([]string, error)
+	// Trim discards the free blocks of the filesystem mounted at path
+	// (the FITRIM ioctl, what fstrim runs) and returns how many bytes the
+	// filesystem reports discarding. A device that cannot discard fails
+	// with an error wrapping ErrDiscardNotSupported.
+	Trim(path string) (int64, error)
 }
 
 // Filesystem is what a device holds.
@@ -80,6 +92,9 @@ var (
 	// the state asked: an unmounted xfs, or a type the driver does not
 	// create.
 	ErrCannotGrow = errors.New("cannot grow this filesystem")
+	// ErrDiscardNotSupported is returned by Trim for a filesystem whose
+	// device does not support discard.
+	ErrDiscardNotSupported = errors.New("the device does not support discard")
 )
 
 // SystemMounter runs the node's own mount tools (through k8s.io/mount-utils).
@@ -243,4 +258,56 @@ func hasCapSysResource() bool {
 		return false
 	}
 	return data[c/32].Effective&(1<<(uint(c)%32)) != 0
+}
+
+// FilesystemMounts implements Mounter: the mount table's entries whose
+// source is device, by its path or by the path a symbolic link to it
+// resolves to.
+func (s *SystemMounter) FilesystemMounts(device string) ([]string, error) {
+	mps, err := s.m.List()
+	if err != nil {
+		return nil, err
+	}
+	want := device
+	if p, err := filepath.EvalSymlinks(device); err == nil {
+		want = p
+	}
+	var out []string
+	for _, mp := range mps {
+		if mp.Device == device || mp.Device == want {
+			out = append(out, mp.Path)
+		}
+	}
+	return out, nil
+}
+
+// fitrim is the FITRIM ioctl, _IOWR('X', 121, struct fstrim_range) in
+// linux/fs.h (golang.org/x/sys/unix does not define it). Its encoding is
+// the same on every architecture Linux runs Go on: read and write make
+// 0xC0000000 under both the 2-bit and the 3-bit direction layouts.
+const fitrim = 0xC0000000 | 24<<16 | 'X'<<8 | 121
+
+// fstrimRange is linux/fs.h's struct fstrim_range: the byte range to
+// trim and the smallest free extent worth discarding; on return Len is
+// the bytes discarded.
+type fstrimRange struct {
+	Start, Len, MinLen uint64
+}
+
+// Trim implements Mounter with the FITRIM ioctl on the mount's root
+// directory, over the whole filesystem, as fstrim does.
+func (s *SystemMounter) Trim(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	r := fstrimRange{Len: math.MaxUint64}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fitrim, uintptr(unsafe.Pointer(&r))); e != 0 {
+		if e == unix.EOPNOTSUPP {
+			return 0, fmt.Errorf("FITRIM on %s: %w (%w)", path, ErrDiscardNotSupported, e)
+		}
+		return 0, fmt.Errorf("FITRIM on %s: %w", path, e)
+	}
+	return int64(min(r.Len, math.MaxInt64)), nil
 }

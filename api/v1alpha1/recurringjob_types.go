@@ -1,11 +1,17 @@
 package v1alpha1
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // RecurringJobTask is what a RecurringJob does to each volume it selects.
-// +kubebuilder:validation:Enum=snapshot;backup
+// +kubebuilder:validation:Enum=snapshot;backup;filesystem-trim
 type RecurringJobTask string
 
 const (
@@ -14,6 +20,12 @@ const (
 	// RecurringJobTaskBackup creates a Backup of each volume to
 	// spec.target (the Backup takes its own Snapshot).
 	RecurringJobTaskBackup RecurringJobTask = "backup"
+	// RecurringJobTaskFilesystemTrim discards the free blocks of the
+	// filesystem of each attached volume (fstrim), so that its replicas
+	// free the space the filesystem no longer uses. The CSI node plugin
+	// of the node the volume is attached to runs it; raw block volumes
+	// and detached volumes are skipped.
+	RecurringJobTaskFilesystemTrim RecurringJobTask = "filesystem-trim"
 )
 
 // Limits of a RecurringJob.
@@ -51,6 +63,116 @@ const (
 // RecurringJobGroupLabel is the label key that puts a Volume in group g.
 func RecurringJobGroupLabel(g string) string { return RecurringJobGroupLabelPrefix + g }
 
+// Annotations a filesystem-trim job and the CSI node plugin exchange on a
+// Volume: the job asks, the node plugin of the node the volume is
+// attached to answers. Each job has its own pair, so that two jobs
+// trimming the same volume do not overwrite each other's requests.
+const (
+	// FilesystemTrimRequestAnnotationPrefix, followed by the job's name,
+	// is the annotation a filesystem-trim job sets on a Volume to have it
+	// trimmed; its value is the run's scheduled time (RFC 3339, UTC, at
+	// most MaxFilesystemTrimRunLength characters).
+	FilesystemTrimRequestAnnotationPrefix = "trim-request.storage.cairn.io/"
+	// FilesystemTrimResultAnnotationPrefix, followed by the job's name,
+	// is the annotation the CSI node plugin sets on the Volume once it
+	// has answered the request: a FilesystemTrimResult in JSON whose run
+	// is the request's value.
+	FilesystemTrimResultAnnotationPrefix = "trim-result.storage.cairn.io/"
+	// MaxFilesystemTrimRunLength bounds a request's value.
+	MaxFilesystemTrimRunLength = 64
+	// MaxFilesystemTrimMessageLength bounds a result's message.
+	MaxFilesystemTrimMessageLength = 512
+	// MaxFilesystemTrimResultLength bounds a result annotation's value;
+	// a longer one is not read.
+	MaxFilesystemTrimResultLength = 1024
+	// MaxFilesystemTrimRequests bounds how many jobs' requests the node
+	// plugin answers on one Volume; the others are left unanswered.
+	MaxFilesystemTrimRequests = 16
+)
+
+// FilesystemTrimRequestAnnotation is the annotation key job's requests
+// are in.
+func FilesystemTrimRequestAnnotation(job string) string {
+	return FilesystemTrimRequestAnnotationPrefix + job
+}
+
+// FilesystemTrimResultAnnotation is the annotation key the answers to
+// job's requests are in.
+func FilesystemTrimResultAnnotation(job string) string {
+	return FilesystemTrimResultAnnotationPrefix + job
+}
+
+// FilesystemTrimOutcome is how the node plugin answered a trim request.
+type FilesystemTrimOutcome string
+
+// Outcomes of a trim request.
+const (
+	// FilesystemTrimTrimmed: fstrim ran on the volume's filesystem.
+	FilesystemTrimTrimmed FilesystemTrimOutcome = "trimmed"
+	// FilesystemTrimSkipped: the volume has no filesystem mounted on its
+	// node (a raw block volume, or one not staged); the message says
+	// which.
+	FilesystemTrimSkipped FilesystemTrimOutcome = "skipped"
+	// FilesystemTrimFailed: fstrim failed; the message has the cause.
+	FilesystemTrimFailed FilesystemTrimOutcome = "failed"
+)
+
+// FilesystemTrimResult is the node plugin's answer to one trim request,
+// kept in the FilesystemTrimResultAnnotation of the Volume.
+// +kubebuilder:object:generate=false
+type FilesystemTrimResult struct {
+	// Run is the request's value the answer is for.
+	Run string `json:"run"`
+	// Outcome is trimmed, skipped or failed.
+	Outcome FilesystemTrimOutcome `json:"outcome"`
+	// Node is the node whose plugin answered.
+	Node string `json:"node,omitempty"`
+	// Bytes is how many bytes the filesystem reported discarding (the
+	// kernel's FITRIM count, which fstrim -v prints).
+	Bytes int64 `json:"bytes,omitempty"`
+	// Message says why a trim was skipped or failed.
+	Message string `json:"message,omitempty"`
+}
+
+// ErrBadFilesystemTrimResult is returned by DecodeFilesystemTrimResult
+// for a value that is not a result the node plugin writes.
+var ErrBadFilesystemTrimResult = errors.New("not a filesystem trim result")
+
+// Encode returns r in JSON, its message cut to
+// MaxFilesystemTrimMessageLength bytes.
+func (r FilesystemTrimResult) Encode() string {
+	r.Message = strings.ToValidUTF8(r.Message, "?")
+	if len(r.Message) > MaxFilesystemTrimMessageLength {
+		cut := MaxFilesystemTrimMessageLength - len("...")
+		for cut > 0 && !utf8.RuneStart(r.Message[cut]) {
+			cut--
+		}
+		r.Message = r.Message[:cut] + "..."
+	}
+	b, _ := json.Marshal(r) // strings and numbers only: cannot fail
+	return string(b)
+}
+
+// DecodeFilesystemTrimResult reads a result annotation's value, refusing
+// one longer than MaxFilesystemTrimResultLength, with a message longer
+// than MaxFilesystemTrimMessageLength or an unknown outcome.
+func DecodeFilesystemTrimResult(s string) (FilesystemTrimResult, error) {
+	var r FilesystemTrimResult
+	if len(s) > MaxFilesystemTrimResultLength {
+		return r, fmt.Errorf("%w: %d bytes, more than %d", ErrBadFilesystemTrimResult, len(s), MaxFilesystemTrimResultLength)
+	}
+	if err := json.Unmarshal([]byte(s), &r); err != nil {
+		return FilesystemTrimResult{}, fmt.Errorf("%w: %w", ErrBadFilesystemTrimResult, err)
+	}
+	switch {
+	case r.Outcome != FilesystemTrimTrimmed && r.Outcome != FilesystemTrimSkipped && r.Outcome != FilesystemTrimFailed:
+		return FilesystemTrimResult{}, fmt.Errorf("%w: outcome %q", ErrBadFilesystemTrimResult, r.Outcome)
+	case len(r.Message) > MaxFilesystemTrimMessageLength, len(r.Run) > MaxFilesystemTrimRunLength, r.Bytes < 0:
+		return FilesystemTrimResult{}, fmt.Errorf("%w: a field out of bounds", ErrBadFilesystemTrimResult)
+	}
+	return r, nil
+}
+
 // RecurringJob condition types.
 const (
 	// RecurringJobConditionReady is True while the job's spec can run:
@@ -75,6 +197,9 @@ const (
 
 // RecurringJobSpec says what to do, when, to which volumes.
 // +kubebuilder:validation:XValidation:rule="(has(self.groups) && size(self.groups) > 0) || has(self.selector)",message="a job needs spec.groups or spec.selector to select volumes"
+// +kubebuilder:validation:XValidation:rule="self.task == 'filesystem-trim' || has(self.retain)",message="spec.retain is required for task snapshot and backup: how many of the job's Snapshots or Backups to keep per volume"
+// +kubebuilder:validation:XValidation:rule="self.task != 'filesystem-trim' || !has(self.retain)",message="spec.retain is not allowed for task filesystem-trim: a trim makes nothing to keep"
+// +kubebuilder:validation:XValidation:rule="self.task != 'filesystem-trim' || !has(self.target)",message="spec.target is not allowed for task filesystem-trim: only a backup job has a target"
 type RecurringJobSpec struct {
 	// schedule is a standard 5-field cron expression (minute hour
 	// day-of-month month day-of-week, in UTC), or a descriptor such as
@@ -85,21 +210,23 @@ type RecurringJobSpec struct {
 	// +kubebuilder:validation:MaxLength=128
 	Schedule string `json:"schedule"`
 
-	// task is what each run does to each selected volume: snapshot or
-	// backup.
+	// task is what each run does to each selected volume: snapshot,
+	// backup or filesystem-trim.
 	// +required
 	Task RecurringJobTask `json:"task"`
 
 	// retain is how many of the Snapshots or Backups this job created it
 	// keeps per volume; after a run it deletes the oldest completed ones
-	// beyond this count.
-	// +required
+	// beyond this count. Required for task snapshot and backup; not
+	// allowed for filesystem-trim, which makes nothing to keep.
+	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
-	Retain int32 `json:"retain"`
+	Retain int32 `json:"retain,omitempty"`
 
 	// target is the BackupTarget a backup job backs up to; ignored for
-	// task snapshot. Empty: each volume's own spec.backupTarget (set from
+	// task snapshot, not allowed for filesystem-trim. Empty: each
+	// volume's own spec.backupTarget (set from
 	// its StorageClass's backupTarget parameter); a volume with none is
 	// skipped and named in the run's result.
 	// +optional
@@ -124,7 +251,7 @@ type RecurringJobSpec struct {
 	Selector *metav1.LabelSelector `json:"selector,omitempty"`
 
 	// concurrency is how many volumes a run works on at once (how many
-	// of its Snapshots or Backups may be unfinished at a time).
+	// of its Snapshots, Backups or trims may be unfinished at a time).
 	// +optional
 	// +kubebuilder:default=2
 	// +kubebuilder:validation:Minimum=1
@@ -149,14 +276,25 @@ type RecurringJobRunResult struct {
 	Volumes int32 `json:"volumes"`
 
 	// succeeded is how many of them have a completed Snapshot or Backup
-	// of this run.
+	// of this run, or were trimmed.
 	// +optional
 	Succeeded int32 `json:"succeeded"`
 
 	// failed is how many of them have a failed one, or none could be
-	// created.
+	// created, or whose trim failed (the message says why).
 	// +optional
 	Failed int32 `json:"failed"`
+
+	// skipped is how many of them a filesystem-trim run did not trim:
+	// detached, raw block, or with no filesystem mounted (the message
+	// names them and says why).
+	// +optional
+	Skipped int32 `json:"skipped,omitempty"`
+
+	// trimmedBytes is, for a filesystem-trim run, the bytes the trimmed
+	// volumes' filesystems reported discarding.
+	// +optional
+	TrimmedBytes int64 `json:"trimmedBytes,omitempty"`
 
 	// message says what is still running or what failed.
 	// +optional
@@ -190,8 +328,8 @@ type RecurringJobStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
-// RecurringJob snapshots or backs up a set of Volumes on a cron schedule
-// and keeps the newest spec.retain of what it made per volume.
+// RecurringJob snapshots, backs up or trims a set of Volumes on a cron
+// schedule and keeps the newest spec.retain of what it made per volume.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=crj,categories=cairn

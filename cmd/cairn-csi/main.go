@@ -80,7 +80,7 @@ func run(f flags) error {
 	if err != nil {
 		return fmt.Errorf("no Kubernetes configuration (set KUBECONFIG or run in a pod): %w", err)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return err
 	}
@@ -98,8 +98,14 @@ func run(f flags) error {
 		return fmt.Errorf("--endpoint %s: %w", f.endpoint, err)
 	}
 	srv := d.NewServer()
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- srv.Serve(l) }()
+
+	if mode != csi.ModeController {
+		// Filesystem-trim RecurringJobs ask the node a volume is attached
+		// to to trim it (docs/backup.md, Recurring jobs).
+		go func() { errc <- d.ServeTrims(ctx, c) }()
+	}
 
 	var reg *csi.Registration
 	if f.register && mode != csi.ModeController {

@@ -98,6 +98,10 @@ func Start(opts Options) (*Cluster, error) {
 // Stop stops the manager and the API server.
 func (c *Cluster) Stop() { c.env.Stop() }
 
+// KubeConfig returns a kubeconfig for an administrator of the API server,
+// for a client the tests build themselves (one that watches).
+func (c *Cluster) KubeConfig() ([]byte, error) { return c.env.KubeConfig() }
+
 // Node is a simulated node: an instance manager with its own data
 // directory (the node's one disk).
 type Node struct {

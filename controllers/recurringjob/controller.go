@@ -3,7 +3,9 @@
 // spec.concurrency unfinished at once), then deletes the oldest completed
 // ones it made beyond spec.retain per volume. The Snapshot and Backup
 // reconcilers do the work; this one only creates, counts and deletes
-// their objects.
+// their objects. A filesystem-trim job makes no objects: it asks the CSI
+// node plugins, through an annotation on each attached Volume, to trim
+// the volume's filesystem, and counts their answers (trim.go).
 package recurringjob
 
 import (
@@ -19,6 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -51,7 +54,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=recurringjobs,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=recurringjobs/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=snapshots;backups,verbs=get;list;watch;create;delete
-// +kubebuilder:rbac:groups=storage.cairn.io,resources=volumes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.cairn.io,resources=volumes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=storage.cairn.io,resources=backuptargets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -84,6 +87,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 	}()
 	return r.reconcileJob(ctx, job)
+}
+
+// attachmentChanged passes a Volume's update that attaches or detaches
+// it: a filesystem-trim job asks to trim an attached volume and skips a
+// detached one.
+var attachmentChanged = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return true },
+	DeleteFunc:  func(event.DeleteEvent) bool { return true },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, ok1 := e.ObjectOld.(*v1.Volume)
+		n, ok2 := e.ObjectNew.(*v1.Volume)
+		return ok1 && ok2 && (o.Status.State == v1.VolumeStateAttached) != (n.Status.State == v1.VolumeStateAttached)
+	},
 }
 
 func setReady(job *v1.RecurringJob, ok bool, reason, msg string) {
@@ -168,7 +185,8 @@ func (r *Reconciler) checkSpec(ctx context.Context, job *v1.RecurringJob) (bool,
 
 // SetupWithManager registers the reconciler: a job is looked at again
 // when an object it made changes (counted in its status, pruned), a
-// Volume is created, deleted or relabelled (selection) or its
+// Volume is created, deleted or relabelled (selection), re-annotated (a
+// node plugin's answer to a trim) or attached or detached, or its
 // BackupTarget appears.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
@@ -205,7 +223,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1.Backup{}, byLabel).
 		Watches(&v1.Volume{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return all(ctx, o.GetNamespace(), func(*v1.RecurringJob) bool { return true })
-		}), builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		}), builder.WithPredicates(predicate.Or[client.Object](predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{}, attachmentChanged))).
 		Watches(&v1.BackupTarget{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return all(ctx, "", func(j *v1.RecurringJob) bool {
 				return j.Spec.Task == v1.RecurringJobTaskBackup && j.Spec.Target == o.GetName()

@@ -473,7 +473,7 @@ func TestInvalidSpec(t *testing.T) {
 	for name, mutate := range map[string]func(*v1.RecurringJob){
 		"retain-0":   func(j *v1.RecurringJob) { j.Spec.Retain = 0 },
 		"retain-101": func(j *v1.RecurringJob) { j.Spec.Retain = 101 },
-		"trim":       func(j *v1.RecurringJob) { j.Spec.Task = "trim" },
+		"trim":       func(j *v1.RecurringJob) { j.Spec.Task = "trim" }, // the task is filesystem-trim
 		"no-select":  func(j *v1.RecurringJob) { j.Spec.Groups = nil },
 		"bad-group":  func(j *v1.RecurringJob) { j.Spec.Groups = []string{"Not_A_Label"} },
 	} {

@@ -35,6 +35,9 @@ type item struct {
 // work creates what the current run still lacks (when create), records
 // the run's result and prunes beyond retain.
 func (r *Reconciler) work(ctx context.Context, job *v1.RecurringJob, create bool) error {
+	if job.Spec.Task == v1.RecurringJobTaskFilesystemTrim {
+		return r.workTrim(ctx, job, create) // makes no objects: nothing to prune
+	}
 	vols, targets, err := r.selected(ctx, job)
 	if err != nil {
 		return err
@@ -58,35 +61,49 @@ func (r *Reconciler) work(ctx context.Context, job *v1.RecurringJob, create bool
 	return r.prune(ctx, job, items)
 }
 
-// selected are the Volumes in the job's namespace that spec.selector
-// matches or that are in one of spec.groups, sorted by name, without
-// those being deleted, with each one's spec.backupTarget.
+// selected are the names of the Volumes the job selects, sorted, with
+// each one's spec.backupTarget.
 func (r *Reconciler) selected(ctx context.Context, job *v1.RecurringJob) ([]string, map[string]string, error) {
+	vs, err := r.selectedVolumes(ctx, job)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]string, 0, len(vs))
+	targets := map[string]string{}
+	for _, v := range vs {
+		out = append(out, v.Name)
+		targets[v.Name] = v.Spec.BackupTarget
+	}
+	return out, targets, nil
+}
+
+// selectedVolumes are the Volumes in the job's namespace that
+// spec.selector matches or that are in one of spec.groups, sorted by
+// name, without those being deleted.
+func (r *Reconciler) selectedVolumes(ctx context.Context, job *v1.RecurringJob) ([]v1.Volume, error) {
 	var sel labels.Selector
 	if job.Spec.Selector != nil {
 		s, err := metav1.LabelSelectorAsSelector(job.Spec.Selector)
 		if err != nil {
-			return nil, nil, fmt.Errorf("spec.selector: %w", err)
+			return nil, fmt.Errorf("spec.selector: %w", err)
 		}
 		sel = s
 	}
 	var vs v1.VolumeList
 	if err := r.Client.List(ctx, &vs, client.InNamespace(job.Namespace)); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	var out []string
-	targets := map[string]string{}
+	var out []v1.Volume
 	for _, v := range vs.Items {
 		if !v.DeletionTimestamp.IsZero() {
 			continue
 		}
 		if (sel != nil && sel.Matches(labels.Set(v.Labels))) || inGroup(v.Labels, job.Spec.Groups) {
-			out = append(out, v.Name)
-			targets[v.Name] = v.Spec.BackupTarget
+			out = append(out, v)
 		}
 	}
-	slices.Sort(out)
-	return out, targets, nil
+	slices.SortFunc(out, func(a, b v1.Volume) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
 }
 
 // withTarget splits the volumes of a backup job without spec.target into
