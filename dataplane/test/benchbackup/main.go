@@ -6,8 +6,10 @@
 //	             in a snapshot; snapshotsource.Backup (the manager's and
 //	             `cairn-data backup`'s code) reads it over the replica's
 //	             data port (snapshotsource.DataPort) and uploads it through
-//	             the backup store; and once more reading over the control
-//	             API (SnapshotRead), the path without a DataPort
+//	             the backup store; and twice more: reading over the control
+//	             API (SnapshotRead), the path without a DataPort, and with
+//	             puts that carry a CRC32C instead of Content-MD5
+//	             (backupstore.S3ChecksumCRC32C)
 //	plain upload the same bytes, from a file, as objects of the store's
 //	             block size (2 MiB) with minio-go PutObject, as many at once
 //	             as the store (its default concurrency, 4)
@@ -145,7 +147,8 @@ type bench struct {
 	data         *dataconn.Client
 	src          *snapshotsource.Client // reads over the data port
 	srcControl   *snapshotsource.Client // reads over the control API
-	store        *backupstore.Store
+	store        *backupstore.Store     // puts carry Content-MD5 (the default)
+	storeCRC     *backupstore.Store     // puts carry x-amz-checksum-crc32c
 	mirror       *os.File
 	snap         string // the replica's latest snapshot
 	snaps        int
@@ -163,10 +166,9 @@ func setUp(work string, size int64) (*bench, error) {
 		b.stop()
 		return nil, err
 	}
-	tg, err := backupstore.NewS3Target(backupstore.S3Config{Endpoint: srv.Endpoint, Bucket: bucket, Region: versitygw.Region,
-		PathStyle: true, AccessKeyID: versitygw.AccessKey, SecretAccessKey: versitygw.SecretKey})
+	b.store, err = newStore(srv, backupstore.S3ChecksumMD5)
 	if err == nil {
-		b.store, err = backupstore.New(tg, backupstore.Options{Log: logr.Discard()})
+		b.storeCRC, err = newStore(srv, backupstore.S3ChecksumCRC32C)
 	}
 	if err == nil {
 		err = b.fill()
@@ -176,6 +178,16 @@ func setUp(work string, size int64) (*bench, error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// newStore opens the store on the server with the checksum its puts carry.
+func newStore(srv *versitygw.Server, sum backupstore.S3Checksum) (*backupstore.Store, error) {
+	tg, err := backupstore.NewS3Target(backupstore.S3Config{Endpoint: srv.Endpoint, Bucket: bucket, Region: versitygw.Region,
+		PathStyle: true, AccessKeyID: versitygw.AccessKey, SecretAccessKey: versitygw.SecretKey, Checksum: sum})
+	if err != nil {
+		return nil, err
+	}
+	return backupstore.New(tg, backupstore.Options{Log: logr.Discard()})
 }
 
 // startReplica runs a replica process and connects to its data and control
@@ -485,8 +497,8 @@ func newSparse(path string, size int64) (*os.File, error) {
 
 // backup backs the latest snapshot up through snapshotsource, as the
 // manager does, reading over src; with a base, incrementally.
-func (b *bench) backup(src *snapshotsource.Client, vol, name, baseSnap, baseBackup string) (int64, int64, error) {
-	res, err := snapshotsource.Backup(context.Background(), b.store, src, snapshotsource.BackupOptions{
+func (b *bench) backup(store *backupstore.Store, src *snapshotsource.Client, vol, name, baseSnap, baseBackup string) (int64, int64, error) {
+	res, err := snapshotsource.Backup(context.Background(), store, src, snapshotsource.BackupOptions{
 		Volume: vol, Name: name, Snapshot: b.snap, BaseSnapshot: baseSnap, BaseBackup: baseBackup, BlockSize: blockSize,
 	})
 	if err != nil {

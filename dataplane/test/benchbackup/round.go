@@ -14,14 +14,15 @@ import (
 
 // roundResult holds one round's measurements.
 type roundResult struct {
-	backup, backupControl, plainUp measure
-	restore, plainDown             measure
-	incContiguous, incScattered    measure
+	backup, backupControl, backupCRC, plainUp measure
+	restore, plainDown                        measure
+	incContiguous, incScattered               measure
 }
 
 func (r roundResult) summary() string {
-	return fmt.Sprintf("backup %v (control API %v) plain upload %v restore %v plain download %v incremental contiguous %v scattered %v",
-		r.backup.d.Round(time.Millisecond), r.backupControl.d.Round(time.Millisecond), r.plainUp.d.Round(time.Millisecond), r.restore.d.Round(time.Millisecond),
+	return fmt.Sprintf("backup %v (control API %v, CRC32C %v) plain upload %v restore %v plain download %v incremental contiguous %v scattered %v",
+		r.backup.d.Round(time.Millisecond), r.backupControl.d.Round(time.Millisecond), r.backupCRC.d.Round(time.Millisecond),
+		r.plainUp.d.Round(time.Millisecond), r.restore.d.Round(time.Millisecond),
 		r.plainDown.d.Round(time.Millisecond), r.incContiguous.d.Round(time.Millisecond), r.incScattered.d.Round(time.Millisecond))
 }
 
@@ -39,11 +40,14 @@ func (b *bench) round(r int) (roundResult, error) {
 	uploads := []step{
 		{&res.plainUp, func() (int64, int64, error) { return b.plainUpload(r) }},
 		{&res.backup, func() (int64, int64, error) {
-			return b.profiled(r, "backup", func() (int64, int64, error) { return b.backup(b.src, vol, "full", "", "") })
+			return b.profiled(r, "backup", func() (int64, int64, error) { return b.backup(b.store, b.src, vol, "full", "", "") })
 		}},
-		// Into a volume folder of its own: in the same one, every block
+		// Into volume folders of their own: in the same one, every block
 		// would be there already and nothing uploaded.
-		{&res.backupControl, func() (int64, int64, error) { return b.backup(b.srcControl, vol+"-control", "full", "", "") }},
+		{&res.backupControl, func() (int64, int64, error) {
+			return b.backup(b.store, b.srcControl, vol+"-control", "full", "", "")
+		}},
+		{&res.backupCRC, func() (int64, int64, error) { return b.backup(b.storeCRC, b.src, vol+"-crc32c", "full", "", "") }},
 	}
 	downloads := []step{
 		{&res.plainDown, func() (int64, int64, error) { return b.plainDownload(r, plain) }},
@@ -89,7 +93,7 @@ func (b *bench) incremental(res *roundResult, vol, full string) error {
 		if err := b.change(inc.contiguous); err != nil {
 			return err
 		}
-		m, err := b.timed(func() (int64, int64, error) { return b.backup(b.src, vol, inc.name, base, inc.on) })
+		m, err := b.timed(func() (int64, int64, error) { return b.backup(b.store, b.src, vol, inc.name, base, inc.on) })
 		if err != nil {
 			return err
 		}
@@ -120,8 +124,11 @@ func (b *bench) profiled(r int, what string, fn func() (int64, int64, error)) (i
 // directory (versitygw's posix backend keeps an object as a file at its
 // key), so the disk holds one round's data at a time.
 func (b *bench) clean(vol string, r int) error {
-	return errors.Join(os.RemoveAll(filepath.Join(b.s3root, "volumes", vol)), os.RemoveAll(filepath.Join(b.s3root, "volumes", vol+"-control")),
-		os.RemoveAll(filepath.Join(b.s3root, "plain", fmt.Sprint(r))))
+	var errs []error
+	for _, v := range []string{vol, vol + "-control", vol + "-crc32c"} {
+		errs = append(errs, os.RemoveAll(filepath.Join(b.s3root, "volumes", v)))
+	}
+	return errors.Join(append(errs, os.RemoveAll(filepath.Join(b.s3root, "plain", fmt.Sprint(r))))...)
 }
 
 const mib = float64(1 << 20)
@@ -161,6 +168,20 @@ func cpuCols(size int64, ms []measure) string {
 		c(func(x cpu) time.Duration { return x.replica }), c(func(x cpu) time.Duration { return x.s3 }))
 }
 
+// roundRatios lists each round's throughput ratio (the plain time over
+// Cairn's, both measured in that round) and their median: on a machine
+// whose load changes between rounds, the pairs are the fairer comparison.
+func roundRatios(cairn, plain []measure) string {
+	var out []string
+	var xs []float64
+	for i := range cairn {
+		x := plain[i].d.Seconds() / cairn[i].d.Seconds()
+		xs = append(xs, x)
+		out = append(out, fmt.Sprintf("%.2f", x))
+	}
+	return fmt.Sprintf("%s (median %.2f)", strings.Join(out, " "), sortedMedian(xs))
+}
+
 func printTable(w io.Writer, size int64, all []roundResult) {
 	fmt.Fprintf(w, "\nBackups of %s of random data (%d MiB), versitygw on 127.0.0.1, medians of %d interleaved rounds\n",
 		*sizeFlag, size>>20, len(all))
@@ -168,10 +189,12 @@ func printTable(w io.Writer, size int64, all []roundResult) {
 	fmt.Fprintf(w, "%-34s %10s %10s %7s %6s   %s\n", "", "cairn", "plain S3", "ratio", "goal", "CPU s/GiB cairn: bench / replica / versitygw; plain: bench / - / versitygw")
 	row := func(name string, cairn, plain []measure) {
 		c, p := mibps(size, cairn), mibps(size, plain)
-		fmt.Fprintf(w, "%-34s %10.1f %10.1f %6.2fx %6s   %s; %s\n", name, c, p, c/p, "0.80x", cpuCols(size, cairn), cpuCols(size, plain))
+		fmt.Fprintf(w, "%-34s %10.1f %10.1f %6.2fx %6s   %s; %s; ratio by round: %s\n", name, c, p, c/p, "0.80x",
+			cpuCols(size, cairn), cpuCols(size, plain), roundRatios(cairn, plain))
 	}
 	row("backup, full (MiB/s)", pick(all, func(r roundResult) measure { return r.backup }), pick(all, func(r roundResult) measure { return r.plainUp }))
 	row("  reading over the control API", pick(all, func(r roundResult) measure { return r.backupControl }), pick(all, func(r roundResult) measure { return r.plainUp }))
+	row("  with CRC32C puts, not Content-MD5", pick(all, func(r roundResult) measure { return r.backupCRC }), pick(all, func(r roundResult) measure { return r.plainUp }))
 	row("restore into a new file (MiB/s)", pick(all, func(r roundResult) measure { return r.restore }), pick(all, func(r roundResult) measure { return r.plainDown }))
 	full := medianOf(pick(all, func(r roundResult) measure { return r.backup }), func(m measure) float64 { return m.d.Seconds() })
 	fmt.Fprintf(w, "\n%-34s %9s %12s %10s %10s   %s\n", "incremental after changing 1 %", "time s", "of full's", "read MiB", "put MiB", "CPU s: bench / replica / versitygw")
