@@ -113,8 +113,11 @@ func (c *Client) openDataPort(ctx context.Context, snap string) (*dataconn.Clien
 	dctx, cancel := c.call(ctx)
 	defer cancel()
 	network, address := dataconn.SplitNetwork(addr)
+	// Requests and liveness pings get the control calls' bound: a
+	// backup on a loaded node waits for a slow replica rather than fail
+	// the attempt on the engine's 5 s ping bound.
 	dc, err := dataconn.Dial(dctx, network, address, dataconn.ClientOptions{
-		Conns: conns, Key: c.DataPort.Key, TLS: c.DataPort.TLS, RequestTimeout: timeout, Logger: c.DataPort.Logger,
+		Conns: conns, Key: c.DataPort.Key, TLS: c.DataPort.TLS, RequestTimeout: timeout, PingTimeout: timeout, Logger: c.DataPort.Logger,
 	})
 	if err != nil {
 		return nil, err

@@ -3,11 +3,19 @@ package snapshotsource
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"io"
-	"math/rand/v2"
+	"math/big"
+	mrand "math/rand/v2"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
@@ -32,13 +40,17 @@ type served struct {
 // serveReplica writes random data with holes into a replica, snapshots it
 // as s1, writes over part of it after (the head: not in the view), and
 // serves it with a data-port key.
-func serveReplica(t *testing.T) *served {
+func serveReplica(t *testing.T) *served { return serveReplicaTLS(t, nil) }
+
+// serveReplicaTLS is serveReplica with the data port served with TLS
+// (nil: without).
+func serveReplicaTLS(t *testing.T, dataTLS *tls.Config) *served {
 	t.Helper()
 	r, err := replica.Open(t.TempDir(), replica.Options{Size: testSize, ClearDelay: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rng := rand.New(rand.NewPCG(7, 8))
+	rng := mrand.New(mrand.NewPCG(7, 8))
 	view := make([]byte, testSize)
 	for _, w := range []struct{ off, n int64 }{{0, 3 << 20}, {4 << 20, 64 << 10}, {5<<20 + 8192, 4096}, {testSize - 1<<20, 1 << 20}} {
 		p := make([]byte, w.n)
@@ -58,7 +70,7 @@ func serveReplica(t *testing.T) *served {
 	}
 	data, ctl := listen(t), listen(t)
 	key := bytes.Repeat([]byte{0x42}, dataconn.KeySize)
-	run := replicaserver.Start(r, replicaserver.Options{Data: data, Control: ctl, Key: key, Logger: logr.Discard()})
+	run := replicaserver.Start(r, replicaserver.Options{Data: data, Control: ctl, Key: key, DataTLS: dataTLS, Logger: logr.Discard()})
 	t.Cleanup(func() { run.Kill() })
 	return &served{r: r, key: key, control: ctl.Addr().String(), snapshot: view}
 }
@@ -127,6 +139,64 @@ func TestReaderOverDataPort(t *testing.T) {
 	if used, err := c.DataPortInUse(); !used || err != nil {
 		t.Fatalf("data port in use: %v (%v), want true", used, err)
 	}
+}
+
+// TestReaderOverDataPortWithTLS: a data port served with mutual TLS and
+// the key is read with the client's certificate and the key, as the
+// engine connects; a client without TLS is refused by the port and reads
+// through the control API.
+func TestReaderOverDataPortWithTLS(t *testing.T) {
+	server, client := tlsPair(t)
+	s := serveReplicaTLS(t, server)
+	c := dial(t, s, &DataPort{Key: s.key, TLS: client})
+	readAll(t, s, c)
+	if used, err := c.DataPortInUse(); !used || err != nil {
+		t.Fatalf("data port in use: %v (%v), want true", used, err)
+	}
+	c = dial(t, s, &DataPort{Key: s.key})
+	readAll(t, s, c)
+	if used, err := c.DataPortInUse(); used || err == nil {
+		t.Fatalf("data port in use without TLS: %v (%v), want false with the reason", used, err)
+	}
+}
+
+// tlsPair makes a CA, a server configuration requiring client
+// certificates of it, and a client configuration with one.
+func tlsPair(t *testing.T) (server, client *tls.Config) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test ca"}, NotBefore: time.Now().Add(-time.Minute),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	issue := func(serial int64, name string) tls.Certificate {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
+			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	}
+	server = &tls.Config{Certificates: []tls.Certificate{issue(2, "replica")}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool, MinVersion: tls.VersionTLS13}
+	client = &tls.Config{Certificates: []tls.Certificate{issue(3, "backup")}, RootCAs: pool, ServerName: "replica", MinVersion: tls.VersionTLS13}
+	return server, client
 }
 
 // TestReaderFallsBackToControlAPI: a data port that does not serve
