@@ -312,7 +312,7 @@ func (job *restoreJob) write(ctx context.Context, run *restoreRun, m *backupstor
 	e, err := engine.Open(octx, engine.Options{Name: job.volume, Size: job.size, Replicas: addrs, Dial: replicaclient.Dialer(ropts), Logger: job.log})
 	cancel()
 	if err != nil {
-		return v1.VolumeReasonRestoreFailed, fmt.Errorf("connecting to the replicas: %w", err)
+		return v1.VolumeReasonRestoreFailed, fmt.Errorf("connecting to the replicas: %s%w", connectHint(err, job.opts), err)
 	}
 	defer e.Close()
 	verifyBytes := storedBytes(m) * int64(len(addrs))
@@ -336,6 +336,29 @@ func (job *restoreJob) write(ctx context.Context, run *restoreRun, m *backupstor
 	run.set(func(run *restoreRun) { run.phase, run.done = restoreVerifying, m.Size })
 	job.notify()
 	return job.verify(ctx, run, m, addrs, ropts, e.Epoch(), throttle)
+}
+
+// connectHint names the manager's own setting that a failed connection
+// to the replicas points at, "" when none. The replicas' addresses are
+// those they reported running, so their ports are open and a refusal is
+// about the manager's credentials:
+//   - a replica dials its data port first, then calls its control API; a
+//     control API that requires mutual TLS closes a connection without a
+//     client certificate of its CA, which gRPC reports as Unavailable
+//     (replicaclient.ErrNoControlAPI), not as a TLS error;
+//   - a replica whose data port requires TLS (instance managers with
+//     --data-tls) closes a plain connection at the key handshake, which
+//     the client sees as a malformed handshake.
+func connectHint(err error, opts RestoreOptions) string {
+	switch {
+	case errors.Is(err, replicaclient.ErrNoControlAPI) && opts.ControlTLS == nil:
+		return "the replicas' data ports answered and their control APIs closed the manager's plain connection, as control APIs that require mutual TLS do: run the manager with --instance-manager-tls (Cairn's CA) when the instance managers run with --tls-client-ca; "
+	case errors.Is(err, replicaclient.ErrNoControlAPI):
+		return "the replicas' data ports answered and their control APIs closed the manager's TLS connection, as they do when they do not accept its client certificate (Cairn's CA's: check the instance managers' --tls-client-ca file holds the bundle of the manager's serving Secret) or serve no TLS; "
+	case errors.Is(err, dataconn.ErrAuthMalformed) && opts.DataTLS == nil:
+		return "the replicas closed the plain data connection at the key handshake, as replicas whose data ports require TLS do: if the instance managers run with --data-tls, run the manager with --data-tls too; "
+	}
+	return ""
 }
 
 // verify reads every block the manifest lists back from each replica,
