@@ -33,7 +33,10 @@ func TestReadsGoWhereTheyAreCheapest(t *testing.T) {
 	e, _ := openWrapped(t, 2, func(addr string, r engine.Replica) engine.Replica {
 		s := &slowReads{Replica: r}
 		if len(wrapped) == 1 {
-			s.delay = 3 * time.Millisecond
+			// Far beyond what a loaded machine adds to a loopback read
+			// (3 ms was not: the fast replica's reads took 5 ms under a
+			// load of 20, and the pick rightly spread them).
+			s.delay = 20 * time.Millisecond
 		}
 		wrapped = append(wrapped, s)
 		return s
