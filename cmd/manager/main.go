@@ -95,7 +95,7 @@ func main() {
 		"When a volume's device is lost under its pods while it stays attached (an engine restart whose frontend could not keep the device), delete the pods on that node "+
 			"that use it and that a controller owns, so they come back with a fresh mount (an Event on the pod and the claim says why either way); false: the Events only.")
 	flag.BoolVar(&pki.dataTLS, "data-tls", false,
-		"The instance managers run with --data-tls (replicas serve their data ports with TLS): the manager's restores from backups, which write into a new volume's replicas, connect with TLS too.")
+		"The instance managers run with --data-tls (replicas serve their data ports with TLS): the manager's restores from backups, which write into a new volume's replicas, and its backups, which read a replica's data port, connect with TLS too.")
 	flag.StringVar(&dr.GuardImage, "drain-guard-image", "",
 		"Image of the per-node drain guard pods (it must run this binary with the argument drain-guard); empty: the manager's own image, read from its pod ($POD_NAME).")
 	zapOpts := zap.Options{}
@@ -230,7 +230,7 @@ func run(metricsOpts metricsserver.Options, probeAddr, uiAddr string, leaderElec
 		// Whether each BackupTarget is reachable and writable.
 		"BackupTarget": (&backuptarget.Reconciler{}).SetupWithManager,
 		// Backups, uploaded from a replica's snapshot by this process.
-		"Backup": (&backup.Reconciler{DialOptions: engineDial}).SetupWithManager,
+		"Backup": (&backup.Reconciler{DialOptions: engineDial, Keys: keys, DataTLS: vr.Restore.DataTLS}).SetupWithManager,
 		// Snapshots and Backups on a schedule, pruned to their retention.
 		"RecurringJob": (&recurringjob.Reconciler{Client: c}).SetupWithManager,
 	} {

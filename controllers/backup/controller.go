@@ -15,6 +15,7 @@ package backup
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/certs"
 	"github.com/cairn-io/cairn/dataplane/backupstore"
 )
 
@@ -84,6 +86,14 @@ type Reconciler struct {
 	// DialOptions for the replicas' control API; default: no transport
 	// security (loopback tests; a cluster gives mutual TLS credentials).
 	DialOptions []grpc.DialOption
+	// Keys are the volumes' data-connection keys and DataTLS the client
+	// TLS of the replicas' data ports (instance managers with
+	// --data-tls): a backup reads the snapshot over the replica's data
+	// port as the volume's engine connects to it, and over the control API
+	// where the port does not serve it. Nil: no key (replicas that take
+	// none, as in tests without Cairn's CA) and plain.
+	Keys    certs.VolumeKeys
+	DataTLS *tls.Config
 	// StoreOptions tune the backup store (call timeout, lease duration).
 	StoreOptions backupstore.Options
 	// StallTimeout: an upload that reads nothing for this long is

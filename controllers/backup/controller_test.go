@@ -9,10 +9,12 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
@@ -208,10 +210,20 @@ func (r *rig) until(rec *Reconciler, name string, want v1.BackupState) *v1.Backu
 func TestBackupLifecycle(t *testing.T) {
 	r := newRig(t, "vol-life")
 	rec, _ := r.reconciler()
+	var logMu sync.Mutex
+	var logged strings.Builder
+	rec.Log = funcr.New(func(prefix, args string) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		logged.WriteString(args + "\n")
+	}, funcr.Options{})
 
 	r.write(0, 4*mib)
 	r.backup("b1", r.target)
 	b1 := r.until(rec, "b1", v1.BackupStateCompleted)
+	logMu.Lock()
+	r.g.Expect(logged.String()).To(ContainSubstring(`"read"="over the data port"`), "the snapshot is read over the replica's data port")
+	logMu.Unlock()
 	r.g.Expect(b1.Status.BackupName).To(Equal("b1"))
 	r.g.Expect(b1.Status.Parent).To(BeEmpty())
 	r.g.Expect(b1.Status.BytesTotal).To(Equal(int64(4*mib)), "a full backup reads the written blocks only")

@@ -24,6 +24,8 @@ type job struct {
 	volume, name         string // the backup's folder and name on the target
 	snapshot             string
 	replica, replicaAddr string
+	// replicaData is the replica's data address ("": the one it reports).
+	replicaData          string
 	volumeUID, backupUID string
 	keyCheck             string // the volume's spec.encryption.keyCheck, "" when not encrypted
 	target               backuptarget.Config
@@ -64,7 +66,7 @@ func (r *Reconciler) prepare(ctx context.Context, b *v1.Backup) (*job, ctrl.Resu
 	if !ok || err != nil {
 		return nil, ctrl.Result{}, err
 	}
-	name, addr, why, err := r.pickReplica(ctx, vol)
+	name, addr, data, why, err := r.pickReplica(ctx, vol)
 	if err != nil {
 		return nil, ctrl.Result{}, err
 	}
@@ -73,7 +75,7 @@ func (r *Reconciler) prepare(ctx context.Context, b *v1.Backup) (*job, ctrl.Resu
 		return nil, ctrl.Result{}, nil // the Engine's changes bring us back
 	}
 	return &job{key: client.ObjectKeyFromObject(b), volume: vol.Name, name: b.Name, snapshot: snap,
-		replica: name, replicaAddr: addr, volumeUID: string(vol.UID), backupUID: string(b.UID), keyCheck: keyCheckOf(vol), target: cfg,
+		replica: name, replicaAddr: addr, replicaData: data, volumeUID: string(vol.UID), backupUID: string(b.UID), keyCheck: keyCheckOf(vol), target: cfg,
 		full: b.Spec.Mode == v1.BackupModeFull, maxIncremental: maxIncremental}, ctrl.Result{}, nil
 }
 
@@ -161,13 +163,13 @@ func (r *Reconciler) snapshot(ctx context.Context, b *v1.Backup, vol *v1.Volume)
 // every snapshot), whose process runs and reports its control address.
 // It reads from whichever such replica there is, so a restarted instance
 // manager or a lost node only changes which one.
-func (r *Reconciler) pickReplica(ctx context.Context, vol *v1.Volume) (name, addr, why string, err error) {
+func (r *Reconciler) pickReplica(ctx context.Context, vol *v1.Volume) (name, addr, data, why string, err error) {
 	e := &v1.Engine{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: vol.Namespace, Name: volumes.EngineName(vol)}, e); err != nil {
 		if apierrors.IsNotFound(err) {
-			return "", "", fmt.Sprintf("waiting for volume %s's engine: the backup reads from a replica the engine holds RW", vol.Name), nil
+			return "", "", "", fmt.Sprintf("waiting for volume %s's engine: the backup reads from a replica the engine holds RW", vol.Name), nil
 		}
-		return "", "", "", err
+		return "", "", "", "", err
 	}
 	var rw []string
 	for n, m := range e.Status.ReplicaModeMap {
@@ -182,13 +184,13 @@ func (r *Reconciler) pickReplica(ctx context.Context, vol *v1.Volume) (name, add
 			if apierrors.IsNotFound(err) {
 				continue
 			}
-			return "", "", "", err
+			return "", "", "", "", err
 		}
 		if rep.Status.InstanceState == v1.InstanceStateRunning && rep.Status.ControlAddress != "" && rep.DeletionTimestamp.IsZero() {
-			return n, rep.Status.ControlAddress, "", nil
+			return n, rep.Status.ControlAddress, rep.Status.Address, "", nil
 		}
 	}
-	return "", "", fmt.Sprintf("waiting for a running replica of volume %s that its engine holds RW (it holds %v RW); for a detached volume they are started for the backup", vol.Name, rw), nil
+	return "", "", "", fmt.Sprintf("waiting for a running replica of volume %s that its engine holds RW (it holds %v RW); for a detached volume they are started for the backup", vol.Name, rw), nil
 }
 
 func setState(b *v1.Backup, st v1.BackupState, reason, msg string) {

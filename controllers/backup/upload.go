@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/resource"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -58,6 +59,9 @@ func (r *Reconciler) upload(ctx context.Context, j *job) (*backupstore.BackupRes
 		return nil, err
 	}
 	defer rc.Close()
+	if rc.DataPort, err = r.dataPort(j, log); err != nil {
+		return nil, err
+	}
 	opts := snapshotsource.BackupOptions{Volume: j.volume, Name: j.name, Snapshot: j.snapshot,
 		Labels: map[string]string{LabelVolumeUID: j.volumeUID, LabelBackupUID: j.backupUID, LabelBackup: j.key.String(), v1.BackupLabelKeyCheck: j.keyCheck}}
 	if opts.BaseSnapshot, opts.BaseBackup, err = r.parent(ctx, store, rc, j); err != nil {
@@ -71,10 +75,29 @@ func (r *Reconciler) upload(ctx context.Context, j *job) (*backupstore.BackupRes
 	rc.OnReply = w.touch
 	log.Info("backup upload starting", "parent", opts.BaseBackup)
 	res, err := snapshotsource.Backup(ctx, store, rc, opts)
+	if inUse, why := rc.DataPortInUse(); inUse {
+		log.Info("backup upload ended", "read", "over the data port")
+	} else if why != nil {
+		log.Info("backup upload ended", "read", "over the control API: the data port did not serve it", "reason", why.Error())
+	}
 	if err != nil && errors.Is(context.Cause(ctx), errStalled) {
 		err = fmt.Errorf("%w for %v: %w", errStalled, r.stallTimeout(), err)
 	}
 	return res, err
+}
+
+// dataPort is how the upload reaches the replica's data port: with the
+// volume's key and the data ports' TLS, as the volume's engine.
+func (r *Reconciler) dataPort(j *job, log logr.Logger) (*snapshotsource.DataPort, error) {
+	var key []byte
+	if r.Keys != nil {
+		k, err := r.Keys.VolumeKey(j.key.Namespace, j.volume)
+		if err != nil {
+			return nil, err
+		}
+		key = k
+	}
+	return &snapshotsource.DataPort{Address: j.replicaData, Key: key, TLS: r.DataTLS, Logger: log}, nil
 }
 
 // existing returns the result of a backup of this name already on the
