@@ -46,7 +46,7 @@ func failed(reason, format string, args ...any) *result {
 // other failure to read one is an error (retried).
 func (r *Reconciler) s3Config(ctx context.Context, spec *v1.S3BackupTarget) (backupstore.S3Config, *result, error) {
 	cfg := backupstore.S3Config{Endpoint: spec.Endpoint, Bucket: spec.Bucket, Prefix: spec.Prefix,
-		Region: spec.Region, PathStyle: spec.PathStyle}
+		Region: spec.Region, PathStyle: spec.PathStyle, Checksum: backupstore.S3Checksum(spec.Checksum)}
 	res, err := r.credentials(ctx, spec.CredentialsSecret, &cfg)
 	if res != nil || err != nil {
 		return cfg, res, err

@@ -57,6 +57,7 @@ func TestSchemaRejects(t *testing.T) {
 		{"NFS port out of range", func() v1.BackupTargetSpec {
 			return v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{Server: "10.0.0.5", Path: "/exports", Port: 70000}}
 		}, "spec.nfs.port"},
+		{"unknown S3 checksum", func() v1.BackupTargetSpec { s := valid(); s.S3.Checksum = "SHA1"; return s }, "spec.s3.checksum"},
 		{"NFS uid negative", func() v1.BackupTargetSpec {
 			return v1.BackupTargetSpec{NFS: &v1.NFSBackupTarget{Server: "10.0.0.5", Path: "/exports", UID: -1}}
 		}, "spec.nfs.uid"},
@@ -145,5 +146,22 @@ func TestTargetConfigNFS(t *testing.T) {
 	want := backupstore.NFSConfig{Server: "fd00::5", Export: "/exports", Prefix: "c1", NFSPort: 2049, MountPort: 20048, UID: 1234, GID: 5678}
 	if cfg.NFS == nil || *cfg.NFS != want {
 		t.Fatalf("NFS config %+v, want %+v", cfg.NFS, want)
+	}
+}
+
+// TestTargetConfigS3Checksum: spec.s3.checksum reaches the store's
+// configuration; unset, the store's default (MD5) applies.
+func TestTargetConfigS3Checksum(t *testing.T) {
+	for _, c := range []v1.S3Checksum{"", v1.S3ChecksumMD5, v1.S3ChecksumCRC32C} {
+		spec := s3Target("x", "https://s3.example.com", bucket, "creds").Spec
+		spec.S3.Checksum = c
+		spec.S3.CredentialsSecret = v1.SecretReference{Name: "missing-creds", Namespace: "default"}
+		cfg, _, _, err := TargetConfig(context.Background(), k8sClient, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.S3 == nil || cfg.S3.Checksum != backupstore.S3Checksum(c) {
+			t.Fatalf("checksum %q: config %+v", c, cfg.S3)
+		}
 	}
 }
