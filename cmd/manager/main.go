@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -103,12 +104,8 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 
-	if vr.ReplenishmentWait <= 0 || vr.ConcurrentRebuildLimit <= 0 || vr.OverProvisioningPercent <= 0 {
-		fmt.Fprintln(os.Stderr, "cairn-manager: --replenishment-wait, --concurrent-rebuild-limit and --over-provisioning-percent must be positive")
-		os.Exit(2)
-	}
-	if pki.validity < 3*time.Hour {
-		fmt.Fprintln(os.Stderr, "cairn-manager: --certificate-validity must be at least 3h (certificates are renewed with a third of it left; kubelet takes up to a few minutes to hand renewed files to the instance managers)")
+	if err := checkFlags(&vr, pki); err != nil {
+		fmt.Fprintln(os.Stderr, "cairn-manager:", err)
 		os.Exit(2)
 	}
 	metricsOpts := metricsserver.Options{BindAddress: metricsAddr}
@@ -154,6 +151,20 @@ type pkiFlags struct {
 	validity                time.Duration
 	// dataTLS: the instance managers serve replicas' data ports with TLS.
 	dataTLS bool
+}
+
+// checkFlags refuses flag values the manager cannot run with.
+func checkFlags(vr *volume.Reconciler, pki pkiFlags) error {
+	if vr.ReplenishmentWait <= 0 || vr.ConcurrentRebuildLimit <= 0 || vr.OverProvisioningPercent <= 0 {
+		return errors.New("--replenishment-wait, --concurrent-rebuild-limit and --over-provisioning-percent must be positive")
+	}
+	if pki.validity < 3*time.Hour {
+		return errors.New("--certificate-validity must be at least 3h (certificates are renewed with a third of it left; kubelet takes up to a few minutes to hand renewed files to the instance managers)")
+	}
+	if pki.dataTLS && !pki.enabled {
+		return errors.New("--data-tls needs --instance-manager-tls: the client certificate the manager shows the replicas' data ports (backups and restores) is issued by Cairn's CA")
+	}
+	return nil
 }
 
 func envOr(key, def string) string {
