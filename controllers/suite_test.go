@@ -6,14 +6,17 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	storagev1alpha1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // The schema suite runs against a real kube-apiserver and etcd started by
@@ -21,6 +24,7 @@ import (
 var (
 	testEnv   *envtest.Environment
 	k8sClient client.Client
+	restCfg   *rest.Config
 	ctx       = context.Background()
 )
 
@@ -49,6 +53,9 @@ func runSuite(m *testing.M) int {
 		CRDDirectoryPaths:     []string{filepath.Join("..", "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme,
+		// A loaded machine starts kube-apiserver in more than envtest's
+		// default minute.
+		ControlPlaneStartTimeout: deadline.Scale(3 * time.Minute),
 	}
 	cfg, err := testEnv.Start()
 	if err != nil {
@@ -60,6 +67,7 @@ func runSuite(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, "controllers: stop envtest:", err)
 		}
 	}()
+	restCfg = cfg
 	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "controllers: create client:", err)

@@ -201,12 +201,12 @@ func pendingTrims(v *v1.Volume) map[string]string {
 // written, the request is still there on restart and the volume is
 // trimmed again, which discards nothing more.
 func (t *trimmer) answer(ctx context.Context, name string) error {
+	key := client.ObjectKey{Namespace: t.node.ns, Name: name}
 	v := &v1.Volume{}
-	if err := t.node.c.Get(ctx, client.ObjectKey{Namespace: t.node.ns, Name: name}, v); err != nil {
+	if err := t.node.c.Get(ctx, key, v); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	reqs := pendingTrims(v)
-	if !attachedHere(v, t.node.nodeID) || len(reqs) == 0 {
+	if !attachedHere(v, t.node.nodeID) || len(pendingTrims(v)) == 0 {
 		return nil
 	}
 	unlock, err := t.node.locks.lock("volume " + name)
@@ -214,6 +214,15 @@ func (t *trimmer) answer(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
+	// Read again under the lock: a stage or unstage that held it may
+	// have changed where the volume is and what its device is.
+	if err := t.node.c.Get(ctx, key, v); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	reqs := pendingTrims(v)
+	if !attachedHere(v, t.node.nodeID) || len(reqs) == 0 {
+		return nil
+	}
 	res := t.node.trim(v)
 	t.log.Info("trim", "volume", name, "outcome", res.Outcome, "bytes", res.Bytes, "message", res.Message)
 	before := v.DeepCopy()

@@ -3,9 +3,11 @@ package recurringjob
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -124,8 +126,10 @@ func (r *Reconciler) requestTrims(ctx context.Context, job *v1.RecurringJob, vol
 		v.Annotations[v1.FilesystemTrimRequestAnnotation(job.Name)] = id
 		// A merge patch of this one annotation: the Volume's other
 		// writers are left alone.
-		if err := r.Client.Patch(ctx, v, client.MergeFrom(before)); err != nil {
-			return fmt.Errorf("request a trim of volume %s: %w", v.Name, client.IgnoreNotFound(err))
+		if err := r.Client.Patch(ctx, v, client.MergeFrom(before)); apierrors.IsNotFound(err) {
+			continue // deleted since it was listed: nothing to trim
+		} else if err != nil {
+			return fmt.Errorf("request a trim of volume %s: %w", v.Name, err)
 		}
 		states[i].phase = trimPending
 		pending++
@@ -156,7 +160,8 @@ func trimRunResult(job *v1.RecurringJob, run time.Time, states []trimState) *v1.
 			switch st.result.Outcome {
 			case v1.FilesystemTrimTrimmed:
 				res.Succeeded++
-				res.TrimmedBytes += st.result.Bytes
+				// Saturating: the byte counts come from annotations.
+				res.TrimmedBytes += min(st.result.Bytes, math.MaxInt64-res.TrimmedBytes)
 			case v1.FilesystemTrimSkipped:
 				res.Skipped++
 				skipped = append(skipped, cause(st))
