@@ -59,9 +59,7 @@ func (r *Reconciler) upload(ctx context.Context, j *job) (*backupstore.BackupRes
 		return nil, err
 	}
 	defer rc.Close()
-	if rc.DataPort, err = r.dataPort(j, log); err != nil {
-		return nil, err
-	}
+	rc.DataPort = r.dataPort(j, log)
 	opts := snapshotsource.BackupOptions{Volume: j.volume, Name: j.name, Snapshot: j.snapshot,
 		Labels: map[string]string{LabelVolumeUID: j.volumeUID, LabelBackupUID: j.backupUID, LabelBackup: j.key.String(), v1.BackupLabelKeyCheck: j.keyCheck}}
 	if opts.BaseSnapshot, opts.BaseBackup, err = r.parent(ctx, store, rc, j); err != nil {
@@ -87,17 +85,20 @@ func (r *Reconciler) upload(ctx context.Context, j *job) (*backupstore.BackupRes
 }
 
 // dataPort is how the upload reaches the replica's data port: with the
-// volume's key and the data ports' TLS, as the volume's engine.
-func (r *Reconciler) dataPort(j *job, log logr.Logger) (*snapshotsource.DataPort, error) {
+// volume's key and the data ports' TLS, as the volume's engine. Nil (the
+// control API only) when the key cannot be had: the control API needs
+// none.
+func (r *Reconciler) dataPort(j *job, log logr.Logger) *snapshotsource.DataPort {
 	var key []byte
 	if r.Keys != nil {
 		k, err := r.Keys.VolumeKey(j.key.Namespace, j.volume)
 		if err != nil {
-			return nil, err
+			log.Info("the snapshot is read over the replica's control API: no data-connection key for the volume", "reason", err.Error())
+			return nil
 		}
 		key = k
 	}
-	return &snapshotsource.DataPort{Address: j.replicaData, Key: key, TLS: r.DataTLS, Logger: log}, nil
+	return &snapshotsource.DataPort{Address: j.replicaData, Key: key, TLS: r.DataTLS, Logger: log}
 }
 
 // existing returns the result of a backup of this name already on the

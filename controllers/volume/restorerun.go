@@ -201,8 +201,8 @@ func (rs *restoreRuns) start(uid types.UID, job restoreJob) *restoreRun {
 	rs.runs[uid] = run
 	rs.mu.Unlock()
 	go func() {
+		defer backuptarget.CloseTarget(job.target) // last: after cancel stopped the run's calls
 		defer cancel()
-		defer backuptarget.CloseTarget(job.target)
 		reason, err := job.run(ctx, run)
 		run.set(func(run *restoreRun) {
 			run.phase, run.err, run.reason, run.ended = restoreDone, err, reason, time.Now()

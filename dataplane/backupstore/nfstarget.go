@@ -59,6 +59,8 @@ type NFSTarget struct {
 
 	mu   sync.Mutex
 	sess *nfsSession
+	// closed: Close was called; no new session is made.
+	closed bool
 }
 
 // nfsSession is one mount of the export: the handle of the target's
@@ -125,10 +127,12 @@ func splitKey(key string) ([]string, string, error) {
 }
 
 // Close closes the target's connections: the idle ones at once, those of
-// calls still running when they end. A later call connects again.
+// calls still running when they end (a call still connecting closes its
+// own). Calls after it fail with ErrTargetClosed.
 func (t *NFSTarget) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.closed = true
 	if t.sess != nil {
 		t.sess.pool.close()
 		t.sess = nil
@@ -136,11 +140,17 @@ func (t *NFSTarget) Close() error {
 	return nil
 }
 
+// ErrTargetClosed is what a call on a closed NFS target fails with.
+var ErrTargetClosed = errors.New("NFS target: closed")
+
 // session returns the current mount, mounting the export if needed.
 func (t *NFSTarget) session(ctx context.Context) (*nfsSession, error) {
 	t.mu.Lock()
-	s := t.sess
+	s, closed := t.sess, t.closed
 	t.mu.Unlock()
+	if closed {
+		return nil, ErrTargetClosed
+	}
 	if s != nil {
 		return s, nil
 	}
@@ -150,7 +160,11 @@ func (t *NFSTarget) session(ctx context.Context) (*nfsSession, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.sess != nil { // another call connected meanwhile
+	switch {
+	case t.closed: // closed while connecting: this call's connections close when it ends
+		s.pool.close()
+		return s, nil
+	case t.sess != nil: // another call connected meanwhile
 		s.pool.close()
 		return t.sess, nil
 	}

@@ -401,7 +401,7 @@ func TestNFSTargetListsManyObjects(t *testing.T) {
 
 // TestNFSTargetCloseLeavesNoConnection: Close while calls run closes
 // every connection, those of the running calls once they end; the server
-// ends up holding none.
+// ends up holding none, and calls after Close fail with ErrTargetClosed.
 func TestNFSTargetCloseLeavesNoConnection(t *testing.T) {
 	// With the collector off, an unclosed connection stays open on the
 	// server (collected, a finalizer would close its descriptor).
@@ -416,31 +416,29 @@ func TestNFSTargetCloseLeavesNoConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	big := bytes.Repeat([]byte{7}, 2<<20) // several WRITEs: the calls are still running when Close comes
+	big := bytes.Repeat([]byte{7}, 8<<20) // many WRITEs: the calls are still running when Close comes
 	var wg sync.WaitGroup
-	started := make(chan struct{}, 4)
 	for i := range 4 {
-		wg.Go(func() {
-			started <- struct{}{}
-			_ = tg.Put(ctx, fmt.Sprintf("volumes/v/blocks/%d", i), big)
-		})
+		wg.Go(func() { _ = tg.Put(ctx, fmt.Sprintf("volumes/v/blocks/%d", i), big) })
 	}
-	for range 4 {
-		<-started
+	waitConns := func(done func(int) bool, what string) {
+		t.Helper()
+		dl := time.Now().Add(deadline.Scale(30 * time.Second))
+		for n := srv.OpenConns(); !done(n); n = srv.OpenConns() {
+			if time.Now().After(dl) {
+				t.Fatalf("the server holds %d connections: want %s", n, what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
+	waitConns(func(n int) bool { return n > 0 }, "some, the calls running")
 	if err := tg.Close(); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
-	if err := tg.Close(); err != nil { // a Put that mounted again after the first Close
-		t.Fatal(err)
-	}
-	dl := time.Now().Add(deadline.Scale(30 * time.Second))
-	for srv.OpenConns() != 0 {
-		if time.Now().After(dl) {
-			t.Fatalf("the server holds %d connections after Close", srv.OpenConns())
-		}
-		time.Sleep(20 * time.Millisecond)
+	waitConns(func(n int) bool { return n == 0 }, "none after Close")
+	if err := tg.Put(ctx, "volumes/v/after", []byte("x")); !errors.Is(err, ErrTargetClosed) {
+		t.Fatalf("Put after Close: %v, want ErrTargetClosed", err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -42,7 +43,16 @@ type DataPort struct {
 	Conns int
 	// Logger is told when reads fall back to SnapshotRead, and why.
 	Logger logr.Logger
+	// CheckTimeout bounds the dial and the first read that decide
+	// whether the port is used (default DefaultDataPortCheck): a port
+	// that drops packets (a network policy that lets the control port
+	// through and not this one) falls back soon, not after the calls'
+	// own timeout, which a caller's stall watch may be shorter than.
+	CheckTimeout time.Duration
 }
+
+// DefaultDataPortCheck is DataPort.CheckTimeout's default.
+const DefaultDataPortCheck = 15 * time.Second
 
 // dataReadMax bounds one snapshot read on the data port: the payload
 // bound both ends of a data port keep by default.
@@ -110,7 +120,11 @@ func (c *Client) openDataPort(ctx context.Context, snap string) (*dataconn.Clien
 	if conns <= 0 {
 		conns = 2
 	}
-	dctx, cancel := c.call(ctx)
+	check := c.DataPort.CheckTimeout
+	if check <= 0 {
+		check = DefaultDataPortCheck
+	}
+	dctx, cancel := context.WithTimeout(ctx, check)
 	defer cancel()
 	network, address := dataconn.SplitNetwork(addr)
 	// Requests and liveness pings get the control calls' bound: a
@@ -122,10 +136,11 @@ func (c *Client) openDataPort(ctx context.Context, snap string) (*dataconn.Clien
 	if err != nil {
 		return nil, err
 	}
-	if err := dc.ReadSnapshotAt(ctx, make([]byte, replica.BlockSize), snap, 0); err != nil {
+	if err := dc.ReadSnapshotAt(dctx, make([]byte, replica.BlockSize), snap, 0); err != nil {
 		_ = dc.Close() // always nil
 		return nil, fmt.Errorf("data port %s: snapshot read: %w", addr, err)
 	}
+	c.replied()
 	return dc, nil
 }
 

@@ -253,6 +253,27 @@ func TestReaderFallsBackToControlAPI(t *testing.T) {
 			t.Fatalf("data port in use: %v (%v), want false because the connection was closed", used, err)
 		}
 	})
+	t.Run("data port that never answers", func(t *testing.T) {
+		// Accepts and reads, never writes: as a port whose replies a
+		// network drops. The check gives up after CheckTimeout, not
+		// after the calls' own timeout (2 minutes).
+		l := listen(t)
+		go func() {
+			for {
+				nc, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go func() { _, _ = io.Copy(io.Discard, nc); nc.Close() }()
+			}
+		}()
+		t.Cleanup(func() { l.Close() })
+		c := dial(t, s, &DataPort{Address: l.Addr().String(), CheckTimeout: 300 * time.Millisecond})
+		readAll(t, s, c)
+		if used, err := c.DataPortInUse(); used || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("data port in use: %v (%v), want false after the check's timeout", used, err)
+		}
+	})
 }
 
 // withoutSnapshotReads hides a backend's snapshot reads.

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -25,6 +26,7 @@ import (
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
 	"github.com/cairn-io/cairn/controllers/imclient"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // Env is a running test environment.
@@ -70,7 +72,10 @@ func Start(setup func(mgr ctrl.Manager, pool *imclient.Pool) error, onChange fun
 	}
 	_, file, _, _ := goruntime.Caller(0)
 	crds := filepath.Join(filepath.Dir(file), "..", "..", "..", "config", "crd", "bases")
-	env := &envtest.Environment{CRDDirectoryPaths: []string{crds}, ErrorIfCRDPathMissing: true, Scheme: scheme}
+	// A loaded machine (load average 50 was seen) starts kube-apiserver in
+	// more than envtest's default minute.
+	env := &envtest.Environment{CRDDirectoryPaths: []string{crds}, ErrorIfCRDPathMissing: true, Scheme: scheme,
+		ControlPlaneStartTimeout: deadline.Scale(3 * time.Minute), ControlPlaneStopTimeout: deadline.Scale(time.Minute)}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("start envtest: %w", err)
