@@ -26,7 +26,7 @@ KUBECTL ?= kubectl
 LOCALBIN ?= $(CURDIR)/bin
 CAIRN_CACHE ?= $(HOME)/.cache/cairn
 GO ?= go
-GOTESTFLAGS ?= -race -count=1 -timeout 30m
+GOTESTFLAGS ?= -race -count=1 -timeout 45m
 
 ## Tool versions (pinned).
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
