@@ -39,7 +39,11 @@ func closedPort(t *testing.T) string {
 // and ErrReplicasMissing.
 func TestOpenErrorKeepsCauses(t *testing.T) {
 	open := func(addr string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(2*time.Second))
+		// Open waits for the missing replica until this deadline: long
+		// enough for the live data port's dial to complete on a loaded
+		// machine (2 s was not, at a load of 50), so that the cause left is
+		// the control API's.
+		ctx, cancel := context.WithTimeout(context.Background(), deadline.Scale(10*time.Second))
 		defer cancel()
 		_, err := engine.Open(ctx, engine.Options{Replicas: []string{addr}, Dial: dialer(), WaitInterval: 100 * time.Millisecond})
 		return err
