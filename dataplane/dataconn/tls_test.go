@@ -3,76 +3,21 @@ package dataconn
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"net"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/testpki"
 )
-
-// testCA is a CA that issues certificates for the TLS tests.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
-
-func newTestCA(t testing.TB) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test ca"}, NotBefore: time.Now().Add(-time.Minute),
-		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
-}
-
-// issue makes a certificate for server and client use, named name.
-func (ca *testCA) issue(t testing.TB, name string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
-// tlsPair is a server configuration requiring client certificates of ca,
-// and a client configuration with one.
-func tlsPair(t testing.TB, ca *testCA) (server, client *tls.Config) {
-	server = &tls.Config{Certificates: []tls.Certificate{ca.issue(t, "replica")}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.pool, MinVersion: tls.VersionTLS13}
-	client = &tls.Config{Certificates: []tls.Certificate{ca.issue(t, "engine")}, RootCAs: ca.pool, ServerName: "replica", MinVersion: tls.VersionTLS13}
-	return server, client
-}
 
 // TestTLS: a server with TLS and a key serves a client with both, and the
 // bytes on the wire are not the data; a client without TLS, one without a
 // certificate, one with another CA's, and one with TLS but not the key are
 // refused, and the backend is unchanged.
 func TestTLS(t *testing.T) {
-	ca := newTestCA(t)
-	serverTLS, clientTLS := tlsPair(t, ca)
+	ca := testpki.New(t)
+	serverTLS, clientTLS := ca.Pair(t, "engine")
 	key := testKey(t)
 	addr, b := authServer(t, key, ServerOptions{HandshakeTimeout: 2 * time.Second, TLS: serverTLS})
 	seed := bytes.Repeat([]byte{0xa5}, 1<<20)
@@ -99,9 +44,9 @@ func TestTLS(t *testing.T) {
 	}
 	copy(seed[8192:], data)
 
-	other := newTestCA(t)
-	_, otherTLS := tlsPair(t, other)
-	otherTLS.RootCAs = ca.pool // trusts the server; its own certificate is another CA's
+	other := testpki.New(t)
+	_, otherTLS := other.Pair(t, "engine")
+	otherTLS.RootCAs = ca.Pool // trusts the server; its own certificate is another CA's
 	noCert := clientTLS.Clone()
 	noCert.Certificates = nil
 	for name, opts := range map[string]ClientOptions{

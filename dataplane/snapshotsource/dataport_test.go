@@ -3,15 +3,9 @@ package snapshotsource
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"io"
-	"math/big"
 	mrand "math/rand/v2"
 	"net"
 	"testing"
@@ -24,6 +18,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/dataconn"
 	"github.com/cairn-io/cairn/dataplane/replica"
 	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
+	"github.com/cairn-io/cairn/dataplane/testutil/testpki"
 )
 
 const testSize = 8 << 20
@@ -146,7 +141,7 @@ func TestReaderOverDataPort(t *testing.T) {
 // engine connects; a client without TLS is refused by the port and reads
 // through the control API.
 func TestReaderOverDataPortWithTLS(t *testing.T) {
-	server, client := tlsPair(t)
+	server, client := testpki.New(t).Pair(t, "backup")
 	s := serveReplicaTLS(t, server)
 	c := dial(t, s, &DataPort{Key: s.key, TLS: client})
 	readAll(t, s, c)
@@ -158,45 +153,6 @@ func TestReaderOverDataPortWithTLS(t *testing.T) {
 	if used, err := c.DataPortInUse(); used || err == nil {
 		t.Fatalf("data port in use without TLS: %v (%v), want false with the reason", used, err)
 	}
-}
-
-// tlsPair makes a CA, a server configuration requiring client
-// certificates of it, and a client configuration with one.
-func tlsPair(t *testing.T) (server, client *tls.Config) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test ca"}, NotBefore: time.Now().Add(-time.Minute),
-		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	issue := func(serial int64, name string) tls.Certificate {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
-			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-	}
-	server = &tls.Config{Certificates: []tls.Certificate{issue(2, "replica")}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool, MinVersion: tls.VersionTLS13}
-	client = &tls.Config{Certificates: []tls.Certificate{issue(3, "backup")}, RootCAs: pool, ServerName: "replica", MinVersion: tls.VersionTLS13}
-	return server, client
 }
 
 // TestReaderFallsBackToControlAPI: a data port that does not serve
@@ -232,22 +188,11 @@ func TestReaderFallsBackToControlAPI(t *testing.T) {
 	t.Run("replica from before snapshot reads", func(t *testing.T) {
 		// What a server from before the op does with it: the decoder
 		// rejects the unknown op and the server closes the connection.
-		l := listen(t)
-		go func() {
-			for {
-				nc, err := l.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					var hb [dataconn.HeaderSize]byte
-					_, _ = io.ReadFull(nc, hb[:]) // the snapshot read's header, or the peer went
-					nc.Close()
-				}()
-			}
-		}()
-		t.Cleanup(func() { l.Close() })
-		c := dial(t, s, &DataPort{Address: l.Addr().String()})
+		addr := serveConns(t, func(nc net.Conn) {
+			var hb [dataconn.HeaderSize]byte
+			_, _ = io.ReadFull(nc, hb[:]) // the snapshot read's header, or the peer went
+		})
+		c := dial(t, s, &DataPort{Address: addr})
 		readAll(t, s, c)
 		if used, err := c.DataPortInUse(); used || !errors.Is(err, dataconn.ErrConnectionLost) {
 			t.Fatalf("data port in use: %v (%v), want false because the connection was closed", used, err)
@@ -257,23 +202,34 @@ func TestReaderFallsBackToControlAPI(t *testing.T) {
 		// Accepts and reads, never writes: as a port whose replies a
 		// network drops. The check gives up after CheckTimeout, not
 		// after the calls' own timeout (2 minutes).
-		l := listen(t)
-		go func() {
-			for {
-				nc, err := l.Accept()
-				if err != nil {
-					return
-				}
-				go func() { _, _ = io.Copy(io.Discard, nc); nc.Close() }()
-			}
-		}()
-		t.Cleanup(func() { l.Close() })
-		c := dial(t, s, &DataPort{Address: l.Addr().String(), CheckTimeout: 300 * time.Millisecond})
+		addr := serveConns(t, func(nc net.Conn) { _, _ = io.Copy(io.Discard, nc) })
+		c := dial(t, s, &DataPort{Address: addr, CheckTimeout: 300 * time.Millisecond})
 		readAll(t, s, c)
 		if used, err := c.DataPortInUse(); used || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("data port in use: %v (%v), want false after the check's timeout", used, err)
 		}
 	})
+}
+
+// serveConns accepts connections on loopback until the test ends,
+// handing each to handle and closing it after: a stand-in for a data
+// port that misbehaves. It returns the address.
+func serveConns(t *testing.T, handle func(net.Conn)) string {
+	l := listen(t)
+	go func() {
+		for {
+			nc, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				handle(nc)
+			}()
+		}
+	}()
+	t.Cleanup(func() { l.Close() })
+	return l.Addr().String()
 }
 
 // withoutSnapshotReads hides a backend's snapshot reads.
