@@ -308,10 +308,22 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		e.closeAll()
 		return nil, err
 	}
-	// The first watcher may fail its replica and bump the epoch at once:
-	// from here on, members' modes and the epoch are read under e.mu.
+	epoch, rw := e.startWatching()
+	if opts.IdleFlush > 0 {
+		e.bg.Add(1) // not closed yet: nobody else has the engine
+		go e.flushWhenIdle(opts.IdleFlush)
+	}
+	e.log.Info("engine opened", "size", size, "epoch", epoch, "rw", rw, "wanted", e.wanted, "encrypted", e.crypt != nil)
+	return e, nil
+}
+
+// startWatching starts watching every member not in ERR, and returns the
+// epoch and the RW count as they were before the first watcher ran: a
+// watcher may fail its replica and bump the epoch at once, so from here
+// on both are read under e.mu.
+func (e *Engine) startWatching() (epoch uint64, rw int) {
 	e.mu.Lock()
-	epoch, rw := e.epoch, e.rwCountLocked()
+	epoch, rw = e.epoch, e.rwCountLocked()
 	var watched []*member
 	for _, m := range e.members {
 		if m.mode != ModeERR {
@@ -322,12 +334,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	for _, m := range watched {
 		go e.watch(m)
 	}
-	if opts.IdleFlush > 0 {
-		e.bg.Add(1) // not closed yet: nobody else has the engine
-		go e.flushWhenIdle(opts.IdleFlush)
-	}
-	e.log.Info("engine opened", "size", size, "epoch", epoch, "rw", rw, "wanted", e.wanted, "encrypted", e.crypt != nil)
-	return e, nil
+	return epoch, rw
 }
 
 // newestSize is the size of a replica with the newest epoch (one whose
