@@ -113,35 +113,7 @@ func run(f flags) error {
 		go func() { errc <- reg.Serve(ctx, f.registryDir) }()
 	}
 	if f.healthAddr != "" {
-		mux := http.NewServeMux()
-		// /healthz (liveness): the process serves and kubelet has not
-		// refused its registration. /readyz adds Probe's checks (the API
-		// server; this node's instance manager), which a restart would not
-		// fix.
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-			if reg != nil {
-				if err := reg.Registered(); err != nil {
-					http.Error(w, err.Error(), http.StatusServiceUnavailable)
-					return
-				}
-			}
-			fmt.Fprintln(w, "ok")
-		})
-		mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-			pctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-			defer cancel()
-			if err := d.Probe(pctx); err != nil {
-				http.Error(w, err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			fmt.Fprintln(w, "ok")
-		})
-		hs := &http.Server{Addr: f.healthAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := hs.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("--health-address %s: %w", f.healthAddr, err)
-			}
-		}()
+		hs := serveHealth(f.healthAddr, reg, d, errc)
 		defer hs.Close()
 	}
 	log.Info("serving", "mode", mode, "endpoint", f.endpoint, "version", version, "node", f.nodeID)
@@ -152,4 +124,39 @@ func run(f flags) error {
 	case err := <-errc:
 		return err
 	}
+}
+
+// serveHealth serves /healthz and /readyz on addr; a failure to listen
+// goes to errc.
+func serveHealth(addr string, reg *csi.Registration, d *csi.Driver, errc chan<- error) *http.Server {
+	mux := http.NewServeMux()
+	// /healthz (liveness): the process serves and kubelet has not
+	// refused its registration. /readyz adds Probe's checks (the API
+	// server; this node's instance manager), which a restart would not
+	// fix.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if reg != nil {
+			if err := reg.Registered(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		pctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		defer cancel()
+		if err := d.Probe(pctx); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	hs := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := hs.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("--health-address %s: %w", addr, err)
+		}
+	}()
+	return hs
 }
