@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -217,11 +218,8 @@ func truncate(s string, n int) string {
 		return s
 	}
 	cut := n - len("...")
-	for cut > 0 && !utf8Start(s[cut]) {
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
 	return s[:cut] + "..."
 }
-
-// utf8Start reports whether b begins a UTF-8 character.
-func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
