@@ -42,7 +42,7 @@ func parsePortRange(s string) (int, int, error) {
 	lo, err1 := strconv.Atoi(a)
 	hi, err2 := strconv.Atoi(b)
 	if !ok || err1 != nil || err2 != nil {
-		return 0, 0, fmt.Errorf("%q: use A-B, e.g. 10000-10999", s)
+		return 0, 0, fmt.Errorf("%q: use A-B, e.g. 10000-11999", s)
 	}
 	return lo, hi, nil
 }
@@ -79,7 +79,7 @@ func parseIMFlags(args []string, stderr io.Writer) (*imFlags, int) {
 	fs.StringVar(&c.node, "node", "", "this node's name (required)")
 	var dataDirs stringList
 	fs.Var(&dataDirs, "data-dir", "a data directory replicas may use; repeat for each (reported by NodeInfo; every replica's directory must be inside one)")
-	fs.StringVar(&raw.portRange, "port-range", "10000-10999", "ports handed to engine and replica processes, A-B")
+	fs.StringVar(&raw.portRange, "port-range", "10000-11999", "ports handed to engine and replica processes, A-B")
 	fs.StringVar(&c.logDir, "log-dir", "", "directory for process logs (required)")
 	fs.StringVar(&c.stateDir, "state-dir", "", "directory recording children, to kill leftovers after a restart (default: --log-dir)")
 	fs.StringVar(&c.runDir, "run-dir", "", "directory for the children's unix sockets and FUSE mounts (default: STATE_DIR/run)")

@@ -47,7 +47,7 @@ var (
 	only    = flag.String("targets", "raw,qemu-nbd,cairn-1,cairn-1-tcp,cairn-3", "targets to measure (a ratio column is printed when both its targets were)")
 	rebuild = flag.Bool("rebuild", true, "also time a full rebuild, buffered and with --direct-io replicas")
 	rounds  = flag.Int("rounds", 3, "rounds over all targets; the table shows each figure's median")
-	modes   = flag.String("io", "buffered", "I/O modes, a table each: buffered (page cache everywhere) and/or direct (O_DIRECT everywhere: raw, qemu-nbd --cache=none, replicas --direct-io); none: only the device-bound table")
+	modes   = flag.String("io", "buffered,direct", "I/O modes, a table each: buffered (page cache everywhere) and/or direct (O_DIRECT everywhere: raw, qemu-nbd --cache=none, replicas --direct-io); none: only the device-bound table")
 	filter  = flag.String("workloads", "", "only the workloads whose name contains this text (default: all)")
 	devFlag = flag.String("device", "iops=3000,bps=125M", "after the --io tables, one more with direct I/O on an emulated device-bound disk, iops=N,bps=SIZE each way (the default is a cloud SSD's), shared by the processes that touch the disk for each target (cgroup v1 blkio throttle, root); off: no such table")
 )
@@ -235,9 +235,18 @@ func raw(work string) target {
 
 // cpuTime is the CPU time (user and system) the processes used so far.
 func cpuTime(procs []*exec.Cmd) time.Duration {
+	pids := make([]int, len(procs))
+	for i, c := range procs {
+		pids[i] = c.Process.Pid
+	}
+	return cpuTimePids(pids)
+}
+
+// cpuTimePids is the user and system CPU time the processes have used.
+func cpuTimePids(pids []int) time.Duration {
 	var ticks int64
-	for _, c := range procs {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.Process.Pid))
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		must(err)
 		// Fields after the command name (which may hold spaces) start at
 		// the state, field 3; utime and stime are fields 14 and 15.
@@ -349,7 +358,9 @@ func rebuildTable(work string) {
 
 // table measures every target in rounds and prints the medians with
 // ratios.
-func table(work, mode string, names []string, targets map[string]func(string) target) {
+// table measures the targets in one I/O mode, prints its tables and
+// returns the median CPU per I/O by target and workload.
+func table(work, mode string, names []string, targets map[string]func(string) target) map[string][]float64 {
 	// samples[target][workload] holds one figure per round; the rounds
 	// interleave the targets so that a slow spell of the shared machine
 	// does not land on one target only. The table shows medians.
@@ -391,8 +402,37 @@ func table(work, mode string, names []string, targets map[string]func(string) ta
 	}
 	// cairn-3 keeps three copies: its cost per copy against qemu-nbd's one.
 	plain = append(plain, ratio{"c3/3/qemu", "cairn-3", "qemu-nbd", 1.0 / 3})
-	printTable(fmt.Sprintf("CPU time per I/O (fio and the target's processes; µs), median of %d rounds", *rounds), names, medians(cpuSamples),
+	cpu := medians(cpuSamples)
+	printTable(fmt.Sprintf("CPU time per I/O (fio and the target's processes; µs), median of %d rounds", *rounds), names, cpu,
 		func(w workload) string { return strings.TrimSuffix(w.name, " ("+w.unit+")") }, 1, plain)
+	return cpu
+}
+
+// directCPUGoal is the performance issue's goal for the CPU a 4 KiB
+// random write costs on --direct-io replicas against buffered ones, three
+// replicas, measured in the same run.
+const directCPUGoal = 1.5
+
+// printDirectOverBuffered prints, per target and workload, the CPU per I/O
+// of the direct table divided by the buffered table's.
+func printDirectOverBuffered(names []string, buffered, direct map[string][]float64) {
+	fmt.Printf("\nCPU per I/O, direct I/O ÷ buffered (same run; goal for cairn-3's 4 KiB random writes: <= %.1f)\n%-32s", directCPUGoal, "workload")
+	for _, n := range names {
+		fmt.Printf("%13s", n)
+	}
+	fmt.Println()
+	for i, w := range workloads {
+		fmt.Printf("%-32s", strings.TrimSuffix(w.name, " ("+w.unit+")"))
+		for _, n := range names {
+			b, d := buffered[n], direct[n]
+			if i >= len(b) || i >= len(d) || b[i] == 0 {
+				fmt.Printf("%13s", "-")
+				continue
+			}
+			fmt.Printf("%13.2f", d[i]/b[i])
+		}
+		fmt.Println()
+	}
 }
 
 // ratios are the ratio columns a table shows when both their targets
@@ -493,6 +533,10 @@ func main() {
 		must(err)
 		defer os.RemoveAll(work)
 	}
+	if *footprintN > 0 && *footprintIM {
+		footprintIMTable(work, *footprintN)
+		return
+	}
 	if *footprintN > 0 {
 		footprintTable(work, *footprintN)
 		return
@@ -512,6 +556,7 @@ func main() {
 			must(fmt.Errorf("unknown target %q", name))
 		}
 	}
+	cpuByMode := map[string]map[string][]float64{}
 	for _, mode := range strings.Split(*modes, ",") {
 		if mode == "none" {
 			continue
@@ -522,7 +567,10 @@ func main() {
 		default:
 			must(fmt.Errorf("--io %q: use buffered and/or direct", mode))
 		}
-		table(work, mode, names, targets)
+		cpuByMode[mode] = table(work, mode, names, targets)
+	}
+	if cpuByMode["buffered"] != nil && cpuByMode["direct"] != nil {
+		printDirectOverBuffered(names, cpuByMode["buffered"], cpuByMode["direct"])
 	}
 	if *devFlag != "off" {
 		deviceTable(work, names, targets)
