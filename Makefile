@@ -122,9 +122,9 @@ bench: build ## fio: raw file vs qemu-nbd vs the engine with 1 and 3 replicas (t
 
 .PHONY: bench-footprint
 VOLUMES ?= 50
-bench-footprint: build ## Memory (RSS split, PSS), threads, descriptors and idle CPU per attached three-replica volume: make bench-footprint [VOLUMES=50] (qemu-nbd as the yardstick).
+bench-footprint: build ## Memory (RSS split, PSS), threads, descriptors and idle CPU per attached three-replica volume: make bench-footprint [VOLUMES=50] [IM=1: started by one instance manager, whose own footprint and limits are reported] (qemu-nbd as the yardstick).
 	hack/install-test-tools.sh
-	cd dataplane && $(GO) run ./test/bench --bin $(LOCALBIN)/cairn-data --footprint $(VOLUMES) $(BENCHFLAGS)
+	cd dataplane && $(GO) run ./test/bench --bin $(LOCALBIN)/cairn-data --footprint $(VOLUMES) $(if $(IM),--footprint-im) $(BENCHFLAGS)
 
 .PHONY: bench-backup
 bench-backup: build ## Backups against versitygw on 127.0.0.1: full backup and restore of a 1 GiB random volume from a real replica vs a plain S3 client (ratios), incremental after changing 1 %: make bench-backup [BENCHFLAGS=--size=256M]

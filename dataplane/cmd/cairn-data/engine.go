@@ -28,6 +28,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/frontend/nbd"
 	"github.com/cairn-io/cairn/dataplane/grpcalive"
 	"github.com/cairn-io/cairn/dataplane/instancemanager"
+	"github.com/cairn-io/cairn/dataplane/internal/idlemem"
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
 	"github.com/cairn-io/cairn/dataplane/internal/shm"
 	"github.com/cairn-io/cairn/dataplane/internal/tlsfiles"
@@ -235,6 +236,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if region != nil && (c.frontend == "nbd" || c.cipher != nil) { // only NBD requests and ciphertext use shared buffers
 		go releaseIdle(ctx, buffers, releaseIdleEvery, log)
 	}
+	go idlemem.Watch(ctx, idlemem.Period, idlemem.Release) // an idle volume's spare heap back to the node
 	// The frontend's exclusive parts first: opening the replicas fences
 	// out any engine that has them, so a second engine for a running
 	// volume must fail before that.

@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/internal/idlemem"
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
 	"github.com/cairn-io/cairn/dataplane/internal/tlsfiles"
 	"github.com/cairn-io/cairn/dataplane/replica"
@@ -185,6 +186,9 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return replicaFail(stderr, "%v", err)
 	}
 	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: c.workers, Key: c.key, ControlTLS: c.controlTLS, DataTLS: c.dataTLS, Logger: log})
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go idlemem.Watch(wctx, idlemem.Period, idlemem.Release) // an idle replica's spare heap back to the node
 	controlShown := "none"
 	rep := ready.Report{Data: addrString(dl), Size: r.Size()}
 	if cl != nil {

@@ -16,17 +16,20 @@ import (
 // The footprint table (--footprint N) answers what an attached volume costs
 // a node while its application does nothing: N volumes of three replicas
 // each (one over a unix socket, two over loopback TCP, as cairn-3), each
-// written --footprint-write through its engine, then left idle for
-// --footprint-idle while the processes' CPU time is counted. Memory is read
+// written --footprint-write through its engine, then left idle: memory is
+// read again after --footprint-settle, when the processes have given back
+// their spare heap, then their CPU time is counted over --footprint-idle.
+// Memory is read
 // from /proc: RSS split into anonymous memory (heaps, stacks, buffers),
 // file pages (the binary's text, shared by every process of it) and shared
 // memory, and PSS, which charges shared pages to each process in part. The
 // yardstick, measured in the same run on the same disk, is qemu-nbd serving
 // a file after the same writes: one small C process per volume.
 var (
-	footprintN     = flag.Int("footprint", 0, "instead of the fio tables: start N three-replica volumes, write --footprint-write to each, and print memory, threads, descriptors and idle CPU per volume")
-	footprintWrite = flag.String("footprint-write", "64M", "bytes written to each volume before the idle measurement")
-	footprintIdle  = flag.Duration("footprint-idle", 30*time.Second, "idle window over which CPU time is counted")
+	footprintN      = flag.Int("footprint", 0, "instead of the fio tables: start N three-replica volumes, write --footprint-write to each, and print memory, threads, descriptors and idle CPU per volume")
+	footprintWrite  = flag.String("footprint-write", "64M", "bytes written to each volume before the idle measurement")
+	footprintSettle = flag.Duration("footprint-settle", 65*time.Second, "idle time after the writes before memory is read again and the idle CPU counted (an engine or replica gives its spare heap back after 30 to 60 s without I/O)")
+	footprintIdle   = flag.Duration("footprint-idle", 30*time.Second, "idle window over which CPU time is counted, after --footprint-settle")
 )
 
 // footprintGoals are the performance issue's goals per attached
@@ -176,12 +179,14 @@ func footprintTable(work string, n int) {
 		writeVolume(t)
 	}
 	written := measureRoles(vols)
+	time.Sleep(*footprintSettle) // an idle stretch is what is measured, not a wait for an event
+	idle := measureRoles(vols)
 	engCPU, repCPU := idleCPU(vols)
 	qemu := qemuYardstick(work)
-	printFootprint(started, written, engCPU, repCPU, qemu)
+	printFootprint(started, written, idle, engCPU, repCPU, qemu)
 }
 
-func printFootprint(started, written roleMem, engCPU, repCPU, qemu float64) {
+func printFootprint(started, written, idle roleMem, engCPU, repCPU, qemu float64) {
 	row := func(label string, f func(procMem) float64, r roleMem, unit string) {
 		fmt.Printf("  %-34s %10.1f %10.1f %12.1f  %s\n", label, f(r.engine), f(r.replica), f(r.perVolume()), unit)
 	}
@@ -194,11 +199,15 @@ func printFootprint(started, written roleMem, engCPU, repCPU, qemu float64) {
 	row("  file (binary text, shared)", func(m procMem) float64 { return m.file }, written, "MiB")
 	row("  shared memory", func(m procMem) float64 { return m.shmem }, written, "MiB")
 	row("PSS after the writes", func(m procMem) float64 { return m.pss }, written, "MiB")
+	idleLabel := "after " + footprintSettle.String() + " idle"
+	row("RSS "+idleLabel, func(m procMem) float64 { return m.rss }, idle, "MiB")
+	row("  anonymous", func(m procMem) float64 { return m.anon }, idle, "MiB")
+	row("PSS "+idleLabel, func(m procMem) float64 { return m.pss }, idle, "MiB")
 	row("threads", func(m procMem) float64 { return m.threads }, written, "")
 	row("descriptors", func(m procMem) float64 { return m.fds }, written, "")
 	perVol := engCPU + 3*repCPU
 	fmt.Printf("  %-34s %10.2f %10.2f %12.2f  %% of a core\n", "idle CPU", engCPU, repCPU, perVol)
-	w := written.perVolume()
-	fmt.Printf("  per volume after the writes: RSS %.1f MiB = %.2f x the goal (%.0f MiB), PSS %.1f MiB = %.2f x the goal, RSS %.1f x qemu-nbd's %.1f MiB per process x 4 processes; idle CPU %.2f %% of a core = %.2f x the goal (%.1f %%)\n",
-		w.rss, w.rss/footprintGoalMiB, footprintGoalMiB, w.pss, w.pss/footprintGoalMiB, w.rss/(4*qemu), qemu, perVol, perVol/footprintGoalCPU, footprintGoalCPU)
+	w := idle.perVolume()
+	fmt.Printf("  per volume %s: RSS %.1f MiB = %.2f x the goal (%.0f MiB), PSS %.1f MiB = %.2f x the goal, RSS %.1f x qemu-nbd's %.1f MiB per process x 4 processes; idle CPU %.2f %% of a core = %.2f x the goal (%.1f %%)\n",
+		idleLabel, w.rss, w.rss/footprintGoalMiB, footprintGoalMiB, w.pss, w.pss/footprintGoalMiB, w.rss/(4*qemu), qemu, perVol, perVol/footprintGoalCPU, footprintGoalCPU)
 }

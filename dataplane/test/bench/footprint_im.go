@@ -175,13 +175,15 @@ func footprintIMTable(work string, n int) {
 		writeVolumeArgs(v.fio)
 	}
 	written := measureIMRoles(vols)
+	time.Sleep(*footprintSettle) // an idle stretch is what is measured, not a wait for an event
+	idle := measureIMRoles(vols)
 	engCPU, repCPU := idleCPUPids(vols)
 	im := readProcMem(b.cmd.Process.Pid)
 	ports := 0
 	for _, v := range vols {
 		ports += v.ports
 	}
-	printFootprint(started, written, engCPU, repCPU, qemuYardstick(work))
+	printFootprint(started, written, idle, engCPU, repCPU, qemuYardstick(work))
 	fmt.Printf("  instance manager: RSS %.1f MiB at start, %.1f MiB with %d volumes (%.2f MiB per volume), PSS %.1f MiB, %.0f threads, %.0f descriptors (%.1f per volume)\n",
 		imStart.rss, im.rss, len(vols), (im.rss-imStart.rss)/float64(len(vols)), im.pss, im.threads, im.fds, (im.fds-imStart.fds)/float64(len(vols)))
 	fmt.Printf("  ports: %d of the range's %d (%.0f per volume: each TCP replica a data and a control port, the unix-socket replica and the engine a control port)\n",
