@@ -152,12 +152,18 @@ func (c *execChild) Wait() (int, error) {
 // being waited for then holds no OS thread. exec.Cmd.Wait alone blocks one
 // thread in waitid for as long as the child lives: one thread per child,
 // 800 for 200 volumes, and Go ends a program that reaches 10,000 threads.
-// Where pidfds cannot be polled (Linux before 5.10) it returns at once
-// and Wait blocks a thread as before. The pid cannot be reused meanwhile:
-// only Wait reaps the child.
+// Where no pidfd can be had (Linux before 5.3, or no descriptor left) it
+// returns at once and Wait blocks a thread as before. The pid cannot be
+// reused meanwhile: only Wait reaps the child.
 func awaitExit(pid int) {
-	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
+		return
+	}
+	// Non-blocking before os.NewFile, which registers only such
+	// descriptors with the poller (PIDFD_NONBLOCK would need Linux 5.10).
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
 		return
 	}
 	f := os.NewFile(uintptr(fd), "pidfd")

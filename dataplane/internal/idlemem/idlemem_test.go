@@ -1,53 +1,66 @@
 package idlemem
 
 import (
-	"context"
 	"runtime"
 	"testing"
-	"time"
-
-	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
-var sink [][]byte
-
-// burst allocates n bytes of garbage.
-func burst(n int) {
-	for range n >> 20 {
-		sink = append(sink, make([]byte, 1<<20))
+// The watcher releases once per idle stretch: after a period below both
+// bounds, not again while idle, and again after a period above either.
+func TestWatcherReleasesOncePerIdleStretch(t *testing.T) {
+	var now Activity
+	w := NewWatcher(now)
+	releases := 0
+	tick := func(alloc, syscalls uint64) bool {
+		now.Alloc += alloc
+		now.Syscalls += syscalls
+		return w.Tick(now, func() Activity { releases++; now.Alloc += 1 << 10; return now })
 	}
-	sink = nil
-}
-
-func TestWatchReleasesOncePerIdleStretch(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	released := make(chan struct{}, 16)
-	const period = 50 * time.Millisecond
-	go Watch(ctx, period, func() { released <- struct{}{} })
-	wait := func(what string) {
-		t.Helper()
-		select {
-		case <-released:
-		case <-time.After(deadline.Scale(10 * time.Second)):
-			t.Fatalf("no release %s", what)
+	steps := []struct {
+		name            string
+		alloc, syscalls uint64
+		want            bool
+	}{
+		{"a busy period (allocation)", 64 << 20, 10, false},
+		{"the first idle period", 1 << 20, 50, true},
+		{"idle on", 1 << 20, 50, false},
+		{"idle on, again", 0, 0, false},
+		{"steady I/O from pooled buffers (system calls, little allocation)", 1 << 20, 5000, false},
+		{"idle after it", 1 << 20, 50, true},
+		{"just under both bounds", IdleAllocBelow - 1, IdleSyscallsBelow - 1, false},
+		{"at the allocation bound", IdleAllocBelow, 0, false},
+		{"idle after it", 0, 0, true},
+	}
+	for i, s := range steps {
+		if got := tick(s.alloc, s.syscalls); got != s.want {
+			t.Fatalf("step %d (%s): release %v, want %v", i, s.name, got, s.want)
 		}
 	}
-	burst(64 << 20)
-	wait("after a burst and an idle period")
-	// Idle on: no second release (a window the rule must hold over).
-	select {
-	case <-released:
-		t.Fatal("released again with nothing allocated since the last release")
-	case <-time.After(10 * period):
+	if releases != 3 {
+		t.Fatalf("%d releases, want 3", releases)
 	}
-	burst(64 << 20)
-	wait("after a second burst")
 }
+
+func TestSampleCountsThisProcess(t *testing.T) {
+	a := Sample()
+	sink = make([]byte, 8<<20)
+	b := Sample()
+	if b.Alloc-a.Alloc < 8<<20 {
+		t.Fatalf("8 MiB allocated, Sample saw %d bytes more", b.Alloc-a.Alloc)
+	}
+	if b.Syscalls == 0 {
+		t.Fatal("no read or write system calls counted (/proc/self/io)")
+	}
+}
+
+var sink []byte
 
 func TestReleaseReturnsPooledMemory(t *testing.T) {
 	var before, after runtime.MemStats
-	burst(64 << 20)
+	for range 64 {
+		sink = make([]byte, 1<<20)
+	}
+	sink = nil
 	runtime.ReadMemStats(&before)
 	Release()
 	runtime.ReadMemStats(&after)

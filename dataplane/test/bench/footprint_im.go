@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -84,14 +83,24 @@ func (b *imBench) running(ctx context.Context, req *imv1.ProcessCreateRequest) (
 	}
 }
 
-// volume starts one volume's replicas and engine.
-func (b *imBench) volume(ctx context.Context, name string) (imVolume, error) {
-	var v imVolume
+// volume starts one volume's replicas and engine; if one cannot start,
+// it deletes those it started, so that they hold no ports or descriptors
+// while the volumes that did start are measured.
+func (b *imBench) volume(ctx context.Context, name string) (v imVolume, err error) {
+	var created []string
+	defer func() {
+		if err != nil {
+			for _, n := range created {
+				_, _ = b.c.ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: n})
+			}
+		}
+	}()
 	var addrs []*imv1.ReplicaAddress
 	for i := range 3 {
 		req := &imv1.ProcessCreateRequest{Name: fmt.Sprintf("%s-r%d", name, i), Spec: &imv1.ProcessCreateRequest_Replica{
 			Replica: &imv1.ReplicaSpec{DataDir: filepath.Join(b.dir, "data", fmt.Sprintf("%s-r%d", name, i)),
 				SizeBytes: int64(mustSize(*size)), UnixSocket: i == 0}}}
+		created = append(created, req.Name)
 		p, err := b.running(ctx, req)
 		if err != nil {
 			return v, err
@@ -103,6 +112,7 @@ func (b *imBench) volume(ctx context.Context, name string) (imVolume, error) {
 	if *footprintFrontend == "fuse" {
 		spec.Frontend, spec.NbdKernel = imv1.Frontend_FRONTEND_FUSE, imv1.NBDKernel_NBD_KERNEL_AUTO
 	}
+	created = append(created, name)
 	p, err := b.running(ctx, &imv1.ProcessCreateRequest{Name: name, Spec: &imv1.ProcessCreateRequest_Engine{Engine: spec}})
 	if err != nil {
 		return v, err
@@ -140,9 +150,14 @@ func (b *imBench) stop(ctx context.Context) {
 func footprintIMTable(work string, n int) {
 	fmt.Printf("\nfootprint through one instance manager: up to %d three-replica volumes (engine + 3 replicas each, %s each, frontend %s), port range %s, %s written to each, idle %s; %d CPUs\n",
 		n, *size, *footprintFrontend, *footprintPorts, *footprintWrite, *footprintIdle, goruntime.NumCPU())
+	if *footprintFrontend != "nbd" && *footprintFrontend != "fuse" {
+		must(fmt.Errorf("--footprint-frontend %q: use nbd or fuse", *footprintFrontend))
+	}
 	ctx := context.Background()
 	b := startIMBench(work)
-	defer b.stop(ctx)
+	stop := func() { b.stop(ctx) }
+	atExit = append(atExit, stop)
+	defer stop()
 	imStart := readProcMem(b.cmd.Process.Pid)
 	var vols []imVolume
 	var broke error
@@ -166,9 +181,6 @@ func footprintIMTable(work string, n int) {
 		float64(took.Milliseconds())/float64(len(vols)))
 	if broke != nil {
 		fmt.Printf("  STOPPED at volume %d: %v\n", len(vols), broke)
-		if errors.Is(broke, context.DeadlineExceeded) {
-			fmt.Println("  (a deadline, not a limit: see the instance manager's log)")
-		}
 	}
 	started := measureIMRoles(vols)
 	for _, v := range vols {

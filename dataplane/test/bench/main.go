@@ -97,9 +97,17 @@ type target struct {
 func must(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
+		for i := len(atExit) - 1; i >= 0; i-- {
+			atExit[i]()
+		}
 		os.Exit(1)
 	}
 }
+
+// atExit are stops must runs before it exits, last registered first: an
+// instance manager started by the bench would otherwise outlive it with
+// its children, mounts and ports.
+var atExit []func()
 
 // startProc runs cairn-data and returns its ready line's fields.
 func startProc(args ...string) (*exec.Cmd, map[string]string) {
