@@ -121,9 +121,12 @@ func Run(ctx context.Context, c *cluster, cfg Config) (res Result) {
 func (r *runner) step(ctx context.Context, i int, s Step) (string, error) {
 	c := r.c
 	sleep(ctx, s.Gap)
+	injecting := time.Now()
 	target, err := r.inject(ctx, s)
 	line := fmt.Sprintf("%s %s", s.Fault, target)
-	c.logf("step %d: %s", i+1, line)
+	// Logged once the injection returned: a rolling restart's injection
+	// is the whole roll, so its time is part of the line.
+	c.logf("step %d: %s (injected in %s)", i+1, line, time.Since(injecting).Round(time.Second))
 	if err != nil {
 		return line, fmt.Errorf("injecting: %w", err)
 	}
