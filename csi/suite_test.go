@@ -60,18 +60,17 @@ func addNodes(t *testing.T, names ...string) {
 	}
 	g := NewWithT(t)
 	for _, n := range names {
-		g.Eventually(func() bool {
+		// The failure names what the StorageNode said last (its
+		// conditions and disks), the cause a bare false would hide.
+		g.Eventually(func(g Gomega) {
 			var sn v1.StorageNode
-			if err := cluster.Client.Get(context.Background(), client.ObjectKey{Namespace: testNamespace, Name: n}, &sn); err != nil {
-				return false
-			}
+			g.Expect(cluster.Client.Get(context.Background(), client.ObjectKey{Namespace: testNamespace, Name: n}, &sn)).To(Succeed())
+			ok := false
 			for _, d := range sn.Status.Disks {
-				if d.Available != nil && d.Available.Sign() > 0 {
-					return true
-				}
+				ok = ok || (d.Available != nil && d.Available.Sign() > 0)
 			}
-			return false
-		}, deadline.Scale(60*time.Second), 100*time.Millisecond).Should(BeTrue(), "node %s reports a disk", n)
+			g.Expect(ok).To(BeTrue(), "node %s reports a disk with free space; its status: conditions %+v, disks %+v", n, sn.Status.Conditions, sn.Status.Disks)
+		}, deadline.Scale(2*time.Minute), 100*time.Millisecond).Should(Succeed())
 	}
 }
 
