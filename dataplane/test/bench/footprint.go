@@ -107,13 +107,27 @@ func (r roleMem) perVolume() procMem {
 	return v
 }
 
-func measureRoles(vols []target) roleMem {
+// pids are each volume's process ids, engine first, as the measurements
+// below take them.
+func pids(vols []target) [][]int {
+	out := make([][]int, len(vols))
+	for i, t := range vols {
+		for _, c := range t.procs {
+			out[i] = append(out[i], c.Process.Pid)
+		}
+	}
+	return out
+}
+
+// measureRoles reads the memory of every volume's processes (engine
+// first) and returns the means per role.
+func measureRoles(vols [][]int) roleMem {
 	var r roleMem
 	replicas := 0
-	for _, t := range vols {
-		r.engine.add(readProcMem(t.procs[0].Process.Pid))
-		for _, c := range t.procs[1:] {
-			r.replica.add(readProcMem(c.Process.Pid))
+	for _, v := range vols {
+		r.engine.add(readProcMem(v[0]))
+		for _, pid := range v[1:] {
+			r.replica.add(readProcMem(pid))
 			replicas++
 		}
 	}
@@ -122,28 +136,28 @@ func measureRoles(vols []target) roleMem {
 	return r
 }
 
-// writeVolume writes --footprint-write sequentially through the target's
-// frontend and flushes it.
-func writeVolume(t target) {
-	args := append([]string{"--name=fill", "--rw=write", "--bs=1M", "--iodepth=4", "--size=" + *footprintWrite, "--end_fsync=1"}, t.engine...)
+// writeVolume writes --footprint-write sequentially through the frontend
+// the fio arguments select, and flushes it.
+func writeVolume(target []string) {
+	args := append([]string{"--name=fill", "--rw=write", "--bs=1M", "--iodepth=4", "--size=" + *footprintWrite, "--end_fsync=1"}, target...)
 	if out, err := exec.Command("fio", args...).CombinedOutput(); err != nil {
-		must(fmt.Errorf("fio on %s: %w: %s", t.name, err, out))
+		must(fmt.Errorf("fio %v: %w: %s", target, err, out))
 	}
 }
 
 // idleCPU is the CPU the engines and the replicas use over the idle
 // window, in percent of one core per engine and per replica.
-func idleCPU(vols []target) (engine, replica float64) {
-	var engines, replicas []*exec.Cmd
-	for _, t := range vols {
-		engines = append(engines, t.procs[0])
-		replicas = append(replicas, t.procs[1:]...)
+func idleCPU(vols [][]int) (engine, replica float64) {
+	var engines, replicas []int
+	for _, v := range vols {
+		engines = append(engines, v[0])
+		replicas = append(replicas, v[1:]...)
 	}
-	e0, r0, start := cpuTime(engines), cpuTime(replicas), time.Now()
+	e0, r0, start := cpuTimePids(engines), cpuTimePids(replicas), time.Now()
 	time.Sleep(*footprintIdle) // the measurement window itself, not a wait for an event
 	wall := time.Since(start)
 	pct := func(d time.Duration, n int) float64 { return 100 * float64(d) / float64(wall) / float64(n) }
-	return pct(cpuTime(engines)-e0, len(engines)), pct(cpuTime(replicas)-r0, len(replicas))
+	return pct(cpuTimePids(engines)-e0, len(engines)), pct(cpuTimePids(replicas)-r0, len(replicas))
 }
 
 // qemuYardstick is qemu-nbd's mean RSS over a few processes, each serving
@@ -155,7 +169,7 @@ func qemuYardstick(work string) float64 {
 		sub := filepath.Join(work, fmt.Sprintf("qemu-%d", i))
 		must(os.MkdirAll(sub, 0o755))
 		t := qemuNBD(sub)
-		writeVolume(t)
+		writeVolume(t.engine)
 		rss += readProcMem(t.procs[0].Process.Pid).rss
 		t.stop()
 	}
@@ -174,14 +188,14 @@ func footprintTable(work string, n int) {
 	for i := range n {
 		vols = append(vols, cairn(work, fmt.Sprintf("fp-%03d", i), 3, 1))
 	}
-	started := measureRoles(vols)
+	started := measureRoles(pids(vols))
 	for _, t := range vols {
-		writeVolume(t)
+		writeVolume(t.engine)
 	}
-	written := measureRoles(vols)
+	written := measureRoles(pids(vols))
 	time.Sleep(*footprintSettle) // an idle stretch is what is measured, not a wait for an event
-	idle := measureRoles(vols)
-	engCPU, repCPU := idleCPU(vols)
+	idle := measureRoles(pids(vols))
+	engCPU, repCPU := idleCPU(pids(vols))
 	qemu := qemuYardstick(work)
 	printFootprint(started, written, idle, engCPU, repCPU, qemu)
 }

@@ -182,14 +182,18 @@ func footprintIMTable(work string, n int) {
 	if broke != nil {
 		fmt.Printf("  STOPPED at volume %d: %v\n", len(vols), broke)
 	}
-	started := measureIMRoles(vols)
-	for _, v := range vols {
-		writeVolumeArgs(v.fio)
+	all := make([][]int, len(vols))
+	for i, v := range vols {
+		all[i] = v.pids
 	}
-	written := measureIMRoles(vols)
+	started := measureRoles(all)
+	for _, v := range vols {
+		writeVolume(v.fio)
+	}
+	written := measureRoles(all)
 	time.Sleep(*footprintSettle) // an idle stretch is what is measured, not a wait for an event
-	idle := measureIMRoles(vols)
-	engCPU, repCPU := idleCPUPids(vols)
+	idle := measureRoles(all)
+	engCPU, repCPU := idleCPU(all)
 	im := readProcMem(b.cmd.Process.Pid)
 	ports := 0
 	for _, v := range vols {
@@ -226,40 +230,4 @@ func portRangeSize(r string) int {
 		return 0
 	}
 	return hi - lo + 1
-}
-
-// writeVolumeArgs is writeVolume for a frontend given as fio arguments.
-func writeVolumeArgs(target []string) {
-	args := append([]string{"--name=fill", "--rw=write", "--bs=1M", "--iodepth=4", "--size=" + *footprintWrite, "--end_fsync=1"}, target...)
-	if out, err := exec.Command("fio", args...).CombinedOutput(); err != nil {
-		must(fmt.Errorf("fio %v: %w: %s", target, err, out))
-	}
-}
-
-func measureIMRoles(vols []imVolume) roleMem {
-	var r roleMem
-	replicas := 0
-	for _, v := range vols {
-		r.engine.add(readProcMem(v.pids[0]))
-		for _, pid := range v.pids[1:] {
-			r.replica.add(readProcMem(pid))
-			replicas++
-		}
-	}
-	r.engine = r.engine.scaled(1 / float64(len(vols)))
-	r.replica = r.replica.scaled(1 / float64(replicas))
-	return r
-}
-
-func idleCPUPids(vols []imVolume) (engine, replica float64) {
-	var engines, replicas []int
-	for _, v := range vols {
-		engines = append(engines, v.pids[0])
-		replicas = append(replicas, v.pids[1:]...)
-	}
-	e0, r0, start := cpuTimePids(engines), cpuTimePids(replicas), time.Now()
-	time.Sleep(*footprintIdle) // the measurement window itself, not a wait for an event
-	wall := time.Since(start)
-	pct := func(d time.Duration, n int) float64 { return 100 * float64(d) / float64(wall) / float64(n) }
-	return pct(cpuTimePids(engines)-e0, len(engines)), pct(cpuTimePids(replicas)-r0, len(replicas))
 }
