@@ -34,6 +34,7 @@ var (
 	only        = flag.String("targets", "hostpath,cairn-1,cairn-3,cairn-1-block,cairn-3-block", "targets to measure")
 	provisionN  = flag.Int("provision", 20, "claims created at once for the provisioning time (0: skip it)")
 	keep        = flag.Bool("keep", false, "keep the namespace and its objects afterwards")
+	cpuCensus   = flag.Bool("cpu", true, "count where each job's CPU goes (fio, engine, replicas, kernel threads, node agents...) from this machine's /proc: a kind cluster's nodes are containers here; skipped, saying so, where no kubelet runs on this machine")
 )
 
 const ns = "cairn-bench"
@@ -156,8 +157,15 @@ func main() {
 			fmt.Printf("  %s: %s\n", t.name, placement(t))
 		}
 	}
-	results := measure(targets)
+	census := *cpuCensus && censusAvailable()
+	if *cpuCensus && !census {
+		fmt.Println("  CPU census skipped: no kubelet among this machine's processes (the nodes are not kind containers here)")
+	}
+	results, cells := measure(targets, census)
 	printTable(targets, results)
+	if census {
+		printCensus(targets, cells)
+	}
 	if *provisionN > 0 {
 		provisioning(1)
 		provisioning(*provisionN)
@@ -172,26 +180,48 @@ func describeNodes() string {
 }
 
 // measure runs every workload on every target, round after round, and
-// returns each target's samples per workload.
-func measure(targets []target) map[string][][]float64 {
+// returns each target's samples per workload and, with census, where the
+// CPU of each job went.
+func measure(targets []target, census bool) (map[string][][]float64, map[string][][]cpuCell) {
 	res := map[string][][]float64{}
+	cells := map[string][][]cpuCell{}
 	for _, t := range targets {
 		res[t.name] = make([][]float64, len(workloads))
+		cells[t.name] = make([][]cpuCell, len(workloads))
 	}
 	for r := range *rounds {
 		for wi, w := range workloads {
 			for _, t := range targets {
-				v := runFio(t, w)
+				var window <-chan cpuWindow
+				if census {
+					window = censusDuring(*runtime)
+				}
+				v, iops := runFio(t, w)
 				res[t.name][wi] = append(res[t.name][wi], v)
-				fmt.Printf("  round %d %-26s %-14s %10.1f %s\n", r+1, w.name, t.name, v, w.unit)
+				fmt.Printf("  round %d %-26s %-14s %10.1f %s", r+1, w.name, t.name, v, w.unit)
+				if census {
+					c := cellOf(<-window, iops)
+					cells[t.name][wi] = append(cells[t.name][wi], c)
+					fmt.Printf("  (%.0f µs CPU per I/O, %.0f%% busy)", sum(c.perIO), 100*c.busy)
+				}
+				fmt.Println()
 			}
 		}
 	}
-	return res
+	return res, cells
 }
 
-// runFio runs one job in the target's pod and returns its figure.
-func runFio(t target, w workload) float64 {
+func sum(m map[string]float64) float64 {
+	t := 0.0
+	for _, v := range m {
+		t += v
+	}
+	return t
+}
+
+// runFio runs one job in the target's pod and returns its figure and its
+// I/Os per second.
+func runFio(t target, w workload) (float64, float64) {
 	cmd := fmt.Sprintf("fio --name=b --output-format=json --filename=%s --size=%s --direct=1 --ioengine=libaio --time_based --runtime=%ds --randrepeat=0 --norandommap %s",
 		t.path(), *fileSize, int(runtime.Seconds()), w.args)
 	out := must("", "-n", ns, "exec", t.pod(), "--", "sh", "-c", cmd)
@@ -202,10 +232,11 @@ func runFio(t target, w workload) float64 {
 	if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Jobs) == 0 {
 		fail("fio on %s (%s): cannot read its result (%v): %.300s", t.name, w.name, err, out)
 	}
+	d := r.Jobs[0].Write
 	if strings.Contains(w.args, "read") {
-		return w.field(r.Jobs[0].Read)
+		d = r.Jobs[0].Read
 	}
-	return w.field(r.Jobs[0].Write)
+	return w.field(d), d.IOPS
 }
 
 func printTable(targets []target, res map[string][][]float64) {
