@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/procstat"
 )
 
 // The CPU census says where a job's CPU goes on a kind cluster, whose
@@ -31,19 +32,19 @@ var cpuParts = []string{"fio", "engine", "replicas", "inst-mgr", "kthreads", "ir
 // totals.
 type cpuSample struct {
 	at    time.Time
-	procs map[int]procTicks
+	procs map[int]procCPU
 	busy  uint64 // machine ticks not idle or iowait
 	total uint64
 	irq   uint64 // irq + softirq
 }
 
-type procTicks struct {
-	part  string
-	ticks uint64
+type procCPU struct {
+	part string
+	cpu  time.Duration
 }
 
-// clockTicks is USER_HZ, which every Linux architecture Go runs on
-// reports as 100 in /proc.
+// clockTicks is USER_HZ, the unit of /proc/stat's totals: 100 on every
+// Linux architecture Go runs on.
 const clockTicks = 100
 
 // censusAvailable says whether the nodes' processes are visible here:
@@ -59,7 +60,7 @@ func censusAvailable() bool {
 }
 
 func readCPU() cpuSample {
-	s := cpuSample{at: time.Now(), procs: map[int]procTicks{}}
+	s := cpuSample{at: time.Now(), procs: map[int]procCPU{}}
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
 		line, _, _ := bytes.Cut(b, []byte("\n"))
 		f := strings.Fields(string(line)) // cpu user nice system idle iowait irq softirq steal ...
@@ -80,35 +81,19 @@ func readCPU() cpuSample {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(d + "/stat")
+		st, err := procstat.Read(pid)
 		if err != nil {
 			continue // gone meanwhile
 		}
-		// comm is in parentheses and may hold spaces; the fields after
-		// its closing one are numbered from 3 (state).
-		open, close := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-		if open < 0 || close < open {
-			continue
-		}
-		comm := string(b[open+1 : close])
-		f := strings.Fields(string(b[close+1:]))
-		if len(f) < 13 {
-			continue
-		}
-		flags, _ := strconv.ParseUint(f[6], 10, 64)  // field 9
-		utime, _ := strconv.ParseUint(f[11], 10, 64) // field 14
-		stime, _ := strconv.ParseUint(f[12], 10, 64) // field 15
-		s.procs[pid] = procTicks{part: classify(d, comm, flags), ticks: utime + stime}
+		s.procs[pid] = procCPU{part: classify(d, st.Comm, st.Flags), cpu: st.CPU}
 	}
 	return s
 }
 
-const pfKthread = 0x00200000
-
 // classify names the part a process belongs to from its command name and,
 // for cairn-data, its subcommand.
 func classify(dir, comm string, flags uint64) string {
-	if flags&pfKthread != 0 {
+	if flags&procstat.PFKthread != 0 {
 		return "kthreads"
 	}
 	switch comm {
@@ -154,14 +139,14 @@ func diffCPU(a, b cpuSample) cpuWindow {
 	for pid, pb := range b.procs {
 		// A process started in the window counts from zero; one that
 		// ended in it is lost (fio's workers live through the window).
-		d := pb.ticks
+		d := pb.cpu
 		if pa, ok := a.procs[pid]; ok {
-			if pa.ticks > pb.ticks {
+			if pa.cpu > pb.cpu {
 				continue // the pid was reused
 			}
-			d -= pa.ticks
+			d -= pa.cpu
 		}
-		w.parts[pb.part] += float64(d) / clockTicks
+		w.parts[pb.part] += d.Seconds()
 	}
 	w.parts["irq"] = float64(b.irq-a.irq) / clockTicks
 	if t := b.total - a.total; t > 0 {
@@ -247,5 +232,5 @@ func collect(cs []cpuCell, f func(cpuCell) float64) []float64 {
 	for _, c := range cs {
 		out = append(out, f(c))
 	}
-	return slices.Clip(out)
+	return out
 }

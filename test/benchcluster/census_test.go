@@ -5,21 +5,24 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/procstat"
 )
 
 func TestDiffCPUChargesEachPart(t *testing.T) {
+	const tick = time.Second / clockTicks
 	t0 := time.Unix(1000, 0)
-	a := cpuSample{at: t0, total: 1000, busy: 400, irq: 10, procs: map[int]procTicks{
-		10: {part: "engine", ticks: 500},
-		11: {part: "replicas", ticks: 100},
-		12: {part: "fio", ticks: 900}, // its pid is reused by the time of b
-		13: {part: "other", ticks: 5}, // ends in the window
+	a := cpuSample{at: t0, total: 1000, busy: 400, irq: 10, procs: map[int]procCPU{
+		10: {part: "engine", cpu: 500 * tick},
+		11: {part: "replicas", cpu: 100 * tick},
+		12: {part: "fio", cpu: 900 * tick}, // its pid is reused by the time of b
+		13: {part: "other", cpu: 5 * tick}, // ends in the window
 	}}
-	b := cpuSample{at: t0.Add(2 * time.Second), total: 1400, busy: 700, irq: 40, procs: map[int]procTicks{
-		10: {part: "engine", ticks: 600},
-		11: {part: "replicas", ticks: 130},
-		12: {part: "fio", ticks: 20},
-		14: {part: "replicas", ticks: 20}, // started in the window
+	b := cpuSample{at: t0.Add(2 * time.Second), total: 1400, busy: 700, irq: 40, procs: map[int]procCPU{
+		10: {part: "engine", cpu: 600 * tick},
+		11: {part: "replicas", cpu: 130 * tick},
+		12: {part: "fio", cpu: 20 * tick},
+		14: {part: "replicas", cpu: 20 * tick}, // started in the window
 	}}
 	w := diffCPU(a, b)
 	want := map[string]float64{"engine": 1.0, "replicas": 0.5, "irq": 0.3}
@@ -56,7 +59,7 @@ func TestReadCPUSeesThisProcess(t *testing.T) {
 	if s.total == 0 || s.busy > s.total || s.irq > s.busy {
 		t.Errorf("machine totals: total %d, busy %d, irq %d", s.total, s.busy, s.irq)
 	}
-	if got := classify("/proc/2", "kthreadd", pfKthread); got != "kthreads" {
+	if got := classify("/proc/2", "kthreadd", procstat.PFKthread); got != "kthreads" {
 		t.Errorf("a kernel thread is classed %q", got)
 	}
 }

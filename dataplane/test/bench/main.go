@@ -37,6 +37,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/cairn-io/cairn/dataplane/testutil/procstat"
 )
 
 var (
@@ -252,21 +254,13 @@ func cpuTime(procs []*exec.Cmd) time.Duration {
 
 // cpuTimePids is the user and system CPU time the processes have used.
 func cpuTimePids(pids []int) time.Duration {
-	var ticks int64
+	var total time.Duration
 	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		st, err := procstat.Read(pid)
 		must(err)
-		// Fields after the command name (which may hold spaces) start at
-		// the state, field 3; utime and stime are fields 14 and 15.
-		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-		var u, s int64
-		_, err = fmt.Sscan(f[11], &u)
-		must(err)
-		_, err = fmt.Sscan(f[12], &s)
-		must(err)
-		ticks += u + s
+		total += st.CPU
 	}
-	return time.Duration(ticks) * time.Second / 100 // USER_HZ is 100 on Linux
+	return total
 }
 
 // fio runs one job and returns its figure and the CPU time per I/O that

@@ -55,6 +55,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/backupstore"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
 	"github.com/cairn-io/cairn/dataplane/snapshotsource"
+	"github.com/cairn-io/cairn/dataplane/testutil/procstat"
 	"github.com/cairn-io/cairn/dataplane/testutil/versitygw"
 )
 
@@ -330,20 +331,14 @@ func (c cpu) sub(d cpu) cpu { return cpu{c.self - d.self, c.replica - d.replica,
 
 // procCPU is a process's user and system time from /proc (0 if unknown).
 func procCPU(pid int) time.Duration {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil || pid <= 0 {
+	if pid <= 0 {
 		return 0
 	}
-	// Fields after the command name's closing parenthesis; utime and
-	// stime are the 12th and 13th of them, in clock ticks (100 a second).
-	rest := string(data[bytes.LastIndexByte(data, ')')+1:])
-	f := strings.Fields(rest)
-	if len(f) < 13 {
+	st, err := procstat.Read(pid)
+	if err != nil {
 		return 0
 	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	s, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+s) * 10 * time.Millisecond
+	return st.CPU
 }
 
 var (
