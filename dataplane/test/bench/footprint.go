@@ -188,14 +188,15 @@ func footprintTable(work string, n int) {
 	for i := range n {
 		vols = append(vols, cairn(work, fmt.Sprintf("fp-%03d", i), 3, 1))
 	}
-	started := measureRoles(pids(vols))
+	all := pids(vols)
+	started := measureRoles(all)
 	for _, t := range vols {
 		writeVolume(t.engine)
 	}
-	written := measureRoles(pids(vols))
+	written := measureRoles(all)
 	time.Sleep(*footprintSettle) // an idle stretch is what is measured, not a wait for an event
-	idle := measureRoles(pids(vols))
-	engCPU, repCPU := idleCPU(pids(vols))
+	idle := measureRoles(all)
+	engCPU, repCPU := idleCPU(all)
 	qemu := qemuYardstick(work)
 	printFootprint(started, written, idle, engCPU, repCPU, qemu)
 }
