@@ -62,6 +62,9 @@ const (
 	// a target whose Secret was missing (Secrets are not watched), is
 	// looked at again.
 	waitRequeue = 10 * time.Second
+	// staleRequeue is how soon a Backup whose cached copy was behind the
+	// API server is looked at again, should its watch event be lost.
+	staleRequeue = time.Second
 )
 
 // Labels every backup's manifest carries, so that the reconciler picks a
@@ -142,34 +145,57 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 	before := b.DeepCopy()
-	res, err := r.reconcileBackup(ctx, b)
+	res, recorded, err := r.reconcileBackup(ctx, b)
 	b.Status.ObservedGeneration = b.Generation
 	if perr := r.Client.Status().Patch(ctx, b, client.MergeFrom(before)); perr != nil && !apierrors.IsNotFound(perr) {
 		return ctrl.Result{}, errors.Join(err, perr)
 	}
+	if recorded {
+		// Only now: had the write failed, the next Reconcile records the
+		// outcome again rather than starting the upload over.
+		r.uploads.forget(req.NamespacedName)
+	}
 	return res, err
 }
 
-// reconcileBackup records a finished upload, or checks the inputs and
+// reconcileBackup records a finished upload (recorded: its outcome is in
+// b's status, to be forgotten once written), or checks the inputs and
 // starts one.
-func (r *Reconciler) reconcileBackup(ctx context.Context, b *v1.Backup) (ctrl.Result, error) {
+func (r *Reconciler) reconcileBackup(ctx context.Context, b *v1.Backup) (res ctrl.Result, recorded bool, err error) {
 	key := client.ObjectKeyFromObject(b)
+	st, known := r.uploads.state(key)
 	if b.Status.State == v1.BackupStateCompleted {
-		return ctrl.Result{}, nil // a backup never changes
+		return ctrl.Result{}, known && st.done, nil // a backup never changes
 	}
-	if st, running := r.uploads.state(key); running {
+	if known {
 		if st.done {
-			r.uploads.forget(key)
-			return r.recordOutcome(b, st.res, st.err), nil
+			return r.recordOutcome(b, st.res, st.err), true, nil
 		}
-		return ctrl.Result{}, nil // the upload patches progress and wakes us when it ends
+		return ctrl.Result{}, false, nil // the upload patches progress and wakes us when it ends
 	}
+	res, err = r.startUpload(ctx, b)
+	return res, false, err
+}
+
+// startUpload checks b's inputs and starts its upload, unless it failed
+// in a way retrying cannot help or waits to be retried.
+func (r *Reconciler) startUpload(ctx context.Context, b *v1.Backup) (ctrl.Result, error) {
+	key := client.ObjectKeyFromObject(b)
 	if c := meta.FindStatusCondition(b.Status.Conditions, v1.BackupConditionCompleted); b.Status.State == v1.BackupStateFailed &&
 		c != nil && c.Reason == v1.BackupReasonNameConflict {
 		return ctrl.Result{}, nil // retrying cannot help; the message says what to do
 	}
 	if wait := r.retryWait(b); wait > 0 {
 		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	// The cache can be behind this reconciler's own last write: the
+	// outcome of the upload that just ended, recorded and forgotten.
+	// Started from that view, the backup would be uploaded again and its
+	// recorded status written over (bytesTotal back to 0 on a completed
+	// Backup). An upload starts only from the object as the API server
+	// has it now; the watch brings the newer one.
+	if current, err := r.current(ctx, b); err != nil || !current {
+		return ctrl.Result{RequeueAfter: staleRequeue}, err
 	}
 	j, res, err := r.prepare(ctx, b)
 	if j == nil || err != nil {
@@ -194,6 +220,16 @@ func (r *Reconciler) reconcileBackup(ctx context.Context, b *v1.Backup) (ctrl.Re
 	b.Status.BytesDone, b.Status.BytesTotal, b.Status.Progress = 0, 0, 0
 	setState(b, v1.BackupStateInProgress, v1.BackupReasonInProgress, fmt.Sprintf("uploading snapshot %s from replica %s (%s) to target %s", j.snapshot, j.replica, j.replicaAddr, b.Spec.Target))
 	return ctrl.Result{}, nil
+}
+
+// current says whether b (from the cache) is the API server's latest
+// version of it.
+func (r *Reconciler) current(ctx context.Context, b *v1.Backup) (bool, error) {
+	live := &v1.Backup{}
+	if err := r.Reader.Get(ctx, client.ObjectKeyFromObject(b), live); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return live.ResourceVersion == b.ResourceVersion, nil
 }
 
 // retryWait is how long a failed Backup still waits before its next
