@@ -343,9 +343,10 @@ func (job *restoreJob) write(ctx context.Context, run *restoreRun, m *backupstor
 // those they reported running, so their ports are open and a refusal is
 // about the manager's credentials:
 //   - a replica dials its data port first, then calls its control API; a
-//     control API that requires mutual TLS closes a connection without a
-//     client certificate of its CA, which gRPC reports as Unavailable
-//     (replicaclient.ErrNoControlAPI), not as a TLS error;
+//     control API that requires mutual TLS closes a plain connection,
+//     which gRPC reports as Unavailable (replicaclient.ErrNoControlAPI),
+//     not as a TLS error, and refuses a client certificate not of its CA
+//     (replicaclient.ErrControlTLS);
 //   - a replica whose data port requires TLS (instance managers with
 //     --data-tls) closes a plain connection at the key handshake, which
 //     the client sees as a malformed handshake.
@@ -353,7 +354,7 @@ func connectHint(err error, opts RestoreOptions) string {
 	switch {
 	case errors.Is(err, replicaclient.ErrNoControlAPI) && opts.ControlTLS == nil:
 		return "the replicas' data ports answered and their control APIs closed the manager's plain connection, as control APIs that require mutual TLS do: run the manager with --instance-manager-tls (Cairn's CA) when the instance managers run with --tls-client-ca; "
-	case errors.Is(err, replicaclient.ErrNoControlAPI):
+	case errors.Is(err, replicaclient.ErrNoControlAPI), errors.Is(err, replicaclient.ErrControlTLS):
 		return "the replicas' data ports answered and their control APIs closed the manager's TLS connection, as they do when they do not accept its client certificate (Cairn's CA's: check the instance managers' --tls-client-ca file holds the bundle of the manager's serving Secret) or serve no TLS; "
 	case errors.Is(err, dataconn.ErrAuthMalformed) && opts.DataTLS == nil:
 		return "the replicas closed the plain data connection at the key handshake, as replicas whose data ports require TLS do: if the instance managers run with --data-tls, run the manager with --data-tls too; "

@@ -183,7 +183,7 @@ func TestRestoreOverMutualTLS(t *testing.T) {
 		is   func(error) bool // finds the cause in the error
 		msg  string           // what the message says of it
 	}{
-		{"control API without a client certificate", func(o *RestoreOptions) { o.ControlTLS = noClientCert }, isErr(replicaclient.ErrNoControlAPI), "do not accept its client certificate"},
+		{"control API without a client certificate", func(o *RestoreOptions) { o.ControlTLS = noClientCert }, isErr(replicaclient.ErrControlTLS), "do not accept its client certificate"},
 		{"control API without TLS", func(o *RestoreOptions) { o.ControlTLS = nil }, isErr(replicaclient.ErrNoControlAPI), "run the manager with --instance-manager-tls"},
 		{"data port without a client certificate", func(o *RestoreOptions) { o.DataTLS = noClientCert }, isRemoteTLSAlert, "tls: certificate required"},
 		{"plain data port (manager without --data-tls)", func(o *RestoreOptions) { o.DataTLS = nil }, isErr(dataconn.ErrAuthMalformed), "run the manager with --data-tls too"},

@@ -73,6 +73,9 @@ var (
 	// replica's control API at its control address (the error is a
 	// *NoControlAPIError).
 	ErrNoControlAPI = errors.New("no replica control API")
+	// ErrControlTLS: the replica's control address answered, but the TLS
+	// handshake with it failed (the error is a *ControlTLSError).
+	ErrControlTLS = errors.New("replica control API TLS handshake failed")
 )
 
 // StaleEpochError is a call the replica refused for its epoch. It is
@@ -170,18 +173,19 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{data: d, cc: cc, ctl: replicav1.NewReplicaServiceClient(cc), timeout: opts.ControlTimeout, quick: opts.QuickTimeout, owner: opts.Owner}
-	if err := c.probe(ctx, addr, ctlAddr); err != nil {
+	if err := c.probe(ctx, addr, ctlAddr, opts.ControlTLS != nil); err != nil {
 		c.Close()
 		return nil, err
 	}
 	return c, nil
 }
 
-// probe reads the replica's epoch from its control API. When nothing
-// answers there although the data address did, the error says why and
-// what to do: a replica started without --control-listen otherwise shows
-// up as a bare gRPC dial error on a port the user never gave (data + 1).
-func (c *Client) probe(ctx context.Context, addr, ctlAddr string) error {
+// probe reads the replica's epoch from its control API. When that fails
+// although the data address answered, the error says why and what to
+// do: a replica started without --control-listen otherwise shows up as a
+// bare gRPC dial error on a port the user never gave (data + 1), and a
+// certificate one side refuses as "connection error" from gRPC.
+func (c *Client) probe(ctx context.Context, addr, ctlAddr string, useTLS bool) error {
 	qctx, cancel := c.qctx(ctx)
 	defer cancel()
 	in, err := c.ctl.Info(qctx, &replicav1.InfoRequest{})
@@ -190,10 +194,71 @@ func (c *Client) probe(ctx context.Context, addr, ctlAddr string) error {
 		c.epoch = in.Epoch
 		return nil
 	case status.Code(err) == codes.Unavailable:
-		return &NoControlAPIError{Replica: addr, Control: ctlAddr, Derived: !strings.Contains(addr, ","), Err: err}
+		msg := status.Convert(err).Message()
+		closed := closedByPeer(msg)
+		if why := tlsFailure(msg, useTLS, closed); why != "" {
+			return &ControlTLSError{Replica: addr, Control: ctlAddr, Why: why, Err: err}
+		}
+		return &NoControlAPIError{Replica: addr, Control: ctlAddr, Derived: !strings.Contains(addr, ","), Closed: closed, Err: err}
 	}
 	return fmt.Errorf("replica %s: control API on %s: %w", addr, ctlAddr, err)
 }
+
+// closedByPeer says whether a gRPC connection error's message is of a
+// connection accepted and then closed by the other side (not refused).
+func closedByPeer(msg string) bool {
+	for _, s := range []string{"server preface", "EOF", "connection reset by peer", "broken pipe"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// tlsFailure says, from a gRPC connection error's message, what failed
+// in the TLS handshake of a client with TLS (useTLS), or "" if the
+// handshake is not what failed; closed: the other side accepted the
+// connection and closed it. Go's crypto/tls and gRPC give no typed
+// error across the connection's goroutines, so the message is what there
+// is to go by.
+func tlsFailure(msg string, useTLS, closed bool) string {
+	if !useTLS {
+		return ""
+	}
+	switch {
+	case strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return "it serves no TLS, while this client connects with TLS: give both sides TLS (the instance manager's --tls-cert and --tls-client-ca) or neither"
+	case strings.Contains(msg, "failed to verify certificate"):
+		return "this client does not accept the certificate it presented: the CA that issued the instance manager's serving certificate must be among the client's trusted CAs, and the certificate must be current and name the address's host"
+	case strings.Contains(msg, "remote error: tls:"):
+		return "it refused this client's certificate: the client needs a current certificate from a CA the instance manager trusts (its --tls-client-ca file)"
+	case strings.Contains(msg, "authentication handshake failed"):
+		return "the TLS handshake failed"
+	case closed:
+		// TLS 1.3: the client's handshake ends before the server has
+		// checked its certificate, so a refusal can reach it as the
+		// connection closing under its first write or read.
+		return "it closed the connection at the TLS handshake, as it does when it refuses the client's certificate: the client needs a current certificate from a CA the instance manager trusts (its --tls-client-ca file)"
+	}
+	return ""
+}
+
+// ControlTLSError: the replica's control address answered and the TLS
+// handshake with it failed. It is ErrControlTLS for errors.Is and
+// unwraps to the gRPC error.
+type ControlTLSError struct {
+	// Replica is the address the client was given; Control the control
+	// address dialed; Why what failed and what to check.
+	Replica, Control, Why string
+	Err                   error
+}
+
+func (e *ControlTLSError) Error() string {
+	return fmt.Sprintf("replica %s: TLS with its control API on %s failed: %s (%v)", e.Replica, e.Control, e.Why, e.Err)
+}
+
+func (e *ControlTLSError) Is(target error) bool { return target == ErrControlTLS }
+func (e *ControlTLSError) Unwrap() error        { return e.Err }
 
 // NoControlAPIError: the replica's data address answered, its control
 // address did not. It is ErrNoControlAPI for errors.Is and unwraps to the
@@ -204,11 +269,19 @@ type NoControlAPIError struct {
 	Replica, Control string
 	// Derived: Control is the data port + 1 (Replica is HOST:PORT).
 	Derived bool
-	Err     error
+	// Closed: something accepted this plain client's connection on
+	// Control and closed it without a word of gRPC, as a control API
+	// that requires TLS does.
+	Closed bool
+	Err    error
 }
 
 func (e *NoControlAPIError) Error() string {
-	if e.Derived {
+	switch {
+	case e.Closed:
+		return fmt.Sprintf("replica %s answers on its data address, and its control address %s accepted this client's plain connection and closed it, as a control API that requires TLS does: give the client the control API's TLS (Cairn's CA and a client certificate from it) (%v)",
+			e.Replica, e.Control, e.Err)
+	case e.Derived:
 		return fmt.Sprintf("replica %s has no control API on %s (the data port + 1, where the engine looks when given HOST:PORT): start the replica with --control-listen %s, or give the engine DATA,CONTROL (%v)",
 			e.Replica, e.Control, e.Control, e.Err)
 	}
