@@ -231,17 +231,21 @@ func tlsFailure(msg string, useTLS, closed bool) string {
 	case strings.Contains(msg, "failed to verify certificate"):
 		return "this client does not accept the certificate it presented: the CA that issued the instance manager's serving certificate must be among the client's trusted CAs, and the certificate must be current and name the address's host"
 	case strings.Contains(msg, "remote error: tls:"):
-		return "it refused this client's certificate: the client needs a current certificate from a CA the instance manager trusts (its --tls-client-ca file)"
+		return "it refused this client's certificate: " + needClientCert
 	case strings.Contains(msg, "authentication handshake failed"):
 		return "the TLS handshake failed"
 	case closed:
 		// TLS 1.3: the client's handshake ends before the server has
 		// checked its certificate, so a refusal can reach it as the
 		// connection closing under its first write or read.
-		return "it closed the connection at the TLS handshake, as it does when it refuses the client's certificate: the client needs a current certificate from a CA the instance manager trusts (its --tls-client-ca file)"
+		return "it closed the connection at the TLS handshake, as it does when it refuses the client's certificate: " + needClientCert
 	}
 	return ""
 }
+
+// needClientCert is what to check when a control API refuses the
+// client's certificate, however the refusal reached the client.
+const needClientCert = "the client needs a current certificate from a CA the instance manager trusts (its --tls-client-ca file)"
 
 // ControlTLSError: the replica's control address answered and the TLS
 // handshake with it failed. It is ErrControlTLS for errors.Is and
