@@ -144,7 +144,10 @@ func TestVolumeRepair(t *testing.T) {
 	g.Expect(rb.DirtyOnly).To(BeTrue(), "the returning replica resyncs only what it missed: %+v", rb)
 	g.Expect(rb.BytesTotal).To(BeNumerically("<", size/4), "a delta resync copies the regions written while it was away, not the volume")
 	t.Logf("returning replica %s: %s rebuild of %d bytes from %s", victim, rb.State, rb.BytesTotal, rb.SourceReplica)
-	g.Expect(replicas()[victim].Spec.FailedAt).To(BeNil(), "a replica RW again is no longer failed")
+	// The Volume reconciler clears failedAt when it sees the completed
+	// rebuild, which may be after this read of the engine.
+	g.Eventually(func() *metav1.Time { r := replicas()[victim]; return r.Spec.FailedAt }, timeout, 50*time.Millisecond).Should(BeNil(),
+		"a replica RW again is no longer failed")
 	g.Expect(replicas()).To(HaveLen(3), "no replacement for a replica that came back in time")
 	qemuIO(t, vol.Name, sock, "read -P 0x11 0 4M", "read -P 0x22 8M 2M")
 
