@@ -8,6 +8,9 @@
 //	             local (unix socket), two over loopback TCP as if remote
 //	cairn-3-enc  cairn-3 encrypting the volume at rest (only in its own
 //	             table unless --targets names it; see encryption.go)
+//	cairn-3-base cairn-3 run by another cairn-data binary (--base-bin), an
+//	             older build, to tell whether a change made cairn-3 cost more
+//	             (only when --targets names it)
 //	fuse-1, fuse-1-tcp  cairn-1 and cairn-1-tcp through the FUSE frontend's
 //	             loop device (only in their own table unless --targets
 //	             names them; see fuseloop.go)
@@ -43,6 +46,7 @@ import (
 
 var (
 	bin     = flag.String("bin", "bin/cairn-data", "cairn-data binary")
+	baseBin = flag.String("base-bin", "", "for the target cairn-3-base: another cairn-data binary (e.g. an older commit's build) measured beside cairn-3 in the same rounds")
 	dir     = flag.String("dir", "", "work directory on the disk to measure (default: a temporary directory)")
 	size    = flag.String("size", "1G", "file and volume size")
 	runtime = flag.Duration("runtime", 8*time.Second, "duration of each fio job")
@@ -118,7 +122,7 @@ func startProc(args ...string) (*exec.Cmd, map[string]string) {
 
 // startProcFiles is startProc with files inherited as descriptors 3, 4, ...
 func startProcFiles(files []*os.File, args ...string) (*exec.Cmd, map[string]string) {
-	cmd := exec.Command(*bin, args...)
+	cmd := exec.Command(procBin, args...)
 	cmd.ExtraFiles = files
 	out, err := cmd.StdoutPipe()
 	must(err)
@@ -126,7 +130,7 @@ func startProcFiles(files []*os.File, args ...string) (*exec.Cmd, map[string]str
 	must(cmd.Start())
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil {
-		must(fmt.Errorf("%s %v did not start: %w", *bin, args, err))
+		must(fmt.Errorf("%s %v did not start: %w", procBin, args, err))
 	}
 	f := map[string]string{}
 	for _, kv := range strings.Fields(line) {
@@ -135,6 +139,18 @@ func startProcFiles(files []*os.File, args ...string) (*exec.Cmd, map[string]str
 		}
 	}
 	return cmd, f
+}
+
+// procBin is the binary startProc runs: --bin, or --base-bin while
+// cairn-3-base starts (withBin).
+var procBin string
+
+// withBin runs start with startProc running binary b.
+func withBin(b string, start func() target) target {
+	old := procBin
+	procBin = b
+	defer func() { procBin = old }()
+	return start()
 }
 
 // direct is whether the table being measured uses O_DIRECT everywhere.
@@ -440,7 +456,7 @@ func printDirectOverBuffered(names []string, buffered, direct map[string][]float
 // ratios are the ratio columns a table shows when both their targets
 // were measured.
 var ratios = []ratio{{"c1/qemu-nbd", "cairn-1", "qemu-nbd", 1}, {"c1tcp/qemu", "cairn-1-tcp", "qemu-nbd", 1},
-	{"c3/raw", "cairn-3", "raw", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}, {"enc/c3", "cairn-3-enc", "cairn-3", 1},
+	{"c3/raw", "cairn-3", "raw", 1}, {"c3/base", "cairn-3", "cairn-3-base", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}, {"enc/c3", "cairn-3-enc", "cairn-3", 1},
 	{"key/tcp", "cairn-1-key", "cairn-1-tcp", 1}, {"tls/tcp", "cairn-1-tls", "cairn-1-tcp", 1},
 	{"f1tcp/c1tcp", "fuse-1-tcp", "cairn-1-tcp", 1}, {"f1/c1", "fuse-1", "cairn-1", 1}}
 
@@ -516,6 +532,7 @@ func deviceTable(work string, names []string, targets map[string]func(string) ta
 
 func main() {
 	flag.Parse()
+	procBin = *bin
 	if *filter != "" {
 		var keep []workload
 		for _, w := range workloads {
@@ -548,6 +565,12 @@ func main() {
 		"cairn-1-tcp": func(w string) target { return cairn(w, "cairn-1-tcp", 1, 0) },
 		"cairn-3":     func(w string) target { return cairn(w, "cairn-3", 3, 1) },
 		"cairn-3-enc": encrypted,
+		"cairn-3-base": func(w string) target {
+			if *baseBin == "" {
+				must(fmt.Errorf("target cairn-3-base needs --base-bin"))
+			}
+			return withBin(*baseBin, func() target { return cairn(w, "cairn-3-base", 3, 1) })
+		},
 		"cairn-1-key": func(w string) target { return secured(w, "cairn-1-key", false) },
 		"cairn-1-tls": func(w string) target { return secured(w, "cairn-1-tls", true) },
 		"fuse-1":      func(w string) target { return fuseLoop(w, "fuse-1", 1, 1) },
