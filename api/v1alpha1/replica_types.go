@@ -88,11 +88,40 @@ type ReplicaStatus struct {
 	// +optional
 	ControlAddress string `json:"controlAddress,omitempty"`
 
+	// localAddress is the replica's data address for an engine of the same
+	// instance manager (unix:PATH): a unix socket, through which the
+	// engine hands write payloads over in shared memory and reads
+	// without crossing the network stack. address stays the one for
+	// engines elsewhere, rebuilds and backups. Empty when the process
+	// serves no such socket.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	LocalAddress string `json:"localAddress,omitempty"`
+
 	// conditions: Ready.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ServesAt reports whether the replica's process, as its status reports
+// it, is reached at a: its control address and either of its data
+// addresses.
+func (s *ReplicaStatus) ServesAt(a ReplicaAddress) bool {
+	return a.Control == s.ControlAddress && a.Data != "" && (a.Data == s.Address || a.Data == s.LocalAddress)
+}
+
+// EngineAddress is where an engine on engineNode reaches the replica of
+// this status, placed on replicaNode: its local address when both are on
+// the same node (one instance manager runs both) and it has one, its
+// address otherwise.
+func (s *ReplicaStatus) EngineAddress(replicaNode, engineNode string) ReplicaAddress {
+	data := s.Address
+	if s.LocalAddress != "" && replicaNode != "" && replicaNode == engineNode {
+		data = s.LocalAddress
+	}
+	return ReplicaAddress{Data: data, Control: s.ControlAddress}
 }
 
 // Replica is one copy of a Volume's data on one disk of one node, and the

@@ -408,7 +408,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			UpdateFunc: func(ev event.UpdateEvent) bool {
 				a, b := ev.ObjectOld.(*v1.Replica), ev.ObjectNew.(*v1.Replica)
 				return (a.Spec.FailedAt == nil) != (b.Spec.FailedAt == nil) || a.Status.InstanceState != b.Status.InstanceState ||
-					a.Status.Address != b.Status.Address || a.Status.ControlAddress != b.Status.ControlAddress
+					a.Status.Address != b.Status.Address || a.Status.ControlAddress != b.Status.ControlAddress || a.Status.LocalAddress != b.Status.LocalAddress
 			},
 		})).
 		Named("engine").

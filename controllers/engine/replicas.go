@@ -273,7 +273,7 @@ func (r *Reconciler) givenBack(ctx context.Context, e *v1.Engine) (func(name str
 // spec's entry is merely the old one.
 func replicaGivenBack(rep *v1.Replica, a v1.ReplicaAddress) bool {
 	return rep.Spec.FailedAt != nil && rep.DeletionTimestamp.IsZero() && rep.Status.InstanceState == v1.InstanceStateRunning &&
-		rep.Status.Address == a.Data && rep.Status.ControlAddress == a.Control
+		rep.Status.ServesAt(a)
 }
 
 // freshMembers asks the engine for its replicas and rebuilds now.
@@ -376,7 +376,7 @@ func replicaMismatch(a v1.ReplicaAddress, s replicaSeen) string {
 		return "no process on node " + s.rep.Spec.NodeName
 	case s.proc.GetState() != imv1.ProcessState_PROCESS_STATE_RUNNING:
 		return "its process is " + string(process.StateFromProto(s.proc.GetState()))
-	case s.proc.GetDataAddress() != a.Data || s.proc.GetControlAddress() != a.Control:
+	case s.proc.GetControlAddress() != a.Control || (a.Data != s.proc.GetDataAddress() && a.Data != s.proc.GetLocalDataAddress()):
 		now := ReplicaAddress(v1.ReplicaAddress{Data: s.proc.GetDataAddress(), Control: s.proc.GetControlAddress()})
 		return fmt.Sprintf("it runs at %s, the spec gives %s", now, ReplicaAddress(a))
 	}

@@ -126,6 +126,8 @@ func TestReplicaGivenBack(t *testing.T) {
 		{"running at another data address", func(r *v1.Replica) { r.Status.Address = "h:3" }, false},
 		{"running at another control address", func(r *v1.Replica) { r.Status.ControlAddress = "h:3" }, false},
 		{"being deleted", func(r *v1.Replica) { r.DeletionTimestamp = failed }, false},
+		{"its unix socket is the spec's data address", func(r *v1.Replica) { r.Status.Address, r.Status.LocalAddress = "h:3", "h:1" }, true},
+		{"has a unix socket, the spec gives its TCP address", func(r *v1.Replica) { r.Status.LocalAddress = "unix:/r.sock" }, true},
 	} {
 		rep := &v1.Replica{Spec: v1.ReplicaSpec{FailedAt: failed},
 			Status: v1.ReplicaStatus{InstanceState: v1.InstanceStateRunning, Address: "h:1", ControlAddress: "h:2"}}
@@ -151,24 +153,35 @@ func TestReplicaMismatch(t *testing.T) {
 	proc := func(state imv1.ProcessState, data, control string) *imv1.Process {
 		return &imv1.Process{State: state, DataAddress: data, ControlAddress: control}
 	}
+	withSocket := func(p *imv1.Process, local string) *imv1.Process { p.LocalDataAddress = local; return p }
+	local := v1.ReplicaAddress{Data: "unix:/run/cairn/r-1.sock", Control: a.Control}
 	running := imv1.ProcessState_PROCESS_STATE_RUNNING
 	for _, tc := range []struct {
-		name string
-		seen replicaSeen
-		ok   bool
+		name  string
+		seen  replicaSeen
+		ok    bool
+		given v1.ReplicaAddress // the spec's address ({}: a)
 	}{
-		{"runs where the spec says", replicaSeen{rep: rep(nil), current: true, proc: proc(running, a.Data, a.Control)}, true},
-		{"no Replica", replicaSeen{}, false},
-		{"being deleted", replicaSeen{rep: rep(func(r *v1.Replica) { r.DeletionTimestamp = &metav1.Time{Time: time.Now()} }), current: true, proc: proc(running, a.Data, a.Control)}, false},
-		{"not placed", replicaSeen{rep: rep(func(r *v1.Replica) { r.Spec.NodeName = "" })}, false},
-		{"its instance manager unreachable", replicaSeen{rep: rep(nil), unreachable: "instance manager im-n1 at x is not reachable", proc: proc(running, a.Data, a.Control)}, false},
-		{"no process (a new instance manager)", replicaSeen{rep: rep(nil), current: true}, false},
-		{"starting", replicaSeen{rep: rep(nil), current: true, proc: proc(imv1.ProcessState_PROCESS_STATE_STARTING, "", "")}, false},
-		{"runs at a new pod IP", replicaSeen{rep: rep(nil), current: true, proc: proc(running, "10.0.0.9:1", "10.0.0.9:2")}, false},
-		{"runs at another data port", replicaSeen{rep: rep(nil), current: true, proc: proc(running, "10.0.0.1:7", a.Control)}, false},
+		{"runs where the spec says", replicaSeen{rep: rep(nil), current: true, proc: proc(running, a.Data, a.Control)}, true, v1.ReplicaAddress{}},
+		{"no Replica", replicaSeen{}, false, v1.ReplicaAddress{}},
+		{"being deleted", replicaSeen{rep: rep(func(r *v1.Replica) { r.DeletionTimestamp = &metav1.Time{Time: time.Now()} }), current: true, proc: proc(running, a.Data, a.Control)}, false, v1.ReplicaAddress{}},
+		{"not placed", replicaSeen{rep: rep(func(r *v1.Replica) { r.Spec.NodeName = "" })}, false, v1.ReplicaAddress{}},
+		{"its instance manager unreachable", replicaSeen{rep: rep(nil), unreachable: "instance manager im-n1 at x is not reachable", proc: proc(running, a.Data, a.Control)}, false, v1.ReplicaAddress{}},
+		{"no process (a new instance manager)", replicaSeen{rep: rep(nil), current: true}, false, v1.ReplicaAddress{}},
+		{"starting", replicaSeen{rep: rep(nil), current: true, proc: proc(imv1.ProcessState_PROCESS_STATE_STARTING, "", "")}, false, v1.ReplicaAddress{}},
+		{"runs at a new pod IP", replicaSeen{rep: rep(nil), current: true, proc: proc(running, "10.0.0.9:1", "10.0.0.9:2")}, false, v1.ReplicaAddress{}},
+		{"runs at another data port", replicaSeen{rep: rep(nil), current: true, proc: proc(running, "10.0.0.1:7", a.Control)}, false, v1.ReplicaAddress{}},
+		{"serves a unix socket too; the spec gives its TCP address", replicaSeen{rep: rep(nil), current: true, proc: withSocket(proc(running, a.Data, a.Control), local.Data)}, true, v1.ReplicaAddress{}},
+		{"the spec gives its unix socket", replicaSeen{rep: rep(nil), current: true, proc: withSocket(proc(running, a.Data, a.Control), local.Data)}, true, local},
+		{"the spec gives a unix socket it does not serve", replicaSeen{rep: rep(nil), current: true, proc: withSocket(proc(running, a.Data, a.Control), "unix:/other.sock")}, false, local},
+		{"the spec gives a unix socket, it serves none", replicaSeen{rep: rep(nil), current: true, proc: proc(running, a.Data, a.Control)}, false, local},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			why := replicaMismatch(a, tc.seen)
+			given := a
+			if tc.given.Data != "" {
+				given = tc.given
+			}
+			why := replicaMismatch(given, tc.seen)
 			if (why == "") != tc.ok {
 				t.Fatalf("replicaMismatch = %q, want ok=%v", why, tc.ok)
 			}

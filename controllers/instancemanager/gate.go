@@ -204,7 +204,7 @@ func (rs *replicaSet) serves(r *v1.Replica, e *v1.Engine, p v1.ProcessStatus, im
 	}
 	given, ok := e.Spec.ReplicaAddresses[r.Name]
 	mode := e.Status.ReplicaModeMap[r.Name]
-	if ok && given.Data == r.Status.Address && given.Control == r.Status.ControlAddress && mode == v1.ReplicaModeRW {
+	if ok && r.Status.ServesAt(given) && mode == v1.ReplicaModeRW {
 		return gateDecision{}, true
 	}
 	what := "not given to the engine at its current address yet"

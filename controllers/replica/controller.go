@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -87,7 +88,7 @@ func (r *Reconciler) reconcileProcess(ctx context.Context, rep *v1.Replica) (ctr
 		objects.SetCondition(&st.Conditions, rep.Generation, v1.ConditionReady, ok, reason, msg)
 	}
 	if rep.Spec.NodeName == "" || rep.Spec.DiskPath == "" || rep.Spec.DataDirectoryName == "" {
-		st.InstanceState, st.Address, st.ControlAddress = v1.InstanceStateStopped, "", ""
+		st.InstanceState, st.Address, st.ControlAddress, st.LocalAddress = v1.InstanceStateStopped, "", "", ""
 		ready(false, v1.ReplicaReasonNotScheduled, "the replica has no node, disk path and data directory yet")
 		return ctrl.Result{}, nil
 	}
@@ -109,14 +110,21 @@ func (r *Reconciler) runner() *process.Runner { return r.processes.Get(r.Client,
 // process that may not hold it any more).
 func observe(rep *v1.Replica, o process.Observation) {
 	st := &rep.Status
-	st.InstanceState, st.Address, st.ControlAddress = o.State, "", ""
+	st.InstanceState, st.Address, st.ControlAddress, st.LocalAddress = o.State, "", "", ""
 	if o.InstanceManager != "" {
 		st.InstanceManagerName = o.InstanceManager
 	}
 	if o.State == v1.InstanceStateRunning && o.Process != nil {
 		st.Address, st.ControlAddress = o.Process.GetDataAddress(), o.Process.GetControlAddress()
+		if local := o.Process.GetLocalDataAddress(); strings.HasPrefix(local, "unix:") && len(local) <= maxLocalAddress {
+			st.LocalAddress = local
+		}
 	}
 }
+
+// maxLocalAddress is status.localAddress's bound in the CRD: an instance
+// manager reporting a longer one has the replica reached over TCP only.
+const maxLocalAddress = 256
 
 // createRequest is the replica process to create: its data directory,
 // its size and the volume's data-port key.

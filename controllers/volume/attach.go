@@ -136,7 +136,7 @@ func (r *Reconciler) startSet(ctx context.Context, s *scope, restart bool) (map[
 		if err := r.setReplica(ctx, rep, v1.DesiredInstanceStateRunning); err != nil {
 			return nil, 0, err
 		}
-		if a, ok := runningAddress(rep); ok {
+		if a, ok := engineAddress(rep, s.node); ok {
 			addrs[rep.Name] = a
 			inSync = inSync || (rep.Spec.HealthyAt != nil && rep.Spec.FailedAt == nil)
 			continue

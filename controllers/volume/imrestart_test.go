@@ -64,14 +64,20 @@ func TestEngineNodeInstanceManagerNewAddress(t *testing.T) {
 		}
 	}
 	g.Expect(local.Name).NotTo(BeEmpty(), "a replica on the engine's node")
-	old := v1.ReplicaAddress{Data: local.Status.Address, Control: local.Status.ControlAddress}
-	g.Expect(getEngine(g, vol).Spec.ReplicaAddresses).To(HaveKeyWithValue(local.Name, old))
+	old := v1.ReplicaAddress{Data: local.Status.LocalAddress, Control: local.Status.ControlAddress}
+	g.Expect(old.Data).To(HavePrefix("unix:"), "the replica on the engine's node serves a unix socket too")
+	g.Expect(getEngine(g, vol).Spec.ReplicaAddresses).To(HaveKeyWithValue(local.Name, old), "the engine reaches its node's replica through the socket")
+	for _, r := range listReplicas(g, vol) {
+		if r.Name != local.Name {
+			g.Expect(getEngine(g, vol).Spec.ReplicaAddresses[r.Name].Data).To(Equal(r.Status.Address), "replicas on other nodes are reached over TCP")
+		}
+	}
 
 	// The pod goes: its processes die with it, and no ready pod means no
 	// address.
 	ims["na-a"].Kill()
 	setIMAddress(g, "im-na-a", "")
-	holes := blackholes(t, old.Data, old.Control)
+	holes := blackholes(t, local.Status.Address, old.Control) // its TCP ports; the socket's path is the new process's too
 	ims["na-a"] = imtest.Start(t, "na-a", freeAddrOn(t, "127.0.0.2"), dirs["na-a"])
 	// Every engine process the new instance manager starts is recorded
 	// from its process watch, before the manager is told of it.
@@ -84,7 +90,8 @@ func TestEngineNodeInstanceManagerNewAddress(t *testing.T) {
 	g.Expect(holes.Load()).To(BeZero(), "nothing connected to the replica's old address")
 	now := getEngine(g, vol).Spec.ReplicaAddresses[local.Name]
 	g.Expect(now).NotTo(Equal(old), "the engine's spec follows the replica's new address")
-	host, _, err := net.SplitHostPort(now.Data)
+	g.Expect(now.Data).To(HavePrefix("unix:"), "the engine reaches its node's new replica process through its socket")
+	host, _, err := net.SplitHostPort(now.Control)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(host).To(Equal("127.0.0.2"), "the replica runs under the new instance manager")
 	// The engine is started once, with every replica at its current

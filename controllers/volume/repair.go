@@ -18,7 +18,7 @@ import (
 func (r *Reconciler) planReplicas(_ context.Context, s *scope) error {
 	in := repairInput{want: wantReplicas(s.v), replicas: s.replicas, rebuildLimit: r.rebuildLimit(), wait: r.wait(), now: s.now}
 	if e := s.engine; e != nil {
-		in.engineAddrs = e.Spec.ReplicaAddresses
+		in.engineAddrs, in.engineNode = e.Spec.ReplicaAddresses, e.Spec.NodeName
 		if e.Status.InstanceState == v1.InstanceStateRunning {
 			in.modes = e.Status.ReplicaModeMap
 		}

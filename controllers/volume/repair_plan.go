@@ -34,8 +34,10 @@ type repairInput struct {
 	// not hold has none. Nil while the engine does not run (or has not
 	// reported): nothing serves, and the plan is faulted.
 	modes map[string]v1.ReplicaMode
-	// engineAddrs is the engine's current spec.replicaAddresses.
+	// engineAddrs is the engine's current spec.replicaAddresses, and
+	// engineNode the node it runs on.
 	engineAddrs  map[string]v1.ReplicaAddress
+	engineNode   string
 	rebuildLimit int
 	wait         time.Duration
 	now          time.Time
@@ -76,9 +78,19 @@ func expired(r *v1.Replica, wait time.Duration, now time.Time) bool {
 	return r.Spec.FailedAt != nil && now.Sub(r.Spec.FailedAt.Time) >= wait
 }
 
+// runningAddress is where a running replica serves for anyone (its TCP
+// data and control addresses), and whether it runs.
 func runningAddress(r *v1.Replica) (v1.ReplicaAddress, bool) {
 	ok := r.DeletionTimestamp.IsZero() && r.Status.InstanceState == v1.InstanceStateRunning && r.Status.Address != "" && r.Status.ControlAddress != ""
 	return v1.ReplicaAddress{Data: r.Status.Address, Control: r.Status.ControlAddress}, ok
+}
+
+// engineAddress is where an engine on engineNode reaches a running
+// replica: through the replica's unix socket when both run on that node
+// (shared memory, no network stack), at its TCP address otherwise.
+func engineAddress(r *v1.Replica, engineNode string) (v1.ReplicaAddress, bool) {
+	_, ok := runningAddress(r)
+	return r.Status.EngineAddress(r.Spec.NodeName, engineNode), ok
 }
 
 // heldMode reports whether an engine holding a replica in mode m serves
@@ -232,7 +244,7 @@ func (pl *planner) count(r *v1.Replica, mode v1.ReplicaMode, failedAt *metav1.Ti
 // running one while the rebuild budget lasts, a given-up one only while
 // the engine has fewer RW and WO replicas than wanted.
 func (pl *planner) give(r *v1.Replica, mode v1.ReplicaMode, gone bool) {
-	addr, running := runningAddress(r)
+	addr, running := engineAddress(r, pl.in.engineNode)
 	switch {
 	case heldMode(mode):
 		if a, ok := pl.in.engineAddrs[r.Name]; ok {

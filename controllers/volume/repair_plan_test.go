@@ -317,3 +317,42 @@ func TestPlanReplicasEngineModes(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanRepairLocalAddress: a replica given to the engine reaches it
+// through its unix socket when both run on one node and at its TCP
+// address from elsewhere; one the engine holds stays at the address the
+// engine knows it by, whichever that is (an engine started before its
+// replicas had a socket is not made to rebuild them).
+func TestPlanRepairLocalAddress(t *testing.T) {
+	onNode := func(r *v1.Replica, node string) *v1.Replica {
+		r.Spec.NodeName = node
+		r.Status.LocalAddress = "unix:/run/cairn/r-" + r.Name + ".sock"
+		return r
+	}
+	local := onNode(planRep("local", true, true, 0), "n1")
+	remote := onNode(planRep("remote", true, true, 0), "n2")
+	held := onNode(planRep("held", true, true, 0), "n1")
+	back := onNode(planRep("back", true, true, 2*time.Second), "n1") // failed, running again: given back
+	p := planRepair(repairInput{want: 4, replicas: []*v1.Replica{local, remote, held, back}, engineNode: "n1", rebuildLimit: 3,
+		modes:       planModes{"held": mRW, "back": mERR},
+		engineAddrs: map[string]v1.ReplicaAddress{"held": planAddr("held"), "back": planAddr("back")},
+		now:         planNow, wait: planWait})
+	for name, want := range map[string]v1.ReplicaAddress{
+		"local":  {Data: "unix:/run/cairn/r-local.sock", Control: "local:2"},
+		"remote": planAddr("remote"),
+		"held":   planAddr("held"),
+		"back":   {Data: "unix:/run/cairn/r-back.sock", Control: "back:2"},
+	} {
+		if got, ok := p.addresses[name]; !ok || got != want {
+			t.Errorf("replica %s given at %+v (in the set: %v), want %+v", name, got, ok, want)
+		}
+	}
+
+	// The engine on another node reaches every replica over TCP.
+	p = planRepair(repairInput{want: 2, replicas: []*v1.Replica{local, remote}, engineNode: "n3", rebuildLimit: 2, now: planNow, wait: planWait})
+	for _, name := range []string{"local", "remote"} {
+		if got := p.addresses[name]; got != planAddr(name) {
+			t.Errorf("engine on n3: replica %s given at %+v, want %+v", name, got, planAddr(name))
+		}
+	}
+}

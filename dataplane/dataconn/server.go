@@ -99,11 +99,15 @@ type ServerOptions struct {
 	// connection beyond it is closed at once (a flood of idle connections
 	// cannot hold the server's memory). Default 64.
 	MaxHandshakes int
-	// TLS, when set, makes every connection Serve accepts a TLS server
-	// connection: its handshake (within HandshakeTimeout, counted in
-	// MaxHandshakes) comes before the key's, and frames travel encrypted.
-	// For data ports on networks the volume's traffic must not be read on;
-	// give it ClientAuth to require the engines' certificates too.
+	// TLS, when set, makes every connection Serve accepts from a listener
+	// that is not a unix socket (TCP) a TLS server connection: its
+	// handshake (within HandshakeTimeout, counted in MaxHandshakes) comes
+	// before the key's, and frames travel encrypted. For data ports on
+	// networks the volume's traffic must not be read on; give it
+	// ClientAuth to require the engines' certificates too. Connections
+	// from a unix listener stay on the node and are served without TLS
+	// (clients do not wrap them, see ClientOptions.TLS); the key's
+	// handshake still applies to them.
 	TLS *tls.Config
 }
 
@@ -177,13 +181,20 @@ func NewServer(b Backend, opts ServerOptions) *Server {
 }
 
 // Serve accepts connections on l and serves each until the server shuts
-// down. It returns ErrServerClosed after Shutdown or Close, and the
-// listener's error when accepting fails for good; transient failures
-// (see TransientAcceptError) are retried with a back-off and logged.
+// down. It returns ErrServerClosed after Shutdown or Close, which close l
+// (a Serve called after them closes it at once), and the listener's error
+// when accepting fails for good; transient failures (see
+// TransientAcceptError) are retried with a back-off and logged. Serve may
+// run for several listeners at once: they share the workers, the key and
+// the backend, and TLS applies to each that is not a unix socket
+// (ServerOptions.TLS).
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
+		// A Serve started in the background may come after Shutdown:
+		// the listener is closed as if it had been tracked.
+		l.Close()
 		return ErrServerClosed
 	}
 	s.listeners[l] = struct{}{}
@@ -197,6 +208,10 @@ func (s *Server) Serve(l net.Listener) error {
 	// replica whose Serve returned would stop taking its engine's
 	// connections, and its process would exit.
 	a := NewAcceptor(l, AcceptOptions{Logger: s.log, Done: s.done})
+	tlsConf := s.opts.TLS
+	if l.Addr().Network() == "unix" {
+		tlsConf = nil
+	}
 	for {
 		nc, err := a.Accept()
 		if err != nil {
@@ -208,7 +223,7 @@ func (s *Server) Serve(l net.Listener) error {
 			}
 			return err
 		}
-		if s.opts.Key == nil && s.opts.TLS == nil {
+		if s.opts.Key == nil && tlsConf == nil {
 			s.ServeConn(nc)
 			continue
 		}
@@ -223,16 +238,17 @@ func (s *Server) Serve(l net.Listener) error {
 			nc.Close()
 			continue
 		}
-		go s.authenticate(nc)
+		go s.authenticate(nc, tlsConf)
 	}
 }
 
-// authenticate runs the handshakes on an accepted connection (TLS's, then
-// the key's) and serves it if the client passes them.
-func (s *Server) authenticate(nc net.Conn) {
+// authenticate runs the handshakes on an accepted connection (TLS's with
+// tlsConf when it is not nil, then the key's) and serves it if the client
+// passes them.
+func (s *Server) authenticate(nc net.Conn, tlsConf *tls.Config) {
 	var err error
-	if s.opts.TLS != nil {
-		tc := tls.Server(nc, s.opts.TLS)
+	if tlsConf != nil {
+		tc := tls.Server(nc, tlsConf)
 		ctx, cancel := context.WithTimeout(context.Background(), s.opts.HandshakeTimeout)
 		err = tc.HandshakeContext(ctx)
 		cancel()

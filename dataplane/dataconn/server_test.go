@@ -245,3 +245,18 @@ func FuzzServer(f *testing.F) {
 		}
 	})
 }
+
+// TestServeAfterCloseClosesListener: a Serve that comes after Close (one
+// started in the background, late) closes its listener, so that a unix
+// socket is not left accepting connections no one serves.
+func TestServeAfterCloseClosesListener(t *testing.T) {
+	l, _ := listenUnix(t)
+	srv := NewServer(newMem(1<<20), ServerOptions{})
+	srv.Close()
+	if err := srv.Serve(l); !errors.Is(err, ErrServerClosed) {
+		t.Fatalf("Serve after Close: %v, want ErrServerClosed", err)
+	}
+	if _, err := l.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("the listener is still open after Serve returned: Accept gave %v", err)
+	}
+}

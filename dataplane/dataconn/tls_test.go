@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cairn-io/cairn/dataplane/internal/shm"
 	"github.com/cairn-io/cairn/dataplane/testutil/testpki"
 )
 
@@ -62,6 +63,88 @@ func TestTLS(t *testing.T) {
 			if err == nil {
 				// TLS 1.3 clients finish before the server checks their
 				// certificate: the refusal shows on the first request.
+				err = c.WriteAt(ctx, make([]byte, 4096), 0, false)
+				c.Close()
+			}
+			if err == nil {
+				t.Fatal("served")
+			}
+		})
+	}
+	if !bytes.Equal(b.contents(), seed) {
+		t.Fatal("a refused client changed the backend")
+	}
+}
+
+// TestTLSPerListener: a server with TLS and a key serving a TCP and a
+// unix listener serves TLS on TCP only. A TLS client with the key is
+// served on TCP and a plain client with the key on the unix socket (with
+// shared memory), and they see each other's writes; a plain client on TCP
+// and a client without the key on the unix socket are refused.
+func TestTLSPerListener(t *testing.T) {
+	ca := testpki.New(t)
+	serverTLS, clientTLS := ca.Pair(t, "engine")
+	key := testKey(t)
+	b := newMem(1 << 20)
+	srv := NewServer(b, ServerOptions{Key: key, TLS: serverTLS, HandshakeTimeout: 2 * time.Second})
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ul, path := listenUnix(t)
+	for _, l := range []net.Listener{tl, ul} {
+		go func() { _ = srv.Serve(l) }() // ErrServerClosed at Close
+	}
+	t.Cleanup(func() { srv.Close() })
+	ctx := context.Background()
+
+	overTCP, err := Dial(ctx, "tcp", tl.Addr().String(), ClientOptions{Key: key, TLS: clientTLS, Conns: 1})
+	if err != nil {
+		t.Fatalf("TLS client with the key on TCP refused: %v", err)
+	}
+	defer overTCP.Close()
+	region := newRegion(t, 1<<20)
+	arena := shm.NewArena(region)
+	// A client's TLS config leaves unix connections plain, as an engine's does.
+	overUnix, err := Dial(ctx, "unix", path, ClientOptions{Key: key, TLS: clientTLS, Shared: region, Conns: 1})
+	if err != nil {
+		t.Fatalf("plain client with the key on the unix socket refused: %v", err)
+	}
+	defer overUnix.Close()
+
+	p := arena.Get(4096)
+	copy(p, bytes.Repeat([]byte("through the unix socket "), 4096/24+1))
+	if err := overUnix.WriteAt(ctx, p, 4096, true); err != nil {
+		t.Fatalf("write on the unix socket: %v", err)
+	}
+	if overUnix.SharedWrites() != 1 {
+		t.Fatal("the write on the unix socket did not go through shared memory")
+	}
+	got := make([]byte, 4096)
+	if err := overTCP.ReadAt(ctx, got, 4096); err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("read back over TLS: %v (equal %v)", err, bytes.Equal(got, p))
+	}
+	arena.Put(p)
+	data := bytes.Repeat([]byte{0x5a}, 4096)
+	if err := overTCP.WriteAt(ctx, data, 8192, false); err != nil {
+		t.Fatalf("write over TLS: %v", err)
+	}
+	if err := overUnix.ReadAt(ctx, got, 8192); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back on the unix socket: %v", err)
+	}
+
+	seed := b.contents()
+	for name, dial := range map[string]func() (*Client, error){
+		"plain client on TCP": func() (*Client, error) {
+			return Dial(ctx, "tcp", tl.Addr().String(), ClientOptions{Key: key, Conns: 1, HandshakeTimeout: 2 * time.Second})
+		},
+		"no key on the unix socket": func() (*Client, error) {
+			return Dial(ctx, "unix", path, ClientOptions{Conns: 1, HandshakeTimeout: 2 * time.Second})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, err := dial()
+			if err == nil {
 				err = c.WriteAt(ctx, make([]byte, 4096), 0, false)
 				c.Close()
 			}

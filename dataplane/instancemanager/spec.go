@@ -97,7 +97,8 @@ type ReplicaSpec struct {
 	// DirectIO reads and writes the data files with O_DIRECT.
 	DirectIO bool
 	// UnixSocket serves data on a unix socket (for an engine on this
-	// node) instead of a TCP port.
+	// node) instead of a TCP port. Without it the replica serves its data
+	// on a TCP port and on a unix socket (Process.LocalDataAddress).
 	UnixSocket bool
 	// AuthKey is the volume's key (AuthKeySize bytes, or empty for none):
 	// the replica serves only data connections that prove they hold it.
@@ -277,6 +278,19 @@ func shortName(name string) string {
 // shortNameLen is len(shortName(x)).
 const shortNameLen = 16
 
+// replicaSocket is the unix socket a replica named name serves its data
+// on in runDir: its only data listener with UnixSocket, else the one
+// beside its TCP port. A replica has one or the other, never both.
+func replicaSocket(runDir, name string) string {
+	return filepath.Join(runDir, "r-"+shortName(name)+".sock")
+}
+
+// engineSocket is the unix socket an engine named name with the NBD
+// frontend serves its volume on, in runDir.
+func engineSocket(runDir, name string) string {
+	return filepath.Join(runDir, "e-"+shortName(name)+".sock")
+}
+
 // placement is where the instance manager puts a process's sockets.
 type placement struct {
 	host   string // the children listen on it and it is what is reported
@@ -298,10 +312,14 @@ func args(s Spec, p placement) []string {
 	switch s := s.(type) {
 	case ReplicaSpec:
 		out := []string{"--dir", s.DataDir, "--size", strconv.FormatInt(s.SizeBytes, 10)}
+		sock := "unix:" + replicaSocket(p.runDir, p.name)
 		if s.UnixSocket {
-			out = append(out, "--listen", "unix:"+filepath.Join(p.runDir, "r-"+shortName(p.name)+".sock"), "--control-listen", addr(0))
+			out = append(out, "--listen", sock, "--control-listen", addr(0))
 		} else {
-			out = append(out, "--listen", addr(0), "--control-listen", addr(1))
+			// The socket beside the TCP port is for an engine of this
+			// instance manager (shared memory); engines elsewhere,
+			// rebuilds and backups use the port.
+			out = append(out, "--listen", addr(0), "--listen-local", sock, "--control-listen", addr(1))
 		}
 		if s.DirectIO {
 			out = append(out, "--direct-io")
@@ -321,7 +339,7 @@ func args(s Spec, p placement) []string {
 		out = append(out, "--frontend", string(s.Frontend))
 		switch s.Frontend {
 		case FrontendNBD:
-			out = append(out, "--nbd-socket", filepath.Join(p.runDir, "e-"+shortName(p.name)+".sock"), "--nbd-kernel", string(s.NBDKernel))
+			out = append(out, "--nbd-socket", engineSocket(p.runDir, p.name), "--nbd-kernel", string(s.NBDKernel))
 		case FrontendFUSE:
 			out = append(out, "--fuse-dir", filepath.Join(p.runDir, "fuse", shortName(p.name)))
 		}

@@ -47,11 +47,12 @@ func TestConfine(t *testing.T) {
 }
 
 // TestArgs: a spec becomes a command line with the instance manager's
-// ports and paths, and --ready-fd.
+// ports and paths, and --ready-fd. A TCP replica serves a unix socket too,
+// at the path a replica with UnixSocket serves its only data listener.
 func TestArgs(t *testing.T) {
 	pl := placement{host: "10.0.0.5", runDir: "/run/cairn", ports: []int{10000, 10001}, name: "ns/v-r-0", readyF: 3}
 	got := strings.Join(args(ReplicaSpec{DataDir: "/var/lib/cairn/r", SizeBytes: 4096, DirectIO: true}, pl), " ")
-	if got != "--dir /var/lib/cairn/r --size 4096 --listen 10.0.0.5:10000 --control-listen 10.0.0.5:10001 --direct-io --ready-fd 3" {
+	if got != "--dir /var/lib/cairn/r --size 4096 --listen 10.0.0.5:10000 --listen-local unix:/run/cairn/r-"+shortName("ns/v-r-0")+".sock --control-listen 10.0.0.5:10001 --direct-io --ready-fd 3" {
 		t.Fatalf("replica: %s", got)
 	}
 	got = strings.Join(args(ReplicaSpec{DataDir: "/d/r", SizeBytes: 4096, UnixSocket: true}, pl), " ")

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -144,10 +145,14 @@ type Process struct {
 	// timeout's Error ends with it), cleared once it is running.
 	Waiting string
 	// What the process reported when it became ready.
-	DataAddress    string
-	ControlAddress string
-	SizeBytes      int64
-	Endpoint       Endpoint
+	DataAddress string
+	// LocalDataAddress is a replica's second data address (unix:PATH),
+	// beside a TCP DataAddress, for an engine of this instance manager;
+	// empty for a replica with only one (ReplicaSpec.UnixSocket).
+	LocalDataAddress string
+	ControlAddress   string
+	SizeBytes        int64
+	Endpoint         Endpoint
 }
 
 // Event is one change, as watchers see it.
@@ -441,7 +446,7 @@ func (s *Supervisor) awaitReady(p *proc, r io.ReadCloser) {
 			if p.State == StateStarting {
 				_ = s.setState(p, StateRunning, func(p *proc) {
 					p.Waiting = ""
-					p.DataAddress, p.ControlAddress, p.SizeBytes = res.rep.Data, res.rep.Control, res.rep.Size
+					p.DataAddress, p.LocalDataAddress, p.ControlAddress, p.SizeBytes = res.rep.Data, res.rep.LocalData, res.rep.Control, res.rep.Size
 					p.Endpoint = Endpoint{Path: res.rep.Endpoint, Kind: res.rep.EndpointKind, Socket: res.rep.Socket, Fallback: res.rep.Fallback, Resumed: res.rep.Resumed}
 				})
 			}
@@ -530,6 +535,7 @@ func (s *Supervisor) wait(p *proc) {
 	code, err := p.child.Wait()
 	p.log.Close()
 	removePIDFile(s.opts.StateDir, fileName(p.Name))
+	s.removeSocket(p)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ports.release(p.Ports)
@@ -549,6 +555,27 @@ func (s *Supervisor) wait(p *proc) {
 	if p.deleted {
 		delete(s.procs, p.Name)
 		s.emit(p, true)
+	}
+}
+
+// removeSocket removes the unix socket an exited replica served its data
+// on, or an exited engine its NBD frontend. A process that stops cleanly
+// removes it itself; one that was killed or crashed leaves it, and the
+// sockets of deleted processes would pile up in the run directory. The
+// name is still taken (the process is forgotten only after this), so no
+// new process of that name can be serving there yet.
+func (s *Supervisor) removeSocket(p *proc) {
+	var path string
+	switch p.Kind {
+	case KindReplica:
+		path = replicaSocket(s.opts.RunDir, p.Name)
+	case KindEngine:
+		path = engineSocket(s.opts.RunDir, p.Name) // absent for a FUSE engine
+	default:
+		return
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Error(err, "could not remove an exited process's socket", "name", p.Name, "kind", p.Kind, "path", path)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -255,9 +256,9 @@ func TestSupervisorLifeCycle(t *testing.T) {
 		t.Fatalf("launched %+v", c.launch)
 	}
 	r.expect("ns/r1", StateStarting, false)
-	c.report(t, ready.Report{Data: "127.0.0.1:1", Control: "127.0.0.1:2", Size: 1 << 20})
+	c.report(t, ready.Report{Data: "127.0.0.1:1", LocalData: "unix:/run/r.sock", Control: "127.0.0.1:2", Size: 1 << 20})
 	got := r.expect("ns/r1", StateRunning, false)
-	if got.DataAddress != "127.0.0.1:1" || got.ControlAddress != "127.0.0.1:2" || got.SizeBytes != 1<<20 {
+	if got.DataAddress != "127.0.0.1:1" || got.LocalDataAddress != "unix:/run/r.sock" || got.ControlAddress != "127.0.0.1:2" || got.SizeBytes != 1<<20 {
 		t.Fatalf("running: %+v", got)
 	}
 	if g, err := r.s.Get("ns/r1"); err != nil || g.State != StateRunning {
@@ -318,6 +319,62 @@ func TestSupervisorExitsOnItsOwn(t *testing.T) {
 	r.expect("early", StateError, true)
 	r.create("early", r.replica("early"))
 	r.expect("early", StateStarting, false)
+}
+
+// TestSupervisorRemovesSockets: the unix socket a replica was started
+// with (beside its TCP port, or its only data listener with UnixSocket),
+// or an engine for its NBD frontend, is removed once it exits, whether it
+// crashed or was deleted, when it left the socket behind as a killed
+// process does.
+func TestSupervisorRemovesSockets(t *testing.T) {
+	r := newRig(t, nil)
+	unixSpec := r.replica("u")
+	unixSpec.UnixSocket = true
+	nbd := EngineSpec{VolumeName: "v", Frontend: FrontendNBD, NBDKernel: NBDKernelOff, Replicas: []ReplicaAddress{{Data: "127.0.0.1:1", Control: "127.0.0.1:2"}}}
+	for _, tc := range []struct {
+		name, flag string
+		spec       Spec
+		stop       func(c *fakeChild) State
+	}{
+		{"nbd-engine", "--nbd-socket", nbd, func(c *fakeChild) State { c.exit(-1); return StateError }},
+		{"tcp", "--listen-local", r.replica("t"), func(c *fakeChild) State { c.exit(-1); return StateError }},
+		{"unix", "--listen", unixSpec, func(*fakeChild) State {
+			if err := r.s.Delete(context.Background(), "unix"); err != nil {
+				t.Fatal(err)
+			}
+			r.expect("unix", StateStopping, false)
+			return StateStopped
+		}},
+	} {
+		_, c := r.create(tc.name, tc.spec)
+		r.expect(tc.name, StateStarting, false)
+		i := slices.Index(c.launch.Args, tc.flag)
+		if i < 0 || i+1 == len(c.launch.Args) {
+			t.Fatalf("%s: args %v: no %s", tc.name, c.launch.Args, tc.flag)
+		}
+		sock := c.launch.Args[i+1]
+		if tc.flag != "--nbd-socket" {
+			var ok bool
+			if sock, ok = strings.CutPrefix(sock, "unix:"); !ok {
+				t.Fatalf("%s: args %v: %s is not unix:PATH", tc.name, c.launch.Args, tc.flag)
+			}
+		}
+		if filepath.Dir(sock) != r.s.opts.RunDir {
+			t.Fatalf("%s: args %v: %s is not a path in the run directory", tc.name, c.launch.Args, tc.flag)
+		}
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.SetUnlinkOnClose(false) // left behind, as by a killed replica
+		l.Close()
+		c.report(t, ready.Report{Data: "127.0.0.1:1", Control: "127.0.0.1:2"})
+		r.expect(tc.name, StateRunning, false)
+		r.expect(tc.name, tc.stop(c), false)
+		if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s: the exited process's socket is still there: %v", tc.name, err)
+		}
+	}
 }
 
 // TestSupervisorNotReady: a process that does not report ready in time,

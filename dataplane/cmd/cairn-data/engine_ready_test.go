@@ -66,14 +66,7 @@ func startReady(t *testing.T, args ...string) (*proc, ready.Report) {
 	if err != nil || !strings.HasPrefix(line, "ready ") {
 		t.Fatalf("ready line %q, %v", line, err)
 	}
-	for _, f := range strings.Fields(line) {
-		if v, ok := strings.CutPrefix(f, "control="); ok {
-			p.control = v
-		}
-		if v, ok := strings.CutPrefix(f, "endpoint="); ok {
-			p.endpoint = v
-		}
-	}
+	p.readyFields(line)
 	go func() { _, _ = io.Copy(io.Discard, out) }() // drains the output; ends with the process
 	return p, res.r
 }

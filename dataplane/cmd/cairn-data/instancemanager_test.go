@@ -169,7 +169,8 @@ func TestInstanceManagerLifecycle(t *testing.T) {
 }
 
 // createRunningReplica creates the replica req asks for and checks it
-// runs and serves at the addresses it reports.
+// runs and serves at the addresses it reports: its data on the TCP port
+// and on the unix socket beside it (what one writes the other reads).
 func createRunningReplica(ctx context.Context, t *testing.T, im *imHandle, req *imv1.ProcessCreateRequest) *imv1.Process {
 	t.Helper()
 	p, err := im.c.ProcessCreate(ctx, req)
@@ -185,8 +186,26 @@ func createRunningReplica(ctx context.Context, t *testing.T, im *imHandle, req *
 		running.SizeBytes != 16<<20 {
 		t.Fatalf("running replica reports data %q control %q size %d (ports %v)", running.DataAddress, running.ControlAddress, running.SizeBytes, running.Ports)
 	}
-	if err := dialData(t, running.DataAddress, 0).Ping(ctx); err != nil {
+	overTCP := dialData(t, running.DataAddress, 0)
+	if err := overTCP.Ping(ctx); err != nil {
 		t.Fatal(err)
+	}
+	sock, ok := strings.CutPrefix(running.LocalDataAddress, "unix:")
+	if !ok || !slices.Contains(running.Args, running.LocalDataAddress) {
+		t.Fatalf("running replica reports local data address %q, want the unix socket of its --listen-local (args %v)", running.LocalDataAddress, running.Args)
+	}
+	local, err := dataconn.Dial(ctx, "unix", sock, dataconn.ClientOptions{Conns: 1})
+	if err != nil {
+		t.Fatalf("local data address %s: %v", running.LocalDataAddress, err)
+	}
+	defer local.Close()
+	want := bytes.Repeat([]byte{0x6e}, 4096)
+	if err := local.WriteAt(ctx, want, 8192, true); err != nil {
+		t.Fatalf("write through the local data address: %v", err)
+	}
+	got := make([]byte, len(want))
+	if err := overTCP.ReadAt(ctx, got, 8192); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read back through the data port: %v (equal %v)", err, bytes.Equal(got, want))
 	}
 	if _, err := dialControl(t, running.ControlAddress).Info(ctx, &replicav1.InfoRequest{}); err != nil {
 		t.Fatalf("control address %s: %v", running.ControlAddress, err)
@@ -290,6 +309,9 @@ func checkDelete(ctx context.Context, t *testing.T, im *imHandle, running *imv1.
 	if alive(running.Pid) {
 		t.Fatal("the process survived its deletion")
 	}
+	if _, err := os.Stat(strings.TrimPrefix(running.LocalDataAddress, "unix:")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the deleted replica's local socket is still there: %v", err)
+	}
 	if _, err := im.c.ProcessDelete(ctx, &imv1.ProcessDeleteRequest{Name: "vol-r-a"}); err != nil {
 		t.Fatalf("deleting a missing process: %v", err)
 	}
@@ -320,8 +342,8 @@ func checkWatched(t *testing.T, w *watchLog) {
 
 // TestInstanceManagerUnixReplica runs a replica the way docs/instance-
 // manager.md describes for an engine on the same node: data on a unix
-// socket, one allocated port for control. Once the manager reports it
-// running, the unix socket serves data at once.
+// socket, one allocated port for control, no second data address. Once
+// the manager reports it running, the unix socket serves data at once.
 func TestInstanceManagerUnixReplica(t *testing.T) {
 	ctx := context.Background()
 	im := startIM(t, freePortRange(t, 4))
@@ -336,8 +358,8 @@ func TestInstanceManagerUnixReplica(t *testing.T) {
 	}
 	p = waitState(t, im.c, "vol-r-unix", imv1.ProcessState_PROCESS_STATE_RUNNING)
 	sock, ok := strings.CutPrefix(p.DataAddress, "unix:")
-	if !ok || p.ControlAddress != fmt.Sprintf("127.0.0.1:%d", p.Ports[0]) {
-		t.Fatalf("reported data %q control %q", p.DataAddress, p.ControlAddress)
+	if !ok || p.ControlAddress != fmt.Sprintf("127.0.0.1:%d", p.Ports[0]) || p.LocalDataAddress != "" || slices.Contains(p.Args, "--listen-local") {
+		t.Fatalf("reported data %q local data %q control %q (args %v)", p.DataAddress, p.LocalDataAddress, p.ControlAddress, p.Args)
 	}
 	c, err := dataconn.Dial(ctx, "unix", sock, dataconn.ClientOptions{Conns: 1})
 	if err != nil {
@@ -1042,5 +1064,19 @@ func childrenServeMutualTLS(t *testing.T, dataTLS bool) {
 	var remote *dataconn.RemoteError
 	if err := c.ReadAt(ctx, make([]byte, 4096), 0); !errors.As(err, &remote) || !strings.Contains(err.Error(), "epoch") {
 		t.Fatalf("a read over TLS with the key was not answered by the replica: %v", err)
+	}
+	// The local socket stays on the node: a plain client with the key is
+	// answered there.
+	sock, ok := strings.CutPrefix(reps[1].LocalDataAddress, "unix:")
+	if !ok {
+		t.Fatalf("replica reports local data address %q, want unix:PATH", reps[1].LocalDataAddress)
+	}
+	lc, err := dataconn.Dial(ctx, "unix", sock, dataconn.ClientOptions{Conns: 1, Key: key})
+	if err != nil {
+		t.Fatalf("a plain client with the key on the local socket: %v", err)
+	}
+	defer lc.Close()
+	if err := lc.ReadAt(ctx, make([]byte, 4096), 0); !errors.As(err, &remote) || !strings.Contains(err.Error(), "epoch") {
+		t.Fatalf("a read on the local socket with the key was not answered by the replica: %v", err)
 	}
 }

@@ -41,6 +41,7 @@ func TestMain(m *testing.M) {
 type proc struct {
 	cmd      *exec.Cmd
 	data     string
+	local    string // a replica's --listen-local, from its ready line
 	control  string
 	endpoint string
 	stderr   *syncBuffer
@@ -99,9 +100,22 @@ func startCmd(t testing.TB, cmd *exec.Cmd) *proc {
 		<-p.exited
 		t.Fatalf("cairn-data %v exited before ready: %v\n%s", args, err, p.stderr.String())
 	}
+	p.readyFields(line)
+	if !strings.HasPrefix(line, "ready ") {
+		t.Fatalf("unexpected first line %q", line)
+	}
+	go func() { _, _ = io.Copy(io.Discard, out) }() // drains the output; ends with the process
+	return p
+}
+
+// readyFields fills p's addresses from its ready line.
+func (p *proc) readyFields(line string) {
 	for _, f := range strings.Fields(line) {
 		if v, ok := strings.CutPrefix(f, "data="); ok {
 			p.data = v
+		}
+		if v, ok := strings.CutPrefix(f, "local="); ok {
+			p.local = v
 		}
 		if v, ok := strings.CutPrefix(f, "control="); ok {
 			p.control = v
@@ -110,11 +124,6 @@ func startCmd(t testing.TB, cmd *exec.Cmd) *proc {
 			p.endpoint = v
 		}
 	}
-	if !strings.HasPrefix(line, "ready ") {
-		t.Fatalf("unexpected first line %q", line)
-	}
-	go func() { _, _ = io.Copy(io.Discard, out) }() // drains the output; ends with the process
-	return p
 }
 
 func (p *proc) waitExit(t testing.TB) int {
@@ -208,6 +217,10 @@ func TestReplicaCommandErrors(t *testing.T) {
 		{"size mismatch", []string{"replica", "--dir", dir + "/r", "--size", "8Mi", "--listen", "127.0.0.1:0"}, "holds a replica of 4194304 bytes, but 8388608 were asked for"},
 		{"port in use", []string{"replica", "--dir", dir + "/y", "--size", "4Mi", "--listen", p.data}, "the port is already in use"},
 		{"socket in use", []string{"replica", "--dir", dir + "/z", "--size", "4Mi", "--listen", pu.data}, "another server is listening on it"},
+		{"local socket in use", []string{"replica", "--dir", dir + "/z", "--size", "4Mi", "--listen", "127.0.0.1:0", "--listen-local", pu.data}, "--listen-local " + strings.TrimPrefix(pu.data, "unix:") + ": another server is listening on it"},
+		{"local listener on TCP", []string{"replica", "--dir", dir + "/z", "--size", "4Mi", "--listen", "127.0.0.1:0", "--listen-local", "127.0.0.1:0"}, "--listen-local 127.0.0.1:0: give unix:PATH"},
+		{"local listener without a path", []string{"replica", "--dir", dir + "/z", "--size", "4Mi", "--listen", "127.0.0.1:0", "--listen-local", "unix:"}, "--listen-local unix:: give unix:PATH"},
+		{"local listener beside a unix one", []string{"replica", "--dir", dir + "/z", "--size", "4Mi", "--listen", "unix:" + dir + "/d.sock", "--listen-local", "unix:" + dir + "/l.sock"}, "is already a unix socket; --listen-local adds one beside a TCP --listen"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stderr := runExit(t, tc.args...)

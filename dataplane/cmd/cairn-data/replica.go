@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"strings"
 	"syscall"
 	"time"
 
@@ -81,7 +80,8 @@ func addrString(l net.Listener) string {
 // replicaFlags is a replica's command line, parsed and checked.
 type replicaFlags struct {
 	dir, listen, control string
-	size                 int64 // 0: an existing replica's
+	local                string // --listen-local: unix:PATH, or ""
+	size                 int64  // 0: an existing replica's
 	direct               bool
 	workers              int
 	readyFD              int
@@ -106,6 +106,7 @@ func parseReplicaFlags(args []string, stderr io.Writer) (*replicaFlags, int) {
 	fs.StringVar(&c.dir, "dir", "", "replica directory; created with an empty replica if it does not exist (required)")
 	sizeFlag := fs.String("size", "", "volume size, e.g. 10Gi; required to create a replica, must match an existing one")
 	fs.StringVar(&c.listen, "listen", "", "host:port to serve data on (dataconn), or unix:PATH for a unix socket that an engine on the same node reaches with less overhead (required; port 0 picks one)")
+	fs.StringVar(&c.local, "listen-local", "", "unix:PATH of a second data listener beside a TCP --listen, for an engine on the same node (it reaches the replica there with shared memory; engines elsewhere, rebuilds and backups use --listen); served without TLS (default: none)")
 	fs.StringVar(&c.control, "control-listen", "", "host:port to serve the gRPC control API on (default: none)")
 	fs.BoolVar(&c.direct, "direct-io", false, "read and write the data files with O_DIRECT, bypassing this node's page cache")
 	fs.IntVar(&c.workers, "workers", 0, "concurrent I/O requests against the disk (default 4 x CPUs)")
@@ -115,10 +116,10 @@ func parseReplicaFlags(args []string, stderr io.Writer) (*replicaFlags, int) {
 	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with; with --tls-key and --tls-client-ca the control API requires a client certificate of that CA")
 	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
 	fs.StringVar(&files.CA, "tls-client-ca", "", "CA bundle (PEM) the clients' certificates must chain to")
-	dataTLS := fs.Bool("data-tls", false, "serve the data port (a TCP --listen) with TLS too, with the --tls-* files, requiring a client certificate of that CA: the volume's traffic is encrypted on the network (an engine with --data-tls)")
-	keyFD := fs.Int("auth-key-fd", -1, "read the volume's key (32 bytes) from this inherited descriptor; data connections must then prove they hold it (-1: none, anyone who reaches --listen is served)")
+	dataTLS := fs.Bool("data-tls", false, "serve the data port (a TCP --listen, not a unix socket nor --listen-local) with TLS too, with the --tls-* files, requiring a client certificate of that CA: the volume's traffic is encrypted on the network (an engine with --data-tls)")
+	keyFD := fs.Int("auth-key-fd", -1, "read the volume's key (32 bytes) from this inherited descriptor; data connections must then prove they hold it (-1: none, anyone who reaches a data listener is served)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: cairn-data replica --dir DIR --size SIZE --listen HOST:PORT|unix:PATH [--control-listen HOST:PORT] [--direct-io]")
+		fmt.Fprintln(stderr, "usage: cairn-data replica --dir DIR --size SIZE --listen HOST:PORT|unix:PATH [--listen-local unix:PATH] [--control-listen HOST:PORT] [--direct-io]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -127,6 +128,9 @@ func parseReplicaFlags(args []string, stderr io.Writer) (*replicaFlags, int) {
 	if c.dir == "" || c.listen == "" {
 		fs.Usage()
 		return nil, 2
+	}
+	if err := checkListenLocal(c.listen, c.local); err != nil {
+		return nil, replicaFail(stderr, "%v", err)
 	}
 	if c.clearDelay <= 0 {
 		return nil, replicaFail(stderr, "--dirty-clear-delay must be positive, got %v", c.clearDelay)
@@ -150,13 +154,28 @@ func parseReplicaFlags(args []string, stderr io.Writer) (*replicaFlags, int) {
 			return nil, replicaFail(stderr, "%v", err)
 		}
 		c.controlTLS = src.Server()
-		if *dataTLS && !strings.HasPrefix(c.listen, "unix:") {
+		if *dataTLS { // the data server applies it to a TCP --listen only
 			c.dataTLS = src.Server()
 		}
 	} else if *dataTLS {
 		return nil, replicaFail(stderr, "--data-tls needs --tls-cert, --tls-key and --tls-client-ca")
 	}
 	return c, 0
+}
+
+// checkListenLocal checks --listen-local (local, "" when not given)
+// against --listen: a unix socket beside a TCP data port.
+func checkListenLocal(listen, local string) error {
+	if local == "" {
+		return nil
+	}
+	if network, path := dataconn.SplitNetwork(local); network != "unix" || path == "" {
+		return fmt.Errorf("--listen-local %s: give unix:PATH, a unix socket for an engine on this node (the TCP data port is --listen)", local)
+	}
+	if network, _ := dataconn.SplitNetwork(listen); network == "unix" {
+		return fmt.Errorf("--listen-local %s: --listen %s is already a unix socket; --listen-local adds one beside a TCP --listen", local, listen)
+	}
+	return nil
 }
 
 func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -180,12 +199,13 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			log.Error(err, "close failed")
 		}
 	}
-	dl, cl, err := replicaListeners(c)
+	ls, err := replicaListeners(c)
 	if err != nil {
 		closeReplica()
 		return replicaFail(stderr, "%v", err)
 	}
-	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Control: cl, Workers: c.workers, Key: c.key, ControlTLS: c.controlTLS, DataTLS: c.dataTLS, Logger: log})
+	dl, ll, cl := ls.data, ls.local, ls.control
+	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Local: ll, Control: cl, Workers: c.workers, Key: c.key, ControlTLS: c.controlTLS, DataTLS: c.dataTLS, Logger: log})
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go idlemem.Watch(wctx, idlemem.Period, idlemem.Release) // an idle replica's spare heap back to the node
@@ -195,7 +215,12 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		controlShown = addrString(cl)
 		rep.Control = addrString(cl)
 	}
-	fmt.Fprintf(stdout, "ready data=%s control=%s size=%d\n", addrString(dl), controlShown, r.Size())
+	localShown := ""
+	if ll != nil {
+		rep.LocalData = addrString(ll)
+		localShown = " local=" + rep.LocalData
+	}
+	fmt.Fprintf(stdout, "ready data=%s control=%s size=%d%s\n", addrString(dl), controlShown, r.Size(), localShown)
 	if err := ready.Write(c.readyFD, rep); err != nil {
 		log.Error(err, "could not report ready")
 	}
@@ -210,20 +235,41 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	return 0
 }
 
-// replicaListeners opens the data listener and, with --control-listen,
-// the control one (nil without). The data listener opens first: an
-// instance manager that sees the control port accept (its readiness
-// check) knows a unix-socket data listener, which it did not allocate, is
-// up too.
-func replicaListeners(c *replicaFlags) (data, control net.Listener, err error) {
-	if data, err = listen("--listen", c.listen); err != nil {
-		return nil, nil, err
-	}
-	if c.control != "" {
-		if control, err = listen("--control-listen", c.control); err != nil {
-			data.Close()
-			return nil, nil, err
+// listeners are a replica's listeners; local and control are nil when
+// not asked for.
+type listeners struct {
+	data, local, control net.Listener
+}
+
+// replicaListeners opens the data listener, with --listen-local the local
+// one, and with --control-listen the control one. The data listeners open
+// first: an instance manager that sees the control port accept (its
+// readiness check) knows the unix-socket data listeners, which it did not
+// allocate, are up too.
+func replicaListeners(c *replicaFlags) (listeners, error) {
+	var ls listeners
+	closeAll := func() {
+		for _, l := range []net.Listener{ls.data, ls.local} {
+			if l != nil {
+				l.Close()
+			}
 		}
 	}
-	return data, control, nil
+	var err error
+	if ls.data, err = listen("--listen", c.listen); err != nil {
+		return listeners{}, err
+	}
+	if c.local != "" {
+		if ls.local, err = listen("--listen-local", c.local); err != nil {
+			closeAll()
+			return listeners{}, err
+		}
+	}
+	if c.control != "" {
+		if ls.control, err = listen("--control-listen", c.control); err != nil {
+			closeAll()
+			return listeners{}, err
+		}
+	}
+	return ls, nil
 }

@@ -49,7 +49,7 @@ var nbdKernelToProto = map[im.NBDKernel]imv1.NBDKernel{
 func ToProto(p im.Process) *imv1.Process {
 	out := &imv1.Process{Name: p.Name, State: stateToProto[p.State], Args: p.Args, Pid: int32(p.PID),
 		ExitCode: int32(p.ExitCode), Error: p.Error, LogTail: p.LogTail, Waiting: p.Waiting,
-		DataAddress: p.DataAddress, ControlAddress: p.ControlAddress, SizeBytes: p.SizeBytes}
+		DataAddress: p.DataAddress, LocalDataAddress: p.LocalDataAddress, ControlAddress: p.ControlAddress, SizeBytes: p.SizeBytes}
 	switch spec := p.Spec.(type) {
 	case im.EngineSpec:
 		out.Kind = imv1.ProcessKind_PROCESS_KIND_ENGINE

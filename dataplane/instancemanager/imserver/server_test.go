@@ -34,22 +34,23 @@ import (
 var within = deadline.Scale(60 * time.Second)
 
 // child is the script run as "child <kind> <args...>": it prints what it
-// was started as, and reports ready on descriptor 3 with the control
-// address its arguments give, then sleeps until it is stopped. An engine
+// was started as, and reports ready on descriptor 3 with the addresses its
+// arguments give, then sleeps until it is stopped. An engine
 // of volume "broken" fails instead, as one whose replicas are gone would.
 const child = `#!/bin/sh
 kind=$1; shift
 echo "started $kind"
-prev=""; ctl=""
+prev=""; ctl=""; data=""; local=""
 for a in "$@"; do
 	case "$prev" in
 	--control-listen) ctl=$a ;;
-	--listen) [ "$kind" = engine ] && ctl=$a ;;
+	--listen) if [ "$kind" = engine ]; then ctl=$a; else data=$a; fi ;;
+	--listen-local) local=$a ;;
 	--name) [ "$a" = broken ] && { echo "open volume broken: no replica answers" >&2; exit 2; } ;;
 	esac
 	prev=$a
 done
-printf '{"control":"%s","size":4096}\n' "$ctl" >&3
+printf '{"data":"%s","localData":"%s","control":"%s","size":4096}\n' "$data" "$local" "$ctl" >&3
 exec 3>&-
 exec sleep 600
 `
@@ -135,7 +136,8 @@ func is(name string, typ imv1.ProcessEvent_Type, st imv1.ProcessState) func(*imv
 }
 
 // TestProcessLifeCycle: a replica created over the API is watched from
-// starting to running with the address it reported, read back with Get,
+// starting to running with the addresses it reported (its data port, the
+// unix socket beside it, its control port), read back with Get,
 // List and Log, created again (AlreadyExists, with the process), and
 // deleted (its process stopped, the watch told, Get NotFound).
 func TestProcessLifeCycle(t *testing.T) {
@@ -161,6 +163,11 @@ func TestProcessLifeCycle(t *testing.T) {
 	ev := until(t, w, "running", is("ns/r1", imv1.ProcessEvent_TYPE_UPDATE, imv1.ProcessState_PROCESS_STATE_RUNNING))
 	if want := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(p.GetPorts()[1]))); ev.GetProcess().GetControlAddress() != want || ev.GetSeq() <= first.GetSeq() {
 		t.Fatalf("running %v, want control address %s", ev.GetProcess(), want)
+	}
+	local := ev.GetProcess().GetLocalDataAddress()
+	if want := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(p.GetPorts()[0]))); ev.GetProcess().GetDataAddress() != want ||
+		!strings.HasPrefix(local, "unix:") || !slices.Contains(p.GetArgs(), local) {
+		t.Fatalf("running %v, want data address %s and the --listen-local socket as the local one", ev.GetProcess(), want)
 	}
 	if g, err := r.c.ProcessGet(c, &imv1.ProcessGetRequest{Name: "ns/r1"}); err != nil || g.GetState() != imv1.ProcessState_PROCESS_STATE_RUNNING {
 		t.Fatalf("get %v %v", g, err)

@@ -38,6 +38,10 @@ const (
 type Report struct {
 	// Data is a replica's dataconn address (HOST:PORT or unix:PATH).
 	Data string `json:"data,omitempty"`
+	// LocalData is a replica's second dataconn address, unix:PATH, for
+	// an engine on its node (shared memory); empty when it serves only
+	// Data.
+	LocalData string `json:"localData,omitempty"`
 	// Control is the gRPC control address (replica and engine); empty when
 	// the process serves none.
 	Control string `json:"control,omitempty"`

@@ -69,6 +69,23 @@ func TestWaitingLinesThenReport(t *testing.T) {
 	}
 }
 
+// TestReplicaReport: a replica's report, with both data addresses,
+// reads back as written, and the second one's JSON name is localData.
+func TestReplicaReport(t *testing.T) {
+	w, r := pipeWriter(t)
+	want := Report{Data: "10.0.0.7:10000", LocalData: "unix:/run/cairn/r-0123456789abcdef.sock", Control: "10.0.0.7:10001", Size: 1 << 30}
+	if err := w.Ready(want); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := Read(r); err != nil || rep != want {
+		t.Fatalf("Read: %+v, %v; want %+v", rep, err, want)
+	}
+	rep, err := Read(strings.NewReader(`{"data":"10.0.0.7:10000","localData":"unix:/run/r.sock","size":4096}` + "\n"))
+	if err != nil || rep.LocalData != "unix:/run/r.sock" {
+		t.Fatalf("Read: %+v, %v; want localData unix:/run/r.sock", rep, err)
+	}
+}
+
 // TestWaitingThenExit: a process that exits after waiting lines, without
 // a report, is ErrNoReport.
 func TestWaitingThenExit(t *testing.T) {

@@ -26,6 +26,11 @@ const MaxControlMessage = 16 << 20
 type Options struct {
 	// Data is the listener for dataconn (required).
 	Data net.Listener
+	// Local is a second dataconn listener (optional), a unix socket for
+	// an engine on the node: the same server (workers, key, replica)
+	// serves it, without DataTLS (dataconn.ServerOptions.TLS applies to
+	// TCP listeners only).
+	Local net.Listener
 	// Control is the listener for the gRPC control API (optional).
 	Control net.Listener
 	// Workers bounds concurrent I/O (see dataconn.ServerOptions).
@@ -36,7 +41,8 @@ type Options struct {
 	// ControlTLS, when set, serves the control API with it (mutual TLS).
 	ControlTLS *tls.Config
 	// DataTLS, when set, serves the data port with it
-	// (dataconn.ServerOptions.TLS): the volume's traffic is encrypted.
+	// (dataconn.ServerOptions.TLS) when it is a TCP one: the volume's
+	// traffic is encrypted.
 	DataTLS *tls.Config
 	Logger  logr.Logger
 }
@@ -61,12 +67,16 @@ func Start(r *replica.Replica, opts Options) *Running {
 	stop := func() { once.Do(func() { close(done) }) }
 	run := &Running{Replica: r, log: opts.Logger, Done: done,
 		data: dataconn.NewServer(Backend{Replica: r}, dataconn.ServerOptions{Workers: opts.Workers, Key: opts.Key, TLS: opts.DataTLS, Logger: opts.Logger.WithName("dataconn")})}
-	go func() {
-		if err := run.data.Serve(opts.Data); err != nil && !errors.Is(err, dataconn.ErrServerClosed) {
-			opts.Logger.Error(err, "data listener failed")
+	serve := func(l net.Listener, what string) {
+		if err := run.data.Serve(l); err != nil && !errors.Is(err, dataconn.ErrServerClosed) {
+			opts.Logger.Error(err, what+" failed")
 			stop()
 		}
-	}()
+	}
+	go serve(opts.Data, "data listener")
+	if opts.Local != nil {
+		go serve(opts.Local, "local data listener")
+	}
 	if opts.Control != nil {
 		sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxControlMessage), grpc.MaxSendMsgSize(MaxControlMessage), grpcalive.Serve(),
 			grpc.ForceServerCodecV2(newCodec()),

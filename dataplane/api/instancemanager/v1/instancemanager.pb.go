@@ -760,9 +760,14 @@ type Process struct {
 	// (an engine waiting for a replica that may hold the newest data); kept
 	// when it goes to ERROR (the error then ends with it), cleared once it
 	// is running.
-	Waiting       string `protobuf:"bytes,16,opt,name=waiting,proto3" json:"waiting,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Waiting string `protobuf:"bytes,16,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// local_data_address: a running replica's data address for an engine
+	// of this instance manager (unix:PATH, shared memory), beside its TCP
+	// data_address for everyone else; empty for a replica that serves
+	// only one (started with unix_socket, or by an older instance manager).
+	LocalDataAddress string `protobuf:"bytes,17,opt,name=local_data_address,json=localDataAddress,proto3" json:"local_data_address,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Process) Reset() {
@@ -914,6 +919,13 @@ func (x *Process) GetEndpoint() *Endpoint {
 func (x *Process) GetWaiting() string {
 	if x != nil {
 		return x.Waiting
+	}
+	return ""
+}
+
+func (x *Process) GetLocalDataAddress() string {
+	if x != nil {
+		return x.LocalDataAddress
 	}
 	return ""
 }
@@ -1714,7 +1726,7 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\x0e2&.cairn.instancemanager.v1.EndpointKindR\x04kind\x12\x16\n" +
 	"\x06socket\x18\x03 \x01(\tR\x06socket\x12\x1a\n" +
 	"\bfallback\x18\x04 \x01(\tR\bfallback\x12\x18\n" +
-	"\aresumed\x18\x05 \x01(\bR\aresumed\"\xf0\x04\n" +
+	"\aresumed\x18\x05 \x01(\bR\aresumed\"\x9e\x05\n" +
 	"\aProcess\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\x04kind\x18\x02 \x01(\x0e2%.cairn.instancemanager.v1.ProcessKindR\x04kind\x12<\n" +
@@ -1733,7 +1745,8 @@ const file_instancemanager_v1_instancemanager_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x0e \x01(\x03R\tsizeBytes\x12>\n" +
 	"\bendpoint\x18\x0f \x01(\v2\".cairn.instancemanager.v1.EndpointR\bendpoint\x12\x18\n" +
-	"\awaiting\x18\x10 \x01(\tR\awaitingB\x06\n" +
+	"\awaiting\x18\x10 \x01(\tR\awaiting\x12,\n" +
+	"\x12local_data_address\x18\x11 \x01(\tR\x10localDataAddressB\x06\n" +
 	"\x04spec\"\xb5\x01\n" +
 	"\x14ProcessCreateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12>\n" +
