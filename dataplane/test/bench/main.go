@@ -530,6 +530,26 @@ func deviceTable(work string, names []string, targets map[string]func(string) ta
 	table(work, "device", names, targets)
 }
 
+// benchTargets are the targets --targets can name, each started in a
+// work directory.
+func benchTargets() map[string]func(string) target {
+	return map[string]func(string) target{"raw": raw, "qemu-nbd": qemuNBD,
+		"cairn-1":     func(w string) target { return cairn(w, "cairn-1", 1, 1) },
+		"cairn-1-tcp": func(w string) target { return cairn(w, "cairn-1-tcp", 1, 0) },
+		"cairn-3":     func(w string) target { return cairn(w, "cairn-3", 3, 1) },
+		"cairn-3-enc": encrypted,
+		"cairn-3-base": func(w string) target {
+			if *baseBin == "" {
+				must(fmt.Errorf("target cairn-3-base needs --base-bin"))
+			}
+			return withBin(*baseBin, func() target { return cairn(w, "cairn-3-base", 3, 1) })
+		},
+		"cairn-1-key": func(w string) target { return secured(w, "cairn-1-key", false) },
+		"cairn-1-tls": func(w string) target { return secured(w, "cairn-1-tls", true) },
+		"fuse-1":      func(w string) target { return fuseLoop(w, "fuse-1", 1, 1) },
+		"fuse-1-tcp":  func(w string) target { return fuseLoop(w, "fuse-1-tcp", 1, 0) }}
+}
+
 func main() {
 	flag.Parse()
 	procBin = *bin
@@ -560,21 +580,7 @@ func main() {
 		footprintTable(work, *footprintN)
 		return
 	}
-	targets := map[string]func(string) target{"raw": raw, "qemu-nbd": qemuNBD,
-		"cairn-1":     func(w string) target { return cairn(w, "cairn-1", 1, 1) },
-		"cairn-1-tcp": func(w string) target { return cairn(w, "cairn-1-tcp", 1, 0) },
-		"cairn-3":     func(w string) target { return cairn(w, "cairn-3", 3, 1) },
-		"cairn-3-enc": encrypted,
-		"cairn-3-base": func(w string) target {
-			if *baseBin == "" {
-				must(fmt.Errorf("target cairn-3-base needs --base-bin"))
-			}
-			return withBin(*baseBin, func() target { return cairn(w, "cairn-3-base", 3, 1) })
-		},
-		"cairn-1-key": func(w string) target { return secured(w, "cairn-1-key", false) },
-		"cairn-1-tls": func(w string) target { return secured(w, "cairn-1-tls", true) },
-		"fuse-1":      func(w string) target { return fuseLoop(w, "fuse-1", 1, 1) },
-		"fuse-1-tcp":  func(w string) target { return fuseLoop(w, "fuse-1-tcp", 1, 0) }}
+	targets := benchTargets()
 	names := strings.Split(*only, ",")
 	for _, name := range names {
 		if targets[name] == nil {
