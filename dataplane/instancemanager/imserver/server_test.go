@@ -2,6 +2,8 @@ package imserver
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -129,6 +131,29 @@ func until(t *testing.T, w imv1.InstanceManagerService_ProcessWatchClient, what 
 	}
 }
 
+// waitLogLine waits for the process's log to begin with want. The
+// child's output reaches the log through a pipe the instance manager
+// copies, so its first line can come after its ready report.
+func waitLogLine(ctx context.Context, t *testing.T, c imv1.InstanceManagerServiceClient, name, want string) {
+	t.Helper()
+	first := func() string {
+		logs, err := c.ProcessLog(ctx, &imv1.ProcessLogRequest{Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		line, err := logs.Recv()
+		if err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		return line.GetLine()
+	}
+	for end := time.Now().Add(within); first() != want; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("log of %s: no first line %q within %v (it is %q)", name, want, within, first())
+		}
+	}
+}
+
 func is(name string, typ imv1.ProcessEvent_Type, st imv1.ProcessState) func(*imv1.ProcessEvent) bool {
 	return func(ev *imv1.ProcessEvent) bool {
 		return ev.GetType() == typ && ev.GetProcess().GetName() == name && ev.GetProcess().GetState() == st
@@ -175,13 +200,7 @@ func TestProcessLifeCycle(t *testing.T) {
 	if l, err := r.c.ProcessList(c, &imv1.ProcessListRequest{}); err != nil || len(l.GetProcesses()) != 1 {
 		t.Fatalf("list %v %v", l, err)
 	}
-	logs, err := r.c.ProcessLog(c, &imv1.ProcessLogRequest{Name: "ns/r1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if line, err := logs.Recv(); err != nil || line.GetLine() != "started replica" {
-		t.Fatalf("log %v %v", line, err)
-	}
+	waitLogLine(c, t, r.c, "ns/r1", "started replica")
 	_, err = r.c.ProcessCreate(c, req)
 	if status.Code(err) != codes.AlreadyExists {
 		t.Fatalf("create again: %v", err)
