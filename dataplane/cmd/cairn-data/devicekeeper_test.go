@@ -345,10 +345,7 @@ func (s *restartSetup) finish(t *testing.T) {
 	t.Helper()
 	sh(t, "umount", s.mnt)
 	t.Log(sh(t, "e2fsck", "-fn", s.dev))
-	s.eng.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.eng.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, s.eng.stderr.String())
-	}
+	s.eng.stopClean(t, "engine")
 	if mounted(s.fuseDir) {
 		t.Fatal("the FUSE mount was left behind")
 	}
@@ -414,10 +411,7 @@ func TestFUSEKeeperRestartThenEngineRestarts(t *testing.T) {
 	waitLog(t, s.eng, "deposited the device of a volume again")
 	load.waitProgress(t, 20, "after the keeper restart")
 
-	s.eng.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.eng.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, s.eng.stderr.String())
-	}
+	s.eng.stopClean(t, "engine")
 	if !strings.Contains(s.eng.stderr.String(), "left to the device keeper") {
 		t.Fatalf("the engine stopped under a mounted filesystem did not leave the device to the keeper:\n%s", s.eng.stderr.String())
 	}

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/cairn-io/cairn/dataplane/volcrypt"
@@ -185,10 +184,7 @@ func TestEncryptedVolumeProcesses(t *testing.T) {
 
 	// Another key, with the volume's check: refused before any replica is
 	// opened; the key shows nowhere.
-	v.engine.cmd.Process.Signal(syscall.SIGTERM)
-	if code := v.engine.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, v.engine.stderr.String())
-	}
+	v.engine.stopClean(t, "engine")
 	other, otherCheck := testKey(2)
 	cmd := encryptedCmd(t, v.args, other, check)
 	var stderr bytes.Buffer
@@ -360,8 +356,5 @@ func TestEncryptedFUSEUnaligned(t *testing.T) {
 	if found := filesHolding(t, dirs, []byte(strings.Repeat("file 3 ", 10)), []byte(plaintextLine[:32])); len(found) > 0 {
 		t.Fatalf("plaintext on the replicas of an encrypted volume: %v", found)
 	}
-	eng.cmd.Process.Signal(syscall.SIGTERM)
-	if code := eng.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, eng.stderr.String())
-	}
+	eng.stopClean(t, "engine")
 }

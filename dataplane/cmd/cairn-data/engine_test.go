@@ -185,10 +185,7 @@ func TestEngineProcessQemuIO(t *testing.T) {
 	}
 	qemuIO(t, v.uri, "write -P 0x7c 4M 64k", "read -P 0x5a 0 4M", "read -P 0x7c 4M 64k", "read -P 0x5a 4259840 4128768", "read -P 0x6b 8M 1M", "read -P 0 16M 4M")
 	// SIGTERM: the engine detaches the frontend (the socket goes) and exits 0.
-	v.engine.cmd.Process.Signal(syscall.SIGTERM)
-	if code := v.engine.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, v.engine.stderr.String())
-	}
+	v.engine.stopClean(t, "engine")
 	if _, err := os.Stat(v.sock); !os.IsNotExist(err) {
 		t.Fatalf("the NBD socket was left behind: %v", err)
 	}
@@ -253,10 +250,7 @@ func TestEngineNBDKernelModes(t *testing.T) {
 	if !e.logged("serving the NBD socket " + sock + " only") {
 		t.Fatalf("the engine did not say why there is no /dev/nbdN:\n%s", e.stderr.String())
 	}
-	e.cmd.Process.Signal(syscall.SIGTERM)
-	if code := e.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d", code)
-	}
+	e.stopClean(t, "engine")
 	code, stderr := runExit(t, append(base, "--nbd-kernel", "on")...)
 	if code == 0 || !strings.Contains(stderr, "modprobe nbd") {
 		t.Fatalf("--nbd-kernel on without the driver: exit %d\n%s", code, stderr)

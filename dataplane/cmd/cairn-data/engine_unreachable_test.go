@@ -106,10 +106,7 @@ func failReplicasBut(t *testing.T, v *volume, keep int) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	v.engine.cmd.Process.Signal(syscall.SIGTERM)
-	if code := v.engine.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, v.engine.stderr.String())
-	}
+	v.engine.stopClean(t, "engine")
 }
 
 // modeIn is the mode `ctl replicas` (out) shows for the replica at addr.

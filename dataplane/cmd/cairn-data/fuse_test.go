@@ -151,10 +151,7 @@ func TestFUSEFrontendFilesystem(t *testing.T) {
 	}
 	filesystemThroughFailure(t, dir, dev, eng, reps)
 
-	eng.cmd.Process.Signal(syscall.SIGTERM)
-	if code := eng.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, eng.stderr.String())
-	}
+	eng.stopClean(t, "engine")
 	if mounted(fuseDir) {
 		t.Fatal("the FUSE mount was left behind")
 	}
@@ -300,8 +297,5 @@ func TestFUSEFrontendExpand(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(fuseDir, "vol")); err != nil || fi.Size() != 24<<20 {
 		t.Fatalf("the volume file in the FUSE mount: %v, %v", fi, err)
 	}
-	eng.cmd.Process.Signal(syscall.SIGTERM)
-	if code := eng.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, eng.stderr.String())
-	}
+	eng.stopClean(t, "engine")
 }

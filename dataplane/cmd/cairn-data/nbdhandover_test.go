@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -207,10 +206,7 @@ func TestNBDKernelInstanceManagerRestart(t *testing.T) {
 	kernelLog := func() string { return uml.KernelLog(25) }
 	w.waitAcked(t, 20, 60*time.Second, kernelLog)
 
-	im1.p.cmd.Process.Signal(syscall.SIGTERM)
-	if code := im1.p.waitExit(t); code != 0 {
-		t.Fatalf("instance manager exit %d\n%s", code, im1.p.stderr.String())
-	}
+	im1.p.stopClean(t, "instance manager")
 	engineLog, _ := os.ReadFile(filepath.Join(im1.logDir, "ns_vol-e.log"))
 	if !nbdConnected(dev) {
 		t.Fatalf("%s was detached when the instance manager stopped\nengine:\n%s\nkernel:\n%s", dev, engineLog, kernelLog())

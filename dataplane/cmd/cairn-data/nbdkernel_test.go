@@ -64,10 +64,7 @@ func TestNBDKernelFilesystem(t *testing.T) {
 		t.Fatalf("revert while attached as %s: %v\n%s", dev, err, out)
 	}
 
-	eng.cmd.Process.Signal(syscall.SIGTERM)
-	if code := eng.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, eng.stderr.String())
-	}
+	eng.stopClean(t, "engine")
 	// A connected nbd device has a pid file naming its owner and a size.
 	if _, err := os.Stat(filepath.Join(sys, "pid")); err == nil {
 		t.Fatalf("%s is still connected after the engine's SIGTERM", dev)
@@ -140,10 +137,7 @@ func TestNBDKernelEngineRestart(t *testing.T) {
 	sh(t, "umount", mnt)
 	t.Log(sh(t, "e2fsck", "-fn", dev))
 
-	eng2.cmd.Process.Signal(syscall.SIGTERM)
-	if code := eng2.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, eng2.stderr.String())
-	}
+	eng2.stopClean(t, "engine")
 	if _, err := os.Stat(filepath.Join(sys, "pid")); err == nil {
 		t.Fatalf("%s is still connected after the engine's SIGTERM", dev)
 	}
@@ -185,10 +179,7 @@ func TestNBDKernelExpand(t *testing.T) {
 		t.Fatalf("ready report %+v (ready line endpoint=%s control=%s)", r, eng.endpoint, eng.control)
 	}
 	expandUnderFilesystem(t, dir, r.Endpoint, eng)
-	eng.cmd.Process.Signal(syscall.SIGTERM)
-	if code := eng.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, eng.stderr.String())
-	}
+	eng.stopClean(t, "engine")
 }
 
 // TestNBDKernelFilesystemInUML runs TestNBDKernelFilesystem,

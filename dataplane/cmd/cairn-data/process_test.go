@@ -136,6 +136,16 @@ func (p *proc) waitExit(t testing.TB) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
+// stopClean sends the process SIGTERM and fails the test unless it exits
+// with status 0; what names it in the failure ("engine", "replica").
+func (p *proc) stopClean(t testing.TB, what string) {
+	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.waitExit(t); code != 0 {
+		t.Fatalf("%s exit %d\n%s", what, code, p.stderr.String())
+	}
+}
+
 // logged reports whether the process's stderr says s within 30 s (scaled). Its
 // stderr reaches the buffer through a pipe the exec package copies from,
 // so a line logged before the ready line may arrive after it.
@@ -260,10 +270,7 @@ func TestReplicaUnixSocket(t *testing.T) {
 		t.Fatalf("read back over the unix socket: err=%v equal=%v", err, bytes.Equal(got, want))
 	}
 	c.Close()
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	if code := p.waitExit(t); code != 0 {
-		t.Fatalf("exit %d\n%s", code, p.stderr.String())
-	}
+	p.stopClean(t, "replica")
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Fatalf("the replica left its socket behind: %v", err)
 	}
@@ -343,10 +350,7 @@ func TestReplicaSIGTERM(t *testing.T) {
 	if err := d.WriteAt(ctx, []byte("kept"), 0, false); err != nil {
 		t.Fatal(err)
 	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	if code := p.waitExit(t); code != 0 {
-		t.Fatalf("exit %d after SIGTERM\n%s", code, p.stderr.String())
-	}
+	p.stopClean(t, "replica")
 	p = start(t, "replica", "--dir", dir, "--listen", "127.0.0.1:0")
 	d = dialData(t, p.data, 0)
 	got := make([]byte, 4)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -43,22 +42,13 @@ func TestReplicaListenLocal(t *testing.T) {
 		t.Fatal("the replica maps none of the engine's shared memory")
 	}
 	qemuIO(t, uri, "write -P 0x4d 0 4M", "write -P 0x5e 6M 1M", "flush")
-	local.cmd.Process.Signal(syscall.SIGTERM)
-	if code := local.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, local.stderr.String())
-	}
+	local.stopClean(t, "engine")
 
 	overTCP := engine(r.data)
 	qemuIO(t, uri, "read -P 0x4d 0 4M", "read -P 0 4M 2M", "read -P 0x5e 6M 1M")
-	overTCP.cmd.Process.Signal(syscall.SIGTERM)
-	if code := overTCP.waitExit(t); code != 0 {
-		t.Fatalf("engine exit %d\n%s", code, overTCP.stderr.String())
-	}
+	overTCP.stopClean(t, "engine")
 
-	r.cmd.Process.Signal(syscall.SIGTERM)
-	if code := r.waitExit(t); code != 0 {
-		t.Fatalf("replica exit %d\n%s", code, r.stderr.String())
-	}
+	r.stopClean(t, "replica")
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Fatalf("the replica left its local socket behind: %v", err)
 	}
