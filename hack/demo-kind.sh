@@ -82,6 +82,23 @@ for _ in $(seq 60); do
   sleep 3; printf '   '; show
   [[ $(k -n cairn-system get volume "$pv" -o jsonpath='{.status.robustness}') == healthy ]] && break
 done
+# The engine keeps each replica's last rebuild in its status: what the
+# returning replica copied, against the volume's size.
+size=$(k -n cairn-system get volume "$pv" -o jsonpath='{.spec.size}')
+case $size in
+  *Gi) size=$((${size%Gi} << 30)) ;; *Mi) size=$((${size%Mi} << 20)) ;; *Ki) size=$((${size%Ki} << 10)) ;;
+esac
+resyncs=$(k -n cairn-system get engines -l storage.cairn.io/volume="$pv" \
+  -o jsonpath='{range .items[*].status.rebuildStatus.*}{.state}|{.bytesDone}|{.dirtyOnly}|{.fullReason}{"\n"}{end}')
+[[ -n $resyncs ]] || echo "   the engine records no rebuild of the returning replica"
+while IFS='|' read -r state copied delta reason; do
+  [[ -n $state ]] || continue
+  if [[ $delta == true ]]; then kind="delta resync: only the regions written while it was away"
+  else kind="full copy${reason:+: $reason}"; fi
+  copied=${copied:-0}
+  if ((copied < 1048576)); then copied="$((copied / 1024)) KiB"; else copied="$((copied / 1048576)) MiB"; fi
+  echo "   the replica's resync: $state, copied $copied of the volume's $((size / 1048576)) MiB ($kind)"
+done <<<"$resyncs"
 
 say "the data, checked in the pod"
 k exec demo -- sh -c 'cd /data && sha256sum -c sum'
