@@ -341,6 +341,34 @@ func TestBackupNameConflict(t *testing.T) {
 	r.g.Expect(r.listed()).To(Equal([]string{"nc"}), "another Backup's backup is not deleted")
 }
 
+// TestBackupFoundOnTarget: a backup this Backup wrote on an earlier
+// attempt (its manifest there, the manager gone before it recorded the
+// outcome) completes without uploading again, and its status says what
+// that attempt read (kept in the manifest), not zero.
+func TestBackupFoundOnTarget(t *testing.T) {
+	r := newRig(t, "vol-found")
+	rec, _ := r.reconciler()
+	r.backup("fo", r.target)
+	b := r.get("fo")
+	data := bytes.Repeat([]byte{0x6b}, 3*mib)
+	res, err := r.store().Backup(context.Background(), backupstore.BackupOptions{Volume: r.vol, Name: "fo", Size: 4 * mib,
+		Source: bytes.NewReader(append(data, make([]byte, mib)...)), Labels: map[string]string{LabelBackupUID: string(b.UID), LabelBackup: ns + "/fo"}})
+	r.g.Expect(err).NotTo(HaveOccurred())
+	r.g.Expect(res.ReadBytes).To(BeNumerically(">", 0))
+	m, err := r.store().Manifest(context.Background(), r.vol, "fo")
+	r.g.Expect(err).NotTo(HaveOccurred())
+	r.g.Expect(m.ReadBytes).To(Equal(res.ReadBytes), "the manifest keeps what the backup read")
+
+	b = r.until(rec, "fo", v1.BackupStateCompleted)
+	r.g.Expect(b.Status.Attempts).To(Equal(int32(1)))
+	r.g.Expect(b.Status.BytesTotal).To(Equal(res.ReadBytes), "what the attempt that wrote it read")
+	r.g.Expect(b.Status.BytesDone).To(Equal(res.ReadBytes))
+	r.g.Expect(b.Status.UploadedBytes).To(Equal(res.Info.NewBytes))
+	m2, err := r.store().Manifest(context.Background(), r.vol, "fo")
+	r.g.Expect(err).NotTo(HaveOccurred())
+	r.g.Expect(m2.Created).To(Equal(m.Created), "not uploaded again")
+}
+
 // TestFullBackups: spec.mode full reads every written block again though
 // a parent is there, and a target's maxIncrementalBackups makes the
 // backup after that many incremental ones in a row full.

@@ -114,7 +114,7 @@ func (r *Reconciler) existing(ctx context.Context, store *backupstore.Store, j *
 	if m.Labels[LabelBackupUID] != j.backupUID {
 		return nil, fmt.Errorf("%w: volume %s's backup %s on the target was written by %q", errNameConflict, j.volume, j.name, m.Labels[LabelBackup])
 	}
-	return &backupstore.BackupResult{Info: backupstore.BackupInfo{Name: m.Name, Parent: m.Parent, Size: m.Size,
+	return &backupstore.BackupResult{ReadBytes: m.ReadBytes, Info: backupstore.BackupInfo{Name: m.Name, Parent: m.Parent, Size: m.Size,
 		BlockSize: m.BlockSize, Blocks: int64(len(m.Blocks)), NewBlocks: m.NewBlocks, NewBytes: m.NewBytes, Created: m.Created, Labels: m.Labels}}, nil
 }
 
@@ -281,7 +281,10 @@ func (r *Reconciler) recordOutcome(b *v1.Backup, res *backupstore.BackupResult, 
 		b.Status.BackupName, b.Status.Parent = in.Name, in.Parent
 		b.Status.VolumeSize = resource.NewQuantity(in.Size, resource.BinarySI)
 		b.Status.UploadedBytes = in.NewBytes
-		if res.ReadBytes > 0 { // zero: found on the target, written by an earlier attempt
+		// Found on the target, written by an earlier attempt: the manifest
+		// says what that attempt read (zero in manifests from before it
+		// did, which leaves what this attempt's status held).
+		if res.ReadBytes > 0 {
 			b.Status.BytesTotal = res.ReadBytes
 		}
 		b.Status.BytesDone, b.Status.Progress = b.Status.BytesTotal, 100

@@ -348,7 +348,7 @@ func (b *backupRun) manifest() *Manifest {
 	return &Manifest{
 		ManifestMeta: ManifestMeta{
 			Volume: o.Volume, Name: o.Name, Parent: o.Parent, Created: b.created, Labels: o.Labels,
-			NewBlocks: b.newBlocks.Load(), NewBytes: b.newBytes.Load(),
+			NewBlocks: b.newBlocks.Load(), NewBytes: b.newBytes.Load(), ReadBytes: b.readBytes.Load(),
 		},
 		Size: o.Size, BlockSize: o.BlockSize, Blocks: refs,
 	}

@@ -77,6 +77,34 @@ func blockHashes(t *testing.T, tg Target) map[Hash]bool {
 	return hs
 }
 
+// waitClockPastBlocks waits until the target's clock reads later than
+// the newest block's write time. Collection keeps a block written at or
+// after its cutoff (the target's now minus GCMinAge); an S3 server's
+// Last-Modified has whole seconds, so with GCMinAge 0 a block written in
+// the collection's second is still young.
+func waitClockPastBlocks(t *testing.T, tg Target) {
+	t.Helper()
+	var newest time.Time
+	for _, o := range blockObjects(t, tg) {
+		if o.ModTime.After(newest) {
+			newest = o.ModTime
+		}
+	}
+	const probe = "clock-probe"
+	defer func() { _ = tg.Delete(testCtx(t), probe) }()
+	for until := deadline.After(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if err := tg.Put(testCtx(t), probe, []byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		if o, ok := listKeys(t, tg, probe)[probe]; ok && o.ModTime.After(newest) {
+			return
+		}
+		if time.Now().After(until) {
+			t.Fatalf("the target's clock did not pass %v, its newest block's write time", newest)
+		}
+	}
+}
+
 // TestGC: after deleting the first of two backups, garbage collection
 // keeps every block the second needs and removes the rest; while a backup
 // is in progress it removes nothing (ErrBusy), and once that backup is
@@ -139,6 +167,7 @@ func TestGC(t *testing.T) {
 			}
 			atC := img.snapshot()
 
+			waitClockPastBlocks(t, tg)
 			res, err := s.CollectGarbage(testCtx(t), testVol)
 			if err != nil {
 				t.Fatal(err)

@@ -60,6 +60,10 @@ type ManifestMeta struct {
 	// stored bytes, after compression); the rest it shares.
 	NewBlocks int64 `json:"newBlocks"`
 	NewBytes  int64 `json:"newBytes"`
+	// ReadBytes is how much of the source the backup read (BackupResult's
+	// ReadBytes), kept so that whoever finds the backup already written
+	// can report it; zero in manifests written before it was recorded.
+	ReadBytes int64 `json:"readBytes,omitempty"`
 }
 
 // Bounds on the format.
