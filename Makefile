@@ -84,7 +84,7 @@ vet: ## Run go vet on both modules.
 lint: vet $(GOLANGCI_LINT) ## go vet, a gofmt check (fails on unformatted files) and golangci-lint (.golangci.yml) over both modules.
 	@unformatted=$$(gofmt -s -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 	if [[ -n "$$unformatted" ]]; then echo "not gofmt -s formatted (run 'make fmt'):"; echo "$$unformatted"; exit 1; fi
-	$(GOLANGCI_LINT) run ./... ./dataplane/...
+	$(GOLANGCI_LINT) run --build-tags e2e,chaoscluster ./... ./dataplane/...
 
 .PHONY: verify
 verify: $(CONTROLLER_GEN) $(KUSTOMIZE) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate code and manifests and fail if that changes anything; build kustomizations.

@@ -18,7 +18,7 @@ import (
 // something holds the drain) and returns a channel that gets its error
 // and output when it ends. The node is uncordoned when the spec ends.
 func drainAsync(node string) <-chan error {
-	DeferCleanup(func() { kubectl("", "uncordon", node) })
+	DeferCleanup(func() { cleanup("uncordon", node) })
 	done := make(chan error, 1)
 	go func() {
 		defer GinkgoRecover()
@@ -71,7 +71,7 @@ parameters: {numberOfReplicas: "1", fsType: ext4}
 reclaimPolicy: Delete
 volumeBindingMode: Immediate
 `, "apply", "-f", "-")
-		DeferCleanup(func() { kubectl("", "delete", "storageclass", "cairn-e2e-1r") })
+		DeferCleanup(func() { cleanup("delete", "storageclass", "cairn-e2e-1r") })
 		for _, x := range n {
 			if x != target {
 				setSchedulable(x, false)
@@ -110,7 +110,7 @@ spec:
       volumes:
       - {name: d, persistentVolumeClaim: {claimName: dr-app}}
 `, target, appImage, verifyOrWrite+" && touch /tmp/ready && sleep infinity"), "apply", "-f", "-")
-		DeferCleanup(func() { kubectl("", "-n", "default", "delete", "deployment", "dr-app", "--wait=true", "--timeout=2m") })
+		DeferCleanup(func() { cleanup("-n", "default", "delete", "deployment", "dr-app", "--wait=true", "--timeout=2m") })
 		appPod := func() (string, string) {
 			out, _ := kubectl("", "-n", "default", "get", "pod", "-l", "app=dr-app", "-o",
 				`jsonpath={range .items[?(@.status.phase=="Running")]}{.metadata.name} {.spec.nodeName}{"\n"}{end}`)

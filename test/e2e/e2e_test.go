@@ -63,9 +63,18 @@ func kubectl(in string, args ...string) (string, error) {
 	}
 	err := cmd.Run()
 	if err != nil {
-		return out.String(), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, errb.String())
+		return out.String(), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, errb.String())
 	}
 	return strings.TrimSpace(out.String()), nil
+}
+
+// cleanup runs kubectl for a clean-up step: a failure is written to the
+// spec's output, not raised, so that the other clean-up steps still run
+// and the spec's own result stands.
+func cleanup(args ...string) {
+	if _, err := kubectl("", args...); err != nil {
+		GinkgoWriter.Printf("clean-up failed: %v\n", err)
+	}
 }
 
 func must(in string, args ...string) string {
@@ -92,7 +101,7 @@ spec:
   resources: {requests: {storage: %s}}
 %s`, name, class, mode, size, source)
 	must(y, "create", "-f", "-") // not apply, as for pods (startPod)
-	DeferCleanup(func() { kubectl("", "-n", "default", "delete", "pvc", name, "--wait=true", "--timeout=3m") })
+	DeferCleanup(func() { cleanup("-n", "default", "delete", "pvc", name, "--wait=true", "--timeout=3m") })
 }
 
 // pod starts a pod on node running script with claim mounted at /data
@@ -129,7 +138,7 @@ spec:
 	// create, not apply: a pod of the same name left by an interrupted
 	// run would otherwise be kept as it is, with its old data.
 	must(y, "create", "-f", "-")
-	DeferCleanup(func() { kubectl("", "-n", "default", "delete", "pod", name, "--wait=true", "--timeout=2m") })
+	DeferCleanup(func() { cleanup("-n", "default", "delete", "pod", name, "--wait=true", "--timeout=2m") })
 }
 
 // waitPod waits until the pod is Ready, and fails with its logs and
@@ -363,7 +372,7 @@ provisioner: storage.cairn.io
 parameters: {numberOfReplicas: "2", fsType: xfs}
 allowVolumeExpansion: true
 `, "apply", "-f", "-")
-		DeferCleanup(func() { kubectl("", "delete", "storageclass", "cairn-e2e-xfs") })
+		DeferCleanup(func() { cleanup("delete", "storageclass", "cairn-e2e-xfs") })
 		pvc("src", "cairn-e2e-xfs", "320Mi", false, "")
 		pod("src-a", n[1], "src", false, "cd /data && echo before > f && sync")
 		must(`apiVersion: snapshot.storage.k8s.io/v1
@@ -372,7 +381,7 @@ metadata: {name: src-snap, namespace: default}
 spec: {volumeSnapshotClassName: cairn, source: {persistentVolumeClaimName: src}}
 `, "apply", "-f", "-")
 		DeferCleanup(func() {
-			kubectl("", "-n", "default", "delete", "volumesnapshot", "src-snap", "--wait=true", "--timeout=2m")
+			cleanup("-n", "default", "delete", "volumesnapshot", "src-snap", "--wait=true", "--timeout=2m")
 		})
 		Eventually(func() string {
 			out, _ := kubectl("", "-n", "default", "get", "volumesnapshot", "src-snap", "-o", "jsonpath={.status.readyToUse}")
@@ -573,8 +582,8 @@ var _ = Describe("an encrypted volume", func() {
 					return out
 				}, deadline.Scale(4*time.Minute), 2*time.Second).Should(BeEmpty(), "PV %s deleted", pv)
 			}
-			kubectl("", "delete", "storageclass", "cairn-encrypted")
-			kubectl("", "-n", ns, "delete", "secret", "cairn-encryption")
+			cleanup("delete", "storageclass", "cairn-encrypted")
+			cleanup("-n", ns, "delete", "secret", "cairn-encryption")
 		})
 		pvc("enc", "cairn-encrypted", "128Mi", false, "")
 		pvc("enc-plain", "cairn", "128Mi", false, "")

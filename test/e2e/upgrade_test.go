@@ -308,7 +308,9 @@ var _ = Describe("an upgrade and a rollback under load", func() {
 		fioPasses := func(pod string) func() int {
 			return func() int {
 				var p int
-				fmt.Sscan(fioState(pod, "fio.passes"), &p)
+				if _, err := fmt.Sscan(fioState(pod, "fio.passes"), &p); err != nil {
+					return -1 // not written yet
+				}
 				return p
 			}
 		}
