@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
-	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -141,14 +139,7 @@ var ErrBadFilesystemTrimResult = errors.New("not a filesystem trim result")
 // Encode returns r in JSON, its message cut to
 // MaxFilesystemTrimMessageLength bytes.
 func (r FilesystemTrimResult) Encode() string {
-	r.Message = strings.ToValidUTF8(r.Message, "?")
-	if len(r.Message) > MaxFilesystemTrimMessageLength {
-		cut := MaxFilesystemTrimMessageLength - len("...")
-		for cut > 0 && !utf8.RuneStart(r.Message[cut]) {
-			cut--
-		}
-		r.Message = r.Message[:cut] + "..."
-	}
+	r.Message = TruncateMessage(r.Message, MaxFilesystemTrimMessageLength)
 	b, _ := json.Marshal(r) // strings and numbers only: cannot fail
 	return string(b)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"time"
-	"unicode/utf8"
 
 	grpcstatus "google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -65,7 +64,7 @@ func applyWatchStatus(e *v1.Engine, vs *enginev1.VolumeStatus) {
 		}
 		out := v1.RebuildStatus{State: v1.RebuildState(rb.GetState()), SourceReplica: names[rb.GetSource()],
 			BytesDone: rb.GetBytesDone(), BytesTotal: rb.GetBytesTotal(), DirtyOnly: rb.GetDirtyOnly(), Error: rb.GetError(),
-			FullReason: truncate(rb.GetFullReason(), maxFullReason)}
+			FullReason: v1.TruncateMessage(rb.GetFullReason(), maxFullReason)}
 		if out.SourceReplica == "" {
 			out.SourceReplica = rb.GetSource()
 		}
@@ -385,16 +384,3 @@ func replicaMismatch(a v1.ReplicaAddress, s replicaSeen) string {
 
 // maxFullReason bounds RebuildStatus.fullReason (its CRD limit).
 const maxFullReason = 256
-
-// truncate cuts a text the engine reported to at most n bytes, at a rune
-// boundary, so a long answer cannot make the status update invalid.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	s = s[:n]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return s
-}

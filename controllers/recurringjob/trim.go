@@ -6,7 +6,6 @@ import (
 	"math"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -191,13 +190,13 @@ func trimRunResult(job *v1.RecurringJob, run time.Time, states []trimState) *v1.
 	if len(skipped) > 0 {
 		parts = append(parts, fmt.Sprintf("%d skipped (%s)", len(skipped), causes(skipped)))
 	}
-	res.Message = truncate(strings.Join(parts, "; "), maxMessage)
+	res.Message = v1.TruncateMessage(strings.Join(parts, "; "), maxMessage)
 	return res
 }
 
 // cause is a volume's answer as the message names it.
 func cause(st trimState) string {
-	return fmt.Sprintf("%s on %s: %s", st.volume, st.result.Node, truncate(st.result.Message, 160))
+	return fmt.Sprintf("%s on %s: %s", st.volume, st.result.Node, v1.TruncateMessage(st.result.Message, 160))
 }
 
 // causes lists the first maxCauses causes in full and counts the rest.
@@ -210,16 +209,3 @@ func causes(cs []string) string {
 
 // maxMessage is RecurringJobRunResult.Message's bound in the CRD.
 const maxMessage = 1024
-
-// truncate cuts s to at most n bytes, marking the cut, without splitting
-// a UTF-8 character.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("...")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
-}
