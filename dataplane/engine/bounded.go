@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -100,6 +101,18 @@ func (b bounded) WriteLayer(ctx context.Context, name string, p []byte, off int6
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
 	return b.c.WriteLayer(ctx, name, p, off)
+}
+
+// PullLayer is the target's LayerPuller (ErrNoPull if it is none), src
+// the source's connection.
+func (b bounded) PullLayer(ctx context.Context, src Replica, srcID, name string, off, length int64, layerOnly bool) (int64, error) {
+	p, ok := b.c.(LayerPuller)
+	if !ok || src == nil {
+		return 0, fmt.Errorf("%w: the replica's connection cannot pull", ErrNoPull)
+	}
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	return p.PullLayer(ctx, src, srcID, name, off, length, layerOnly)
 }
 
 func (b bounded) SyncLayers(ctx context.Context) error {

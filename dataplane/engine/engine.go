@@ -30,6 +30,9 @@ var (
 	ErrClosed = errors.New("engine closed")
 	// ErrInvalid: a control request that cannot be carried out as asked.
 	ErrInvalid = errors.New("invalid request")
+	// ErrNoPull: a rebuild target cannot pull its data from the source
+	// itself (LayerPuller); the engine copies it instead.
+	ErrNoPull = errors.New("the replica cannot pull from the source")
 	// ErrUnsafeNotBuilt: Open was asked for Options.UnsafeAckEarly by a
 	// build without it (see unsafe_ackearly.go).
 	ErrUnsafeNotBuilt = errors.New("the unsafe early-acknowledgement engine (CAIRN_UNSAFE_ACK_EARLY, Options.UnsafeAckEarly) needs a cairn-data built with -tags cairn_unsafe (tests only)")
@@ -138,6 +141,13 @@ type member struct {
 // replica on the engine's node, whose reads cost no network stack (and,
 // with shared memory, no copy through the socket).
 func (m *member) onNode() bool { return strings.HasPrefix(m.addr, "unix:") }
+
+// replica is m's connection as the Replica it was given (nil if it could
+// not be dialed), for a rebuild target that reads from it itself.
+func (m *member) replica() Replica {
+	r, _ := m.conn.(Replica)
+	return r
+}
 
 // controller is what the engine calls on a member outside the I/O path.
 type controller interface {

@@ -249,6 +249,9 @@ func TestKillRebuildLoseOriginals(t *testing.T) {
 	if st.DirtyOnly || st.BytesDone != size || st.BytesTotal != size {
 		t.Fatalf("full rebuild status: %+v", st)
 	}
+	if st.RelayReason != "" {
+		t.Fatalf("the rebuild's data went through the engine, not from replica to replica: %s", st.RelayReason)
+	}
 	stop()
 	wg.Wait()
 	if v.errs.Load() != 0 {
@@ -324,6 +327,9 @@ func testReturningReplica(t *testing.T, sameAddress bool) {
 	}
 	if !st.DirtyOnly {
 		t.Fatalf("a returning replica (back at %s, was %s) was fully rebuilt", back.addr, r1.addr)
+	}
+	if st.RelayReason != "" {
+		t.Fatalf("the resync's data went through the engine, not from replica to replica: %s", st.RelayReason)
 	}
 	// 3 regions of 1 MiB written while away (plus at most a few regions the
 	// returning replica itself marked dirty before it died).

@@ -293,8 +293,15 @@ func (e *Engine) reach(ctx context.Context, addrs []string, as []answer) {
 
 // reachOne makes one attempt at the replica at addr, bounded by
 // ConnectTimeout, and records the outcome in a: a connection that failed
-// meanwhile is replaced, one whose Info fails is closed.
+// meanwhile is replaced, one whose Info fails is closed. An attempt cut
+// short by ctx itself keeps the cause an earlier attempt found (say,
+// connection refused): that the wait ended tells nothing of the replica.
 func (e *Engine) reachOne(ctx context.Context, addr string, a *answer) {
+	failed := func(err error) {
+		if ctx.Err() == nil || a.err == nil {
+			a.err = err
+		}
+	}
 	actx, cancel := context.WithTimeout(ctx, e.opts.ConnectTimeout)
 	defer cancel()
 	if a.r != nil {
@@ -308,7 +315,7 @@ func (e *Engine) reachOne(ctx context.Context, addr string, a *answer) {
 	if a.r == nil {
 		r, err := e.opts.Dial(actx, addr)
 		if err != nil {
-			a.err = err
+			failed(err)
 			return
 		}
 		a.r = r
@@ -316,7 +323,8 @@ func (e *Engine) reachOne(ctx context.Context, addr string, a *answer) {
 	info, err := a.r.Info(actx)
 	if err != nil {
 		a.r.Close()
-		a.r, a.err = nil, err
+		a.r = nil
+		failed(err)
 		return
 	}
 	a.info, a.err = info, nil

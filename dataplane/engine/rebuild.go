@@ -43,6 +43,10 @@ type RebuildStatus struct {
 	BytesDone, BytesTotal int64
 	// BytesCopied is the data actually sent (holes are skipped).
 	BytesCopied int64
+	// RelayReason says why the rebuild's data passes through the engine
+	// (read from the source, written to the target) instead of going
+	// from replica to replica (LayerPuller); empty while it does not.
+	RelayReason string
 	Started     time.Time
 	Finished    time.Time
 	Error       string
@@ -60,7 +64,10 @@ type rebuild struct {
 	st     RebuildStatus
 	done   atomic.Int64
 	copied atomic.Int64
-	fin    chan struct{}
+	// relay: the chunks go through the engine (copyChunk), since the
+	// target could not pull one itself; set once, never cleared.
+	relay atomic.Bool
+	fin   chan struct{}
 	// copyTime (copy and verify) and syncTime are how long each phase of
 	// copyAndVerify took, logged when the rebuild completes; written by
 	// the rebuild's goroutine only.
@@ -349,8 +356,51 @@ func (e *Engine) copyLayer(ctx context.Context, rb *rebuild, src, dst *member, l
 
 // copyChunk copies [off, off+n) of layer l from src to dst, the view,
 // filled (dirty-only), or the layer's own extents (full), then compares
-// the checksums of that range on both sides.
+// the checksums of that range on both sides. The target pulls the chunk
+// from the source itself when it can (LayerPuller); the first chunk it
+// cannot pull (ErrNoPull) makes the rebuild relay that chunk and the
+// rest through the engine.
 func (e *Engine) copyChunk(ctx context.Context, rb *rebuild, src, dst *member, l string, off, n int64) error {
+	if !rb.relay.Load() {
+		if e.modeOf(dst) != ModeWO {
+			return errors.New("the replica failed during the rebuild")
+		}
+		w, err := dst.ctl.PullLayer(ctx, src.replica(), src.id, l, off, n, !rb.st.DirtyOnly)
+		switch {
+		case err == nil:
+			rb.copied.Add(w)
+			if !rb.st.DirtyOnly {
+				rb.done.Add(w)
+			}
+			return e.verified(ctx, rb, src, dst, l, off, n)
+		case errors.Is(err, ErrNoPull) && ctx.Err() == nil:
+			rb.relayFrom(err, func() {
+				e.log.Info("rebuild copies through the engine", "replica", dst.addr, "source", src.addr, "why", err.Error())
+			})
+		case ctx.Err() != nil:
+			return ctx.Err()
+		default:
+			return fmt.Errorf("pull snapshot %s from %s into %s: %w", l, src.addr, dst.addr, err)
+		}
+	}
+	return e.relayChunk(ctx, rb, src, dst, l, off, n)
+}
+
+// relayFrom makes the rebuild relay its chunks through the engine for
+// the reason err; logged runs once, for the first chunk that finds out.
+func (rb *rebuild) relayFrom(err error, logged func()) {
+	if rb.relay.Swap(true) {
+		return
+	}
+	rb.mu.Lock()
+	rb.st.RelayReason = err.Error()
+	rb.mu.Unlock()
+	logged()
+}
+
+// relayChunk is copyChunk through the engine: read from src, written to
+// dst.
+func (e *Engine) relayChunk(ctx context.Context, rb *rebuild, src, dst *member, l string, off, n int64) error {
 	read := src.ctl.ReadLayer
 	if rb.st.DirtyOnly {
 		read = src.ctl.ReadSnapshot
@@ -386,6 +436,12 @@ func (e *Engine) copyChunk(ctx context.Context, rb *rebuild, src, dst *member, l
 			rb.done.Add(int64(len(x.Data)))
 		}
 	}
+	return e.verified(ctx, rb, src, dst, l, off, n)
+}
+
+// verified compares the chunk's checksums on both sides (verifyChunk)
+// and counts a dirty-only chunk done.
+func (e *Engine) verified(ctx context.Context, rb *rebuild, src, dst *member, l string, off, n int64) error {
 	if err := e.verifyChunk(ctx, rb, src, dst, l, off, n); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -105,6 +106,10 @@ func TestRebuildChunksInFlightWithRacingWrites(t *testing.T) {
 	}
 	if len(st.Layers) != 2 || st.BytesDone != st.BytesTotal || st.BytesCopied != st.BytesTotal {
 		t.Fatalf("rebuild status: %+v", st)
+	}
+	// The wrapper hides the client's LayerPuller: the engine relays.
+	if !strings.Contains(st.RelayReason, "cannot pull") {
+		t.Fatalf("rebuild status: %+v: want the reason the data went through the engine", st)
 	}
 	if m := target.most.Load(); m < 2 {
 		t.Fatalf("at most %d layer write in flight at once: the chunks were copied one at a time", m)

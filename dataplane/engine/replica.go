@@ -69,6 +69,21 @@ type RebuildTarget interface {
 	Checksummer
 }
 
+// LayerPuller is a RebuildTarget that copies a rebuild's chunk from the
+// source replica itself, so the data goes from replica to replica and
+// not through the engine (replicaclient.Client, for a source that is
+// one too).
+type LayerPuller interface {
+	// PullLayer copies [off, off+length) of snapshot name from src, whose
+	// replica ID is srcID, into this replica's layer of that snapshot:
+	// the source layer's own data (layerOnly), or the view at name
+	// written whole, zeros included. It returns the bytes written.
+	// ErrNoPull: this replica cannot pull from src (a source of another
+	// kind or out of its reach, a replica process that predates pulling);
+	// the engine copies the data itself.
+	PullLayer(ctx context.Context, src Replica, srcID, name string, off, length int64, layerOnly bool) (int64, error)
+}
+
 // Checksummer is how a rebuild verifies its copy, on both sides.
 type Checksummer interface {
 	// Checksum is the CRC-32C of [off, off+length) of the view at name.

@@ -326,6 +326,9 @@ func rebuildLine(r *enginev1.Rebuild) string {
 	if r.FullReason != "" {
 		s += "; full because " + r.FullReason
 	}
+	if r.RelayReason != "" {
+		s += "; through the engine because " + r.RelayReason
+	}
 	if r.Error != "" {
 		s += ": " + r.Error
 	}

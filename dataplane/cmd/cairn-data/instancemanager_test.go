@@ -1013,6 +1013,9 @@ func childrenServeMutualTLS(t *testing.T, dataTLS bool) {
 	}
 	ec, done := engineAPI(manager)
 	defer done()
+	needTool(t, "qemu-io")
+	uri := "nbd+unix:///v?socket=" + e.Endpoint.Socket
+	qemuIO(t, uri, "write -P 0x3c 0 1M", "flush") // data for the rebuild to copy
 	second := reps[1].DataAddress + "," + reps[1].ControlAddress
 	if _, err := ec.ReplicaAdd(ctx, &enginev1.ReplicaAddRequest{Address: second}); err != nil {
 		t.Fatalf("add a replica through the engine: %v", err)
@@ -1037,12 +1040,19 @@ func childrenServeMutualTLS(t *testing.T, dataTLS bool) {
 		}
 		time.Sleep(50 * time.Millisecond) // poll interval
 	}
+	// The new replica pulled its data from the other over mutual TLS,
+	// with the certificate the instance manager's processes share: the
+	// rebuild did not fall back to relaying it through the engine.
+	rs, err := ec.RebuildStatus(ctx, &enginev1.RebuildStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.Rebuilds) != 1 || rs.Rebuilds[0].State != "complete" || rs.Rebuilds[0].BytesCopied < 1<<20 || rs.Rebuilds[0].RelayReason != "" {
+		t.Fatalf("rebuilds: %v; want one complete, replica to replica", rs.Rebuilds)
+	}
 	if !dataTLS {
 		return
 	}
-	needTool(t, "qemu-io")
-	uri := "nbd+unix:///v?socket=" + e.Endpoint.Socket
-	qemuIO(t, uri, "write -P 0x3c 0 1M", "flush")
 	qemuIO(t, uri, "read -P 0x3c 0 1M")
 	plain, err := dataconn.Dial(ctx, "tcp", reps[1].DataAddress, dataconn.ClientOptions{Conns: 1, Key: key, HandshakeTimeout: 5 * time.Second})
 	if err == nil {

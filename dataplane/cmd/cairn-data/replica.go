@@ -88,6 +88,9 @@ type replicaFlags struct {
 	clearDelay           time.Duration
 	key                  []byte
 	controlTLS, dataTLS  *tls.Config // nil: plain
+	// sourceTLS is the client side of controlTLS: what the replica's
+	// pulls of rebuild data from other replicas connect with.
+	sourceTLS *tls.Config
 }
 
 // replicaFail prints a replica's fatal error and returns its exit code.
@@ -113,7 +116,7 @@ func parseReplicaFlags(args []string, stderr io.Writer) (*replicaFlags, int) {
 	fs.DurationVar(&c.clearDelay, "dirty-clear-delay", replica.DefaultClearDelay, "how long a region must go unwritten before a flush may clear its write-intent bit (the engine flushes an idle volume by itself, see its --idle-flush)")
 	fs.IntVar(&c.readyFD, "ready-fd", -1, "once serving, write the ready report (JSON: addresses, size) to this descriptor and close it (the instance manager's contract)")
 	var files tlsfiles.Files
-	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with; with --tls-key and --tls-client-ca the control API requires a client certificate of that CA")
+	fs.StringVar(&files.Cert, "tls-cert", "", "certificate (PEM) the control API serves with, and presents to the other replicas' control APIs it pulls rebuild data from; with --tls-key and --tls-client-ca the control API requires a client certificate of that CA")
 	fs.StringVar(&files.Key, "tls-key", "", "its private key (PEM)")
 	fs.StringVar(&files.CA, "tls-client-ca", "", "CA bundle (PEM) the clients' certificates must chain to")
 	dataTLS := fs.Bool("data-tls", false, "serve the data port (a TCP --listen, not a unix socket nor --listen-local) with TLS too, with the --tls-* files, requiring a client certificate of that CA: the volume's traffic is encrypted on the network (an engine with --data-tls)")
@@ -153,7 +156,7 @@ func parseReplicaFlags(args []string, stderr io.Writer) (*replicaFlags, int) {
 		if err != nil {
 			return nil, replicaFail(stderr, "%v", err)
 		}
-		c.controlTLS = src.Server()
+		c.controlTLS, c.sourceTLS = src.Server(), src.Client()
 		if *dataTLS { // the data server applies it to a TCP --listen only
 			c.dataTLS = src.Server()
 		}
@@ -205,7 +208,7 @@ func runReplica(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return replicaFail(stderr, "%v", err)
 	}
 	dl, ll, cl := ls.data, ls.local, ls.control
-	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Local: ll, Control: cl, Workers: c.workers, Key: c.key, ControlTLS: c.controlTLS, DataTLS: c.dataTLS, Logger: log})
+	run := replicaserver.Start(r, replicaserver.Options{Data: dl, Local: ll, Control: cl, Workers: c.workers, Key: c.key, ControlTLS: c.controlTLS, SourceTLS: c.sourceTLS, DataTLS: c.dataTLS, Logger: log})
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go idlemem.Watch(wctx, idlemem.Period, idlemem.Release) // an idle replica's spare heap back to the node

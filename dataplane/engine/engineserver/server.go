@@ -114,7 +114,7 @@ func (s *Server) rebuilds() []*enginev1.Rebuild {
 	var out []*enginev1.Rebuild
 	for _, r := range s.E.Rebuilds() {
 		rb := &enginev1.Rebuild{Replica: r.Replica, Source: r.Source, Snapshot: r.Snapshot, State: string(r.State),
-			DirtyOnly: r.DirtyOnly, FullReason: r.FullReason, BytesDone: r.BytesDone, BytesTotal: r.BytesTotal, BytesCopied: r.BytesCopied,
+			DirtyOnly: r.DirtyOnly, FullReason: r.FullReason, RelayReason: r.RelayReason, BytesDone: r.BytesDone, BytesTotal: r.BytesTotal, BytesCopied: r.BytesCopied,
 			StartedUnixNano: r.Started.UnixNano(), Error: r.Error, Layers: r.Layers}
 		if !r.Finished.IsZero() {
 			rb.FinishedUnixNano = r.Finished.UnixNano()

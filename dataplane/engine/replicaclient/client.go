@@ -172,7 +172,7 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 		}
 		return nil, err
 	}
-	c := &Client{data: d, cc: cc, ctl: replicav1.NewReplicaServiceClient(cc), timeout: opts.ControlTimeout, quick: opts.QuickTimeout, owner: opts.Owner}
+	c := &Client{data: d, cc: cc, ctl: replicav1.NewReplicaServiceClient(cc), timeout: opts.ControlTimeout, quick: opts.QuickTimeout, owner: opts.Owner, ctlAddr: ctlAddr}
 	if err := c.probe(ctx, addr, ctlAddr, opts.ControlTLS != nil); err != nil {
 		c.Close()
 		return nil, err
@@ -304,6 +304,9 @@ type Client struct {
 	timeout time.Duration
 	quick   time.Duration
 	owner   string
+	// ctlAddr is the control API's address, where another replica pulls
+	// rebuild data from this one (PullLayer).
+	ctlAddr string
 
 	mu sync.Mutex
 	// epoch is what the client's changes carry: the epoch it last set, or
@@ -316,6 +319,7 @@ type Client struct {
 var (
 	_ engine.Replica      = (*Client)(nil)
 	_ engine.WriteStarter = (*Client)(nil)
+	_ engine.LayerPuller  = (*Client)(nil)
 )
 
 func (c *Client) ReadAt(ctx context.Context, p []byte, off int64) error {
@@ -523,6 +527,37 @@ func (c *Client) WriteLayer(ctx context.Context, name string, p []byte, off int6
 		_, err := c.ctl.LayerWrite(ctx, &replicav1.LayerWriteRequest{Snapshot: name, Offset: off, Data: p, Epoch: epoch})
 		return err
 	})
+}
+
+// PullLayer has the replica copy the chunk from src itself (LayerPull),
+// reading src's control API. ErrNoPull when src is not a *Client with a
+// TCP control address, when the replica predates LayerPull
+// (UNIMPLEMENTED), or when it cannot read from src (UNAVAILABLE): the
+// engine then copies the data itself.
+func (c *Client) PullLayer(ctx context.Context, src engine.Replica, srcID, name string, off, n int64, layerOnly bool) (int64, error) {
+	s, ok := src.(*Client)
+	if !ok {
+		return 0, fmt.Errorf("%w: the source is reached another way than a replica client", engine.ErrNoPull)
+	}
+	if _, _, err := net.SplitHostPort(s.ctlAddr); err != nil {
+		return 0, fmt.Errorf("%w: the source's control address %s is not HOST:PORT", engine.ErrNoPull, s.ctlAddr)
+	}
+	ctx, cancel := c.cctx(ctx)
+	defer cancel()
+	var written int64
+	err := c.fenced(ctx, func(epoch uint64) error {
+		resp, err := c.ctl.LayerPull(ctx, &replicav1.LayerPullRequest{Snapshot: name, Offset: off, Length: n, LayerOnly: layerOnly,
+			Source: s.ctlAddr, SourceId: srcID, Epoch: epoch})
+		written = resp.GetWritten()
+		return err
+	})
+	switch status.Code(err) {
+	case codes.Unimplemented, codes.Unavailable:
+		if ctx.Err() == nil {
+			return 0, fmt.Errorf("%w: %s", engine.ErrNoPull, status.Convert(err).Message())
+		}
+	}
+	return written, err
 }
 
 func (c *Client) SyncLayers(ctx context.Context) error {

@@ -40,6 +40,11 @@ type Options struct {
 	Key []byte
 	// ControlTLS, when set, serves the control API with it (mutual TLS).
 	ControlTLS *tls.Config
+	// SourceTLS, when set, is the mutual TLS this replica's pulls of
+	// rebuild data (LayerPull) connect to other replicas' control APIs
+	// with; without, they connect in plain text, as a control API
+	// served without ControlTLS is reached.
+	SourceTLS *tls.Config
 	// DataTLS, when set, serves the data port with it
 	// (dataconn.ServerOptions.TLS) when it is a TCP one: the volume's
 	// traffic is encrypted.
@@ -53,6 +58,7 @@ type Running struct {
 	Replica *replica.Replica
 	data    *dataconn.Server
 	gs      *grpc.Server
+	sources *Sources
 	log     logr.Logger
 	// Done is closed when the control API's Close was called or a
 	// listener failed: the owner should call Shutdown.
@@ -89,7 +95,8 @@ func Start(r *replica.Replica, opts Options) *Running {
 			sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.ControlTLS)))
 		}
 		run.gs = grpc.NewServer(sopts...)
-		replicav1.RegisterReplicaServiceServer(run.gs, &Control{Replica: r, DataAddress: opts.Data.Addr().String(), OnClose: stop})
+		run.sources = NewSources(opts.SourceTLS)
+		replicav1.RegisterReplicaServiceServer(run.gs, &Control{Replica: r, DataAddress: opts.Data.Addr().String(), OnClose: stop, Sources: run.sources})
 		go func() {
 			if err := run.gs.Serve(opts.Control); err != nil {
 				opts.Logger.Error(err, "control listener failed")
@@ -114,6 +121,7 @@ func (run *Running) Shutdown(ctx context.Context) {
 			run.log.Error(err, "close failed")
 		}
 		if run.gs != nil {
+			run.sources.Close()
 			done := make(chan struct{})
 			go func() { run.gs.GracefulStop(); close(done) }()
 			select {
@@ -131,6 +139,7 @@ func (run *Running) Shutdown(ctx context.Context) {
 func (run *Running) Kill() {
 	run.stopOnce.Do(func() {
 		if run.gs != nil {
+			run.sources.Close()
 			run.gs.Stop()
 		}
 		run.data.Close()

@@ -94,6 +94,10 @@ type Control struct {
 	// OnClose is called (once, in the background) after Close has closed
 	// the replica, so the process can stop serving and exit.
 	OnClose func()
+	// Sources, when set, are the connections LayerPull reads other
+	// replicas over; without, LayerPull is UNIMPLEMENTED and the engine
+	// copies rebuild data itself.
+	Sources *Sources
 }
 
 // grpcErr maps replica errors to gRPC status codes. A stale epoch is

@@ -330,8 +330,10 @@ var rebuildGoals = map[bool]float64{false: 2, true: 3}
 
 // measureRebuild fills a one-replica volume, adds a fresh replica and
 // times the full rebuild (copy and verify) until it is RW, with every
-// replica on --direct-io when direct is set.
-func measureRebuild(work, name string) time.Duration {
+// replica on --direct-io when direct is set. It returns the wall time and
+// the CPU time the engine and both replicas used meanwhile (the figure a
+// busy machine disturbs least).
+func measureRebuild(work, name string) (time.Duration, time.Duration) {
 	target := filepath.Join(work, name+"-target")
 	defer func() { // each run writes two volumes: leave no gigabytes behind
 		os.RemoveAll(target)
@@ -347,31 +349,33 @@ func measureRebuild(work, name string) time.Duration {
 	}
 	c, f := startProc(args...)
 	defer stopAll(c)
-	start := time.Now()
+	procs := append([]*exec.Cmd{c}, t.procs...)
+	cpu, start := cpuTime(procs), time.Now()
 	out, err := exec.Command(*bin, "ctl", "--engine", t.control, "add", f["data"]+","+f["control"], "--wait").CombinedOutput()
 	if err != nil {
 		must(fmt.Errorf("rebuild: %w\n%s", err, out))
 	}
-	return time.Since(start)
+	return time.Since(start), cpuTime(procs) - cpu
 }
 
 // rebuildTable times full rebuilds, buffered and with --direct-io
 // replicas, interleaved over the rounds, and prints each one's median
 // beside its goal.
 func rebuildTable(work string) {
-	samples := map[bool][]float64{}
+	samples, cpus := map[bool][]float64{}, map[bool][]float64{}
 	for round := 1; round <= *rounds; round++ {
 		for _, d := range []bool{false, true} {
 			direct = d
 			mode := map[bool]string{false: "buffered", true: "direct"}[d]
 			fmt.Fprintf(os.Stderr, "bench: rebuild: round %d/%d: %s\n", round, *rounds, mode)
-			samples[d] = append(samples[d], measureRebuild(work, "rebuild-"+mode).Seconds())
+			wall, cpu := measureRebuild(work, "rebuild-"+mode)
+			samples[d], cpus[d] = append(samples[d], wall.Seconds()), append(cpus[d], cpu.Seconds())
 		}
 	}
 	direct = false
-	fmt.Printf("\nfull rebuild of %s (written data) to a new replica, copy and verify (median of %d; goal for 1 GiB):\n", *size, *rounds)
-	fmt.Printf("  %-22s %5.1f s   goal ≤ %.0f s\n", "buffered", median(samples[false]), rebuildGoals[false])
-	fmt.Printf("  %-22s %5.1f s   goal ≤ %.0f s\n", "--direct-io replicas", median(samples[true]), rebuildGoals[true])
+	fmt.Printf("\nfull rebuild of %s (written data) to a new replica, copy and verify (median of %d; goal for 1 GiB; CPU: engine and both replicas):\n", *size, *rounds)
+	fmt.Printf("  %-22s %5.1f s   goal ≤ %.0f s   CPU %4.1f s\n", "buffered", median(samples[false]), rebuildGoals[false], median(cpus[false]))
+	fmt.Printf("  %-22s %5.1f s   goal ≤ %.0f s   CPU %4.1f s\n", "--direct-io replicas", median(samples[true]), rebuildGoals[true], median(cpus[true]))
 }
 
 // table measures every target in rounds and prints the medians with

@@ -506,7 +506,11 @@ type Rebuild struct {
 	// that returns after an outage), why its changed regions alone could
 	// not be copied (e.g. "history unknown: the engine restarted while the
 	// replica was away"); empty for a dirty-only rebuild or a new replica.
-	FullReason    string `protobuf:"bytes,13,opt,name=full_reason,json=fullReason,proto3" json:"full_reason,omitempty"`
+	FullReason string `protobuf:"bytes,13,opt,name=full_reason,json=fullReason,proto3" json:"full_reason,omitempty"`
+	// Why the rebuild's data passes through the engine instead of going
+	// from replica to replica (the target pulling it from the source);
+	// empty while it does not.
+	RelayReason   string `protobuf:"bytes,14,opt,name=relay_reason,json=relayReason,proto3" json:"relay_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -628,6 +632,13 @@ func (x *Rebuild) GetLayers() []string {
 func (x *Rebuild) GetFullReason() string {
 	if x != nil {
 		return x.FullReason
+	}
+	return ""
+}
+
+func (x *Rebuild) GetRelayReason() string {
+	if x != nil {
+		return x.RelayReason
 	}
 	return ""
 }
@@ -1983,7 +1994,7 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x12ReplicaAddResponse\"0\n" +
 	"\x14ReplicaRemoveRequest\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\"\x17\n" +
-	"\x15ReplicaRemoveResponse\"\x98\x03\n" +
+	"\x15ReplicaRemoveResponse\"\xbb\x03\n" +
 	"\aRebuild\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1a\n" +
@@ -2002,7 +2013,8 @@ const file_engine_v1_engine_proto_rawDesc = "" +
 	"\x05error\x18\v \x01(\tR\x05error\x12\x16\n" +
 	"\x06layers\x18\f \x03(\tR\x06layers\x12\x1f\n" +
 	"\vfull_reason\x18\r \x01(\tR\n" +
-	"fullReason\"\x16\n" +
+	"fullReason\x12!\n" +
+	"\frelay_reason\x18\x0e \x01(\tR\vrelayReason\"\x16\n" +
 	"\x14RebuildStatusRequest\"M\n" +
 	"\x15RebuildStatusResponse\x124\n" +
 	"\brebuilds\x18\x01 \x03(\v2\x18.cairn.engine.v1.RebuildR\brebuilds\"0\n" +

@@ -567,6 +567,148 @@ func (*LayerWriteResponse) Descriptor() ([]byte, []int) {
 	return file_replica_v1_replica_proto_rawDescGZIP(), []int{9}
 }
 
+type LayerPullRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Offset   int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length   int64                  `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	// Only the snapshot's own layer, not the view through older ones.
+	LayerOnly bool `protobuf:"varint,4,opt,name=layer_only,json=layerOnly,proto3" json:"layer_only,omitempty"`
+	// The source replica's control API: HOST:PORT.
+	Source string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
+	// The caller's epoch (see the service comment).
+	Epoch uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The source replica's ID (InfoResponse.id): a replica that answers at
+	// source with another ID is not read from (UNAVAILABLE).
+	SourceId      string `protobuf:"bytes,7,opt,name=source_id,json=sourceId,proto3" json:"source_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerPullRequest) Reset() {
+	*x = LayerPullRequest{}
+	mi := &file_replica_v1_replica_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerPullRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerPullRequest) ProtoMessage() {}
+
+func (x *LayerPullRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerPullRequest.ProtoReflect.Descriptor instead.
+func (*LayerPullRequest) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *LayerPullRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *LayerPullRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *LayerPullRequest) GetLength() int64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *LayerPullRequest) GetLayerOnly() bool {
+	if x != nil {
+		return x.LayerOnly
+	}
+	return false
+}
+
+func (x *LayerPullRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *LayerPullRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *LayerPullRequest) GetSourceId() string {
+	if x != nil {
+		return x.SourceId
+	}
+	return ""
+}
+
+type LayerPullResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes written into the layer.
+	Written       int64 `protobuf:"varint,1,opt,name=written,proto3" json:"written,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerPullResponse) Reset() {
+	*x = LayerPullResponse{}
+	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerPullResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerPullResponse) ProtoMessage() {}
+
+func (x *LayerPullResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerPullResponse.ProtoReflect.Descriptor instead.
+func (*LayerPullResponse) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *LayerPullResponse) GetWritten() int64 {
+	if x != nil {
+		return x.Written
+	}
+	return 0
+}
+
 type SyncLayersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -575,7 +717,7 @@ type SyncLayersRequest struct {
 
 func (x *SyncLayersRequest) Reset() {
 	*x = SyncLayersRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[10]
+	mi := &file_replica_v1_replica_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +729,7 @@ func (x *SyncLayersRequest) String() string {
 func (*SyncLayersRequest) ProtoMessage() {}
 
 func (x *SyncLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[10]
+	mi := &file_replica_v1_replica_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +742,7 @@ func (x *SyncLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncLayersRequest.ProtoReflect.Descriptor instead.
 func (*SyncLayersRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{10}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{12}
 }
 
 type SyncLayersResponse struct {
@@ -611,7 +753,7 @@ type SyncLayersResponse struct {
 
 func (x *SyncLayersResponse) Reset() {
 	*x = SyncLayersResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	mi := &file_replica_v1_replica_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +765,7 @@ func (x *SyncLayersResponse) String() string {
 func (*SyncLayersResponse) ProtoMessage() {}
 
 func (x *SyncLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	mi := &file_replica_v1_replica_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +778,7 @@ func (x *SyncLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncLayersResponse.ProtoReflect.Descriptor instead.
 func (*SyncLayersResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{11}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{13}
 }
 
 type ChecksumRequest struct {
@@ -652,7 +794,7 @@ type ChecksumRequest struct {
 
 func (x *ChecksumRequest) Reset() {
 	*x = ChecksumRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[12]
+	mi := &file_replica_v1_replica_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -664,7 +806,7 @@ func (x *ChecksumRequest) String() string {
 func (*ChecksumRequest) ProtoMessage() {}
 
 func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[12]
+	mi := &file_replica_v1_replica_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -677,7 +819,7 @@ func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumRequest.ProtoReflect.Descriptor instead.
 func (*ChecksumRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{12}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ChecksumRequest) GetSnapshot() string {
@@ -717,7 +859,7 @@ type ChecksumResponse struct {
 
 func (x *ChecksumResponse) Reset() {
 	*x = ChecksumResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[13]
+	mi := &file_replica_v1_replica_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +871,7 @@ func (x *ChecksumResponse) String() string {
 func (*ChecksumResponse) ProtoMessage() {}
 
 func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[13]
+	mi := &file_replica_v1_replica_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +884,7 @@ func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumResponse.ProtoReflect.Descriptor instead.
 func (*ChecksumResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{13}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ChecksumResponse) GetCrc32C() uint32 {
@@ -767,7 +909,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_replica_v1_replica_proto_msgTypes[14]
+	mi := &file_replica_v1_replica_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +921,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[14]
+	mi := &file_replica_v1_replica_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +934,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{14}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Snapshot) GetName() string {
@@ -844,7 +986,7 @@ type DirtyRegions struct {
 
 func (x *DirtyRegions) Reset() {
 	*x = DirtyRegions{}
-	mi := &file_replica_v1_replica_proto_msgTypes[15]
+	mi := &file_replica_v1_replica_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +998,7 @@ func (x *DirtyRegions) String() string {
 func (*DirtyRegions) ProtoMessage() {}
 
 func (x *DirtyRegions) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[15]
+	mi := &file_replica_v1_replica_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +1011,7 @@ func (x *DirtyRegions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirtyRegions.ProtoReflect.Descriptor instead.
 func (*DirtyRegions) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{15}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DirtyRegions) GetRegionSize() int64 {
@@ -908,7 +1050,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[16]
+	mi := &file_replica_v1_replica_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1062,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[16]
+	mi := &file_replica_v1_replica_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1075,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{16}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{18}
 }
 
 type InfoResponse struct {
@@ -965,7 +1107,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[17]
+	mi := &file_replica_v1_replica_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1119,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[17]
+	mi := &file_replica_v1_replica_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1132,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{17}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *InfoResponse) GetSize() int64 {
@@ -1092,7 +1234,7 @@ type SnapshotCreateRequest struct {
 
 func (x *SnapshotCreateRequest) Reset() {
 	*x = SnapshotCreateRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[18]
+	mi := &file_replica_v1_replica_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1246,7 @@ func (x *SnapshotCreateRequest) String() string {
 func (*SnapshotCreateRequest) ProtoMessage() {}
 
 func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[18]
+	mi := &file_replica_v1_replica_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1259,7 @@ func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{18}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SnapshotCreateRequest) GetName() string {
@@ -1156,7 +1298,7 @@ type SnapshotCreateResponse struct {
 
 func (x *SnapshotCreateResponse) Reset() {
 	*x = SnapshotCreateResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[19]
+	mi := &file_replica_v1_replica_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1168,7 +1310,7 @@ func (x *SnapshotCreateResponse) String() string {
 func (*SnapshotCreateResponse) ProtoMessage() {}
 
 func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[19]
+	mi := &file_replica_v1_replica_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1181,7 +1323,7 @@ func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{19}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{21}
 }
 
 type SnapshotListRequest struct {
@@ -1192,7 +1334,7 @@ type SnapshotListRequest struct {
 
 func (x *SnapshotListRequest) Reset() {
 	*x = SnapshotListRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[20]
+	mi := &file_replica_v1_replica_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1346,7 @@ func (x *SnapshotListRequest) String() string {
 func (*SnapshotListRequest) ProtoMessage() {}
 
 func (x *SnapshotListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[20]
+	mi := &file_replica_v1_replica_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +1359,7 @@ func (x *SnapshotListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotListRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{20}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{22}
 }
 
 type SnapshotListResponse struct {
@@ -1229,7 +1371,7 @@ type SnapshotListResponse struct {
 
 func (x *SnapshotListResponse) Reset() {
 	*x = SnapshotListResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[21]
+	mi := &file_replica_v1_replica_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1383,7 @@ func (x *SnapshotListResponse) String() string {
 func (*SnapshotListResponse) ProtoMessage() {}
 
 func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[21]
+	mi := &file_replica_v1_replica_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1396,7 @@ func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotListResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{21}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotListResponse) GetSnapshots() []*Snapshot {
@@ -1275,7 +1417,7 @@ type SnapshotDeleteRequest struct {
 
 func (x *SnapshotDeleteRequest) Reset() {
 	*x = SnapshotDeleteRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[22]
+	mi := &file_replica_v1_replica_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1429,7 @@ func (x *SnapshotDeleteRequest) String() string {
 func (*SnapshotDeleteRequest) ProtoMessage() {}
 
 func (x *SnapshotDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[22]
+	mi := &file_replica_v1_replica_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1442,7 @@ func (x *SnapshotDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotDeleteRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{22}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotDeleteRequest) GetName() string {
@@ -1325,7 +1467,7 @@ type SnapshotDeleteResponse struct {
 
 func (x *SnapshotDeleteResponse) Reset() {
 	*x = SnapshotDeleteResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[23]
+	mi := &file_replica_v1_replica_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1479,7 @@ func (x *SnapshotDeleteResponse) String() string {
 func (*SnapshotDeleteResponse) ProtoMessage() {}
 
 func (x *SnapshotDeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[23]
+	mi := &file_replica_v1_replica_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1492,7 @@ func (x *SnapshotDeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotDeleteResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotDeleteResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{23}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{25}
 }
 
 type SnapshotRevertRequest struct {
@@ -1364,7 +1506,7 @@ type SnapshotRevertRequest struct {
 
 func (x *SnapshotRevertRequest) Reset() {
 	*x = SnapshotRevertRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[24]
+	mi := &file_replica_v1_replica_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1518,7 @@ func (x *SnapshotRevertRequest) String() string {
 func (*SnapshotRevertRequest) ProtoMessage() {}
 
 func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[24]
+	mi := &file_replica_v1_replica_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1531,7 @@ func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{24}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SnapshotRevertRequest) GetName() string {
@@ -1414,7 +1556,7 @@ type SnapshotRevertResponse struct {
 
 func (x *SnapshotRevertResponse) Reset() {
 	*x = SnapshotRevertResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[25]
+	mi := &file_replica_v1_replica_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1426,7 +1568,7 @@ func (x *SnapshotRevertResponse) String() string {
 func (*SnapshotRevertResponse) ProtoMessage() {}
 
 func (x *SnapshotRevertResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[25]
+	mi := &file_replica_v1_replica_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1439,7 +1581,7 @@ func (x *SnapshotRevertResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{25}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{27}
 }
 
 type ExpandRequest struct {
@@ -1453,7 +1595,7 @@ type ExpandRequest struct {
 
 func (x *ExpandRequest) Reset() {
 	*x = ExpandRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[26]
+	mi := &file_replica_v1_replica_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1607,7 @@ func (x *ExpandRequest) String() string {
 func (*ExpandRequest) ProtoMessage() {}
 
 func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[26]
+	mi := &file_replica_v1_replica_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1620,7 @@ func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandRequest.ProtoReflect.Descriptor instead.
 func (*ExpandRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{26}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExpandRequest) GetSize() int64 {
@@ -1503,7 +1645,7 @@ type ExpandResponse struct {
 
 func (x *ExpandResponse) Reset() {
 	*x = ExpandResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[27]
+	mi := &file_replica_v1_replica_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1657,7 @@ func (x *ExpandResponse) String() string {
 func (*ExpandResponse) ProtoMessage() {}
 
 func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[27]
+	mi := &file_replica_v1_replica_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1670,7 @@ func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandResponse.ProtoReflect.Descriptor instead.
 func (*ExpandResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{27}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{29}
 }
 
 type SetEpochRequest struct {
@@ -1563,7 +1705,7 @@ type SetEpochRequest struct {
 
 func (x *SetEpochRequest) Reset() {
 	*x = SetEpochRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[28]
+	mi := &file_replica_v1_replica_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +1717,7 @@ func (x *SetEpochRequest) String() string {
 func (*SetEpochRequest) ProtoMessage() {}
 
 func (x *SetEpochRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[28]
+	mi := &file_replica_v1_replica_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +1730,7 @@ func (x *SetEpochRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochRequest.ProtoReflect.Descriptor instead.
 func (*SetEpochRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{28}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetEpochRequest) GetEpoch() uint64 {
@@ -1641,7 +1783,7 @@ type SetEpochResponse struct {
 
 func (x *SetEpochResponse) Reset() {
 	*x = SetEpochResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[29]
+	mi := &file_replica_v1_replica_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1795,7 @@ func (x *SetEpochResponse) String() string {
 func (*SetEpochResponse) ProtoMessage() {}
 
 func (x *SetEpochResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[29]
+	mi := &file_replica_v1_replica_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1808,7 @@ func (x *SetEpochResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochResponse.ProtoReflect.Descriptor instead.
 func (*SetEpochResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{29}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{31}
 }
 
 // StaleEpoch is the detail of a FAILED_PRECONDITION status for a request
@@ -1685,7 +1827,7 @@ type StaleEpoch struct {
 
 func (x *StaleEpoch) Reset() {
 	*x = StaleEpoch{}
-	mi := &file_replica_v1_replica_proto_msgTypes[30]
+	mi := &file_replica_v1_replica_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1697,7 +1839,7 @@ func (x *StaleEpoch) String() string {
 func (*StaleEpoch) ProtoMessage() {}
 
 func (x *StaleEpoch) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[30]
+	mi := &file_replica_v1_replica_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1710,7 +1852,7 @@ func (x *StaleEpoch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StaleEpoch.ProtoReflect.Descriptor instead.
 func (*StaleEpoch) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{30}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StaleEpoch) GetRequestEpoch() uint64 {
@@ -1742,7 +1884,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[31]
+	mi := &file_replica_v1_replica_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +1896,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[31]
+	mi := &file_replica_v1_replica_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +1909,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{31}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{33}
 }
 
 type CloseResponse struct {
@@ -1778,7 +1920,7 @@ type CloseResponse struct {
 
 func (x *CloseResponse) Reset() {
 	*x = CloseResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[32]
+	mi := &file_replica_v1_replica_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1790,7 +1932,7 @@ func (x *CloseResponse) String() string {
 func (*CloseResponse) ProtoMessage() {}
 
 func (x *CloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[32]
+	mi := &file_replica_v1_replica_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1803,7 +1945,7 @@ func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
 func (*CloseResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{32}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{34}
 }
 
 var File_replica_v1_replica_proto protoreflect.FileDescriptor
@@ -1845,7 +1987,18 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"\x14\n" +
-	"\x12LayerWriteResponse\"\x13\n" +
+	"\x12LayerWriteResponse\"\xc8\x01\n" +
+	"\x10LayerPullRequest\x12\x1a\n" +
+	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x03R\x06length\x12\x1d\n" +
+	"\n" +
+	"layer_only\x18\x04 \x01(\bR\tlayerOnly\x12\x16\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12\x1b\n" +
+	"\tsource_id\x18\a \x01(\tR\bsourceId\"-\n" +
+	"\x11LayerPullResponse\x12\x18\n" +
+	"\awritten\x18\x01 \x01(\x03R\awritten\"\x13\n" +
 	"\x11SyncLayersRequest\"\x14\n" +
 	"\x12SyncLayersResponse\"|\n" +
 	"\x0fChecksumRequest\x12\x1a\n" +
@@ -1926,7 +2079,8 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\vother_owner\x18\x03 \x01(\bR\n" +
 	"otherOwner\"\x0e\n" +
 	"\fCloseRequest\"\x0f\n" +
-	"\rCloseResponse2\xfa\t\n" +
+	"\rCloseResponse2\xd0\n" +
+	"\n" +
 	"\x0eReplicaService\x12E\n" +
 	"\x04Info\x12\x1d.cairn.replica.v1.InfoRequest\x1a\x1e.cairn.replica.v1.InfoResponse\x12c\n" +
 	"\x0eSnapshotCreate\x12'.cairn.replica.v1.SnapshotCreateRequest\x1a(.cairn.replica.v1.SnapshotCreateResponse\x12]\n" +
@@ -1939,7 +2093,8 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"\fSnapshotRead\x12%.cairn.replica.v1.SnapshotReadRequest\x1a&.cairn.replica.v1.SnapshotReadResponse\x12]\n" +
 	"\fReplaceChain\x12%.cairn.replica.v1.ReplaceChainRequest\x1a&.cairn.replica.v1.ReplaceChainResponse\x12W\n" +
 	"\n" +
-	"LayerWrite\x12#.cairn.replica.v1.LayerWriteRequest\x1a$.cairn.replica.v1.LayerWriteResponse\x12W\n" +
+	"LayerWrite\x12#.cairn.replica.v1.LayerWriteRequest\x1a$.cairn.replica.v1.LayerWriteResponse\x12T\n" +
+	"\tLayerPull\x12\".cairn.replica.v1.LayerPullRequest\x1a#.cairn.replica.v1.LayerPullResponse\x12W\n" +
 	"\n" +
 	"SyncLayers\x12#.cairn.replica.v1.SyncLayersRequest\x1a$.cairn.replica.v1.SyncLayersResponse\x12Q\n" +
 	"\bChecksum\x12!.cairn.replica.v1.ChecksumRequest\x1a\".cairn.replica.v1.ChecksumResponse\x12f\n" +
@@ -1957,7 +2112,7 @@ func file_replica_v1_replica_proto_rawDescGZIP() []byte {
 	return file_replica_v1_replica_proto_rawDescData
 }
 
-var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_replica_v1_replica_proto_goTypes = []any{
 	(*SnapshotChangesRequest)(nil),  // 0: cairn.replica.v1.SnapshotChangesRequest
 	(*ByteRange)(nil),               // 1: cairn.replica.v1.ByteRange
@@ -1969,68 +2124,72 @@ var file_replica_v1_replica_proto_goTypes = []any{
 	(*ReplaceChainResponse)(nil),    // 7: cairn.replica.v1.ReplaceChainResponse
 	(*LayerWriteRequest)(nil),       // 8: cairn.replica.v1.LayerWriteRequest
 	(*LayerWriteResponse)(nil),      // 9: cairn.replica.v1.LayerWriteResponse
-	(*SyncLayersRequest)(nil),       // 10: cairn.replica.v1.SyncLayersRequest
-	(*SyncLayersResponse)(nil),      // 11: cairn.replica.v1.SyncLayersResponse
-	(*ChecksumRequest)(nil),         // 12: cairn.replica.v1.ChecksumRequest
-	(*ChecksumResponse)(nil),        // 13: cairn.replica.v1.ChecksumResponse
-	(*Snapshot)(nil),                // 14: cairn.replica.v1.Snapshot
-	(*DirtyRegions)(nil),            // 15: cairn.replica.v1.DirtyRegions
-	(*InfoRequest)(nil),             // 16: cairn.replica.v1.InfoRequest
-	(*InfoResponse)(nil),            // 17: cairn.replica.v1.InfoResponse
-	(*SnapshotCreateRequest)(nil),   // 18: cairn.replica.v1.SnapshotCreateRequest
-	(*SnapshotCreateResponse)(nil),  // 19: cairn.replica.v1.SnapshotCreateResponse
-	(*SnapshotListRequest)(nil),     // 20: cairn.replica.v1.SnapshotListRequest
-	(*SnapshotListResponse)(nil),    // 21: cairn.replica.v1.SnapshotListResponse
-	(*SnapshotDeleteRequest)(nil),   // 22: cairn.replica.v1.SnapshotDeleteRequest
-	(*SnapshotDeleteResponse)(nil),  // 23: cairn.replica.v1.SnapshotDeleteResponse
-	(*SnapshotRevertRequest)(nil),   // 24: cairn.replica.v1.SnapshotRevertRequest
-	(*SnapshotRevertResponse)(nil),  // 25: cairn.replica.v1.SnapshotRevertResponse
-	(*ExpandRequest)(nil),           // 26: cairn.replica.v1.ExpandRequest
-	(*ExpandResponse)(nil),          // 27: cairn.replica.v1.ExpandResponse
-	(*SetEpochRequest)(nil),         // 28: cairn.replica.v1.SetEpochRequest
-	(*SetEpochResponse)(nil),        // 29: cairn.replica.v1.SetEpochResponse
-	(*StaleEpoch)(nil),              // 30: cairn.replica.v1.StaleEpoch
-	(*CloseRequest)(nil),            // 31: cairn.replica.v1.CloseRequest
-	(*CloseResponse)(nil),           // 32: cairn.replica.v1.CloseResponse
+	(*LayerPullRequest)(nil),        // 10: cairn.replica.v1.LayerPullRequest
+	(*LayerPullResponse)(nil),       // 11: cairn.replica.v1.LayerPullResponse
+	(*SyncLayersRequest)(nil),       // 12: cairn.replica.v1.SyncLayersRequest
+	(*SyncLayersResponse)(nil),      // 13: cairn.replica.v1.SyncLayersResponse
+	(*ChecksumRequest)(nil),         // 14: cairn.replica.v1.ChecksumRequest
+	(*ChecksumResponse)(nil),        // 15: cairn.replica.v1.ChecksumResponse
+	(*Snapshot)(nil),                // 16: cairn.replica.v1.Snapshot
+	(*DirtyRegions)(nil),            // 17: cairn.replica.v1.DirtyRegions
+	(*InfoRequest)(nil),             // 18: cairn.replica.v1.InfoRequest
+	(*InfoResponse)(nil),            // 19: cairn.replica.v1.InfoResponse
+	(*SnapshotCreateRequest)(nil),   // 20: cairn.replica.v1.SnapshotCreateRequest
+	(*SnapshotCreateResponse)(nil),  // 21: cairn.replica.v1.SnapshotCreateResponse
+	(*SnapshotListRequest)(nil),     // 22: cairn.replica.v1.SnapshotListRequest
+	(*SnapshotListResponse)(nil),    // 23: cairn.replica.v1.SnapshotListResponse
+	(*SnapshotDeleteRequest)(nil),   // 24: cairn.replica.v1.SnapshotDeleteRequest
+	(*SnapshotDeleteResponse)(nil),  // 25: cairn.replica.v1.SnapshotDeleteResponse
+	(*SnapshotRevertRequest)(nil),   // 26: cairn.replica.v1.SnapshotRevertRequest
+	(*SnapshotRevertResponse)(nil),  // 27: cairn.replica.v1.SnapshotRevertResponse
+	(*ExpandRequest)(nil),           // 28: cairn.replica.v1.ExpandRequest
+	(*ExpandResponse)(nil),          // 29: cairn.replica.v1.ExpandResponse
+	(*SetEpochRequest)(nil),         // 30: cairn.replica.v1.SetEpochRequest
+	(*SetEpochResponse)(nil),        // 31: cairn.replica.v1.SetEpochResponse
+	(*StaleEpoch)(nil),              // 32: cairn.replica.v1.StaleEpoch
+	(*CloseRequest)(nil),            // 33: cairn.replica.v1.CloseRequest
+	(*CloseResponse)(nil),           // 34: cairn.replica.v1.CloseResponse
 }
 var file_replica_v1_replica_proto_depIdxs = []int32{
 	1,  // 0: cairn.replica.v1.SnapshotChangesResponse.ranges:type_name -> cairn.replica.v1.ByteRange
 	3,  // 1: cairn.replica.v1.SnapshotReadResponse.extents:type_name -> cairn.replica.v1.Extent
-	14, // 2: cairn.replica.v1.ReplaceChainRequest.snapshots:type_name -> cairn.replica.v1.Snapshot
-	14, // 3: cairn.replica.v1.InfoResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
-	15, // 4: cairn.replica.v1.InfoResponse.dirty:type_name -> cairn.replica.v1.DirtyRegions
-	14, // 5: cairn.replica.v1.SnapshotListResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
+	16, // 2: cairn.replica.v1.ReplaceChainRequest.snapshots:type_name -> cairn.replica.v1.Snapshot
+	16, // 3: cairn.replica.v1.InfoResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
+	17, // 4: cairn.replica.v1.InfoResponse.dirty:type_name -> cairn.replica.v1.DirtyRegions
+	16, // 5: cairn.replica.v1.SnapshotListResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
 	1,  // 6: cairn.replica.v1.SetEpochRequest.mark:type_name -> cairn.replica.v1.ByteRange
-	16, // 7: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
-	18, // 8: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
-	20, // 9: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
-	22, // 10: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
-	24, // 11: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
-	26, // 12: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
-	28, // 13: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
-	31, // 14: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
+	18, // 7: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
+	20, // 8: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
+	22, // 9: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
+	24, // 10: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
+	26, // 11: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
+	28, // 12: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
+	30, // 13: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
+	33, // 14: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
 	4,  // 15: cairn.replica.v1.ReplicaService.SnapshotRead:input_type -> cairn.replica.v1.SnapshotReadRequest
 	6,  // 16: cairn.replica.v1.ReplicaService.ReplaceChain:input_type -> cairn.replica.v1.ReplaceChainRequest
 	8,  // 17: cairn.replica.v1.ReplicaService.LayerWrite:input_type -> cairn.replica.v1.LayerWriteRequest
-	10, // 18: cairn.replica.v1.ReplicaService.SyncLayers:input_type -> cairn.replica.v1.SyncLayersRequest
-	12, // 19: cairn.replica.v1.ReplicaService.Checksum:input_type -> cairn.replica.v1.ChecksumRequest
-	0,  // 20: cairn.replica.v1.ReplicaService.SnapshotChanges:input_type -> cairn.replica.v1.SnapshotChangesRequest
-	17, // 21: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
-	19, // 22: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
-	21, // 23: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
-	23, // 24: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
-	25, // 25: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
-	27, // 26: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
-	29, // 27: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
-	32, // 28: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
-	5,  // 29: cairn.replica.v1.ReplicaService.SnapshotRead:output_type -> cairn.replica.v1.SnapshotReadResponse
-	7,  // 30: cairn.replica.v1.ReplicaService.ReplaceChain:output_type -> cairn.replica.v1.ReplaceChainResponse
-	9,  // 31: cairn.replica.v1.ReplicaService.LayerWrite:output_type -> cairn.replica.v1.LayerWriteResponse
-	11, // 32: cairn.replica.v1.ReplicaService.SyncLayers:output_type -> cairn.replica.v1.SyncLayersResponse
-	13, // 33: cairn.replica.v1.ReplicaService.Checksum:output_type -> cairn.replica.v1.ChecksumResponse
-	2,  // 34: cairn.replica.v1.ReplicaService.SnapshotChanges:output_type -> cairn.replica.v1.SnapshotChangesResponse
-	21, // [21:35] is the sub-list for method output_type
-	7,  // [7:21] is the sub-list for method input_type
+	10, // 18: cairn.replica.v1.ReplicaService.LayerPull:input_type -> cairn.replica.v1.LayerPullRequest
+	12, // 19: cairn.replica.v1.ReplicaService.SyncLayers:input_type -> cairn.replica.v1.SyncLayersRequest
+	14, // 20: cairn.replica.v1.ReplicaService.Checksum:input_type -> cairn.replica.v1.ChecksumRequest
+	0,  // 21: cairn.replica.v1.ReplicaService.SnapshotChanges:input_type -> cairn.replica.v1.SnapshotChangesRequest
+	19, // 22: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
+	21, // 23: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
+	23, // 24: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
+	25, // 25: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
+	27, // 26: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
+	29, // 27: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
+	31, // 28: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
+	34, // 29: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
+	5,  // 30: cairn.replica.v1.ReplicaService.SnapshotRead:output_type -> cairn.replica.v1.SnapshotReadResponse
+	7,  // 31: cairn.replica.v1.ReplicaService.ReplaceChain:output_type -> cairn.replica.v1.ReplaceChainResponse
+	9,  // 32: cairn.replica.v1.ReplicaService.LayerWrite:output_type -> cairn.replica.v1.LayerWriteResponse
+	11, // 33: cairn.replica.v1.ReplicaService.LayerPull:output_type -> cairn.replica.v1.LayerPullResponse
+	13, // 34: cairn.replica.v1.ReplicaService.SyncLayers:output_type -> cairn.replica.v1.SyncLayersResponse
+	15, // 35: cairn.replica.v1.ReplicaService.Checksum:output_type -> cairn.replica.v1.ChecksumResponse
+	2,  // 36: cairn.replica.v1.ReplicaService.SnapshotChanges:output_type -> cairn.replica.v1.SnapshotChangesResponse
+	22, // [22:37] is the sub-list for method output_type
+	7,  // [7:22] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name
@@ -2047,7 +2206,7 @@ func file_replica_v1_replica_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_replica_v1_replica_proto_rawDesc), len(file_replica_v1_replica_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

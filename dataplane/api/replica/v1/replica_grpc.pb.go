@@ -33,6 +33,7 @@ const (
 	ReplicaService_SnapshotRead_FullMethodName    = "/cairn.replica.v1.ReplicaService/SnapshotRead"
 	ReplicaService_ReplaceChain_FullMethodName    = "/cairn.replica.v1.ReplicaService/ReplaceChain"
 	ReplicaService_LayerWrite_FullMethodName      = "/cairn.replica.v1.ReplicaService/LayerWrite"
+	ReplicaService_LayerPull_FullMethodName       = "/cairn.replica.v1.ReplicaService/LayerPull"
 	ReplicaService_SyncLayers_FullMethodName      = "/cairn.replica.v1.ReplicaService/SyncLayers"
 	ReplicaService_Checksum_FullMethodName        = "/cairn.replica.v1.ReplicaService/Checksum"
 	ReplicaService_SnapshotChanges_FullMethodName = "/cairn.replica.v1.ReplicaService/SnapshotChanges"
@@ -92,6 +93,16 @@ type ReplicaServiceClient interface {
 	// LayerWrite writes block-aligned data into a snapshot's own layer, below
 	// the head, while the replica is write-only in a rebuild.
 	LayerWrite(ctx context.Context, in *LayerWriteRequest, opts ...grpc.CallOption) (*LayerWriteResponse, error)
+	// LayerPull copies a range of a snapshot from another replica of the
+	// volume (source, its control API) into this replica's layer of that
+	// snapshot, as a SnapshotRead there and a LayerWrite here would, so a
+	// rebuild's data goes from replica to replica: with layer_only the
+	// source layer's own data (holes left out); without, the view at the
+	// snapshot, written whole (zeros included). Block-aligned; at most
+	// 4 MiB per call. UNAVAILABLE, naming the source, when the source
+	// cannot be reached or read from here, or is another replica than
+	// source_id; the source's own refusals keep their code.
+	LayerPull(ctx context.Context, in *LayerPullRequest, opts ...grpc.CallOption) (*LayerPullResponse, error)
 	// SyncLayers makes every layer durable.
 	SyncLayers(ctx context.Context, in *SyncLayersRequest, opts ...grpc.CallOption) (*SyncLayersResponse, error)
 	// Checksum returns the CRC-32C of a range of the view at a snapshot, or
@@ -228,6 +239,16 @@ func (c *replicaServiceClient) LayerWrite(ctx context.Context, in *LayerWriteReq
 	return out, nil
 }
 
+func (c *replicaServiceClient) LayerPull(ctx context.Context, in *LayerPullRequest, opts ...grpc.CallOption) (*LayerPullResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LayerPullResponse)
+	err := c.cc.Invoke(ctx, ReplicaService_LayerPull_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *replicaServiceClient) SyncLayers(ctx context.Context, in *SyncLayersRequest, opts ...grpc.CallOption) (*SyncLayersResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SyncLayersResponse)
@@ -312,6 +333,16 @@ type ReplicaServiceServer interface {
 	// LayerWrite writes block-aligned data into a snapshot's own layer, below
 	// the head, while the replica is write-only in a rebuild.
 	LayerWrite(context.Context, *LayerWriteRequest) (*LayerWriteResponse, error)
+	// LayerPull copies a range of a snapshot from another replica of the
+	// volume (source, its control API) into this replica's layer of that
+	// snapshot, as a SnapshotRead there and a LayerWrite here would, so a
+	// rebuild's data goes from replica to replica: with layer_only the
+	// source layer's own data (holes left out); without, the view at the
+	// snapshot, written whole (zeros included). Block-aligned; at most
+	// 4 MiB per call. UNAVAILABLE, naming the source, when the source
+	// cannot be reached or read from here, or is another replica than
+	// source_id; the source's own refusals keep their code.
+	LayerPull(context.Context, *LayerPullRequest) (*LayerPullResponse, error)
 	// SyncLayers makes every layer durable.
 	SyncLayers(context.Context, *SyncLayersRequest) (*SyncLayersResponse, error)
 	// Checksum returns the CRC-32C of a range of the view at a snapshot, or
@@ -370,6 +401,9 @@ func (UnimplementedReplicaServiceServer) ReplaceChain(context.Context, *ReplaceC
 }
 func (UnimplementedReplicaServiceServer) LayerWrite(context.Context, *LayerWriteRequest) (*LayerWriteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method LayerWrite not implemented")
+}
+func (UnimplementedReplicaServiceServer) LayerPull(context.Context, *LayerPullRequest) (*LayerPullResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LayerPull not implemented")
 }
 func (UnimplementedReplicaServiceServer) SyncLayers(context.Context, *SyncLayersRequest) (*SyncLayersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SyncLayers not implemented")
@@ -599,6 +633,24 @@ func _ReplicaService_LayerWrite_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ReplicaService_LayerPull_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LayerPullRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServiceServer).LayerPull(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ReplicaService_LayerPull_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServiceServer).LayerPull(ctx, req.(*LayerPullRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _ReplicaService_SyncLayers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SyncLayersRequest)
 	if err := dec(in); err != nil {
@@ -703,6 +755,10 @@ var ReplicaService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "LayerWrite",
 			Handler:    _ReplicaService_LayerWrite_Handler,
+		},
+		{
+			MethodName: "LayerPull",
+			Handler:    _ReplicaService_LayerPull_Handler,
 		},
 		{
 			MethodName: "SyncLayers",
