@@ -180,6 +180,15 @@ type RebuildStatus struct {
 	// +kubebuilder:validation:MaxLength=256
 	FullReason string `json:"fullReason,omitempty"`
 
+	// relayReason says why the rebuild's data passes through the engine
+	// instead of going from replica to replica (the new replica reading
+	// from the source itself): the new replica cannot reach the source's
+	// port, or its instance manager predates that. Such a rebuild works,
+	// at more CPU. Empty when the data goes replica to replica.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	RelayReason string `json:"relayReason,omitempty"`
+
 	// progress is bytesDone as a percentage of bytesTotal, 0 to 100.
 	// +optional
 	// +kubebuilder:validation:Minimum=0

@@ -64,7 +64,7 @@ func applyWatchStatus(e *v1.Engine, vs *enginev1.VolumeStatus) {
 		}
 		out := v1.RebuildStatus{State: v1.RebuildState(rb.GetState()), SourceReplica: names[rb.GetSource()],
 			BytesDone: rb.GetBytesDone(), BytesTotal: rb.GetBytesTotal(), DirtyOnly: rb.GetDirtyOnly(), Error: rb.GetError(),
-			FullReason: v1.TruncateMessage(rb.GetFullReason(), maxFullReason)}
+			FullReason: v1.TruncateMessage(rb.GetFullReason(), maxFullReason), RelayReason: v1.TruncateMessage(rb.GetRelayReason(), maxFullReason)}
 		if out.SourceReplica == "" {
 			out.SourceReplica = rb.GetSource()
 		}
@@ -382,5 +382,6 @@ func replicaMismatch(a v1.ReplicaAddress, s replicaSeen) string {
 	return ""
 }
 
-// maxFullReason bounds RebuildStatus.fullReason (its CRD limit).
+// maxFullReason bounds RebuildStatus.fullReason and relayReason (their
+// CRD limit).
 const maxFullReason = 256

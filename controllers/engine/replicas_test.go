@@ -189,24 +189,26 @@ func TestReplicaMismatch(t *testing.T) {
 	}
 }
 
-// A full rebuild of a returning replica carries the engine's reason into
-// status, cut to the CRD's limit at a rune boundary.
+// A full rebuild of a returning replica carries the engine's reasons
+// (why in full, why through the engine) into status, cut to the CRD's
+// limit at a rune boundary.
 func TestApplyWatchStatusFullReason(t *testing.T) {
 	e := &v1.Engine{Spec: v1.EngineSpec{ReplicaAddresses: map[string]v1.ReplicaAddress{"r1": {Data: "x:1", Control: "x:2"}, "r2": {Data: "y:1", Control: "y:2"}}}}
-	reason := "history unknown: the engine restarted while it was away"
+	reason, relay := "history unknown: the engine restarted while it was away", "the replica cannot pull from the source: source x:2 cannot be read from this replica"
 	applyWatchStatus(e, &enginev1.VolumeStatus{Size: 8 << 20,
 		Replicas: []*enginev1.Replica{{Address: "x:1,x:2", Mode: "RW"}, {Address: "y:1,y:2", Mode: "WO"}},
-		Rebuilds: []*enginev1.Rebuild{{Replica: "y:1,y:2", Source: "x:1,x:2", State: "in-progress", BytesTotal: 8 << 20, FullReason: reason, StartedUnixNano: 1}}})
-	if rb := e.Status.RebuildStatus["r2"]; rb.FullReason != reason || rb.DirtyOnly {
+		Rebuilds: []*enginev1.Rebuild{{Replica: "y:1,y:2", Source: "x:1,x:2", State: "in-progress", BytesTotal: 8 << 20, FullReason: reason, RelayReason: relay, StartedUnixNano: 1}}})
+	if rb := e.Status.RebuildStatus["r2"]; rb.FullReason != reason || rb.RelayReason != relay || rb.DirtyOnly {
 		t.Fatalf("rebuild %+v", rb)
 	}
 	long := strings.Repeat("é", 200) // 400 bytes
 	applyWatchStatus(e, &enginev1.VolumeStatus{Size: 8 << 20,
 		Replicas: []*enginev1.Replica{{Address: "x:1,x:2", Mode: "RW"}, {Address: "y:1,y:2", Mode: "WO"}},
-		Rebuilds: []*enginev1.Rebuild{{Replica: "y:1,y:2", Source: "x:1,x:2", State: "in-progress", FullReason: long, StartedUnixNano: 1}}})
-	got := e.Status.RebuildStatus["r2"].FullReason
-	kept, marked := strings.CutSuffix(got, "...")
-	if len(got) > maxFullReason || !utf8.ValidString(got) || !marked || !strings.HasPrefix(long, kept) || len(got) < maxFullReason-1 {
-		t.Fatalf("cut reason: %d bytes, valid %v", len(got), utf8.ValidString(got))
+		Rebuilds: []*enginev1.Rebuild{{Replica: "y:1,y:2", Source: "x:1,x:2", State: "in-progress", FullReason: long, RelayReason: long, StartedUnixNano: 1}}})
+	for what, got := range map[string]string{"full": e.Status.RebuildStatus["r2"].FullReason, "relay": e.Status.RebuildStatus["r2"].RelayReason} {
+		kept, marked := strings.CutSuffix(got, "...")
+		if len(got) > maxFullReason || !utf8.ValidString(got) || !marked || !strings.HasPrefix(long, kept) || len(got) < maxFullReason-1 {
+			t.Fatalf("cut %s reason: %d bytes, valid %v", what, len(got), utf8.ValidString(got))
+		}
 	}
 }
