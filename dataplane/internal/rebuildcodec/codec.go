@@ -41,6 +41,14 @@ type Options struct {
 	// recycled buffer; larger ones are decoded into memory of their own.
 	// Default 4 MiB (engine.RebuildChunk).
 	MaxLayerWrite int
+	// RecycleSnapshotReads decodes a SnapshotReadResponse into a recycled
+	// buffer too, its first extent's data aligned as a LayerWriteRequest's
+	// is, for a client that gives every response back
+	// (ReleaseSnapshotRead) once it no longer uses its data: a replica
+	// pulling a rebuild's chunks, which writes them and is done. Without
+	// it a response's extents point into memory of their own, which the
+	// caller may keep.
+	RecycleSnapshotReads bool
 }
 
 // Codec is the control API's codec. It is safe for concurrent use; one
@@ -55,6 +63,10 @@ type Codec struct {
 	// buffer, until the handler gives it back.
 	bufs sync.Pool
 	lent sync.Map // *byte (a request's data) -> *[]byte
+	// recycleReads: Options.RecycleSnapshotReads; lentReads maps each
+	// response lent a buffer to it.
+	recycleReads bool
+	lentReads    sync.Map // *replicav1.SnapshotReadResponse -> *[]byte
 }
 
 // New returns a Codec.
@@ -66,7 +78,7 @@ func New(opts Options) *Codec {
 		opts.MaxLayerWrite = 4 << 20
 	}
 	c := &Codec{proto: encoding.GetCodecV2(protocodec.Name), align: opts.DataAlignment,
-		bufSize: opts.MaxLayerWrite + 2*opts.DataAlignment}
+		bufSize: opts.MaxLayerWrite + 2*opts.DataAlignment, recycleReads: opts.RecycleSnapshotReads}
 	c.bufs.New = func() any { b := make([]byte, c.bufSize); return &b }
 	return c
 }
@@ -96,6 +108,18 @@ func (c *Codec) Marshal(v any) (mem.BufferSlice, error) {
 func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch m := v.(type) {
 	case *replicav1.SnapshotReadResponse:
+		if c.recycleReads {
+			b, raw := c.materializeAligned(data, readDataStart)
+			if decodeSnapshotRead(b, m) {
+				if raw != nil {
+					c.lentReads.Store(m, raw)
+				}
+				return nil
+			}
+			defer c.giveBack(raw)
+			proto.Reset(m)
+			return proto.Unmarshal(b, m) // copies what it keeps
+		}
 		// A copy of its own, not a pooled buffer: the extents keep
 		// pointing into it after the call.
 		b := data.Materialize()
@@ -105,7 +129,7 @@ func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
 		proto.Reset(m)
 		return proto.Unmarshal(b, m)
 	case *replicav1.LayerWriteRequest:
-		b, raw := c.materializeAligned(data)
+		b, raw := c.materializeAligned(data, dataStart)
 		if decodeLayerWrite(b, m) {
 			c.lend(m.Data, raw)
 			return nil
@@ -133,6 +157,17 @@ func (c *Codec) ReleaseLayerWrite(req *replicav1.LayerWriteRequest) {
 	}
 }
 
+// ReleaseSnapshotRead gives back the buffer a SnapshotReadResponse was
+// decoded into (Options.RecycleSnapshotReads), once nothing uses its
+// extents' data any more, and clears its extents. A response not decoded
+// into a recycled buffer, or released already, is left as it is.
+func (c *Codec) ReleaseSnapshotRead(m *replicav1.SnapshotReadResponse) {
+	if raw, ok := c.lentReads.LoadAndDelete(m); ok {
+		m.Extents = nil
+		c.bufs.Put(raw)
+	}
+}
+
 func (c *Codec) lend(data []byte, raw *[]byte) {
 	if raw == nil {
 		return
@@ -150,13 +185,14 @@ func (c *Codec) giveBack(raw *[]byte) {
 	}
 }
 
-// materializeAligned copies a LayerWriteRequest into one buffer, placed so
-// that the data field's bytes start on an alignment boundary when the
-// fields before them come first (as the engine sends them) and are
-// short. The buffer is raw, from bufs (nil if it is not from there).
-func (c *Codec) materializeAligned(data mem.BufferSlice) (b []byte, raw *[]byte) {
+// materializeAligned copies a message into one buffer, placed so that the
+// bytes at start(its first bytes) (a LayerWriteRequest's data, or a
+// SnapshotReadResponse's first extent's) begin on an alignment boundary
+// when the fields before them are short. The buffer is raw, from bufs
+// (nil if it is not from there).
+func (c *Codec) materializeAligned(data mem.BufferSlice, start func(head []byte) int) (b []byte, raw *[]byte) {
 	var head [256]byte
-	at := dataStart(head[:data.CopyTo(head[:])])
+	at := start(head[:data.CopyTo(head[:])])
 	n := data.Len()
 	if at < 0 || n+c.align > c.bufSize {
 		return data.Materialize(), nil

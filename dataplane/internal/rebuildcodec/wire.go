@@ -194,3 +194,39 @@ func dataStart(head []byte) int {
 	}
 	return -1
 }
+
+// readDataStart is where the first extent's data starts in a
+// SnapshotReadResponse whose start is head, or -1 if head does not reach
+// it.
+func readDataStart(head []byte) int {
+	num, typ, n := protowire.ConsumeTag(head)
+	if n < 0 || num != readExtents || typ != protowire.BytesType {
+		return -1
+	}
+	at := n
+	_, n = protowire.ConsumeVarint(head[at:])
+	if n < 0 {
+		return -1
+	}
+	at += n
+	for at < len(head) {
+		num, typ, n := protowire.ConsumeTag(head[at:])
+		if n < 0 {
+			return -1
+		}
+		at += n
+		if num == extentData && typ == protowire.BytesType {
+			_, n := protowire.ConsumeVarint(head[at:])
+			if n < 0 {
+				return -1
+			}
+			return at + n
+		}
+		n = protowire.ConsumeFieldValue(num, typ, head[at:])
+		if n < 0 {
+			return -1
+		}
+		at += n
+	}
+	return -1
+}

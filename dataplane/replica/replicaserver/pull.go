@@ -168,6 +168,9 @@ func (c *Control) LayerPull(ctx context.Context, req *replicav1.LayerPullRequest
 	if err != nil {
 		return nil, sourceErr(req.GetSource(), err)
 	}
+	// The data is written (or the call failed) before this returns, and
+	// the replica keeps none of it: its buffer can take the next pull.
+	defer releaseSnapshotRead(resp)
 	ext := resp.GetExtents()
 	for _, x := range ext {
 		if x.GetOffset() < req.GetOffset() || x.GetOffset()+int64(len(x.GetData())) > req.GetOffset()+n {
