@@ -633,6 +633,43 @@ func TestInstanceManagerTLSReload(t *testing.T) {
 	}
 }
 
+// waitPulled waits until the engine has two RW replicas, the second
+// rebuilt, and checks that the rebuild went replica to replica.
+func waitPulled(t *testing.T, ec enginev1.EngineServiceClient) {
+	t.Helper()
+	ctx := context.Background()
+	until := deadline.After(60 * time.Second)
+	for {
+		l, err := ec.ReplicaList(ctx, &enginev1.ReplicaListRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rw := 0
+		for _, r := range l.Replicas {
+			if r.Mode == "RW" {
+				rw++
+			}
+		}
+		if rw == 2 {
+			break
+		}
+		if time.Now().After(until) {
+			t.Fatalf("the second replica never became RW: %v", l.Replicas)
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval
+	}
+	// The new replica pulled its data from the other over mutual TLS,
+	// with the certificate the instance manager's processes share: the
+	// rebuild did not fall back to relaying it through the engine.
+	rs, err := ec.RebuildStatus(ctx, &enginev1.RebuildStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.Rebuilds) != 1 || rs.Rebuilds[0].State != "complete" || rs.Rebuilds[0].BytesCopied < 1<<20 || rs.Rebuilds[0].RelayReason != "" {
+		t.Fatalf("rebuilds: %v; want one complete, replica to replica", rs.Rebuilds)
+	}
+}
+
 // testPKI is a CA and a server certificate of it for a name, written to a
 // directory as an instance manager's TLS files.
 type testPKI struct {
@@ -1020,36 +1057,7 @@ func childrenServeMutualTLS(t *testing.T, dataTLS bool) {
 	if _, err := ec.ReplicaAdd(ctx, &enginev1.ReplicaAddRequest{Address: second}); err != nil {
 		t.Fatalf("add a replica through the engine: %v", err)
 	}
-	until := deadline.After(60 * time.Second)
-	for {
-		l, err := ec.ReplicaList(ctx, &enginev1.ReplicaListRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rw := 0
-		for _, r := range l.Replicas {
-			if r.Mode == "RW" {
-				rw++
-			}
-		}
-		if rw == 2 {
-			break
-		}
-		if time.Now().After(until) {
-			t.Fatalf("the second replica never became RW: %v", l.Replicas)
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval
-	}
-	// The new replica pulled its data from the other over mutual TLS,
-	// with the certificate the instance manager's processes share: the
-	// rebuild did not fall back to relaying it through the engine.
-	rs, err := ec.RebuildStatus(ctx, &enginev1.RebuildStatusRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rs.Rebuilds) != 1 || rs.Rebuilds[0].State != "complete" || rs.Rebuilds[0].BytesCopied < 1<<20 || rs.Rebuilds[0].RelayReason != "" {
-		t.Fatalf("rebuilds: %v; want one complete, replica to replica", rs.Rebuilds)
-	}
+	waitPulled(t, ec)
 	if !dataTLS {
 		return
 	}

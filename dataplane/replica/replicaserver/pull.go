@@ -178,7 +178,7 @@ func (c *Control) LayerPull(ctx context.Context, req *replicav1.LayerPullRequest
 				req.GetSource(), x.GetOffset(), x.GetOffset()+int64(len(x.GetData())), req.GetOffset(), req.GetOffset()+n)
 		}
 	}
-	if !req.GetLayerOnly() && !(len(ext) == 1 && ext[0].GetOffset() == req.GetOffset() && int64(len(ext[0].GetData())) == n) {
+	if !req.GetLayerOnly() && !whole(ext, req.GetOffset(), n) {
 		// The view is written whole: this replica may hold stale data
 		// where the source has holes.
 		buf := make([]byte, n)
@@ -196,6 +196,11 @@ func (c *Control) LayerPull(ctx context.Context, req *replicav1.LayerPullRequest
 		written += int64(len(x.GetData()))
 	}
 	return &replicav1.LayerPullResponse{Written: written}, nil
+}
+
+// whole reports whether ext is one extent of [off, off+n).
+func whole(ext []*replicav1.Extent, off, n int64) bool {
+	return len(ext) == 1 && ext[0].GetOffset() == off && int64(len(ext[0].GetData())) == n
 }
 
 // sourceErr is a failed read from a pull's source: its own refusals keep
