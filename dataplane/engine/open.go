@@ -293,9 +293,9 @@ func (e *Engine) reach(ctx context.Context, addrs []string, as []answer) {
 
 // reachOne makes one attempt at the replica at addr, bounded by
 // ConnectTimeout, and records the outcome in a: a connection that failed
-// meanwhile is replaced, one whose Info fails is closed. An attempt cut
-// short by ctx itself keeps the cause an earlier attempt found (say,
-// connection refused): that the wait ended tells nothing of the replica.
+// meanwhile is replaced, one whose Info fails is closed. A dial cut short
+// by ctx itself keeps the cause an earlier attempt found (say, connection
+// refused): that the wait ended tells nothing of the replica.
 func (e *Engine) reachOne(ctx context.Context, addr string, a *answer) {
 	failed := func(err error) {
 		if ctx.Err() == nil || a.err == nil {
@@ -323,8 +323,7 @@ func (e *Engine) reachOne(ctx context.Context, addr string, a *answer) {
 	info, err := a.r.Info(actx)
 	if err != nil {
 		a.r.Close()
-		a.r = nil
-		failed(err)
+		a.r, a.err = nil, err // it answered: this is the cause now
 		return
 	}
 	a.info, a.err = info, nil

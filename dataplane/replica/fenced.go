@@ -36,6 +36,18 @@ func (f Fenced) Expand(size int64) error { return f.r.expand(&f.epoch, size) }
 // ReplaceChain is Replica.ReplaceChain, fenced.
 func (f Fenced) ReplaceChain(snaps []SnapshotInfo) error { return f.r.replaceChain(&f.epoch, snaps) }
 
+// CheckLayerWrite reports what WriteLayer of length bytes at off into
+// snapshot name would be refused for (a stale epoch, a closed replica, a
+// missing snapshot, a range outside the volume or not block-aligned),
+// without writing: a caller that must fetch the data first checks before
+// it does.
+func (f Fenced) CheckLayerWrite(name string, off, length int64) error {
+	return f.r.locked(&f.epoch, func() error {
+		_, err := f.r.snapshotSpan(name, off, length, "layer writes")
+		return err
+	})
+}
+
 // WriteLayer is Replica.WriteLayer, fenced.
 func (f Fenced) WriteLayer(name string, p []byte, off int64) error {
 	return f.r.writeLayer(&f.epoch, name, p, off)

@@ -44,6 +44,13 @@ type Info struct {
 	DirtyKeptSince uint64
 }
 
+// ID is the replica's ID, fixed when it was created (Info.ID).
+func (r *Replica) ID() string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.meta.ID
+}
+
 // Info returns the replica's size, epoch, chain and dirty regions.
 func (r *Replica) Info() (Info, error) {
 	r.mu.RLock()

@@ -32,6 +32,7 @@ import (
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
 	"github.com/cairn-io/cairn/dataplane/engine"
+	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
 )
 
 // Options configure Dial.
@@ -530,17 +531,19 @@ func (c *Client) WriteLayer(ctx context.Context, name string, p []byte, off int6
 }
 
 // PullLayer has the replica copy the chunk from src itself (LayerPull),
-// reading src's control API. ErrNoPull when src is not a *Client with a
-// TCP control address, when the replica predates LayerPull
-// (UNIMPLEMENTED), or when it cannot read from src (UNAVAILABLE): the
-// engine then copies the data itself.
+// reading src's control API. ErrNoPull when src is not a *Client whose
+// control address a replica can pull from (replicaserver.CheckSource),
+// when the replica predates LayerPull (UNIMPLEMENTED), or when it says
+// it cannot read from src (UNAVAILABLE with a PullSourceUnreadable
+// detail): the engine then copies the data itself. Any other failure,
+// the replica's own included, is returned as it is.
 func (c *Client) PullLayer(ctx context.Context, src engine.Replica, srcID, name string, off, n int64, layerOnly bool) (int64, error) {
 	s, ok := src.(*Client)
 	if !ok {
 		return 0, fmt.Errorf("%w: the source is reached another way than a replica client", engine.ErrNoPull)
 	}
-	if _, _, err := net.SplitHostPort(s.ctlAddr); err != nil {
-		return 0, fmt.Errorf("%w: the source's control address %s is not HOST:PORT", engine.ErrNoPull, s.ctlAddr)
+	if err := replicaserver.CheckSource(s.ctlAddr); err != nil {
+		return 0, fmt.Errorf("%w: %w", engine.ErrNoPull, err)
 	}
 	ctx, cancel := c.cctx(ctx)
 	defer cancel()
@@ -551,13 +554,28 @@ func (c *Client) PullLayer(ctx context.Context, src engine.Replica, srcID, name 
 		written = resp.GetWritten()
 		return err
 	})
-	switch status.Code(err) {
-	case codes.Unimplemented, codes.Unavailable:
-		if ctx.Err() == nil {
-			return 0, fmt.Errorf("%w: %s", engine.ErrNoPull, status.Convert(err).Message())
-		}
+	if noPull(err) {
+		return 0, fmt.Errorf("%w: %s", engine.ErrNoPull, status.Convert(err).Message())
 	}
 	return written, err
+}
+
+// noPull says whether a LayerPull failed for a reason the engine copies
+// the chunk itself for: the replica predates the call, or it could not
+// read the source.
+func noPull(err error) bool {
+	st := status.Convert(err)
+	switch st.Code() {
+	case codes.Unimplemented:
+		return true
+	case codes.Unavailable:
+		for _, d := range st.Details() {
+			if _, ok := d.(*replicav1.PullSourceUnreadable); ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (c *Client) SyncLayers(ctx context.Context) error {

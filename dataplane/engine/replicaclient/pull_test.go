@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -136,8 +138,11 @@ func TestPullLayerFallsBack(t *testing.T) {
 
 // TestLayerPullBoundsTheRequest: the call checks what it is given before
 // it dials or reads anything: an oversized range, a source that is not
-// HOST:PORT, a missing source ID are INVALID_ARGUMENT; a source nobody
-// serves is UNAVAILABLE naming it. The target's layer is unchanged.
+// HOST:PORT, a missing or oversized source ID are INVALID_ARGUMENT; a
+// write this replica would refuse (stale epoch, unaligned, no such
+// snapshot, past the end) is refused with its own code without the
+// source being dialed; a source nobody serves is UNAVAILABLE naming it.
+// The target's layer is unchanged.
 func TestLayerPullBoundsTheRequest(t *testing.T) {
 	ctx := context.Background()
 	p := newPullPair(t)
@@ -162,7 +167,14 @@ func TestLayerPullBoundsTheRequest(t *testing.T) {
 		{"port out of range", &replicav1.LayerPullRequest{Snapshot: "s1", Length: 4096, Source: "127.0.0.1:70000", SourceId: p.srcID}, codes.InvalidArgument, "1..65535"},
 		{"no source ID", &replicav1.LayerPullRequest{Snapshot: "s1", Length: 4096, Source: p.srcCtl}, codes.InvalidArgument, "ID"},
 		{"nobody there", &replicav1.LayerPullRequest{Snapshot: "s1", Length: 4096, Source: gone.Addr().String(), SourceId: p.srcID}, codes.Unavailable, gone.Addr().String()},
-		{"no such snapshot", &replicav1.LayerPullRequest{Snapshot: "nope", Length: 4096, Source: p.srcCtl, SourceId: p.srcID}, codes.NotFound, p.srcCtl},
+		{"ID too long", &replicav1.LayerPullRequest{Snapshot: "s1", Length: 4096, Source: p.srcCtl, SourceId: strings.Repeat("x", 129)}, codes.InvalidArgument, "ID"},
+		{"address too long", &replicav1.LayerPullRequest{Snapshot: "s1", Length: 4096, Source: strings.Repeat("a", 300) + ":1", SourceId: p.srcID}, codes.InvalidArgument, "at most"},
+		// Checked on this replica before anything is dialed: the source
+		// here is nobody, and the answer is not UNAVAILABLE.
+		{"stale epoch", &replicav1.LayerPullRequest{Snapshot: "s1", Length: 4096, Source: gone.Addr().String(), SourceId: p.srcID, Epoch: 7}, codes.FailedPrecondition, "epoch"},
+		{"unaligned", &replicav1.LayerPullRequest{Snapshot: "s1", Offset: 100, Length: 4096, Source: gone.Addr().String(), SourceId: p.srcID}, codes.InvalidArgument, "aligned"},
+		{"no such snapshot here", &replicav1.LayerPullRequest{Snapshot: "nope", Length: 4096, Source: gone.Addr().String(), SourceId: p.srcID}, codes.NotFound, "nope"},
+		{"past the end", &replicav1.LayerPullRequest{Snapshot: "s1", Offset: size, Length: 4096, Source: gone.Addr().String(), SourceId: p.srcID}, codes.OutOfRange, "offset"},
 	} {
 		_, err := api.LayerPull(ctx, tc.req)
 		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.says) {
@@ -172,4 +184,65 @@ func TestLayerPullBoundsTheRequest(t *testing.T) {
 	if after, _ := p.dst.LayerChecksum("s1", 0, size); after != before {
 		t.Fatal("a refused pull changed the target's layer")
 	}
+}
+
+// TestPullLayerSourceReplacedAtItsAddress: the source replica stops and
+// another replica (another ID, other data) starts at the same ports; a
+// pull that names the first one's ID does not read the second, though
+// the target's connection to the address reconnects by itself: ErrNoPull,
+// naming the ID found, and the target's layer unchanged.
+func TestPullLayerSourceReplacedAtItsAddress(t *testing.T) {
+	ctx := context.Background()
+	p := newPullPair(t)
+	src := openReplica(t)
+	if _, err := src.WriteAt(bytes.Repeat([]byte{5}, 8192), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Snapshot(replica.SnapshotOptions{Name: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	dl, cl := listen(t), listen(t)
+	run := replicaserver.Start(src, replicaserver.Options{Data: dl, Control: cl})
+	srcC := dial(t, replicaclient.Dialer(replicaclient.Options{}), dl.Addr().String()+","+cl.Addr().String())
+	in, err := srcC.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	puller := p.dstC.(engine.LayerPuller)
+	if _, err := puller.PullLayer(ctx, srcC, in.ID, "s1", 0, size, true); err != nil {
+		t.Fatalf("pull from the first source: %v", err)
+	}
+	before, _ := p.dst.LayerChecksum("s1", 0, size)
+	run.Kill()
+
+	other := openReplica(t)
+	if _, err := other.WriteAt(bytes.Repeat([]byte{6}, 8192), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Snapshot(replica.SnapshotOptions{Name: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	dl2, cl2 := relisten(t, dl.Addr().String()), relisten(t, cl.Addr().String())
+	run2 := replicaserver.Start(other, replicaserver.Options{Data: dl2, Control: cl2})
+	t.Cleanup(run2.Kill)
+	_, err = puller.PullLayer(ctx, srcC, in.ID, "s1", 0, size, true)
+	if !errors.Is(err, engine.ErrNoPull) || !strings.Contains(err.Error(), other.ID()) {
+		t.Fatalf("pull naming the first source's ID from the replica now at its address: %v, want ErrNoPull naming %s", err, other.ID())
+	}
+	if after, _ := p.dst.LayerChecksum("s1", 0, size); after != before {
+		t.Fatal("the target's layer changed: it read the other replica")
+	}
+}
+
+// relisten listens on addr again once its old socket has closed.
+func relisten(t *testing.T, addr string) net.Listener {
+	t.Helper()
+	for range 200 {
+		if l, err := net.Listen("tcp", addr); err == nil {
+			return l
+		}
+		time.Sleep(10 * time.Millisecond) // the killed server's socket is closing
+	}
+	t.Fatalf("cannot listen on %s again", addr)
+	return nil
 }

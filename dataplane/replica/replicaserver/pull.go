@@ -3,11 +3,12 @@ package replicaserver
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
+	"github.com/cairn-io/cairn/dataplane/grpcalive"
 	"github.com/cairn-io/cairn/dataplane/replica"
 )
 
@@ -40,7 +42,6 @@ type sourceConn struct {
 	cc   *grpc.ClientConn
 	ctl  replicav1.ReplicaServiceClient
 	used uint64
-	id   string // the replica ID last seen at the address; under Sources.mu
 }
 
 // NewSources returns the connections of a replica server that pulls
@@ -50,9 +51,20 @@ func NewSources(tlsCfg *tls.Config) *Sources {
 	return &Sources{tls: tlsCfg, conns: map[string]*sourceConn{}}
 }
 
-// checkSource accepts HOST:PORT with a port in 1..65535: a source is
-// another replica's control API over TCP.
-func checkSource(addr string) error {
+// Bounds of a LayerPull's strings, far above what they hold (an address,
+// a replica ID of 16 hex digits).
+const (
+	maxSourceAddress = 256
+	maxSourceID      = 128
+)
+
+// CheckSource accepts what a pull's source must be: HOST:PORT with a
+// host and a port in 1..65535, another replica's control API over TCP.
+// The engine checks the same before it asks a replica to pull.
+func CheckSource(addr string) error {
+	if len(addr) > maxSourceAddress {
+		return fmt.Errorf("source address of %d bytes, at most %d", len(addr), maxSourceAddress)
+	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("source %q is not HOST:PORT: %w", addr, err)
@@ -64,7 +76,8 @@ func checkSource(addr string) error {
 }
 
 // get returns the connection to the source at addr, connecting (lazily,
-// as gRPC does) on first use.
+// as gRPC does) on first use. The address is dialed as the TCP address
+// it is (passthrough), never read as a resolver scheme ("unix:...").
 func (s *Sources) get(addr string) (*sourceConn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -80,7 +93,7 @@ func (s *Sources) get(addr string) (*sourceConn, error) {
 	if s.tls != nil {
 		creds = credentials.NewTLS(s.tls)
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), grpcalive.Dial(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxControlMessage), grpc.MaxCallSendMsgSize(MaxControlMessage), grpc.ForceCodecV2(newCodec())),
 		// As the engine's client: windows that hold a 4 MiB reply
 		// whole, buffers that read it in few system calls.
@@ -104,30 +117,6 @@ func (s *Sources) get(addr string) (*sourceConn, error) {
 	return c, nil
 }
 
-// check makes sure the replica at c is replica id, asking it (Info) the
-// first time and whenever another ID was seen there: an address can
-// reach another replica than the engine meant (another node's loopback,
-// a port reused after the source moved).
-func (s *Sources) check(ctx context.Context, c *sourceConn, addr, id string) error {
-	s.mu.Lock()
-	seen := c.id
-	s.mu.Unlock()
-	if seen == id {
-		return nil
-	}
-	in, err := c.ctl.Info(ctx, &replicav1.InfoRequest{})
-	if err != nil {
-		return sourceErr(addr, err)
-	}
-	if in.GetId() != id {
-		return status.Errorf(codes.Unavailable, "source %s is replica %q, not %q", addr, in.GetId(), id)
-	}
-	s.mu.Lock()
-	c.id = id
-	s.mu.Unlock()
-	return nil
-}
-
 // Close closes every connection; pulls fail from then on.
 func (s *Sources) Close() {
 	s.mu.Lock()
@@ -139,10 +128,31 @@ func (s *Sources) Close() {
 	}
 }
 
+// readTimeout is how long a pull gives its read from the source, when its
+// caller set no deadline.
+const readTimeout = 30 * time.Second
+
+// readDeadline is the context a pull reads from its source under: ahead
+// of its caller's deadline by a quarter of the time left (1 to 5 s), so a
+// source that does not answer in time fails the pull as the source's
+// fault (the engine then copies the chunk itself) before the caller's
+// own deadline fails the whole call.
+func readDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithTimeout(ctx, readTimeout)
+	}
+	margin := min(max(time.Until(d)/4, time.Second), 5*time.Second)
+	return context.WithDeadline(ctx, d.Add(-margin))
+}
+
 // LayerPull reads the range from the source replica and writes it into
 // this replica's layer, as the engine would with SnapshotRead and
 // LayerWrite: the data goes from replica to replica instead of through
-// the engine. The request is checked before anything is dialed or read.
+// the engine. The request, and whether the write would be taken (the
+// epoch, the snapshot, the range), are checked before anything is
+// dialed or read; the source must be the replica the engine named, asked
+// before each read and checked by the read itself.
 func (c *Control) LayerPull(ctx context.Context, req *replicav1.LayerPullRequest) (*replicav1.LayerPullResponse, error) {
 	if c.Sources == nil {
 		return nil, status.Error(codes.Unimplemented, "this replica server pulls no rebuild data (it has no connection settings for other replicas)")
@@ -151,26 +161,39 @@ func (c *Control) LayerPull(ctx context.Context, req *replicav1.LayerPullRequest
 	if n < 0 || n > MaxSnapshotRead {
 		return nil, status.Errorf(codes.InvalidArgument, "layer pulls are limited to 0..%d bytes per call, got %d", MaxSnapshotRead, n)
 	}
-	if err := checkSource(req.GetSource()); err != nil {
+	if err := CheckSource(req.GetSource()); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if req.GetSourceId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "the source's replica ID is required")
+	if id := req.GetSourceId(); id == "" || len(id) > maxSourceID {
+		return nil, status.Errorf(codes.InvalidArgument, "the source's replica ID is required, at most %d bytes (got %d)", maxSourceID, len(id))
+	}
+	f := c.Replica.At(req.GetEpoch())
+	if err := f.CheckLayerWrite(req.GetSnapshot(), req.GetOffset(), n); err != nil {
+		return nil, grpcErr(err)
 	}
 	src, err := c.Sources.get(req.GetSource())
 	if err != nil {
 		return nil, grpcErr(err)
 	}
-	if err := c.Sources.check(ctx, src, req.GetSource(), req.GetSourceId()); err != nil {
-		return nil, err
-	}
-	resp, err := src.ctl.SnapshotRead(ctx, &replicav1.SnapshotReadRequest{Snapshot: req.GetSnapshot(), Offset: req.GetOffset(), Length: n, LayerOnly: req.GetLayerOnly()})
+	rctx, cancel := readDeadline(ctx)
+	defer cancel()
+	in, err := src.ctl.Info(rctx, &replicav1.InfoRequest{})
 	if err != nil {
-		return nil, sourceErr(req.GetSource(), err)
+		return nil, sourceErr(ctx, req.GetSource(), err)
 	}
-	// The data is written (or the call failed) before this returns, and
-	// the replica keeps none of it: its buffer can take the next pull.
+	if in.GetId() != req.GetSourceId() {
+		return nil, unreadable(req.GetSource(), fmt.Sprintf("it is replica %.64q, not %.64q", in.GetId(), req.GetSourceId()))
+	}
+	// The response is this call's own, so that its buffer is given back
+	// whatever the call returns (the reply may have been decoded into it
+	// before the call failed). Nothing keeps the data once written.
+	resp := &replicav1.SnapshotReadResponse{}
 	defer releaseSnapshotRead(resp)
+	err = src.cc.Invoke(rctx, replicav1.ReplicaService_SnapshotRead_FullMethodName, &replicav1.SnapshotReadRequest{
+		Snapshot: req.GetSnapshot(), Offset: req.GetOffset(), Length: n, LayerOnly: req.GetLayerOnly(), ExpectedId: req.GetSourceId()}, resp)
+	if err != nil {
+		return nil, sourceErr(ctx, req.GetSource(), err)
+	}
 	ext := resp.GetExtents()
 	for _, x := range ext {
 		if x.GetOffset() < req.GetOffset() || x.GetOffset()+int64(len(x.GetData())) > req.GetOffset()+n {
@@ -187,7 +210,6 @@ func (c *Control) LayerPull(ctx context.Context, req *replicav1.LayerPullRequest
 		}
 		ext = []*replicav1.Extent{{Offset: req.GetOffset(), Data: buf}}
 	}
-	f := c.Replica.At(req.GetEpoch())
 	var written int64
 	for _, x := range ext {
 		if err := f.WriteLayer(req.GetSnapshot(), x.GetData(), x.GetOffset()); err != nil {
@@ -203,20 +225,32 @@ func whole(ext []*replicav1.Extent, off, n int64) bool {
 	return len(ext) == 1 && ext[0].GetOffset() == off && int64(len(ext[0].GetData())) == n
 }
 
-// sourceErr is a failed read from a pull's source: its own refusals keep
-// their code, named as the source's; a source this replica cannot reach
-// (or that took too long) is UNAVAILABLE, so the engine copies the data
-// itself instead.
-func sourceErr(addr string, err error) error {
-	st := status.Convert(err)
-	switch st.Code() {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Unknown:
-		return status.Errorf(codes.Unavailable, "source %s cannot be read from this replica: %s", addr, st.Message())
-	case codes.Canceled:
-		return status.Error(codes.Canceled, st.Message())
+// unreadable is a pull refused because its source could not be read from
+// here: UNAVAILABLE with a PullSourceUnreadable detail, which the engine
+// takes as the reason to copy the data itself.
+func unreadable(addr, why string) error {
+	st := status.Newf(codes.Unavailable, "source %s cannot be read from this replica: %s", addr, why)
+	if d, err := st.WithDetails(&replicav1.PullSourceUnreadable{Source: addr}); err == nil {
+		st = d
 	}
-	if errors.Is(err, context.Canceled) {
-		return status.Error(codes.Canceled, err.Error())
+	return st.Err()
+}
+
+// sourceErr is a failed call to a pull's source. The source's own
+// refusals keep their code, named as the source's (a replica at the
+// address that is not the one asked for is unreadable); a source this
+// replica cannot reach or that does not answer in time, or a connection
+// closed under the call while the caller still waits, is unreadable; the
+// caller's own cancellation is CANCELED.
+func sourceErr(ctx context.Context, addr string, err error) error {
+	st := status.Convert(err)
+	switch {
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
+	case st.Code() == codes.FailedPrecondition && strings.HasPrefix(st.Message(), notExpected):
+		return unreadable(addr, st.Message())
+	case st.Code() == codes.Unavailable, st.Code() == codes.DeadlineExceeded, st.Code() == codes.Canceled, st.Code() == codes.Unknown:
+		return unreadable(addr, st.Message())
 	}
 	return status.Errorf(st.Code(), "source %s: %s", addr, st.Message())
 }

@@ -121,7 +121,6 @@ func (run *Running) Shutdown(ctx context.Context) {
 			run.log.Error(err, "close failed")
 		}
 		if run.gs != nil {
-			run.sources.Close()
 			done := make(chan struct{})
 			go func() { run.gs.GracefulStop(); close(done) }()
 			select {
@@ -129,6 +128,7 @@ func (run *Running) Shutdown(ctx context.Context) {
 			case <-time.After(5 * time.Second):
 				run.gs.Stop()
 			}
+			run.sources.Close() // after the pulls in flight, which use them
 		}
 	})
 }

@@ -207,6 +207,10 @@ func (c *Control) Close(context.Context, *replicav1.CloseRequest) (*replicav1.Cl
 	return &replicav1.CloseResponse{}, nil
 }
 
+// notExpected starts a SnapshotRead's refusal for another expected_id
+// than the replica's (a pull takes it as its source being unreadable).
+const notExpected = "this is replica"
+
 // MaxSnapshotRead bounds one SnapshotRead call, so replies stay well under
 // gRPC's message limits.
 const MaxSnapshotRead = 4 << 20
@@ -214,6 +218,11 @@ const MaxSnapshotRead = 4 << 20
 func (c *Control) SnapshotRead(_ context.Context, req *replicav1.SnapshotReadRequest) (*replicav1.SnapshotReadResponse, error) {
 	if req.GetLength() > MaxSnapshotRead {
 		return nil, status.Errorf(codes.InvalidArgument, "snapshot reads are limited to %d bytes per call, got %d", MaxSnapshotRead, req.GetLength())
+	}
+	if want := req.GetExpectedId(); want != "" {
+		if id := c.Replica.ID(); id != want {
+			return nil, status.Errorf(codes.FailedPrecondition, notExpected+" %.64q, not %.64q", id, want)
+		}
 	}
 	read := c.Replica.ReadSnapshot
 	if req.GetLayerOnly() {

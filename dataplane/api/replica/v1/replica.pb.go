@@ -265,7 +265,12 @@ type SnapshotReadRequest struct {
 	Offset   int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
 	Length   int64                  `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
 	// Only the snapshot's own layer, not the view through older ones.
-	LayerOnly     bool `protobuf:"varint,4,opt,name=layer_only,json=layerOnly,proto3" json:"layer_only,omitempty"`
+	LayerOnly bool `protobuf:"varint,4,opt,name=layer_only,json=layerOnly,proto3" json:"layer_only,omitempty"`
+	// When set, the replica answers only if this is its ID
+	// (InfoResponse.id), FAILED_PRECONDITION otherwise: a reader that means
+	// one replica (a rebuild target pulling from its source) does not read
+	// another one that answers at the same address.
+	ExpectedId    string `protobuf:"bytes,5,opt,name=expected_id,json=expectedId,proto3" json:"expected_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -326,6 +331,13 @@ func (x *SnapshotReadRequest) GetLayerOnly() bool {
 		return x.LayerOnly
 	}
 	return false
+}
+
+func (x *SnapshotReadRequest) GetExpectedId() string {
+	if x != nil {
+		return x.ExpectedId
+	}
+	return ""
 }
 
 type SnapshotReadResponse struct {
@@ -664,6 +676,53 @@ func (x *LayerPullRequest) GetSourceId() string {
 	return ""
 }
 
+// PullSourceUnreadable is the detail of a LayerPull refused because the
+// source could not be read from this replica (as opposed to a failure of
+// this replica or a refusal by the source).
+type PullSourceUnreadable struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Source        string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullSourceUnreadable) Reset() {
+	*x = PullSourceUnreadable{}
+	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullSourceUnreadable) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullSourceUnreadable) ProtoMessage() {}
+
+func (x *PullSourceUnreadable) ProtoReflect() protoreflect.Message {
+	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullSourceUnreadable.ProtoReflect.Descriptor instead.
+func (*PullSourceUnreadable) Descriptor() ([]byte, []int) {
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PullSourceUnreadable) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 type LayerPullResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Bytes written into the layer.
@@ -674,7 +733,7 @@ type LayerPullResponse struct {
 
 func (x *LayerPullResponse) Reset() {
 	*x = LayerPullResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	mi := &file_replica_v1_replica_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +745,7 @@ func (x *LayerPullResponse) String() string {
 func (*LayerPullResponse) ProtoMessage() {}
 
 func (x *LayerPullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[11]
+	mi := &file_replica_v1_replica_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +758,7 @@ func (x *LayerPullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerPullResponse.ProtoReflect.Descriptor instead.
 func (*LayerPullResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{11}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LayerPullResponse) GetWritten() int64 {
@@ -717,7 +776,7 @@ type SyncLayersRequest struct {
 
 func (x *SyncLayersRequest) Reset() {
 	*x = SyncLayersRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[12]
+	mi := &file_replica_v1_replica_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +788,7 @@ func (x *SyncLayersRequest) String() string {
 func (*SyncLayersRequest) ProtoMessage() {}
 
 func (x *SyncLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[12]
+	mi := &file_replica_v1_replica_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +801,7 @@ func (x *SyncLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncLayersRequest.ProtoReflect.Descriptor instead.
 func (*SyncLayersRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{12}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{13}
 }
 
 type SyncLayersResponse struct {
@@ -753,7 +812,7 @@ type SyncLayersResponse struct {
 
 func (x *SyncLayersResponse) Reset() {
 	*x = SyncLayersResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[13]
+	mi := &file_replica_v1_replica_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -765,7 +824,7 @@ func (x *SyncLayersResponse) String() string {
 func (*SyncLayersResponse) ProtoMessage() {}
 
 func (x *SyncLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[13]
+	mi := &file_replica_v1_replica_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -778,7 +837,7 @@ func (x *SyncLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncLayersResponse.ProtoReflect.Descriptor instead.
 func (*SyncLayersResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{13}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{14}
 }
 
 type ChecksumRequest struct {
@@ -794,7 +853,7 @@ type ChecksumRequest struct {
 
 func (x *ChecksumRequest) Reset() {
 	*x = ChecksumRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[14]
+	mi := &file_replica_v1_replica_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +865,7 @@ func (x *ChecksumRequest) String() string {
 func (*ChecksumRequest) ProtoMessage() {}
 
 func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[14]
+	mi := &file_replica_v1_replica_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +878,7 @@ func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumRequest.ProtoReflect.Descriptor instead.
 func (*ChecksumRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{14}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ChecksumRequest) GetSnapshot() string {
@@ -859,7 +918,7 @@ type ChecksumResponse struct {
 
 func (x *ChecksumResponse) Reset() {
 	*x = ChecksumResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[15]
+	mi := &file_replica_v1_replica_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +930,7 @@ func (x *ChecksumResponse) String() string {
 func (*ChecksumResponse) ProtoMessage() {}
 
 func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[15]
+	mi := &file_replica_v1_replica_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +943,7 @@ func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumResponse.ProtoReflect.Descriptor instead.
 func (*ChecksumResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{15}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ChecksumResponse) GetCrc32C() uint32 {
@@ -909,7 +968,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_replica_v1_replica_proto_msgTypes[16]
+	mi := &file_replica_v1_replica_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +980,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[16]
+	mi := &file_replica_v1_replica_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +993,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{16}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Snapshot) GetName() string {
@@ -986,7 +1045,7 @@ type DirtyRegions struct {
 
 func (x *DirtyRegions) Reset() {
 	*x = DirtyRegions{}
-	mi := &file_replica_v1_replica_proto_msgTypes[17]
+	mi := &file_replica_v1_replica_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1057,7 @@ func (x *DirtyRegions) String() string {
 func (*DirtyRegions) ProtoMessage() {}
 
 func (x *DirtyRegions) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[17]
+	mi := &file_replica_v1_replica_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1070,7 @@ func (x *DirtyRegions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirtyRegions.ProtoReflect.Descriptor instead.
 func (*DirtyRegions) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{17}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DirtyRegions) GetRegionSize() int64 {
@@ -1050,7 +1109,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[18]
+	mi := &file_replica_v1_replica_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1121,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[18]
+	mi := &file_replica_v1_replica_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1134,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{18}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{19}
 }
 
 type InfoResponse struct {
@@ -1107,7 +1166,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[19]
+	mi := &file_replica_v1_replica_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1178,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[19]
+	mi := &file_replica_v1_replica_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1191,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{19}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *InfoResponse) GetSize() int64 {
@@ -1234,7 +1293,7 @@ type SnapshotCreateRequest struct {
 
 func (x *SnapshotCreateRequest) Reset() {
 	*x = SnapshotCreateRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[20]
+	mi := &file_replica_v1_replica_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1305,7 @@ func (x *SnapshotCreateRequest) String() string {
 func (*SnapshotCreateRequest) ProtoMessage() {}
 
 func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[20]
+	mi := &file_replica_v1_replica_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1318,7 @@ func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{20}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SnapshotCreateRequest) GetName() string {
@@ -1298,7 +1357,7 @@ type SnapshotCreateResponse struct {
 
 func (x *SnapshotCreateResponse) Reset() {
 	*x = SnapshotCreateResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[21]
+	mi := &file_replica_v1_replica_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1310,7 +1369,7 @@ func (x *SnapshotCreateResponse) String() string {
 func (*SnapshotCreateResponse) ProtoMessage() {}
 
 func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[21]
+	mi := &file_replica_v1_replica_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1323,7 +1382,7 @@ func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{21}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{22}
 }
 
 type SnapshotListRequest struct {
@@ -1334,7 +1393,7 @@ type SnapshotListRequest struct {
 
 func (x *SnapshotListRequest) Reset() {
 	*x = SnapshotListRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[22]
+	mi := &file_replica_v1_replica_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1405,7 @@ func (x *SnapshotListRequest) String() string {
 func (*SnapshotListRequest) ProtoMessage() {}
 
 func (x *SnapshotListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[22]
+	mi := &file_replica_v1_replica_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1418,7 @@ func (x *SnapshotListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotListRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{22}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{23}
 }
 
 type SnapshotListResponse struct {
@@ -1371,7 +1430,7 @@ type SnapshotListResponse struct {
 
 func (x *SnapshotListResponse) Reset() {
 	*x = SnapshotListResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[23]
+	mi := &file_replica_v1_replica_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1383,7 +1442,7 @@ func (x *SnapshotListResponse) String() string {
 func (*SnapshotListResponse) ProtoMessage() {}
 
 func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[23]
+	mi := &file_replica_v1_replica_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1396,7 +1455,7 @@ func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotListResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{23}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotListResponse) GetSnapshots() []*Snapshot {
@@ -1417,7 +1476,7 @@ type SnapshotDeleteRequest struct {
 
 func (x *SnapshotDeleteRequest) Reset() {
 	*x = SnapshotDeleteRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[24]
+	mi := &file_replica_v1_replica_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1488,7 @@ func (x *SnapshotDeleteRequest) String() string {
 func (*SnapshotDeleteRequest) ProtoMessage() {}
 
 func (x *SnapshotDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[24]
+	mi := &file_replica_v1_replica_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1501,7 @@ func (x *SnapshotDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotDeleteRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{24}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SnapshotDeleteRequest) GetName() string {
@@ -1467,7 +1526,7 @@ type SnapshotDeleteResponse struct {
 
 func (x *SnapshotDeleteResponse) Reset() {
 	*x = SnapshotDeleteResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[25]
+	mi := &file_replica_v1_replica_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1479,7 +1538,7 @@ func (x *SnapshotDeleteResponse) String() string {
 func (*SnapshotDeleteResponse) ProtoMessage() {}
 
 func (x *SnapshotDeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[25]
+	mi := &file_replica_v1_replica_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1492,7 +1551,7 @@ func (x *SnapshotDeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotDeleteResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotDeleteResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{25}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{26}
 }
 
 type SnapshotRevertRequest struct {
@@ -1506,7 +1565,7 @@ type SnapshotRevertRequest struct {
 
 func (x *SnapshotRevertRequest) Reset() {
 	*x = SnapshotRevertRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[26]
+	mi := &file_replica_v1_replica_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1577,7 @@ func (x *SnapshotRevertRequest) String() string {
 func (*SnapshotRevertRequest) ProtoMessage() {}
 
 func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[26]
+	mi := &file_replica_v1_replica_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1590,7 @@ func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{26}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SnapshotRevertRequest) GetName() string {
@@ -1556,7 +1615,7 @@ type SnapshotRevertResponse struct {
 
 func (x *SnapshotRevertResponse) Reset() {
 	*x = SnapshotRevertResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[27]
+	mi := &file_replica_v1_replica_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1627,7 @@ func (x *SnapshotRevertResponse) String() string {
 func (*SnapshotRevertResponse) ProtoMessage() {}
 
 func (x *SnapshotRevertResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[27]
+	mi := &file_replica_v1_replica_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1640,7 @@ func (x *SnapshotRevertResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{27}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{28}
 }
 
 type ExpandRequest struct {
@@ -1595,7 +1654,7 @@ type ExpandRequest struct {
 
 func (x *ExpandRequest) Reset() {
 	*x = ExpandRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[28]
+	mi := &file_replica_v1_replica_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1666,7 @@ func (x *ExpandRequest) String() string {
 func (*ExpandRequest) ProtoMessage() {}
 
 func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[28]
+	mi := &file_replica_v1_replica_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1679,7 @@ func (x *ExpandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandRequest.ProtoReflect.Descriptor instead.
 func (*ExpandRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{28}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExpandRequest) GetSize() int64 {
@@ -1645,7 +1704,7 @@ type ExpandResponse struct {
 
 func (x *ExpandResponse) Reset() {
 	*x = ExpandResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[29]
+	mi := &file_replica_v1_replica_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1657,7 +1716,7 @@ func (x *ExpandResponse) String() string {
 func (*ExpandResponse) ProtoMessage() {}
 
 func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[29]
+	mi := &file_replica_v1_replica_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1670,7 +1729,7 @@ func (x *ExpandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandResponse.ProtoReflect.Descriptor instead.
 func (*ExpandResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{29}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{30}
 }
 
 type SetEpochRequest struct {
@@ -1705,7 +1764,7 @@ type SetEpochRequest struct {
 
 func (x *SetEpochRequest) Reset() {
 	*x = SetEpochRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[30]
+	mi := &file_replica_v1_replica_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1717,7 +1776,7 @@ func (x *SetEpochRequest) String() string {
 func (*SetEpochRequest) ProtoMessage() {}
 
 func (x *SetEpochRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[30]
+	mi := &file_replica_v1_replica_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1730,7 +1789,7 @@ func (x *SetEpochRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochRequest.ProtoReflect.Descriptor instead.
 func (*SetEpochRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{30}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SetEpochRequest) GetEpoch() uint64 {
@@ -1783,7 +1842,7 @@ type SetEpochResponse struct {
 
 func (x *SetEpochResponse) Reset() {
 	*x = SetEpochResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[31]
+	mi := &file_replica_v1_replica_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1795,7 +1854,7 @@ func (x *SetEpochResponse) String() string {
 func (*SetEpochResponse) ProtoMessage() {}
 
 func (x *SetEpochResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[31]
+	mi := &file_replica_v1_replica_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1808,7 +1867,7 @@ func (x *SetEpochResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochResponse.ProtoReflect.Descriptor instead.
 func (*SetEpochResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{31}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{32}
 }
 
 // StaleEpoch is the detail of a FAILED_PRECONDITION status for a request
@@ -1827,7 +1886,7 @@ type StaleEpoch struct {
 
 func (x *StaleEpoch) Reset() {
 	*x = StaleEpoch{}
-	mi := &file_replica_v1_replica_proto_msgTypes[32]
+	mi := &file_replica_v1_replica_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +1898,7 @@ func (x *StaleEpoch) String() string {
 func (*StaleEpoch) ProtoMessage() {}
 
 func (x *StaleEpoch) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[32]
+	mi := &file_replica_v1_replica_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +1911,7 @@ func (x *StaleEpoch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StaleEpoch.ProtoReflect.Descriptor instead.
 func (*StaleEpoch) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{32}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StaleEpoch) GetRequestEpoch() uint64 {
@@ -1884,7 +1943,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_replica_v1_replica_proto_msgTypes[33]
+	mi := &file_replica_v1_replica_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +1955,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[33]
+	mi := &file_replica_v1_replica_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +1968,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{33}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{34}
 }
 
 type CloseResponse struct {
@@ -1920,7 +1979,7 @@ type CloseResponse struct {
 
 func (x *CloseResponse) Reset() {
 	*x = CloseResponse{}
-	mi := &file_replica_v1_replica_proto_msgTypes[34]
+	mi := &file_replica_v1_replica_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +1991,7 @@ func (x *CloseResponse) String() string {
 func (*CloseResponse) ProtoMessage() {}
 
 func (x *CloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_replica_v1_replica_proto_msgTypes[34]
+	mi := &file_replica_v1_replica_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2004,7 @@ func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
 func (*CloseResponse) Descriptor() ([]byte, []int) {
-	return file_replica_v1_replica_proto_rawDescGZIP(), []int{34}
+	return file_replica_v1_replica_proto_rawDescGZIP(), []int{35}
 }
 
 var File_replica_v1_replica_proto protoreflect.FileDescriptor
@@ -1969,13 +2028,15 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"nextOffset\"4\n" +
 	"\x06Extent\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\x80\x01\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xa1\x01\n" +
 	"\x13SnapshotReadRequest\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x16\n" +
 	"\x06length\x18\x03 \x01(\x03R\x06length\x12\x1d\n" +
 	"\n" +
-	"layer_only\x18\x04 \x01(\bR\tlayerOnly\"J\n" +
+	"layer_only\x18\x04 \x01(\bR\tlayerOnly\x12\x1f\n" +
+	"\vexpected_id\x18\x05 \x01(\tR\n" +
+	"expectedId\"J\n" +
 	"\x14SnapshotReadResponse\x122\n" +
 	"\aextents\x18\x01 \x03(\v2\x18.cairn.replica.v1.ExtentR\aextents\"e\n" +
 	"\x13ReplaceChainRequest\x128\n" +
@@ -1996,7 +2057,9 @@ const file_replica_v1_replica_proto_rawDesc = "" +
 	"layer_only\x18\x04 \x01(\bR\tlayerOnly\x12\x16\n" +
 	"\x06source\x18\x05 \x01(\tR\x06source\x12\x14\n" +
 	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12\x1b\n" +
-	"\tsource_id\x18\a \x01(\tR\bsourceId\"-\n" +
+	"\tsource_id\x18\a \x01(\tR\bsourceId\".\n" +
+	"\x14PullSourceUnreadable\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\"-\n" +
 	"\x11LayerPullResponse\x12\x18\n" +
 	"\awritten\x18\x01 \x01(\x03R\awritten\"\x13\n" +
 	"\x11SyncLayersRequest\"\x14\n" +
@@ -2112,7 +2175,7 @@ func file_replica_v1_replica_proto_rawDescGZIP() []byte {
 	return file_replica_v1_replica_proto_rawDescData
 }
 
-var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_replica_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_replica_v1_replica_proto_goTypes = []any{
 	(*SnapshotChangesRequest)(nil),  // 0: cairn.replica.v1.SnapshotChangesRequest
 	(*ByteRange)(nil),               // 1: cairn.replica.v1.ByteRange
@@ -2125,68 +2188,69 @@ var file_replica_v1_replica_proto_goTypes = []any{
 	(*LayerWriteRequest)(nil),       // 8: cairn.replica.v1.LayerWriteRequest
 	(*LayerWriteResponse)(nil),      // 9: cairn.replica.v1.LayerWriteResponse
 	(*LayerPullRequest)(nil),        // 10: cairn.replica.v1.LayerPullRequest
-	(*LayerPullResponse)(nil),       // 11: cairn.replica.v1.LayerPullResponse
-	(*SyncLayersRequest)(nil),       // 12: cairn.replica.v1.SyncLayersRequest
-	(*SyncLayersResponse)(nil),      // 13: cairn.replica.v1.SyncLayersResponse
-	(*ChecksumRequest)(nil),         // 14: cairn.replica.v1.ChecksumRequest
-	(*ChecksumResponse)(nil),        // 15: cairn.replica.v1.ChecksumResponse
-	(*Snapshot)(nil),                // 16: cairn.replica.v1.Snapshot
-	(*DirtyRegions)(nil),            // 17: cairn.replica.v1.DirtyRegions
-	(*InfoRequest)(nil),             // 18: cairn.replica.v1.InfoRequest
-	(*InfoResponse)(nil),            // 19: cairn.replica.v1.InfoResponse
-	(*SnapshotCreateRequest)(nil),   // 20: cairn.replica.v1.SnapshotCreateRequest
-	(*SnapshotCreateResponse)(nil),  // 21: cairn.replica.v1.SnapshotCreateResponse
-	(*SnapshotListRequest)(nil),     // 22: cairn.replica.v1.SnapshotListRequest
-	(*SnapshotListResponse)(nil),    // 23: cairn.replica.v1.SnapshotListResponse
-	(*SnapshotDeleteRequest)(nil),   // 24: cairn.replica.v1.SnapshotDeleteRequest
-	(*SnapshotDeleteResponse)(nil),  // 25: cairn.replica.v1.SnapshotDeleteResponse
-	(*SnapshotRevertRequest)(nil),   // 26: cairn.replica.v1.SnapshotRevertRequest
-	(*SnapshotRevertResponse)(nil),  // 27: cairn.replica.v1.SnapshotRevertResponse
-	(*ExpandRequest)(nil),           // 28: cairn.replica.v1.ExpandRequest
-	(*ExpandResponse)(nil),          // 29: cairn.replica.v1.ExpandResponse
-	(*SetEpochRequest)(nil),         // 30: cairn.replica.v1.SetEpochRequest
-	(*SetEpochResponse)(nil),        // 31: cairn.replica.v1.SetEpochResponse
-	(*StaleEpoch)(nil),              // 32: cairn.replica.v1.StaleEpoch
-	(*CloseRequest)(nil),            // 33: cairn.replica.v1.CloseRequest
-	(*CloseResponse)(nil),           // 34: cairn.replica.v1.CloseResponse
+	(*PullSourceUnreadable)(nil),    // 11: cairn.replica.v1.PullSourceUnreadable
+	(*LayerPullResponse)(nil),       // 12: cairn.replica.v1.LayerPullResponse
+	(*SyncLayersRequest)(nil),       // 13: cairn.replica.v1.SyncLayersRequest
+	(*SyncLayersResponse)(nil),      // 14: cairn.replica.v1.SyncLayersResponse
+	(*ChecksumRequest)(nil),         // 15: cairn.replica.v1.ChecksumRequest
+	(*ChecksumResponse)(nil),        // 16: cairn.replica.v1.ChecksumResponse
+	(*Snapshot)(nil),                // 17: cairn.replica.v1.Snapshot
+	(*DirtyRegions)(nil),            // 18: cairn.replica.v1.DirtyRegions
+	(*InfoRequest)(nil),             // 19: cairn.replica.v1.InfoRequest
+	(*InfoResponse)(nil),            // 20: cairn.replica.v1.InfoResponse
+	(*SnapshotCreateRequest)(nil),   // 21: cairn.replica.v1.SnapshotCreateRequest
+	(*SnapshotCreateResponse)(nil),  // 22: cairn.replica.v1.SnapshotCreateResponse
+	(*SnapshotListRequest)(nil),     // 23: cairn.replica.v1.SnapshotListRequest
+	(*SnapshotListResponse)(nil),    // 24: cairn.replica.v1.SnapshotListResponse
+	(*SnapshotDeleteRequest)(nil),   // 25: cairn.replica.v1.SnapshotDeleteRequest
+	(*SnapshotDeleteResponse)(nil),  // 26: cairn.replica.v1.SnapshotDeleteResponse
+	(*SnapshotRevertRequest)(nil),   // 27: cairn.replica.v1.SnapshotRevertRequest
+	(*SnapshotRevertResponse)(nil),  // 28: cairn.replica.v1.SnapshotRevertResponse
+	(*ExpandRequest)(nil),           // 29: cairn.replica.v1.ExpandRequest
+	(*ExpandResponse)(nil),          // 30: cairn.replica.v1.ExpandResponse
+	(*SetEpochRequest)(nil),         // 31: cairn.replica.v1.SetEpochRequest
+	(*SetEpochResponse)(nil),        // 32: cairn.replica.v1.SetEpochResponse
+	(*StaleEpoch)(nil),              // 33: cairn.replica.v1.StaleEpoch
+	(*CloseRequest)(nil),            // 34: cairn.replica.v1.CloseRequest
+	(*CloseResponse)(nil),           // 35: cairn.replica.v1.CloseResponse
 }
 var file_replica_v1_replica_proto_depIdxs = []int32{
 	1,  // 0: cairn.replica.v1.SnapshotChangesResponse.ranges:type_name -> cairn.replica.v1.ByteRange
 	3,  // 1: cairn.replica.v1.SnapshotReadResponse.extents:type_name -> cairn.replica.v1.Extent
-	16, // 2: cairn.replica.v1.ReplaceChainRequest.snapshots:type_name -> cairn.replica.v1.Snapshot
-	16, // 3: cairn.replica.v1.InfoResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
-	17, // 4: cairn.replica.v1.InfoResponse.dirty:type_name -> cairn.replica.v1.DirtyRegions
-	16, // 5: cairn.replica.v1.SnapshotListResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
+	17, // 2: cairn.replica.v1.ReplaceChainRequest.snapshots:type_name -> cairn.replica.v1.Snapshot
+	17, // 3: cairn.replica.v1.InfoResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
+	18, // 4: cairn.replica.v1.InfoResponse.dirty:type_name -> cairn.replica.v1.DirtyRegions
+	17, // 5: cairn.replica.v1.SnapshotListResponse.snapshots:type_name -> cairn.replica.v1.Snapshot
 	1,  // 6: cairn.replica.v1.SetEpochRequest.mark:type_name -> cairn.replica.v1.ByteRange
-	18, // 7: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
-	20, // 8: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
-	22, // 9: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
-	24, // 10: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
-	26, // 11: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
-	28, // 12: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
-	30, // 13: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
-	33, // 14: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
+	19, // 7: cairn.replica.v1.ReplicaService.Info:input_type -> cairn.replica.v1.InfoRequest
+	21, // 8: cairn.replica.v1.ReplicaService.SnapshotCreate:input_type -> cairn.replica.v1.SnapshotCreateRequest
+	23, // 9: cairn.replica.v1.ReplicaService.SnapshotList:input_type -> cairn.replica.v1.SnapshotListRequest
+	25, // 10: cairn.replica.v1.ReplicaService.SnapshotDelete:input_type -> cairn.replica.v1.SnapshotDeleteRequest
+	27, // 11: cairn.replica.v1.ReplicaService.SnapshotRevert:input_type -> cairn.replica.v1.SnapshotRevertRequest
+	29, // 12: cairn.replica.v1.ReplicaService.Expand:input_type -> cairn.replica.v1.ExpandRequest
+	31, // 13: cairn.replica.v1.ReplicaService.SetEpoch:input_type -> cairn.replica.v1.SetEpochRequest
+	34, // 14: cairn.replica.v1.ReplicaService.Close:input_type -> cairn.replica.v1.CloseRequest
 	4,  // 15: cairn.replica.v1.ReplicaService.SnapshotRead:input_type -> cairn.replica.v1.SnapshotReadRequest
 	6,  // 16: cairn.replica.v1.ReplicaService.ReplaceChain:input_type -> cairn.replica.v1.ReplaceChainRequest
 	8,  // 17: cairn.replica.v1.ReplicaService.LayerWrite:input_type -> cairn.replica.v1.LayerWriteRequest
 	10, // 18: cairn.replica.v1.ReplicaService.LayerPull:input_type -> cairn.replica.v1.LayerPullRequest
-	12, // 19: cairn.replica.v1.ReplicaService.SyncLayers:input_type -> cairn.replica.v1.SyncLayersRequest
-	14, // 20: cairn.replica.v1.ReplicaService.Checksum:input_type -> cairn.replica.v1.ChecksumRequest
+	13, // 19: cairn.replica.v1.ReplicaService.SyncLayers:input_type -> cairn.replica.v1.SyncLayersRequest
+	15, // 20: cairn.replica.v1.ReplicaService.Checksum:input_type -> cairn.replica.v1.ChecksumRequest
 	0,  // 21: cairn.replica.v1.ReplicaService.SnapshotChanges:input_type -> cairn.replica.v1.SnapshotChangesRequest
-	19, // 22: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
-	21, // 23: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
-	23, // 24: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
-	25, // 25: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
-	27, // 26: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
-	29, // 27: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
-	31, // 28: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
-	34, // 29: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
+	20, // 22: cairn.replica.v1.ReplicaService.Info:output_type -> cairn.replica.v1.InfoResponse
+	22, // 23: cairn.replica.v1.ReplicaService.SnapshotCreate:output_type -> cairn.replica.v1.SnapshotCreateResponse
+	24, // 24: cairn.replica.v1.ReplicaService.SnapshotList:output_type -> cairn.replica.v1.SnapshotListResponse
+	26, // 25: cairn.replica.v1.ReplicaService.SnapshotDelete:output_type -> cairn.replica.v1.SnapshotDeleteResponse
+	28, // 26: cairn.replica.v1.ReplicaService.SnapshotRevert:output_type -> cairn.replica.v1.SnapshotRevertResponse
+	30, // 27: cairn.replica.v1.ReplicaService.Expand:output_type -> cairn.replica.v1.ExpandResponse
+	32, // 28: cairn.replica.v1.ReplicaService.SetEpoch:output_type -> cairn.replica.v1.SetEpochResponse
+	35, // 29: cairn.replica.v1.ReplicaService.Close:output_type -> cairn.replica.v1.CloseResponse
 	5,  // 30: cairn.replica.v1.ReplicaService.SnapshotRead:output_type -> cairn.replica.v1.SnapshotReadResponse
 	7,  // 31: cairn.replica.v1.ReplicaService.ReplaceChain:output_type -> cairn.replica.v1.ReplaceChainResponse
 	9,  // 32: cairn.replica.v1.ReplicaService.LayerWrite:output_type -> cairn.replica.v1.LayerWriteResponse
-	11, // 33: cairn.replica.v1.ReplicaService.LayerPull:output_type -> cairn.replica.v1.LayerPullResponse
-	13, // 34: cairn.replica.v1.ReplicaService.SyncLayers:output_type -> cairn.replica.v1.SyncLayersResponse
-	15, // 35: cairn.replica.v1.ReplicaService.Checksum:output_type -> cairn.replica.v1.ChecksumResponse
+	12, // 33: cairn.replica.v1.ReplicaService.LayerPull:output_type -> cairn.replica.v1.LayerPullResponse
+	14, // 34: cairn.replica.v1.ReplicaService.SyncLayers:output_type -> cairn.replica.v1.SyncLayersResponse
+	16, // 35: cairn.replica.v1.ReplicaService.Checksum:output_type -> cairn.replica.v1.ChecksumResponse
 	2,  // 36: cairn.replica.v1.ReplicaService.SnapshotChanges:output_type -> cairn.replica.v1.SnapshotChangesResponse
 	22, // [22:37] is the sub-list for method output_type
 	7,  // [7:22] is the sub-list for method input_type
@@ -2206,7 +2270,7 @@ func file_replica_v1_replica_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_replica_v1_replica_proto_rawDesc), len(file_replica_v1_replica_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   35,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -99,9 +99,12 @@ type ReplicaServiceClient interface {
 	// rebuild's data goes from replica to replica: with layer_only the
 	// source layer's own data (holes left out); without, the view at the
 	// snapshot, written whole (zeros included). Block-aligned; at most
-	// 4 MiB per call. UNAVAILABLE, naming the source, when the source
-	// cannot be reached or read from here, or is another replica than
-	// source_id; the source's own refusals keep their code.
+	// 4 MiB per call; the epoch, the snapshot and the range are checked
+	// before the source is dialed. UNAVAILABLE with a PullSourceUnreadable
+	// detail, naming the source, when the source cannot be reached or read
+	// from here in time, or is another replica than source_id (the engine
+	// then copies the data itself); the source's own refusals keep their
+	// code.
 	LayerPull(ctx context.Context, in *LayerPullRequest, opts ...grpc.CallOption) (*LayerPullResponse, error)
 	// SyncLayers makes every layer durable.
 	SyncLayers(ctx context.Context, in *SyncLayersRequest, opts ...grpc.CallOption) (*SyncLayersResponse, error)
@@ -339,9 +342,12 @@ type ReplicaServiceServer interface {
 	// rebuild's data goes from replica to replica: with layer_only the
 	// source layer's own data (holes left out); without, the view at the
 	// snapshot, written whole (zeros included). Block-aligned; at most
-	// 4 MiB per call. UNAVAILABLE, naming the source, when the source
-	// cannot be reached or read from here, or is another replica than
-	// source_id; the source's own refusals keep their code.
+	// 4 MiB per call; the epoch, the snapshot and the range are checked
+	// before the source is dialed. UNAVAILABLE with a PullSourceUnreadable
+	// detail, naming the source, when the source cannot be reached or read
+	// from here in time, or is another replica than source_id (the engine
+	// then copies the data itself); the source's own refusals keep their
+	// code.
 	LayerPull(context.Context, *LayerPullRequest) (*LayerPullResponse, error)
 	// SyncLayers makes every layer durable.
 	SyncLayers(context.Context, *SyncLayersRequest) (*SyncLayersResponse, error)
