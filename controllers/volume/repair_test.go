@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -104,11 +105,18 @@ func TestVolumeRepair(t *testing.T) {
 	waitPlaced(g, client.ObjectKeyFromObject(vol))
 
 	// Attach on a node that holds a replica; the spare node holds none.
+	// The Scheduled condition can be read before every replica read here
+	// shows its node: wait for three replicas on three of the nodes.
 	onNode := map[string]string{}
-	for name, r := range replicas() {
-		onNode[r.Spec.NodeName] = name
-	}
-	g.Expect(onNode).To(HaveLen(3))
+	g.Eventually(func() map[string]string {
+		onNode = map[string]string{}
+		for name, r := range replicas() {
+			if slices.Contains(names, r.Spec.NodeName) {
+				onNode[r.Spec.NodeName] = name
+			}
+		}
+		return onNode
+	}, timeout, 100*time.Millisecond).Should(HaveLen(3), "three replicas on three nodes")
 	var spare, attachTo string
 	var others []string
 	for _, n := range names {
