@@ -122,9 +122,16 @@ func TestSeedFlow(t *testing.T) {
 				g.Expect(err).NotTo(HaveOccurred())
 			}
 			g.Expect(usableBytes(g, b)).To(BeNumerically(">=", before+100<<20), "the volume grew by at least 100 MiB as the pod sees it")
-			stats, err := b.node.node.NodeGetVolumeStats(ctx, &csipb.NodeGetVolumeStatsRequest{VolumeId: vol.GetVolumeId(), VolumePath: b.target})
-			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(stats.GetVolumeCondition().GetAbnormal()).To(BeFalse(), stats.GetVolumeCondition().GetMessage())
+			// Staged again, a replica may still be resyncing for a moment
+			// on a loaded machine (the volume degraded, which the
+			// condition reports): wait for it to be healthy.
+			var why string
+			g.Eventually(func() bool {
+				stats, err := b.node.node.NodeGetVolumeStats(ctx, &csipb.NodeGetVolumeStatsRequest{VolumeId: vol.GetVolumeId(), VolumePath: b.target})
+				g.Expect(err).NotTo(HaveOccurred())
+				why = stats.GetVolumeCondition().GetMessage()
+				return stats.GetVolumeCondition().GetAbnormal()
+			}, deadline.Scale(time.Minute), 200*time.Millisecond).Should(BeFalse(), func() string { return why })
 			g.Expect(readData(t, g, b, later)).To(Succeed(), "the data is intact after the expansion")
 
 			t.Log("delete everything")
