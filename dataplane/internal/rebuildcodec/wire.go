@@ -171,58 +171,42 @@ func decodeLayerWrite(b []byte, m *replicav1.LayerWriteRequest) bool {
 
 // dataStart is where the data field's bytes start in a LayerWriteRequest
 // whose start is head, or -1 if head does not reach them.
-func dataStart(head []byte) int {
-	at := 0
-	for at < len(head) {
-		num, typ, n := protowire.ConsumeTag(head[at:])
-		if n < 0 {
-			return -1
-		}
-		at += n
-		if num == layerWriteData && typ == protowire.BytesType {
-			_, n := protowire.ConsumeVarint(head[at:])
-			if n < 0 {
-				return -1
-			}
-			return at + n
-		}
-		n = protowire.ConsumeFieldValue(num, typ, head[at:])
-		if n < 0 {
-			return -1
-		}
-		at += n
-	}
-	return -1
-}
+func dataStart(head []byte) int { return bytesStart(head, layerWriteData) }
 
 // readDataStart is where the first extent's data starts in a
 // SnapshotReadResponse whose start is head, or -1 if head does not reach
 // it.
 func readDataStart(head []byte) int {
-	num, typ, n := protowire.ConsumeTag(head)
-	if n < 0 || num != readExtents || typ != protowire.BytesType {
+	at := bytesStart(head, readExtents)
+	if at < 0 {
 		return -1
 	}
-	at := n
-	_, n = protowire.ConsumeVarint(head[at:])
-	if n < 0 {
+	in := bytesStart(head[at:], extentData)
+	if in < 0 {
 		return -1
 	}
-	at += n
+	return at + in
+}
+
+// bytesStart is where the bytes of the first field numbered num start in
+// a message whose start is head (past its tag and length, when it is of
+// the bytes type), or -1 if head does not reach them.
+func bytesStart(head []byte, num protowire.Number) int {
+	at := 0
 	for at < len(head) {
-		num, typ, n := protowire.ConsumeTag(head[at:])
+		got, typ, n := protowire.ConsumeTag(head[at:])
 		if n < 0 {
 			return -1
 		}
 		at += n
-		if num == extentData && typ == protowire.BytesType {
+		if got == num && typ == protowire.BytesType {
 			_, n := protowire.ConsumeVarint(head[at:])
 			if n < 0 {
 				return -1
 			}
 			return at + n
 		}
-		n = protowire.ConsumeFieldValue(num, typ, head[at:])
+		n = protowire.ConsumeFieldValue(got, typ, head[at:])
 		if n < 0 {
 			return -1
 		}
