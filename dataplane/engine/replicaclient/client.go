@@ -32,6 +32,7 @@ import (
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
 	"github.com/cairn-io/cairn/dataplane/engine"
+	"github.com/cairn-io/cairn/dataplane/internal/rebuildcodec"
 	"github.com/cairn-io/cairn/dataplane/replica/replicaserver"
 )
 
@@ -153,14 +154,8 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc, err := grpc.NewClient(ctlAddr, controlCreds(opts.ControlTLS),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20), grpc.ForceCodecV2(newCodec())),
-		// A rebuild moves its data in 4 MiB messages, several at once:
-		// windows that hold them whole, so that no sender waits for a
-		// window update mid-message, and buffers that write and read
-		// them in few system calls.
-		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(32<<20),
-		grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20))
+	cc, err := grpc.NewClient(ctlAddr, append(rebuildcodec.DialOptions(), controlCreds(opts.ControlTLS),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20), grpc.ForceCodecV2(newCodec())))...)
 	if err != nil {
 		return nil, fmt.Errorf("control %s: %w", ctlAddr, err)
 	}

@@ -1,17 +1,18 @@
 // Package rebuildcodec is the gRPC codec of the replica control API, used
-// at both ends: the engine's client (engine/replicaclient) and the
-// replica's server (replica/replicaserver). It is the proto codec with
-// fast paths for the two bulk messages of a rebuild, which carry up to
-// 4 MiB each and pass through the engine:
+// at every end: the engine's client (engine/replicaclient), the replica's
+// server (replica/replicaserver), and a target replica's client of its
+// rebuild source. It is the proto codec with fast paths for the two bulk
+// messages of a rebuild, which carry up to 4 MiB each:
 //
-//   - SnapshotReadResponse (source replica → engine): marshalled with each
+//   - SnapshotReadResponse (source replica → the target that pulls a
+//     chunk, or → the engine when it relays one): marshalled with each
 //     large extent's data referenced, not copied into the message, and
 //     decoded in place, the extents' data pointing into the received
 //     message instead of being copied out of it once more.
-//   - LayerWriteRequest (engine → target replica): marshalled with its
-//     data referenced, and decoded into a recycled buffer placed so that
-//     the data is aligned for direct I/O, lent to the handler until it
-//     calls ReleaseLayerWrite.
+//   - LayerWriteRequest (engine → target replica, for a relayed chunk):
+//     marshalled with its data referenced, and decoded into a recycled
+//     buffer placed so that the data is aligned for direct I/O, lent to
+//     the handler until it calls ReleaseLayerWrite.
 //
 // The wire format is protobuf's, as the proto codec writes and reads it.
 // Every other message goes through the proto codec, and so does a bulk

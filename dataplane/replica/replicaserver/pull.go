@@ -18,6 +18,7 @@ import (
 
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/grpcalive"
+	"github.com/cairn-io/cairn/dataplane/internal/rebuildcodec"
 	"github.com/cairn-io/cairn/dataplane/replica"
 )
 
@@ -93,12 +94,8 @@ func (s *Sources) get(addr string) (*sourceConn, error) {
 	if s.tls != nil {
 		creds = credentials.NewTLS(s.tls)
 	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds), grpcalive.Dial(),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxControlMessage), grpc.MaxCallSendMsgSize(MaxControlMessage), grpc.ForceCodecV2(newCodec())),
-		// As the engine's client: windows that hold a 4 MiB reply
-		// whole, buffers that read it in few system calls.
-		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(32<<20),
-		grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20))
+	cc, err := grpc.NewClient("passthrough:///"+addr, append(rebuildcodec.DialOptions(), grpc.WithTransportCredentials(creds), grpcalive.Dial(),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxControlMessage), grpc.MaxCallSendMsgSize(MaxControlMessage), grpc.ForceCodecV2(newCodec())))...)
 	if err != nil {
 		return nil, err
 	}
