@@ -32,9 +32,18 @@ k() { kubectl --context "kind-$CLUSTER" "$@"; }
 
 say "cluster $CLUSTER: three schedulable nodes"
 existed=true
-if ! kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+create() {
   existed=false
   kind create cluster --name "$CLUSTER" ${NODE_IMAGE:+--image "$NODE_IMAGE"} --config test/e2e/kind-config.yaml --wait 5m
+}
+if ! kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+  create
+elif ! kind export kubeconfig --name "$CLUSTER" >/dev/null 2>&1 || ! k get nodes >/dev/null 2>&1; then
+  # Left by a run that was stopped midway (its node containers stopped
+  # with Docker, or its kubeconfig context gone): start afresh.
+  echo "kind-up: cluster $CLUSTER exists but its API server does not answer: deleting it and creating it again" >&2
+  kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+  create
 fi
 k get nodes
 
