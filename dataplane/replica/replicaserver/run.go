@@ -15,6 +15,7 @@ import (
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
 	"github.com/cairn-io/cairn/dataplane/grpcalive"
+	"github.com/cairn-io/cairn/dataplane/internal/rebuildcodec"
 	"github.com/cairn-io/cairn/dataplane/replica"
 )
 
@@ -84,13 +85,8 @@ func Start(r *replica.Replica, opts Options) *Running {
 		go serve(opts.Local, "local data listener")
 	}
 	if opts.Control != nil {
-		sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxControlMessage), grpc.MaxSendMsgSize(MaxControlMessage), grpcalive.Serve(),
-			grpc.ForceServerCodecV2(newCodec()),
-			// A rebuild moves its data in 4 MiB messages, several at
-			// once: windows that hold them whole, so that no sender
-			// waits for a window update mid-message, and buffers that
-			// write and read them in few system calls.
-			grpc.InitialWindowSize(16 << 20), grpc.InitialConnWindowSize(32 << 20), grpc.WriteBufferSize(1 << 20), grpc.ReadBufferSize(1 << 20)}
+		sopts := append(rebuildcodec.ServerOptions(), grpc.MaxRecvMsgSize(MaxControlMessage), grpc.MaxSendMsgSize(MaxControlMessage), grpcalive.Serve(),
+			grpc.ForceServerCodecV2(newCodec()))
 		if opts.ControlTLS != nil {
 			sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.ControlTLS)))
 		}
