@@ -138,7 +138,7 @@ func (r *Reconciler) startMove(ctx context.Context, s *scope, v *v1.Volume, from
 	name := v.Name + "-r-" + rand.String(8)
 	// The Ledger decides and creates the replacement under its lock, so
 	// no Volume worker takes the same room meanwhile.
-	res, err := r.Ledger.Place(ctx, scheduler.PlaceOptions{Namespace: v.Namespace,
+	res, err := r.Ledger.Place(ctx, scheduler.PlaceOptions{Namespace: v.Namespace, Volume: v.Name,
 		Request: scheduler.Request{Size: v.Spec.Size.Value(), Tags: v.Spec.DiskSelector, OverProvisioningPercent: r.OverProvisioningPercent},
 		Disks:   disks, Placed: placed, N: 1,
 		Write: func(ctx context.Context, _ int, p scheduler.Placement) (client.ObjectKey, error) {

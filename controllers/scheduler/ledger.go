@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/volumes"
 )
 
 // IndexReplicaDisk indexes Replicas by the disk they are placed on
@@ -50,9 +51,10 @@ type Ledger struct {
 
 // written is one placement written to a Replica.
 type written struct {
-	disk DiskKey
-	size int64
-	at   time.Time
+	volume string
+	disk   DiskKey
+	size   int64
+	at     time.Time
 }
 
 // NewLedger returns a Ledger; SetupWithManager gives it its cache.
@@ -80,7 +82,12 @@ func (l *Ledger) SetupWithManager(mgr ctrl.Manager) error {
 type PlaceOptions struct {
 	// Namespace of the Replicas and StorageNodes.
 	Namespace string
-	// Request, Placed and N are Schedule's.
+	// Volume whose replicas are placed; its Replicas carry its name in
+	// volumes.LabelVolume.
+	Volume string
+	// Request and N are Schedule's. Placed are the volume's replicas the
+	// caller knows placed; Place adds those the cache and its own record
+	// show, so a caller's stale view never puts two on one disk.
 	Request Request
 	Placed  []Placed
 	N       int
@@ -107,6 +114,10 @@ func (l *Ledger) Place(ctx context.Context, o PlaceOptions) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	placed, err := l.placed(ctx, o)
+	if err != nil {
+		return Result{}, err
+	}
 	for i := range disks {
 		var reps v1.ReplicaList
 		if err := l.reader.List(ctx, &reps, client.InNamespace(o.Namespace), client.MatchingFields{IndexReplicaDisk: disks[i].Key().String()}); err != nil {
@@ -114,7 +125,7 @@ func (l *Ledger) Place(ctx context.Context, o PlaceOptions) (Result, error) {
 		}
 		disks[i].Scheduled = ScheduledBytes(reps.Items)[disks[i].Key()] + pending[disks[i].Key()]
 	}
-	res := Schedule(o.Request, disks, o.Placed, o.N)
+	res := Schedule(o.Request, disks, placed, o.N)
 	for i, p := range res.Placements {
 		key, err := o.Write(ctx, i, p)
 		if err != nil {
@@ -122,9 +133,45 @@ func (l *Ledger) Place(ctx context.Context, o PlaceOptions) (Result, error) {
 		}
 		// Written: counted from now on, by the cache once it shows the
 		// Replica placed, by this record until then.
-		l.written[key] = written{disk: DiskKey{Node: p.Node, Disk: p.Disk}, size: o.Request.Size, at: l.now()}
+		l.written[key] = written{volume: o.Volume, disk: DiskKey{Node: p.Node, Disk: p.Disk}, size: o.Request.Size, at: l.now()}
 	}
 	return res, nil
+}
+
+// placed is every disk holding a replica of o.Volume as far as anything
+// in the process knows: o.Placed, the volume's Replicas in the cache, and
+// the placements this process wrote for it that the cache does not show
+// yet (unseen has just dropped those it shows). Each disk is listed once.
+func (l *Ledger) placed(ctx context.Context, o PlaceOptions) ([]Placed, error) {
+	seen := map[DiskKey]bool{}
+	var out []Placed
+	add := func(k DiskKey) {
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, Placed{Node: k.Node, Disk: k.Disk})
+		}
+	}
+	for _, p := range o.Placed {
+		add(DiskKey{Node: p.Node, Disk: p.Disk})
+	}
+	if o.Volume == "" {
+		return out, nil
+	}
+	var reps v1.ReplicaList
+	if err := l.reader.List(ctx, &reps, client.InNamespace(o.Namespace), client.MatchingLabels{volumes.LabelVolume: o.Volume}); err != nil {
+		return nil, err
+	}
+	for i := range reps.Items {
+		if k, ok := DiskOf(&reps.Items[i]); ok {
+			add(k)
+		}
+	}
+	for key, w := range l.written {
+		if key.Namespace == o.Namespace && w.volume == o.Volume {
+			add(w.disk)
+		}
+	}
+	return out, nil
 }
 
 // unseen sums, by disk, the placements written in namespace ns that the

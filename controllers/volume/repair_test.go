@@ -266,7 +266,11 @@ func TestVolumeSalvage(t *testing.T) {
 			engineNode = n
 		}
 	}
-	g.Expect(repNodes).To(HaveLen(2))
+	var where []string
+	for _, r := range listReplicas(g, vol) {
+		where = append(where, r.Name+" on "+r.Spec.NodeName+"/"+r.Spec.DiskName)
+	}
+	g.Expect(repNodes).To(HaveLen(2), "the two replicas on two nodes: %v", where)
 	setNode(g, client.ObjectKeyFromObject(vol), engineNode)
 	g.Eventually(robustness, timeout, 100*time.Millisecond).Should(Equal(v1.VolumeRobustnessHealthy))
 	qemuIO(t, vol.Name, get().Status.Endpoint, "write -P 0x11 0 4M", "flush")

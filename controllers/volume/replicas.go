@@ -61,7 +61,7 @@ func (r *Reconciler) schedule(ctx context.Context, s *scope) error {
 	if err := r.List(ctx, &sns, client.InNamespace(s.v.Namespace)); err != nil {
 		return err
 	}
-	res, err := r.Ledger.Place(ctx, scheduler.PlaceOptions{Namespace: s.v.Namespace,
+	res, err := r.Ledger.Place(ctx, scheduler.PlaceOptions{Namespace: s.v.Namespace, Volume: s.v.Name,
 		Request: scheduler.Request{Size: s.v.Spec.Size.Value(), Tags: s.v.Spec.DiskSelector, OverProvisioningPercent: r.OverProvisioningPercent},
 		Disks:   scheduler.FromStorageNodes(sns.Items), Placed: placed, N: len(pending),
 		Write: func(ctx context.Context, i int, p scheduler.Placement) (client.ObjectKey, error) {
@@ -69,7 +69,13 @@ func (r *Reconciler) schedule(ctx context.Context, s *scope) error {
 			before := rep.DeepCopy()
 			rep.Spec.NodeName, rep.Spec.DiskName, rep.Spec.DiskPath = p.Node, p.Disk, p.Path
 			rep.Spec.DataDirectoryName = rep.Name
-			return client.ObjectKeyFromObject(rep), r.Patch(ctx, rep, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+			err := r.Patch(ctx, rep, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+			if err != nil {
+				// Not placed: the status written after this reconcile
+				// must not count it.
+				rep.Spec = before.Spec
+			}
+			return client.ObjectKeyFromObject(rep), err
 		}})
 	if err != nil {
 		return err

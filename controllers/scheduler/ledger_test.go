@@ -1,0 +1,102 @@
+package scheduler
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	v1 "github.com/cairn-io/cairn/api/v1alpha1"
+	"github.com/cairn-io/cairn/controllers/internal/volumes"
+)
+
+// staleLedger is a Ledger over a fake cache that never shows the
+// placements written through it: what a worker sees when its cache lags
+// the writes of the reconcile before.
+func staleLedger(t *testing.T, objs ...client.Object) (*Ledger, client.Client) {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := v1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
+		WithIndex(&v1.Replica{}, IndexReplicaDisk, func(o client.Object) []string {
+			if k, ok := DiskOf(o.(*v1.Replica)); ok {
+				return []string{k.String()}
+			}
+			return nil
+		}).Build()
+	l := NewLedger()
+	l.reader = c
+	return l, c
+}
+
+func unplacedReplica(vol, name string) *v1.Replica {
+	return &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{volumes.LabelVolume: vol}},
+		Spec: v1.ReplicaSpec{VolumeName: vol, Size: resource.MustParse("1Gi")}}
+}
+
+// TestLedgerStaleCacheKeepsReplicasApart: a reconcile placed a volume's
+// first replica on n1; the next reconcile, from a cache that shows that
+// replica unplaced still, asks to place the other one without listing
+// n1's disk as taken. The Ledger remembers its own write: the second
+// replica goes to another node, or nowhere when n1 is all there is, and
+// never onto the disk that already holds the first.
+func TestLedgerStaleCacheKeepsReplicasApart(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	l, _ := staleLedger(t, unplacedReplica("vol", "vol-r-1"), unplacedReplica("vol", "vol-r-2"))
+	req := Request{Size: gi}
+	noWrite := func(name string) func(context.Context, int, Placement) (client.ObjectKey, error) {
+		return func(context.Context, int, Placement) (client.ObjectKey, error) {
+			return client.ObjectKey{Namespace: "default", Name: name}, nil // the cache never sees it
+		}
+	}
+	res, err := l.Place(ctx, PlaceOptions{Namespace: "default", Volume: "vol", Request: req, N: 1,
+		Disks: []Disk{disk("n1", "d", 10*gi)}, Write: noWrite("vol-r-1")})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(nodes(res.Placements)).To(Equal([]string{"n1/d"}))
+
+	// Only n1 ready as this worker sees it: nothing fits.
+	res, err = l.Place(ctx, PlaceOptions{Namespace: "default", Volume: "vol", Request: req, N: 1,
+		Disks: []Disk{disk("n1", "d", 10*gi)}, Write: noWrite("vol-r-2")})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(res.Placements).To(BeEmpty())
+	g.Expect(res.Reason).To(ContainSubstring(string(RejectHasReplica)))
+
+	// n1 has more room than n2, but holds the first replica.
+	res, err = l.Place(ctx, PlaceOptions{Namespace: "default", Volume: "vol", Request: req, N: 1,
+		Disks: []Disk{disk("n1", "d", 100*gi), disk("n2", "d", 10*gi)}, Write: noWrite("vol-r-2")})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(nodes(res.Placements)).To(Equal([]string{"n2/d"}))
+
+	// Another volume is not held back by this one's placements.
+	res, err = l.Place(ctx, PlaceOptions{Namespace: "default", Volume: "other", Request: req, N: 1,
+		Disks: []Disk{disk("n1", "d", 10*gi)}, Write: noWrite("other-r-1")})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(nodes(res.Placements)).To(Equal([]string{"n1/d"}))
+}
+
+// TestLedgerCachedReplicasCountAsPlaced: the volume's Replicas the cache
+// shows placed rule their disks out even when the caller's list (read
+// earlier in its reconcile) does not have them.
+func TestLedgerCachedReplicasCountAsPlaced(t *testing.T) {
+	g := NewWithT(t)
+	first := unplacedReplica("vol", "vol-r-1")
+	first.Spec.NodeName, first.Spec.DiskName = "n1", "d"
+	l, _ := staleLedger(t, first, unplacedReplica("vol", "vol-r-2"))
+	l.now = func() time.Time { return time.Unix(0, 0) }
+	res, err := l.Place(context.Background(), PlaceOptions{Namespace: "default", Volume: "vol", Request: Request{Size: gi}, N: 1,
+		Disks: []Disk{disk("n1", "d", 100*gi), disk("n2", "d", 10*gi)},
+		Write: func(context.Context, int, Placement) (client.ObjectKey, error) {
+			return client.ObjectKey{Namespace: "default", Name: "vol-r-2"}, nil
+		}})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(nodes(res.Placements)).To(Equal([]string{"n2/d"}))
+}
