@@ -61,7 +61,7 @@ func (r *Replica) snapshotSpan(name string, off, length int64, aligned string) (
 // which read as zeros) are left out. A rebuild that copies only dirty
 // regions copies this view.
 func (r *Replica) ReadSnapshot(name string, off, length int64) ([]Extent, error) {
-	return r.readExtents(name, off, length, false)
+	return r.readExtents(nil, name, off, length, false)
 }
 
 // ReadLayer returns the data snapshot name's own layer holds in [off,
@@ -69,7 +69,20 @@ func (r *Replica) ReadSnapshot(name string, off, length int64) ([]Extent, error)
 // snapshot and this one. A full rebuild copies every layer this way, so the
 // rebuilt replica keeps the snapshot history.
 func (r *Replica) ReadLayer(name string, off, length int64) ([]Extent, error) {
-	return r.readExtents(name, off, length, true)
+	return r.readExtents(nil, name, off, length, true)
+}
+
+// ReadExtentsInto is ReadLayer (layerOnly) or ReadSnapshot with the
+// extents' data in buf, which holds at least length bytes: an extent at
+// volume offset o lies at buf[o-off:]. Nothing is allocated for the data
+// and contiguous extents are merged without a copy. A source replica
+// serves a rebuild's chunks this way from a recycled buffer. The extents
+// use buf: the caller keeps it while it uses them.
+func (r *Replica) ReadExtentsInto(buf []byte, name string, off, length int64, layerOnly bool) ([]Extent, error) {
+	if length > 0 && int64(len(buf)) < length {
+		return nil, fmt.Errorf("%w: a buffer of %d bytes for a read of %d", ErrInvalidSize, len(buf), length)
+	}
+	return r.readExtents(buf, name, off, length, layerOnly)
 }
 
 // ReadSnapshotAt fills p with the view at snapshot name from off, holes
@@ -88,7 +101,9 @@ func (r *Replica) ReadSnapshotAt(p []byte, name string, off int64) error {
 	return r.readChain(p, off, top)
 }
 
-func (r *Replica) readExtents(name string, off, length int64, own bool) ([]Extent, error) {
+// readExtents reads the extents of a view (own: of one layer) into buf,
+// or into memory of their own when buf is nil.
+func (r *Replica) readExtents(buf []byte, name string, off, length int64, own bool) ([]Extent, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	top, err := r.snapshotSpan(name, off, length, "snapshot reads")
@@ -100,13 +115,25 @@ func (r *Replica) readExtents(name string, off, length int64, own bool) ([]Exten
 	for b, end := off/BlockSize, (off+length)/BlockSize; b < end; {
 		li, n := r.resolveIn(b, end-b, top, own)
 		if li >= 0 {
-			p := make([]byte, n*BlockSize)
+			var p []byte
+			if buf != nil {
+				lo, hi := b*BlockSize-off, (b+n)*BlockSize-off
+				p = buf[lo:hi:hi]
+			} else {
+				p = make([]byte, n*BlockSize)
+			}
 			if _, err := r.layers[li].f.ReadAt(p, b*BlockSize); err != nil {
 				return nil, fmt.Errorf("read %s: %w", r.layers[li].file, err)
 			}
-			// Merge with the previous extent when contiguous.
+			// Merge with the previous extent when contiguous (in buf,
+			// it lies just before p already).
 			if k := len(out) - 1; k >= 0 && out[k].Offset+int64(len(out[k].Data)) == b*BlockSize {
-				out[k].Data = append(out[k].Data, p...)
+				if buf != nil {
+					lo, hi := out[k].Offset-off, (b+n)*BlockSize-off
+					out[k].Data = buf[lo:hi:hi]
+				} else {
+					out[k].Data = append(out[k].Data, p...)
+				}
 			} else {
 				out = append(out, Extent{Offset: b * BlockSize, Data: p})
 			}

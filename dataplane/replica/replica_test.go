@@ -462,6 +462,61 @@ func TestRebuildPrimitives(t *testing.T) {
 	}
 }
 
+// TestReadExtentsInto: a view and a layer read into a caller's buffer
+// give the extents ReadSnapshot and ReadLayer give, each lying in the
+// buffer at its offset from the read's start, extents from two layers
+// merged in place; a buffer shorter than the read is refused.
+func TestReadExtentsInto(t *testing.T) {
+	r := open(t, t.TempDir(), 4<<20)
+	defer r.Close()
+	mustWrite(t, r, bytes.Repeat([]byte{1}, 8192), 1<<20)
+	mustSnapshot(t, r, SnapshotOptions{Name: "old"})
+	mustWrite(t, r, bytes.Repeat([]byte{2}, 4096), 1<<20+8192) // contiguous with the older layer's
+	mustWrite(t, r, bytes.Repeat([]byte{3}, 4096), 3<<20)
+	mustSnapshot(t, r, SnapshotOptions{Name: "rb"})
+	const off, n = 1 << 20, 3 << 20
+	for _, layerOnly := range []bool{false, true} {
+		want, err := r.ReadSnapshot("rb", off, n)
+		if layerOnly {
+			want, err = r.ReadLayer("rb", off, n)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, n)
+		got, err := r.ReadExtentsInto(buf, "rb", off, n, layerOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) || len(got) != 2 {
+			t.Fatalf("layer only %v: %d extents, ReadSnapshot/ReadLayer gives %d, want 2", layerOnly, len(got), len(want))
+		}
+		for i, e := range got {
+			if e.Offset != want[i].Offset || !bytes.Equal(e.Data, want[i].Data) {
+				t.Fatalf("layer only %v: extent %d at %d (%d bytes), want at %d (%d bytes)", layerOnly, i, e.Offset, len(e.Data), want[i].Offset, len(want[i].Data))
+			}
+			if at := &buf[e.Offset-off]; &e.Data[0] != at || cap(e.Data) != len(e.Data) {
+				t.Fatalf("layer only %v: extent %d does not lie in the buffer at %d with its own length as capacity", layerOnly, i, e.Offset-off)
+			}
+		}
+	}
+	if got := len(mustReadInto(t, r, "rb", off, n)[0].Data); got != 3*4096 {
+		t.Fatalf("the view's first extent holds %d bytes, want both layers' 12288", got)
+	}
+	if _, err := r.ReadExtentsInto(make([]byte, n-4096), "rb", off, n, false); !errors.Is(err, ErrInvalidSize) {
+		t.Fatalf("a short buffer: %v, want ErrInvalidSize", err)
+	}
+}
+
+func mustReadInto(t *testing.T, r *Replica, name string, off, n int64) []Extent {
+	t.Helper()
+	ext, err := r.ReadExtentsInto(make([]byte, n), name, off, n, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ext
+}
+
 // TestReplaceChainThenCopyLayers empties a stale replica into the source's
 // chain and copies every layer's own data, as a full rebuild does: every
 // snapshot then reads the same on both, the names, times and flags match,

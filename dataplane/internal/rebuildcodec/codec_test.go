@@ -322,6 +322,59 @@ func TestSnapshotReadRecycled(t *testing.T) {
 	}
 }
 
+// TestSnapshotReadSentFromLentBuffer: a response read into a buffer from
+// ReadBuffer is marshalled as the proto codec would, its large extents
+// referenced in the buffer, and the buffer comes back only when the
+// transport has freed every piece of it, however many references it took;
+// the same response marshalled again, no longer marked, gives nothing
+// back.
+func TestSnapshotReadSentFromLentBuffer(t *testing.T) {
+	c := New(Options{MaxLayerWrite: 4 << 20})
+	buf, raw := c.ReadBuffer(4 << 20)
+	if raw == nil || len(buf) != 4<<20 || uintptr(unsafe.Pointer(unsafe.SliceData(buf)))%4096 != 0 {
+		t.Fatalf("ReadBuffer: %d bytes, lent %v, aligned %v", len(buf), raw != nil, uintptr(unsafe.Pointer(unsafe.SliceData(buf)))%4096 == 0)
+	}
+	copy(buf, data(len(buf)))
+	m := &replicav1.SnapshotReadResponse{Extents: []*replicav1.Extent{
+		{Offset: 0, Data: buf[:1<<20 : 1<<20]},
+		{Offset: 2 << 20, Data: buf[2<<20 : 2<<20+64<<10 : 2<<20+64<<10]},
+		{Offset: 3 << 20, Data: buf[3<<20 : 3<<20+512 : 3<<20+512]}, // short: copied
+	}}
+	want, _ := proto.Marshal(m)
+	c.SendSnapshotRead(m, raw)
+	out, err := c.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(out.Materialize(), want) {
+		t.Fatal("the lent response is not encoded as the proto codec encodes it")
+	}
+	if !referenced(out, m.Extents[0].Data) || !referenced(out, m.Extents[1].Data) {
+		t.Fatal("the large extents are copied, not referenced")
+	}
+	c.sending.Range(func(any, any) bool { t.Fatal("the response is still marked after it was marshalled"); return false })
+	if n := c.sentBack.Load(); n != 0 {
+		t.Fatalf("%d buffers given back before the transport freed the message", n)
+	}
+	out.Ref() // the transport's reader holds the message while it writes
+	out.Free()
+	if n := c.sentBack.Load(); n != 0 {
+		t.Fatalf("%d buffers given back while the transport still holds the message", n)
+	}
+	out.Free()
+	if n := c.sentBack.Load(); n != 1 {
+		t.Fatalf("%d buffers given back once the message is freed, want 1", n)
+	}
+	again, _ := c.Marshal(m)
+	again.Free()
+	if n := c.sentBack.Load(); n != 1 {
+		t.Fatalf("%d buffers given back after a response no longer lent was marshalled, want 1", n)
+	}
+	if b, raw := c.ReadBuffer(4<<20 + 1); b != nil || raw != nil {
+		t.Fatal("ReadBuffer lent a buffer larger than MaxLayerWrite")
+	}
+}
+
 // TestOtherMessages: messages without a fast path go through the proto
 // codec both ways.
 func TestOtherMessages(t *testing.T) {

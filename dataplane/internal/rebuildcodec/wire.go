@@ -40,8 +40,8 @@ func marshalLayerWrite(m *replicav1.LayerWriteRequest) (mem.BufferSlice, error) 
 
 // marshalSnapshotRead encodes m as the proto codec would (fields in
 // order, zero values left out); the data of each extent is referenced,
-// not copied, unless it is short.
-func marshalSnapshotRead(m *replicav1.SnapshotReadResponse) mem.BufferSlice {
+// not copied, unless it is short. Referenced data is wrapped by ref.
+func marshalSnapshotRead(m *replicav1.SnapshotReadResponse, ref func([]byte) mem.Buffer) mem.BufferSlice {
 	var out mem.BufferSlice
 	var b []byte
 	for _, x := range m.GetExtents() {
@@ -67,7 +67,7 @@ func marshalSnapshotRead(m *replicav1.SnapshotReadResponse) mem.BufferSlice {
 			b = append(b, x.Data...)
 			continue
 		}
-		out = append(out, mem.SliceBuffer(b), mem.SliceBuffer(x.Data))
+		out = append(out, mem.SliceBuffer(b), ref(x.Data))
 		b = nil
 	}
 	if len(b) > 0 {

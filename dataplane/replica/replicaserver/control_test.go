@@ -1,12 +1,14 @@
 package replicaserver
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -16,6 +18,7 @@ import (
 
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/replica"
+	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
 // TestRebuildRPCCodes: the rebuild calls refuse bad requests with the
@@ -226,5 +229,47 @@ func TestSnapshotChangesRPC(t *testing.T) {
 		if _, err := c.SnapshotChanges(ctx, tc.req); status.Code(err) != tc.want {
 			t.Errorf("%s: %v, want %v", tc.what, err, tc.want)
 		}
+	}
+}
+
+// TestSnapshotReadBufferComesBack: the data of SnapshotRead replies is
+// read into the codec's recycled buffers, and each comes back once gRPC
+// has sent its reply; a reply with no data, or a refused read, keeps no
+// buffer.
+func TestSnapshotReadBufferComesBack(t *testing.T) {
+	r, c := serve(t)
+	ctx := context.Background()
+	want := make([]byte, 256<<10)
+	for i := range want {
+		want[i] = byte(i * 13)
+	}
+	if _, err := r.WriteAt(want, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	before := codec.SentBack()
+	const reads = 8
+	for i := range reads {
+		resp, err := c.SnapshotRead(ctx, &replicav1.SnapshotReadRequest{Snapshot: "s1", Length: 1 << 20, LayerOnly: i%2 == 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Extents) != 1 || resp.Extents[0].Offset != 64<<10 || !bytes.Equal(resp.Extents[0].Data, want) {
+			t.Fatalf("read %d: %d extents, not the data written", i, len(resp.Extents))
+		}
+	}
+	if resp, err := c.SnapshotRead(ctx, &replicav1.SnapshotReadRequest{Snapshot: "s1", Offset: 512 << 10, Length: 4096}); err != nil || len(resp.Extents) != 0 {
+		t.Fatalf("a hole: %v, %v", resp, err)
+	}
+	if _, err := c.SnapshotRead(ctx, &replicav1.SnapshotReadRequest{Snapshot: "nope", Length: 4096}); status.Code(err) != codes.NotFound {
+		t.Fatalf("a missing snapshot: %v", err)
+	}
+	for end := deadline.After(10 * time.Second); codec.SentBack()-before < reads; {
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d reply buffers came back", codec.SentBack()-before, reads)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

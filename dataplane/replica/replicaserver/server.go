@@ -224,18 +224,25 @@ func (c *Control) SnapshotRead(_ context.Context, req *replicav1.SnapshotReadReq
 			return nil, status.Errorf(codes.FailedPrecondition, notExpected+" %.64q, not %.64q", id, want)
 		}
 	}
-	read := c.Replica.ReadSnapshot
-	if req.GetLayerOnly() {
-		read = c.Replica.ReadLayer
-	}
-	ext, err := read(req.GetSnapshot(), req.GetOffset(), req.GetLength())
+	// The data is read into a recycled buffer, which the codec gets back
+	// once the transport has sent the reply (SendSnapshotRead).
+	// (A length the buffers cannot hold is at most 0 here: the replica
+	// refuses it or returns no extents.)
+	buf, raw := codec.ReadBuffer(int(req.GetLength()))
+	ext, err := c.Replica.ReadExtentsInto(buf, req.GetSnapshot(), req.GetOffset(), req.GetLength(), req.GetLayerOnly())
 	if err != nil {
+		codec.GiveBack(raw)
 		return nil, grpcErr(err)
 	}
-	out := &replicav1.SnapshotReadResponse{}
+	if len(ext) == 0 {
+		codec.GiveBack(raw)
+		return &replicav1.SnapshotReadResponse{}, nil
+	}
+	out := &replicav1.SnapshotReadResponse{Extents: make([]*replicav1.Extent, 0, len(ext))}
 	for _, e := range ext {
 		out.Extents = append(out.Extents, &replicav1.Extent{Offset: e.Offset, Data: e.Data})
 	}
+	codec.SendSnapshotRead(out, raw)
 	return out, nil
 }
 
