@@ -336,7 +336,7 @@ func TestSnapshotReadSentFromLentBuffer(t *testing.T) {
 	}
 	copy(buf, data(len(buf)))
 	m := &replicav1.SnapshotReadResponse{Extents: []*replicav1.Extent{
-		{Offset: 0, Data: buf[:1<<20 : 1<<20]},
+		{Offset: 0, Data: buf[: 1<<20 : 1<<20]},
 		{Offset: 2 << 20, Data: buf[2<<20 : 2<<20+64<<10 : 2<<20+64<<10]},
 		{Offset: 3 << 20, Data: buf[3<<20 : 3<<20+512 : 3<<20+512]}, // short: copied
 	}}
