@@ -148,11 +148,11 @@ func (l *Ledger) placed(ctx context.Context, o PlaceOptions) ([]Placed, error) {
 	add := func(k DiskKey) {
 		if !seen[k] {
 			seen[k] = true
-			out = append(out, Placed{Node: k.Node, Disk: k.Disk})
+			out = append(out, Placed(k))
 		}
 	}
 	for _, p := range o.Placed {
-		add(DiskKey{Node: p.Node, Disk: p.Disk})
+		add(DiskKey(p))
 	}
 	if o.Volume == "" {
 		return out, nil

@@ -19,7 +19,7 @@ import (
 // staleLedger is a Ledger over a fake cache that never shows the
 // placements written through it: what a worker sees when its cache lags
 // the writes of the reconcile before.
-func staleLedger(t *testing.T, objs ...client.Object) (*Ledger, client.Client) {
+func staleLedger(t *testing.T, objs ...client.Object) *Ledger {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := v1.AddToScheme(scheme); err != nil {
@@ -34,12 +34,13 @@ func staleLedger(t *testing.T, objs ...client.Object) (*Ledger, client.Client) {
 		}).Build()
 	l := NewLedger()
 	l.reader = c
-	return l, c
+	return l
 }
 
-func unplacedReplica(vol, name string) *v1.Replica {
-	return &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{volumes.LabelVolume: vol}},
-		Spec: v1.ReplicaSpec{VolumeName: vol, Size: resource.MustParse("1Gi")}}
+// unplacedReplica is an unplaced Replica of the volume "vol".
+func unplacedReplica(name string) *v1.Replica {
+	return &v1.Replica{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{volumes.LabelVolume: "vol"}},
+		Spec: v1.ReplicaSpec{VolumeName: "vol", Size: resource.MustParse("1Gi")}}
 }
 
 // TestLedgerStaleCacheKeepsReplicasApart: a reconcile placed a volume's
@@ -51,7 +52,7 @@ func unplacedReplica(vol, name string) *v1.Replica {
 func TestLedgerStaleCacheKeepsReplicasApart(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	l, _ := staleLedger(t, unplacedReplica("vol", "vol-r-1"), unplacedReplica("vol", "vol-r-2"))
+	l := staleLedger(t, unplacedReplica("vol-r-1"), unplacedReplica("vol-r-2"))
 	req := Request{Size: gi}
 	noWrite := func(name string) func(context.Context, int, Placement) (client.ObjectKey, error) {
 		return func(context.Context, int, Placement) (client.ObjectKey, error) {
@@ -88,9 +89,9 @@ func TestLedgerStaleCacheKeepsReplicasApart(t *testing.T) {
 // earlier in its reconcile) does not have them.
 func TestLedgerCachedReplicasCountAsPlaced(t *testing.T) {
 	g := NewWithT(t)
-	first := unplacedReplica("vol", "vol-r-1")
+	first := unplacedReplica("vol-r-1")
 	first.Spec.NodeName, first.Spec.DiskName = "n1", "d"
-	l, _ := staleLedger(t, first, unplacedReplica("vol", "vol-r-2"))
+	l := staleLedger(t, first, unplacedReplica("vol-r-2"))
 	l.now = func() time.Time { return time.Unix(0, 0) }
 	res, err := l.Place(context.Background(), PlaceOptions{Namespace: "default", Volume: "vol", Request: Request{Size: gi}, N: 1,
 		Disks: []Disk{disk("n1", "d", 100*gi), disk("n2", "d", 10*gi)},
