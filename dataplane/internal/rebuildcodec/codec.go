@@ -75,6 +75,8 @@ type Codec struct {
 	sending sync.Map // *replicav1.SnapshotReadResponse -> *[]byte
 	// sentBack counts the buffers of sent responses given back.
 	sentBack atomic.Int64
+	// readsOut counts the buffers from ReadBuffer not back yet.
+	readsOut atomic.Int64
 }
 
 // New returns a Codec.
@@ -125,6 +127,7 @@ func (c *Codec) ReadBuffer(n int) (b []byte, raw *[]byte) {
 		return nil, nil
 	}
 	raw = c.bufs.Get().(*[]byte)
+	c.readsOut.Add(1)
 	skip := (c.align - int(uintptr(unsafe.Pointer(unsafe.SliceData(*raw)))%uintptr(c.align))) % c.align
 	return (*raw)[skip : skip+n : skip+n], raw
 }
@@ -133,8 +136,17 @@ func (c *Codec) ReadBuffer(n int) (b []byte, raw *[]byte) {
 // have come back since the codec was made.
 func (c *Codec) SentBack() int64 { return c.sentBack.Load() }
 
+// Lent is how many buffers from ReadBuffer are not back yet: given back
+// unsent, or sent and freed by the transport.
+func (c *Codec) Lent() int64 { return c.readsOut.Load() }
+
 // GiveBack returns a buffer from ReadBuffer that is not sent.
-func (c *Codec) GiveBack(raw *[]byte) { c.giveBack(raw) }
+func (c *Codec) GiveBack(raw *[]byte) {
+	if raw != nil {
+		c.readsOut.Add(-1)
+		c.giveBack(raw)
+	}
+}
 
 // SendSnapshotRead marks m, a response whose extents' data lies in raw
 // (ReadBuffer), as the reply a server handler returns: Marshal hands the
@@ -157,8 +169,11 @@ func (c *Codec) marshalLent(m *replicav1.SnapshotReadResponse, raw *[]byte) mem.
 	l := &lease{c: c, raw: raw}
 	l.refs.Store(1)
 	out := marshalSnapshotRead(m, func(d []byte) mem.Buffer {
-		l.refs.Add(1)
-		return mem.NewBuffer(&d, l)
+		b := mem.NewBuffer(&d, l)
+		if _, plain := b.(mem.SliceBuffer); !plain {
+			l.refs.Add(1) // a counted buffer: its last Free calls l.Put
+		}
+		return b
 	})
 	l.Put(nil)
 	return out
@@ -179,6 +194,7 @@ func (l *lease) Get(n int) *[]byte { b := make([]byte, n); return &b }
 func (l *lease) Put(*[]byte) {
 	if l.refs.Add(-1) == 0 {
 		l.c.sentBack.Add(1)
+		l.c.readsOut.Add(-1)
 		l.c.bufs.Put(l.raw)
 	}
 }
@@ -279,6 +295,7 @@ func (c *Codec) materializeAligned(data mem.BufferSlice, start func(head []byte)
 		return data.Materialize(), nil
 	}
 	raw = c.bufs.Get().(*[]byte)
+	c.readsOut.Add(1)
 	skip := (c.align - int((uintptr(unsafe.Pointer(unsafe.SliceData(*raw)))+uintptr(at))%uintptr(c.align))) % c.align
 	b = (*raw)[skip : skip+n : skip+n]
 	data.CopyTo(b)

@@ -273,3 +273,65 @@ func TestSnapshotReadBufferComesBack(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestSnapshotReadWithoutLending: every read of a Control served by a
+// gRPC server of its own (whose codec never gives a buffer back) is read
+// into memory of its own: the data is right and no buffer is lent. A
+// read longer than the replica serves is refused there as through Start.
+func TestSnapshotReadWithoutLending(t *testing.T) {
+	r, err := replica.Open(filepath.Join(t.TempDir(), "r"), replica.Options{Size: 16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, 6<<20)
+	for i := range want {
+		want[i] = byte(i * 7)
+	}
+	if _, err := r.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	// A server of the test's own, with gRPC's default codec.
+	ctl := listen(t)
+	gs := grpc.NewServer(grpc.MaxSendMsgSize(MaxControlMessage))
+	replicav1.RegisterReplicaServiceServer(gs, &Control{Replica: r})
+	go func() { _ = gs.Serve(ctl) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(ctl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxControlMessage)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c := replicav1.NewReplicaServiceClient(conn)
+	ctx := context.Background()
+	if _, err := c.SnapshotCreate(ctx, &replicav1.SnapshotCreateRequest{Name: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	before := codec.Lent()
+	for _, off := range []int64{0, 4 << 20} {
+		resp, err := c.SnapshotRead(ctx, &replicav1.SnapshotReadRequest{Snapshot: "s1", Offset: off, Length: 4 << 20})
+		if err != nil {
+			t.Fatalf("a read at %d: %v", off, err)
+		}
+		var got []byte
+		for _, e := range resp.Extents {
+			if e.Offset != off+int64(len(got)) {
+				t.Fatalf("a read at %d: an extent at %d after %d bytes", off, e.Offset, len(got))
+			}
+			got = append(got, e.Data...)
+		}
+		if end := min(off+4<<20, int64(len(want))); !bytes.Equal(got, want[off:end]) {
+			t.Fatalf("a read at %d: %d bytes back, not the data written", off, len(got))
+		}
+	}
+	if _, err := c.SnapshotRead(ctx, &replicav1.SnapshotReadRequest{Snapshot: "s1", Length: 8 << 20}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a read of 8 MiB: %v, want InvalidArgument", err)
+	}
+	if n := codec.Lent() - before; n != 0 {
+		t.Fatalf("%d buffers lent by a server whose codec never gives them back", n)
+	}
+	_, c2 := serve(t)
+	if _, err := c2.SnapshotRead(ctx, &replicav1.SnapshotReadRequest{Length: 8 << 20}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a read of 8 MiB through Start: %v, want InvalidArgument", err)
+	}
+}

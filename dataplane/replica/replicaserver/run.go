@@ -92,7 +92,8 @@ func Start(r *replica.Replica, opts Options) *Running {
 		}
 		run.gs = grpc.NewServer(sopts...)
 		run.sources = NewSources(opts.SourceTLS)
-		replicav1.RegisterReplicaServiceServer(run.gs, &Control{Replica: r, DataAddress: opts.Data.Addr().String(), OnClose: stop, Sources: run.sources})
+		replicav1.RegisterReplicaServiceServer(run.gs, &Control{Replica: r, DataAddress: opts.Data.Addr().String(), OnClose: stop, Sources: run.sources,
+			recycleReads: true})
 		go func() {
 			if err := run.gs.Serve(opts.Control); err != nil {
 				opts.Logger.Error(err, "control listener failed")

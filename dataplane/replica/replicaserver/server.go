@@ -98,6 +98,10 @@ type Control struct {
 	// replicas over; without, LayerPull is UNIMPLEMENTED and the engine
 	// copies rebuild data itself.
 	Sources *Sources
+	// recycleReads: SnapshotRead replies are read into the codec's
+	// recycled buffers, which only a server marshalling with that codec
+	// gives back (Start's); a Control served otherwise allocates them.
+	recycleReads bool
 }
 
 // grpcErr maps replica errors to gRPC status codes. A stale epoch is
@@ -225,11 +229,25 @@ func (c *Control) SnapshotRead(_ context.Context, req *replicav1.SnapshotReadReq
 		}
 	}
 	// The data is read into a recycled buffer, which the codec gets back
-	// once the transport has sent the reply (SendSnapshotRead).
-	// (A length the buffers cannot hold is at most 0 here: the replica
-	// refuses it or returns no extents.)
-	buf, raw := codec.ReadBuffer(int(req.GetLength()))
-	ext, err := c.Replica.ReadExtentsInto(buf, req.GetSnapshot(), req.GetOffset(), req.GetLength(), req.GetLayerOnly())
+	// once the transport has sent the reply (SendSnapshotRead), or into
+	// memory of its own when this server does not marshal with the codec
+	// or the read is longer than its buffers.
+	var buf []byte
+	var raw *[]byte
+	if c.recycleReads && req.GetLength() > 0 && req.GetLength() <= MaxControlMessage {
+		buf, raw = codec.ReadBuffer(int(req.GetLength()))
+	}
+	var ext []replica.Extent
+	var err error
+	if raw != nil {
+		ext, err = c.Replica.ReadExtentsInto(buf, req.GetSnapshot(), req.GetOffset(), req.GetLength(), req.GetLayerOnly())
+	} else {
+		read := c.Replica.ReadSnapshot
+		if req.GetLayerOnly() {
+			read = c.Replica.ReadLayer
+		}
+		ext, err = read(req.GetSnapshot(), req.GetOffset(), req.GetLength())
+	}
 	if err != nil {
 		codec.GiveBack(raw)
 		return nil, grpcErr(err)

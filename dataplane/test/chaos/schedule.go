@@ -442,13 +442,65 @@ func (c *cluster) restartEngine(ctx context.Context) bool {
 			ok = false
 		}
 	}
-	if !ok || !rw {
+	if !ok || !rw || !c.recordedIn(ctx, up) {
 		return false
 	}
 	c.killEngine()
 	if err := c.startEngine(up); err != nil {
 		fmt.Fprintf(c.cfg.Verbose, "nemesis: restarting the engine: %v\n", err)
 		return false
+	}
+	return true
+}
+
+// recordedIn applies the engine's open rule to what the replicas in up
+// recorded (docs/engine.md, "Opening with replicas that do not answer"):
+// every replica named by the member sets at the newest epoch among them
+// is one of them. The modes the engine reports are not enough: a replica
+// it failed a moment ago is ERR in its memory before the others record
+// the next epoch without it (a paused peer holds that up), and an engine
+// started without it would wait for it.
+func (c *cluster) recordedIn(ctx context.Context, up []*node) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var infos []*replicav1.InfoResponse
+	for _, n := range up {
+		cc, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", n.ctl), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return false
+		}
+		in, err := replicav1.NewReplicaServiceClient(cc).Info(ctx, &replicav1.InfoRequest{})
+		cc.Close()
+		if err != nil {
+			return false
+		}
+		infos = append(infos, in)
+	}
+	ids := map[string]bool{}
+	var newest uint64
+	for _, in := range infos {
+		ids[in.GetId()] = true
+		if !in.GetRebuilding() {
+			newest = max(newest, in.GetEpoch())
+		}
+	}
+	if newest == 0 {
+		return false
+	}
+	// The sets at the newest epoch, and the later ones a replica being
+	// rebuilt recorded.
+	for _, in := range infos {
+		if in.GetEpoch() < newest {
+			continue
+		}
+		if len(in.GetEpochMembers()) == 0 {
+			return false // set without members: every replica must answer
+		}
+		for _, id := range in.GetEpochMembers() {
+			if !ids[id] {
+				return false
+			}
+		}
 	}
 	return true
 }
@@ -515,13 +567,7 @@ func (c *cluster) healAll(ctx context.Context) error {
 		c.heal(n)
 	}
 	if !c.engineAlive() {
-		var up []*node
-		for _, n := range c.nodes {
-			if n.alive() {
-				up = append(up, n)
-			}
-		}
-		if err := c.startEngine(up); err != nil {
+		if err := c.startEngineOnAll(); err != nil {
 			return err
 		}
 	}
@@ -557,20 +603,14 @@ func (c *cluster) healAll(ctx context.Context) error {
 			}
 			if rw == 0 && c.engineAlive() {
 				// Faulted (can only follow faults nobody could survive): do
-				// what an operator does, start a new engine on every live
-				// replica; it serves from those with the newest epoch, which
-				// hold every acknowledged write.
+				// what the control plane's salvage does, start a new engine
+				// on every replica; it serves from those with the newest
+				// epoch, which hold every acknowledged write.
 				fmt.Fprintf(c.cfg.Verbose, "heal: the volume is faulted; restarting the engine\n")
 				c.killEngine()
 			}
 			if !c.engineAlive() {
-				var up []*node
-				for _, n := range c.nodes {
-					if n.alive() {
-						up = append(up, n)
-					}
-				}
-				if err := c.startEngine(up); err != nil {
+				if err := c.startEngineOnAll(); err != nil {
 					return err
 				}
 				continue
@@ -587,6 +627,24 @@ func (c *cluster) healAll(ctx context.Context) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// startEngineOnAll runs every replica whose process is gone and starts
+// an engine on all of them, as the control plane's salvage does: a
+// replica killed a moment ago may be ERR in the old engine's memory and
+// still a member at the newest epoch the others recorded (a peer that was
+// paused had not recorded the next one yet), and an engine not given it
+// waits for it, rightly, since it could hold writes the others lack.
+func (c *cluster) startEngineOnAll() error {
+	for _, n := range c.nodes {
+		if !n.alive() {
+			if err := c.startNode(n); err != nil {
+				return err
+			}
+			n.healedAt = time.Now()
+		}
+	}
+	return c.startEngine(c.nodes)
 }
 
 // finalReads reads every block once the schedule has healed: every
