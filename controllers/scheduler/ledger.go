@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -128,14 +129,28 @@ func (l *Ledger) Place(ctx context.Context, o PlaceOptions) (Result, error) {
 	res := Schedule(o.Request, disks, placed, o.N)
 	for i, p := range res.Placements {
 		key, err := o.Write(ctx, i, p)
+		// Written, or maybe (a timeout, a lost connection: the server
+		// may have applied it): counted from now on, by the cache once it
+		// shows the Replica placed, by this record until then.
+		if key.Name != "" && (err == nil || maybeApplied(err)) {
+			l.written[key] = written{volume: o.Volume, disk: DiskKey{Node: p.Node, Disk: p.Disk}, size: o.Request.Size, at: l.now()}
+		}
 		if err != nil {
 			return res, err
 		}
-		// Written: counted from now on, by the cache once it shows the
-		// Replica placed, by this record until then.
-		l.written[key] = written{volume: o.Volume, disk: DiskKey{Node: p.Node, Disk: p.Disk}, size: o.Request.Size, at: l.now()}
 	}
 	return res, nil
+}
+
+// maybeApplied reports whether a write that returned err may have been
+// applied all the same: anything but the API server's definite refusals.
+func maybeApplied(err error) bool {
+	switch {
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err), apierrors.IsAlreadyExists(err),
+		apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
+		return false
+	}
+	return true
 }
 
 // placed is every disk holding a replica of o.Volume as far as anything
@@ -189,8 +204,10 @@ func (l *Ledger) unseen(ctx context.Context, ns string) (map[DiskKey]int64, erro
 			return nil, err
 		case err == nil && rep.Spec.NodeName != "":
 			delete(l.written, key) // the index counts it now
-		case err != nil && l.now().Sub(w.at) > unseenFor:
-			delete(l.written, key) // created and deleted before the cache saw it
+		case l.now().Sub(w.at) > unseenFor:
+			// Created and deleted before the cache saw it, or a write
+			// whose outcome was unknown that did not happen.
+			delete(l.written, key)
 		default:
 			out[w.disk] += w.size
 		}

@@ -2,13 +2,16 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -100,4 +103,48 @@ func TestLedgerCachedReplicasCountAsPlaced(t *testing.T) {
 		}})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(nodes(res.Placements)).To(Equal([]string{"n2/d"}))
+}
+
+// TestLedgerUnknownOutcome: a placement whose write timed out may have
+// been applied, and is counted as placed (its disk ruled out for the
+// volume's other replica) until the cache shows otherwise for a minute;
+// one the API server refused is not counted at all.
+func TestLedgerUnknownOutcome(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	l := staleLedger(t, unplacedReplica("vol-r-1"), unplacedReplica("vol-r-2"))
+	now := time.Unix(1000, 0)
+	l.now = func() time.Time { return now }
+	req := Request{Size: gi}
+	two := []Disk{disk("n1", "d", 100*gi), disk("n2", "d", 10*gi)}
+	place := func(name string, werr error) (Result, error) {
+		return l.Place(ctx, PlaceOptions{Namespace: "default", Volume: "vol", Request: req, N: 1, Disks: two,
+			Write: func(context.Context, int, Placement) (client.ObjectKey, error) {
+				return client.ObjectKey{Namespace: "default", Name: name}, werr
+			}})
+	}
+	conflict := apierrors.NewConflict(schema.GroupResource{Resource: "replicas"}, "vol-r-1", errors.New("changed"))
+	_, err := place("vol-r-1", conflict)
+	g.Expect(err).To(HaveOccurred())
+	res, err := place("vol-r-2", nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(nodes(res.Placements)).To(Equal([]string{"n1/d"}), "a refused write holds no disk")
+
+	l = staleLedger(t, unplacedReplica("vol-r-1"), unplacedReplica("vol-r-2"))
+	l.now = func() time.Time { return now }
+	_, err = place("vol-r-1", apierrors.NewTimeoutError("the patch", 1))
+	g.Expect(err).To(HaveOccurred())
+	res, err = place("vol-r-2", nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(nodes(res.Placements)).To(Equal([]string{"n2/d"}), "a write that timed out may have placed vol-r-1 on n1")
+
+	// A minute on, the cache still shows vol-r-1 unplaced: the write did
+	// not happen, and n1 is free for the volume again.
+	l = staleLedger(t, unplacedReplica("vol-r-1"), unplacedReplica("vol-r-2"))
+	l.now = func() time.Time { return now }
+	_, _ = place("vol-r-1", apierrors.NewTimeoutError("the patch", 1))
+	now = now.Add(unseenFor + time.Second)
+	res, err = place("vol-r-2", nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(nodes(res.Placements)).To(Equal([]string{"n1/d"}))
 }

@@ -70,6 +70,20 @@ func openBlockFile(path string, direct bool) (*blockFile, error) {
 	return bf, nil
 }
 
+// startWriteback starts writing [off, off+n) of a buffered file to its
+// disk and returns without waiting (sync_file_range, WRITE only). A bulk
+// writer that ends with a sync (a rebuild's layers, SyncLayers) calls it
+// as it goes, so the disk works while the copy goes on and the sync at
+// the end has little left to write; the dirty-page thresholds are far
+// above a volume's size on a node with memory, so the kernel would not
+// start before that sync. An error only loses the head start. Direct I/O
+// has nothing to write back.
+func (f *blockFile) startWriteback(off, n int64) {
+	if !f.direct && n > 0 {
+		_ = unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
+	}
+}
+
 // DirectIOPath says how a replica opened with Options.DirectIO reads and
 // writes: through io_uring, or with plain system calls and why.
 func DirectIOPath() string {

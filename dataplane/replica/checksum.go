@@ -8,10 +8,19 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"sync"
 )
 
 // castagnoli is the CRC-32C table every checksum here uses.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// sumChunk is how much a checksum reads at a time.
+const sumChunk = 1 << 20
+
+// sumBufs recycles the buffers checksums read through (aligned for
+// direct I/O): a rebuild asks for one checksum per chunk on both sides,
+// and a fresh buffer each time is a megabyte allocated and cleared.
+var sumBufs = sync.Pool{New: func() any { b := alignedBuf(sumChunk); return &b }}
 
 // Checksum returns the CRC-32C of [off, off+length) of the volume as it was
 // at snapshot name (holes count as zeros), to verify a rebuild.
@@ -26,7 +35,9 @@ func (r *Replica) Checksum(name string, off, length int64) (uint32, error) {
 		return crc, nil
 	}
 	h := crc32.New(castagnoli)
-	buf := make([]byte, min(length, 1<<20))
+	pb := sumBufs.Get().(*[]byte)
+	defer sumBufs.Put(pb)
+	buf := (*pb)[:min(length, sumChunk)]
 	for done := int64(0); done < length; {
 		n := min(int64(len(buf)), length-done)
 		if err := r.readChain(buf[:n], off+done, top); err != nil {
@@ -56,7 +67,9 @@ func (r *Replica) LayerChecksum(name string, off, length int64) (uint32, error) 
 	l := r.layers[top-1]
 	h := crc32.New(castagnoli)
 	var runs []int64 // first and end block of each maximal data run
-	buf := make([]byte, min(length, 1<<20))
+	pb := sumBufs.Get().(*[]byte)
+	defer sumBufs.Put(pb)
+	buf := (*pb)[:min(length, sumChunk)]
 	err = eachRun(l.idx, off/BlockSize, length/BlockSize, true, func(b, n int64) error {
 		if k := len(runs); k > 0 && runs[k-1] == b {
 			runs[k-1] = b + n

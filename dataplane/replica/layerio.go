@@ -179,6 +179,7 @@ func (r *Replica) writeLayer(epoch *uint64, name string, p []byte, off int64) er
 		}
 		l.idx.set(off/BlockSize, int64(len(p))/BlockSize)
 		r.sums.layerWritten()
+		l.f.startWriteback(off, int64(len(p))) // SyncLayers follows the copy
 		return nil
 	})
 }

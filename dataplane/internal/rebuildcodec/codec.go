@@ -153,8 +153,11 @@ func (c *Codec) GiveBack(raw *[]byte) {
 // data to the transport by reference, and the buffer comes back once
 // the transport has freed the last of it (sent, or dropped with its
 // call). The handler must not use m or the buffer after it returns m. A
-// response that is never marshalled (a handler called without gRPC)
-// keeps its buffer from being recycled, nothing worse.
+// response that is never marshalled (a handler called without gRPC), or
+// one whose connection dies while its frames are queued (the transport
+// then frees only part of them), keeps its buffer from being recycled:
+// the garbage collector takes it, nothing worse, and Lent stays that
+// much higher.
 func (c *Codec) SendSnapshotRead(m *replicav1.SnapshotReadResponse, raw *[]byte) {
 	if raw != nil {
 		c.sending.Store(m, raw)
@@ -170,9 +173,12 @@ func (c *Codec) marshalLent(m *replicav1.SnapshotReadResponse, raw *[]byte) mem.
 	l.refs.Store(1)
 	out := marshalSnapshotRead(m, func(d []byte) mem.Buffer {
 		b := mem.NewBuffer(&d, l)
-		if _, plain := b.(mem.SliceBuffer); !plain {
-			l.refs.Add(1) // a counted buffer: its last Free calls l.Put
+		if _, plain := b.(mem.SliceBuffer); plain {
+			// Not counted (gRPC pools nothing this small): a copy, so
+			// that nothing points into raw once it is recycled.
+			return mem.SliceBuffer(append([]byte(nil), d...))
 		}
+		l.refs.Add(1) // a counted buffer: its last Free calls l.Put
 		return b
 	})
 	l.Put(nil)
@@ -295,7 +301,6 @@ func (c *Codec) materializeAligned(data mem.BufferSlice, start func(head []byte)
 		return data.Materialize(), nil
 	}
 	raw = c.bufs.Get().(*[]byte)
-	c.readsOut.Add(1)
 	skip := (c.align - int((uintptr(unsafe.Pointer(unsafe.SliceData(*raw)))+uintptr(at))%uintptr(c.align))) % c.align
 	b = (*raw)[skip : skip+n : skip+n]
 	data.CopyTo(b)

@@ -267,6 +267,9 @@ func TestLayerWriteBufferGivenBack(t *testing.T) {
 	if c.lentCount() != 0 {
 		t.Fatalf("%d buffers lent for requests that do not use them", c.lentCount())
 	}
+	if n := c.Lent(); n != 0 {
+		t.Fatalf("Lent counts %d buffers after decoding requests (it counts ReadBuffer's only)", n)
+	}
 }
 
 // TestSnapshotReadRecycled: with RecycleSnapshotReads a response decodes
