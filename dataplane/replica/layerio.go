@@ -77,9 +77,10 @@ func (r *Replica) ReadLayer(name string, off, length int64) ([]Extent, error) {
 // volume offset o lies at buf[o-off:]. Nothing is allocated for the data
 // and contiguous extents are merged without a copy. A source replica
 // serves a rebuild's chunks this way from a recycled buffer. The extents
-// use buf: the caller keeps it while it uses them.
+// use buf: the caller keeps it while it uses them. A nil buf reads the
+// data into memory of its own, as ReadLayer and ReadSnapshot do.
 func (r *Replica) ReadExtentsInto(buf []byte, name string, off, length int64, layerOnly bool) ([]Extent, error) {
-	if length > 0 && int64(len(buf)) < length {
+	if buf != nil && length > 0 && int64(len(buf)) < length {
 		return nil, fmt.Errorf("%w: a buffer of %d bytes for a read of %d", ErrInvalidSize, len(buf), length)
 	}
 	return r.readExtents(buf, name, off, length, layerOnly)

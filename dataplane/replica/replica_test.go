@@ -506,6 +506,22 @@ func TestReadExtentsInto(t *testing.T) {
 	if _, err := r.ReadExtentsInto(make([]byte, n-4096), "rb", off, n, false); !errors.Is(err, ErrInvalidSize) {
 		t.Fatalf("a short buffer: %v, want ErrInvalidSize", err)
 	}
+	for _, layerOnly := range []bool{false, true} {
+		own, err := r.ReadExtentsInto(nil, "rb", off, n, layerOnly)
+		read := r.ReadSnapshot
+		if layerOnly {
+			read = r.ReadLayer
+		}
+		want, werr := read("rb", off, n)
+		if err != nil || werr != nil || len(own) != len(want) {
+			t.Fatalf("layer only %v, no buffer: %d extents (%v), want %d (%v)", layerOnly, len(own), err, len(want), werr)
+		}
+		for i := range own {
+			if own[i].Offset != want[i].Offset || !bytes.Equal(own[i].Data, want[i].Data) {
+				t.Fatalf("layer only %v, no buffer: extent %d differs", layerOnly, i)
+			}
+		}
+	}
 }
 
 func mustReadInto(t *testing.T, r *Replica, name string, off, n int64) []Extent {

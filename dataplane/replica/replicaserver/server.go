@@ -237,17 +237,7 @@ func (c *Control) SnapshotRead(_ context.Context, req *replicav1.SnapshotReadReq
 	if c.recycleReads && req.GetLength() > 0 && req.GetLength() <= MaxControlMessage {
 		buf, raw = codec.ReadBuffer(int(req.GetLength()))
 	}
-	var ext []replica.Extent
-	var err error
-	if raw != nil {
-		ext, err = c.Replica.ReadExtentsInto(buf, req.GetSnapshot(), req.GetOffset(), req.GetLength(), req.GetLayerOnly())
-	} else {
-		read := c.Replica.ReadSnapshot
-		if req.GetLayerOnly() {
-			read = c.Replica.ReadLayer
-		}
-		ext, err = read(req.GetSnapshot(), req.GetOffset(), req.GetLength())
-	}
+	ext, err := c.Replica.ReadExtentsInto(buf, req.GetSnapshot(), req.GetOffset(), req.GetLength(), req.GetLayerOnly())
 	if err != nil {
 		codec.GiveBack(raw)
 		return nil, grpcErr(err)
