@@ -70,6 +70,15 @@ type answer struct {
 	err  error       // why it did not answer (r == nil)
 }
 
+// ServesAtOnce reports whether an engine given exactly the replicas infos
+// describe, every one of them answering, serves the volume at once
+// (safeToOpen, without AcceptLostMembers), and when not, why. The chaos
+// harness asks it before it restarts an engine.
+func ServesAtOnce(infos []ReplicaInfo) (ok bool, why string) {
+	v := safeToOpen(infos, 0, false)
+	return v.ok, v.why
+}
+
 // verdict is safeToOpen's decision.
 type verdict struct {
 	ok bool

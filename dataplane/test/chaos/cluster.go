@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 )
 
 // iptPrefix starts the comment on every firewall rule the harness adds;
@@ -74,6 +75,16 @@ func (n *node) alive() bool {
 }
 
 // reachable: alive and answering (not paused, not partitioned).
+// control dials the node's replica control server; done closes the
+// connection.
+func (n *node) control() (rc replicav1.ReplicaServiceClient, done func(), err error) {
+	cc, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", n.ctl), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, err
+	}
+	return replicav1.NewReplicaServiceClient(cc), func() { cc.Close() }, nil
+}
+
 func (n *node) reachable() bool { return n.alive() && !n.paused && !n.partitioned }
 
 type cluster struct {

@@ -26,12 +26,10 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
 	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 	"github.com/cairn-io/cairn/dataplane/dataconn"
+	"github.com/cairn-io/cairn/dataplane/engine"
 )
 
 // Fault is a kind of fault the nemesis injects.
@@ -453,56 +451,30 @@ func (c *cluster) restartEngine(ctx context.Context) bool {
 	return true
 }
 
-// recordedIn applies the engine's open rule to what the replicas in up
-// recorded (docs/engine.md, "Opening with replicas that do not answer"):
-// every replica named by the member sets at the newest epoch among them
-// is one of them. The modes the engine reports are not enough: a replica
-// it failed a moment ago is ERR in its memory before the others record
-// the next epoch without it (a paused peer holds that up), and an engine
-// started without it would wait for it.
+// recordedIn applies the engine's open rule (engine.ServesAtOnce) to
+// what the replicas in up recorded: an engine given them serves at once.
+// The modes the engine reports are not enough: a replica it failed a
+// moment ago is ERR in its memory before the others record the next epoch
+// without it (a paused peer holds that up), and an engine started without
+// it would wait for it.
 func (c *cluster) recordedIn(ctx context.Context, up []*node) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var infos []*replicav1.InfoResponse
+	var infos []engine.ReplicaInfo
 	for _, n := range up {
-		cc, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", n.ctl), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		rc, done, err := n.control()
 		if err != nil {
 			return false
 		}
-		in, err := replicav1.NewReplicaServiceClient(cc).Info(ctx, &replicav1.InfoRequest{})
-		cc.Close()
+		in, err := rc.Info(ctx, &replicav1.InfoRequest{})
+		done()
 		if err != nil {
 			return false
 		}
-		infos = append(infos, in)
+		infos = append(infos, engine.ReplicaInfo{ID: in.GetId(), Rebuilding: in.GetRebuilding(), Epoch: in.GetEpoch(), EpochMembers: in.GetEpochMembers()})
 	}
-	ids := map[string]bool{}
-	var newest uint64
-	for _, in := range infos {
-		ids[in.GetId()] = true
-		if !in.GetRebuilding() {
-			newest = max(newest, in.GetEpoch())
-		}
-	}
-	if newest == 0 {
-		return false
-	}
-	// The sets at the newest epoch, and the later ones a replica being
-	// rebuilt recorded.
-	for _, in := range infos {
-		if in.GetEpoch() < newest {
-			continue
-		}
-		if len(in.GetEpochMembers()) == 0 {
-			return false // set without members: every replica must answer
-		}
-		for _, id := range in.GetEpochMembers() {
-			if !ids[id] {
-				return false
-			}
-		}
-	}
-	return true
+	ok, _ := engine.ServesAtOnce(infos)
+	return ok
 }
 
 // snapshot takes a snapshot chaos-N.
@@ -712,11 +684,10 @@ func (c *cluster) checkSnapshotsIdentical(ctx context.Context) string {
 	var refNames []string
 	var refSums []uint32
 	for _, n := range c.nodes {
-		cc, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", n.ctl), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		rc, done, err := n.control()
 		if err != nil {
 			return fmt.Sprintf("replica %d: %v", n.idx, err)
 		}
-		rc := replicav1.NewReplicaServiceClient(cc)
 		list, err := rc.SnapshotList(ctx, &replicav1.SnapshotListRequest{})
 		var names []string
 		var sums []uint32
@@ -728,7 +699,7 @@ func (c *cluster) checkSnapshotsIdentical(ctx context.Context) string {
 				sums = append(sums, sum.GetCrc32C())
 			}
 		}
-		cc.Close()
+		done()
 		if err != nil {
 			return fmt.Sprintf("replica %d: snapshots: %v", n.idx, err)
 		}
