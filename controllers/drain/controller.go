@@ -12,6 +12,8 @@
 package drain
 
 import (
+	"time"
+
 	"context"
 	"fmt"
 	"slices"
@@ -81,6 +83,10 @@ type scope struct {
 	objs         *Objects
 	storageNodes []v1.StorageNode
 	leaving      map[string]bool
+	// retryAfter is when a move that found no disk may find one though
+	// no watched object changes (scheduler.Result.RetryAfter); 0 for
+	// never.
+	retryAfter time.Duration
 }
 
 func (s *scope) volume(name string) *v1.Volume {
@@ -132,7 +138,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Status().Patch(ctx, sn, client.MergeFrom(before)); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, gerr
+	return ctrl.Result{RequeueAfter: s.retryAfter}, gerr
 }
 
 func (r *Reconciler) observe(ctx context.Context, sn *v1.StorageNode) (*scope, error) {

@@ -157,6 +157,7 @@ func (r *Reconciler) startMove(ctx context.Context, s *scope, v *v1.Volume, from
 		return "", err
 	}
 	if len(res.Placements) == 0 {
+		s.retryAfter = res.RetryAfter
 		return fmt.Sprintf("replica %s of volume %s cannot be moved: no other node can take it (%s)", from.Name, v.Name, res.Reason), nil
 	}
 	p := res.Placements[0]

@@ -127,6 +127,9 @@ func (l *Ledger) Place(ctx context.Context, o PlaceOptions) (Result, error) {
 		disks[i].Scheduled = ScheduledBytes(reps.Items)[disks[i].Key()] + pending[disks[i].Key()]
 	}
 	res := Schedule(o.Request, disks, placed, o.N)
+	if res.Unplaced > 0 {
+		res.RetryAfter = l.forgetsIn(o.Namespace, o.Volume)
+	}
 	for i, p := range res.Placements {
 		key, err := o.Write(ctx, i, p)
 		// Written, or maybe (a timeout, a lost connection: the server
@@ -187,6 +190,23 @@ func (l *Ledger) placed(ctx context.Context, o PlaceOptions) ([]Placed, error) {
 		}
 	}
 	return out, nil
+}
+
+// forgetsIn is how long until unseen drops the first record of volume's
+// placements in namespace ns (it drops one older than unseenFor), plus a
+// second; zero when there is none.
+func (l *Ledger) forgetsIn(ns, volume string) time.Duration {
+	var first time.Duration
+	for key, w := range l.written {
+		if key.Namespace != ns || w.volume != volume {
+			continue
+		}
+		left := max(unseenFor-l.now().Sub(w.at), 0) + time.Second
+		if first == 0 || left < first {
+			first = left
+		}
+	}
+	return first
 }
 
 // unseen sums, by disk, the placements written in namespace ns that the

@@ -148,3 +148,49 @@ func TestLedgerUnknownOutcome(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(nodes(res.Placements)).To(Equal([]string{"n1/d"}))
 }
+
+// TestLedgerRetryAfterForgottenRecord: a replica placed on the only disk
+// and deleted before the cache showed it placed holds that disk for the
+// volume until the Ledger forgets its record; a placement that comes up
+// short meanwhile says when to try again (no watched object changes when
+// the record goes), and once it is forgotten the disk takes the replica.
+func TestLedgerRetryAfterForgottenRecord(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	l := staleLedger(t, unplacedReplica("vol-r-2"))
+	now := time.Unix(1000, 0)
+	l.now = func() time.Time { return now }
+	one := []Disk{disk("n1", "d", 10*gi)}
+	place := func(name string) Result {
+		res, err := l.Place(ctx, PlaceOptions{Namespace: "default", Volume: "vol", Request: Request{Size: gi}, N: 1, Disks: one,
+			Write: func(context.Context, int, Placement) (client.ObjectKey, error) {
+				return client.ObjectKey{Namespace: "default", Name: name}, nil
+			}})
+		g.Expect(err).NotTo(HaveOccurred())
+		return res
+	}
+	// vol-r-1 is placed, then deleted: the cache never had it.
+	res := place("vol-r-1")
+	g.Expect(nodes(res.Placements)).To(Equal([]string{"n1/d"}))
+	g.Expect(res.RetryAfter).To(BeZero(), "everything was placed")
+
+	now = now.Add(20 * time.Second)
+	res = place("vol-r-2")
+	g.Expect(res.Placements).To(BeEmpty())
+	g.Expect(res.RetryAfter).To(Equal(unseenFor - 20*time.Second + time.Second))
+	retry := res.RetryAfter
+
+	// Another volume's short placement is not told to wait for this record.
+	res, err := l.Place(ctx, PlaceOptions{Namespace: "default", Volume: "other", Request: Request{Size: 100 * gi}, N: 1, Disks: one,
+		Write: func(context.Context, int, Placement) (client.ObjectKey, error) {
+			return client.ObjectKey{}, errors.New("not called")
+		}})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(res.Placements).To(BeEmpty())
+	g.Expect(res.RetryAfter).To(BeZero())
+
+	// Tried again when told to: the record is gone.
+	now = now.Add(retry)
+	res = place("vol-r-2")
+	g.Expect(nodes(res.Placements)).To(Equal([]string{"n1/d"}), "the record is forgotten")
+}

@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // DefaultOverProvisioningPercent lets the sizes scheduled on a disk reach
@@ -83,6 +84,12 @@ type Result struct {
 	Unplaced int
 	// Reason says, when Unplaced > 0, why the disks were ruled out.
 	Reason string
+	// RetryAfter, when Unplaced > 0, is when the Ledger forgets a
+	// placement of the volume it wrote and the cache never showed (a
+	// Replica deleted before the cache saw it placed): its disk may take
+	// a replica then, though no watched object changes. Zero when no such
+	// record ruled a disk out.
+	RetryAfter time.Duration
 }
 
 // minimumFree is the free space (beyond the reserve) a disk must have to

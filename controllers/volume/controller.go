@@ -130,7 +130,10 @@ type scope struct {
 	// running where it is, as it is: repair and salvage keep its replica
 	// set. It is false while the engine is stopped, started or moved.
 	serving bool
-	// requeueAfter: when a failed replica's wait ends.
+	// requeueAfter is when the volume is reconciled again though no
+	// watched object changes (a failed replica's wait ending, a restore
+	// retried, a disk the scheduler's record ruled out freed); the
+	// soonest of the phases' wishes (requeueWithin), 0 for none.
 	requeueAfter time.Duration
 	// salvageWait says why a faulted volume is not salvaged yet.
 	salvageWait string
@@ -151,6 +154,13 @@ type scope struct {
 	node        string
 	maintenance bool
 	targeted    bool
+}
+
+// requeueWithin asks for a reconcile within d (none when d is 0).
+func (s *scope) requeueWithin(d time.Duration) {
+	if d > 0 && (s.requeueAfter == 0 || d < s.requeueAfter) {
+		s.requeueAfter = d
+	}
 }
 
 // Reconcile runs the volume's phases and writes its status once.

@@ -51,7 +51,7 @@ func (r *Reconciler) repair(ctx context.Context, s *scope) error {
 		// it is to copy.
 		return r.setEngine(ctx, s.engine, func(e *v1.Engine) { e.Spec.Size, e.Spec.CloneFrom = s.v.Spec.Size, s.wantCloneFrom() })
 	}
-	s.requeueAfter = s.plan.recheckAfter
+	s.requeueWithin(s.plan.recheckAfter)
 	if s.plan.faulted {
 		return nil
 	}

@@ -81,6 +81,7 @@ func (r *Reconciler) schedule(ctx context.Context, s *scope) error {
 		return err
 	}
 	s.unplaced, s.reason = res.Unplaced, res.Reason
+	s.requeueWithin(res.RetryAfter)
 	return nil
 }
 

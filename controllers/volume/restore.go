@@ -80,7 +80,8 @@ func (r *Reconciler) startRestore(ctx context.Context, s *scope, st *v1.CloneSta
 	if msg != "" {
 		retry := r.restoreOpts().RetryAfter
 		st.State, st.Message = v1.CloneStateFailed, fmt.Sprintf("%s (tried again in %s)", msg, retry.Round(time.Second))
-		s.cloneReason, s.requeueAfter = v1.VolumeReasonBackupTargetUnavailable, retry
+		s.cloneReason = v1.VolumeReasonBackupTargetUnavailable
+		s.requeueWithin(retry)
 		return nil, nil
 	}
 	keyCheck := ""
@@ -174,7 +175,7 @@ func (r *Reconciler) followRestore(ctx context.Context, s *scope, st *v1.CloneSt
 			r.restores.forget(s.v.UID)
 			wait = time.Millisecond // the next reconcile starts it again
 		}
-		s.requeueAfter = wait
+		s.requeueWithin(wait)
 	}
 	return nil
 }
