@@ -132,8 +132,9 @@ bench-backup: build ## Backups against versitygw on 127.0.0.1: full backup and r
 	cd dataplane && CAIRN_CACHE=$(CAIRN_CACHE) $(GO) run ./test/benchbackup --bin $(LOCALBIN)/cairn-data $(BENCHFLAGS)
 
 .PHONY: bench-cluster
-bench-cluster: ## fio in pods on the e2e kind cluster: Cairn claims (ext4, block; 1 and 3 replicas) vs a hostPath directory of the same node, medians and ratios; PVC -> pod Running for 1 and 20 claims; on kind, where each job's CPU goes per I/O (brings up or reuses the cluster cairn-e2e and keeps it).
-	hack/bench-cluster.sh
+bench-cluster: build ## fio in pods on the e2e kind cluster: Cairn claims (ext4, block; 1 and 3 replicas) vs a hostPath directory of the same node, and the same engine with one replica at its NBD socket on this machine, medians and ratios; PVC -> pod Running for 1 and 20 claims; on kind, where each job's CPU goes per I/O (brings up or reuses the cluster cairn-e2e and keeps it).
+	hack/install-test-tools.sh
+	CAIRN_DATA_BIN=$(LOCALBIN)/cairn-data hack/bench-cluster.sh
 
 .PHONY: chaos
 SCHEDULES ?= 100

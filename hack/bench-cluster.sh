@@ -2,7 +2,9 @@
 # bench-cluster.sh: what a pod sees of a Cairn volume (test/benchcluster) on
 # the e2e kind cluster, brought up (or reused, with this tree deployed) by
 # hack/kind-up.sh and kept afterwards. BENCHFLAGS are passed to the
-# benchmark (e.g. BENCHFLAGS="--rounds 5 --provision 0").
+# benchmark (e.g. BENCHFLAGS="--rounds 5 --provision 0"); CAIRN_DATA_BIN is
+# the cairn-data binary its engine-socket target runs on this machine
+# (make bench-cluster builds it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CLUSTER=${CLUSTER:-cairn-e2e}
@@ -13,4 +15,4 @@ docker build -q --build-arg BASE_IMAGE="$E2E_APP_IMAGE" -t "$E2E_FIO_IMAGE" hack
 kind load docker-image --name "$CLUSTER" "$E2E_FIO_IMAGE" >/dev/null
 say "bench-cluster"
 # shellcheck disable=SC2086 # BENCHFLAGS is a list of flags
-go run ./test/benchcluster --context "kind-$CLUSTER" --image "$E2E_FIO_IMAGE" ${BENCHFLAGS:-}
+go run ./test/benchcluster --context "kind-$CLUSTER" --image "$E2E_FIO_IMAGE" --cairn-data "${CAIRN_DATA_BIN:-bin/cairn-data}" ${BENCHFLAGS:-}

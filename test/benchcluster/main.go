@@ -6,7 +6,9 @@
 // node and stays up for the whole run; the workloads go round the targets
 // in --rounds interleaved rounds and each figure is the median. Then it
 // times a claim from creation to its pod Running, for one claim and for
-// --provision claims at once.
+// --provision claims at once. The target engine-socket (socket.go) is the
+// same data plane on this machine with fio at the engine's NBD socket, the
+// reference for the one-replica claims.
 //
 // Usage: go run ./test/benchcluster --context kind-cairn-e2e
 package main
@@ -31,7 +33,8 @@ var (
 	runtime     = flag.Duration("runtime", 10*time.Second, "duration of each fio job")
 	fileSize    = flag.String("size", "512M", "bytes each job covers (the file, or the start of the block device)")
 	claimSize   = flag.String("claim-size", "1Gi", "size of each benchmark claim")
-	only        = flag.String("targets", "hostpath,cairn-1,cairn-3,cairn-1-block,cairn-3-block", "targets to measure")
+	only        = flag.String("targets", "hostpath,cairn-1,cairn-3,cairn-1-block,cairn-3-block,engine-socket", "targets to measure")
+	cairnBin    = flag.String("cairn-data", "bin/cairn-data", "cairn-data binary of the tree deployed, for the target engine-socket (an engine with one buffered replica on this machine, fio at its NBD socket)")
 	provisionN  = flag.Int("provision", 20, "claims created at once for the provisioning time (0: skip it)")
 	keep        = flag.Bool("keep", false, "keep the namespace and its objects afterwards")
 	cpuCensus   = flag.Bool("cpu", true, "count where each job's CPU goes (fio, engine, replicas, kernel threads, node agents...) from this machine's /proc: a kind cluster's nodes are containers here; skipped, saying so, where no kubelet runs on this machine")
@@ -39,11 +42,13 @@ var (
 
 const ns = "cairn-bench"
 
-// target is one way for a pod to reach a disk.
+// target is one way for a pod to reach a disk, or (host) the engine's
+// socket on this machine.
 type target struct {
 	name  string
-	class string // StorageClass; empty for hostPath
+	class string // StorageClass; empty for hostPath and engine-socket
 	block bool
+	host  bool // engine-socket: no pod; fio runs here (socket.go)
 }
 
 var allTargets = []target{
@@ -52,6 +57,7 @@ var allTargets = []target{
 	{name: "cairn-3", class: "cairn"},
 	{name: "cairn-1-block", class: "cairn-bench-1-block", block: true},
 	{name: "cairn-3-block", class: "cairn-block", block: true},
+	{name: "engine-socket", host: true},
 }
 
 // path is where the pod's fio job reads and writes.
@@ -97,6 +103,7 @@ var workloads = []workload{
 
 func fail(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "bench-cluster: "+format+"\n", args...)
+	stopHost()
 	os.Exit(1)
 }
 
@@ -147,14 +154,18 @@ func main() {
 		*node = must("", "get", "nodes", "-l", "!node-role.kubernetes.io/control-plane", "-o", "jsonpath={.items[0].metadata.name}")
 	}
 	targets := selectedTargets()
+	defer stopHost()
 	setup(targets)
 	if !*keep {
 		defer teardown()
 	}
 	fmt.Printf("bench-cluster: node %s, %d rounds of %s per job on %s, median; %s\n", *node, *rounds, *runtime, *fileSize, describeNodes())
 	for _, t := range targets {
-		if t.class != "" {
+		switch {
+		case t.class != "":
 			fmt.Printf("  %s: %s\n", t.name, placement(t))
+		case t.host:
+			fmt.Printf("  %s: an engine and one buffered replica (unix socket) on this machine, %s, fio's nbd engine at the engine's socket\n", t.name, *cairnBin)
 		}
 	}
 	census := *cpuCensus && censusAvailable()
@@ -224,7 +235,19 @@ func sum(m map[string]float64) float64 {
 func runFio(t target, w workload) (float64, float64) {
 	cmd := fmt.Sprintf("fio --name=b --output-format=json --filename=%s --size=%s --direct=1 --ioengine=libaio --time_based --runtime=%ds --randrepeat=0 --norandommap %s",
 		t.path(), *fileSize, int(runtime.Seconds()), w.args)
-	out := must("", "-n", ns, "exec", t.pod(), "--", "sh", "-c", cmd)
+	var out string
+	if t.host {
+		c := hostFio(w.args)
+		var errb bytes.Buffer
+		c.Stderr = &errb
+		b, err := c.Output()
+		if err != nil {
+			fail("fio on %s (%s): %v: %.300s", t.name, w.name, err, errb.String())
+		}
+		out = string(b)
+	} else {
+		out = must("", "-n", ns, "exec", t.pod(), "--", "sh", "-c", cmd)
+	}
 	var r fioResult
 	if i := strings.IndexByte(out, '{'); i > 0 {
 		out = out[i:]
@@ -246,7 +269,7 @@ func printTable(targets []target, res map[string][][]float64) {
 	}
 	ratios := ratioColumns(targets)
 	for _, rc := range ratios {
-		fmt.Printf(" %14s", rc[0]+"÷"+rc[1])
+		fmt.Printf(" %*s", ratioWidth(rc), rc[0]+"÷"+rc[1])
 	}
 	fmt.Println()
 	for wi, w := range workloads {
@@ -255,23 +278,32 @@ func printTable(targets []target, res map[string][][]float64) {
 			fmt.Printf(" %14.1f", median(res[t.name][wi]))
 		}
 		for _, rc := range ratios {
-			fmt.Printf(" %14.2f", median(res[rc[0]][wi])/median(res[rc[1]][wi]))
+			fmt.Printf(" %*.2f", ratioWidth(rc), median(res[rc[0]][wi])/median(res[rc[1]][wi]))
 		}
 		fmt.Println()
 	}
-	fmt.Println("ratios are target ÷ hostPath: higher is better for IOPS and MiB/s; for latency it is how many times hostPath's it takes")
+	fmt.Println("ratios: higher is better for IOPS and MiB/s; for latency it is how many times the second target's it takes")
 }
 
-// ratioColumns pairs every Cairn target measured with hostpath, when both
-// were measured.
+// ratioWidth is the width of a ratio column: its heading's, at least 14.
+func ratioWidth(rc [2]string) int { return max(14, len([]rune(rc[0]+"÷"+rc[1]))) }
+
+// ratioColumns pairs every Cairn claim measured with hostpath, and the
+// one-replica claims with engine-socket, when both of a pair were
+// measured.
 func ratioColumns(targets []target) [][2]string {
-	if !slices.ContainsFunc(targets, func(t target) bool { return t.name == "hostpath" }) {
-		return nil
+	has := func(name string) bool {
+		return slices.ContainsFunc(targets, func(t target) bool { return t.name == name })
 	}
 	var out [][2]string
 	for _, t := range targets {
-		if t.class != "" {
+		if t.class != "" && has("hostpath") {
 			out = append(out, [2]string{t.name, "hostpath"})
+		}
+	}
+	for _, t := range targets {
+		if (t.name == "cairn-1" || t.name == "cairn-1-block") && has("engine-socket") {
+			out = append(out, [2]string{t.name, "engine-socket"})
 		}
 	}
 	return out

@@ -32,12 +32,19 @@ func setup(targets []target) {
 	must(fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata: {name: %s}\n", ns), "apply", "-f", "-")
 	must(benchClasses, "apply", "-f", "-")
 	for _, t := range targets {
+		if t.host {
+			startHostEngine()
+			continue
+		}
 		if t.class != "" {
 			must(claimYAML("bench-"+t.name, t.class, *claimSize, t.block), "apply", "-f", "-")
 		}
 		must(podYAML(t), "apply", "-f", "-")
 	}
 	for _, t := range targets {
+		if t.host {
+			continue
+		}
 		must("", "-n", ns, "wait", "pod/"+t.pod(), "--for=condition=Ready", "--timeout=5m")
 		must("", "-n", ns, "exec", t.pod(), "--", "sh", "-c",
 			fmt.Sprintf("fio --name=fill --filename=%s --size=%s --rw=write --bs=1M --iodepth=4 --direct=1 --ioengine=libaio --end_fsync=1 >/dev/null", t.path(), *fileSize))

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The engine-socket target is the reference the one-replica pod rows are
+// measured against: a Cairn engine with one buffered replica, run on this
+// machine as `make bench` runs its cairn-1 target (the replica on a unix
+// socket beside the engine, as an engine's own node's replica is), with fio
+// at the engine's NBD socket. Measured in the same rounds as the pods, it
+// says what the data plane does on this machine at that moment, so the
+// ratio of a pod on a one-replica claim to it shows what the way from the
+// engine to the pod (FUSE, the loop device, ext4, the container) costs.
+
+// hostEngine is the engine-socket target's processes.
+type hostEngine struct {
+	dir   string
+	sock  string
+	procs []*exec.Cmd
+}
+
+var host *hostEngine
+
+// stopHost stops the engine-socket target's processes, if it has any;
+// main defers it and fail calls it, with or without --keep.
+func stopHost() {
+	if host != nil {
+		host.stop()
+	}
+}
+
+// startHostEngine starts a replica and an engine of cairnBin in a new
+// directory under /var/tmp (on the machine's disk, as the kind nodes'
+// data is), size bytes, and fills fileSize of it so reads hit data.
+func startHostEngine() {
+	if _, err := exec.LookPath(*cairnBin); err != nil {
+		fail("target engine-socket: no cairn-data binary at %s (--cairn-data; make bench-cluster builds it): %v", *cairnBin, err)
+	}
+	if out, err := exec.Command("fio", "--enghelp=nbd").CombinedOutput(); err != nil {
+		fail("target engine-socket: this machine's fio has no nbd engine (%v: %s); drop the target with --targets", err, strings.TrimSpace(string(out)))
+	}
+	dir, err := os.MkdirTemp("/var/tmp", "cairn-bench-cluster-")
+	if err != nil {
+		fail("target engine-socket: %v", err)
+	}
+	h := &hostEngine{dir: dir, sock: filepath.Join(dir, "engine.sock")}
+	host = h
+	_, f := h.start("replica", "--dir", filepath.Join(dir, "r0"), "--size", *claimSize,
+		"--listen", "unix:"+filepath.Join(dir, "r0.sock"), "--control-listen", "127.0.0.1:0")
+	h.start("engine", "--name", "bench", "--frontend", "nbd", "--nbd-socket", h.sock, "--nbd-kernel", "off",
+		"--listen", "127.0.0.1:0", "--replica", f["data"]+","+f["control"])
+	if out, err := exec.Command("fio", "--name=fill", "--ioengine=nbd", "--uri="+h.uri(), "--size="+*fileSize,
+		"--rw=write", "--bs=1M", "--iodepth=4").CombinedOutput(); err != nil {
+		fail("target engine-socket: filling it: %v: %s", err, out)
+	}
+}
+
+func (h *hostEngine) uri() string { return "nbd+unix:///bench?socket=" + h.sock }
+
+// start runs cairn-data with args and returns it with the fields of its
+// ready line (data=..., control=...).
+func (h *hostEngine) start(args ...string) (*exec.Cmd, map[string]string) {
+	cmd := exec.Command(*cairnBin, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		fail("target engine-socket: %v", err)
+	}
+	if err := cmd.Start(); err != nil {
+		fail("target engine-socket: %s %s: %v", *cairnBin, args[0], err)
+	}
+	h.procs = append(h.procs, cmd)
+	type ready struct {
+		line string
+		err  error
+	}
+	ch := make(chan ready, 1)
+	go func() {
+		line, err := bufio.NewReader(out).ReadString('\n')
+		ch <- ready{line, err}
+	}()
+	var r ready
+	select {
+	case r = <-ch:
+	case <-time.After(time.Minute):
+		r.err = errors.New("no ready line within a minute")
+	}
+	if r.err != nil {
+		fail("target engine-socket: %s %v did not start: %v", *cairnBin, args, r.err)
+	}
+	f := map[string]string{}
+	for _, kv := range strings.Fields(r.line) {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			f[k] = v
+		}
+	}
+	return cmd, f
+}
+
+// stop ends the processes (SIGTERM, the engine first, then SIGKILL after
+// 10 s) and removes their directory.
+func (h *hostEngine) stop() {
+	for i := len(h.procs) - 1; i >= 0; i-- {
+		c := h.procs[i]
+		_ = c.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = c.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = c.Process.Kill()
+			<-done
+		}
+	}
+	h.procs = nil
+	os.RemoveAll(h.dir)
+}
+
+// hostFio is the fio command of workload args on the engine's socket:
+// the pods' job, with fio's nbd engine in place of libaio on a file.
+func hostFio(args string) *exec.Cmd {
+	a := []string{"--name=b", "--output-format=json", "--ioengine=nbd", "--uri=" + host.uri(), "--size=" + *fileSize,
+		"--time_based", fmt.Sprintf("--runtime=%ds", int(runtime.Seconds())), "--randrepeat=0", "--norandommap"}
+	return exec.Command("fio", append(a, strings.Fields(args)...)...)
+}
