@@ -12,13 +12,12 @@
 package drain
 
 import (
-	"time"
-
 	"context"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -138,7 +137,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Status().Patch(ctx, sn, client.MergeFrom(before)); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: s.retryAfter}, gerr
+	if gerr != nil {
+		return ctrl.Result{}, gerr
+	}
+	return ctrl.Result{RequeueAfter: s.retryAfter}, nil
 }
 
 func (r *Reconciler) observe(ctx context.Context, sn *v1.StorageNode) (*scope, error) {

@@ -128,7 +128,7 @@ func (l *Ledger) Place(ctx context.Context, o PlaceOptions) (Result, error) {
 	}
 	res := Schedule(o.Request, disks, placed, o.N)
 	if res.Unplaced > 0 {
-		res.RetryAfter = l.forgetsIn(o.Namespace, o.Volume)
+		res.RetryAfter = l.forgetsIn(o.Namespace, disks)
 	}
 	for i, p := range res.Placements {
 		key, err := o.Write(ctx, i, p)
@@ -192,13 +192,19 @@ func (l *Ledger) placed(ctx context.Context, o PlaceOptions) ([]Placed, error) {
 	return out, nil
 }
 
-// forgetsIn is how long until unseen drops the first record of volume's
-// placements in namespace ns (it drops one older than unseenFor), plus a
-// second; zero when there is none.
-func (l *Ledger) forgetsIn(ns, volume string) time.Duration {
+// forgetsIn is how long until unseen drops the first record in namespace
+// ns of a placement on one of disks (it drops one older than unseenFor),
+// plus a second; zero when there is none. Such a record may rule its disk
+// out for a volume (a replica of it there) or for any volume (its bytes),
+// and nothing watched changes when it goes.
+func (l *Ledger) forgetsIn(ns string, disks []Disk) time.Duration {
+	on := make(map[DiskKey]bool, len(disks))
+	for _, d := range disks {
+		on[d.Key()] = true
+	}
 	var first time.Duration
 	for key, w := range l.written {
-		if key.Namespace != ns || w.volume != volume {
+		if key.Namespace != ns || !on[w.disk] {
 			continue
 		}
 		left := max(unseenFor-l.now().Sub(w.at), 0) + time.Second

@@ -150,10 +150,11 @@ func TestLedgerUnknownOutcome(t *testing.T) {
 }
 
 // TestLedgerRetryAfterForgottenRecord: a replica placed on the only disk
-// and deleted before the cache showed it placed holds that disk for the
-// volume until the Ledger forgets its record; a placement that comes up
-// short meanwhile says when to try again (no watched object changes when
-// the record goes), and once it is forgotten the disk takes the replica.
+// and deleted before the cache showed it placed holds that disk, for its
+// volume and by its bytes, until the Ledger forgets its record; a
+// placement that comes up short meanwhile says when to try again (no
+// watched object changes when the record goes), and once it is forgotten
+// the disk takes the replica.
 func TestLedgerRetryAfterForgottenRecord(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
@@ -180,8 +181,19 @@ func TestLedgerRetryAfterForgottenRecord(t *testing.T) {
 	g.Expect(res.RetryAfter).To(Equal(unseenFor - 20*time.Second + time.Second))
 	retry := res.RetryAfter
 
-	// Another volume's short placement is not told to wait for this record.
-	res, err := l.Place(ctx, PlaceOptions{Namespace: "default", Volume: "other", Request: Request{Size: 100 * gi}, N: 1, Disks: one,
+	// Another volume that does not fit beside the record's bytes is told
+	// to wait for it too: the record counts on the disk's room.
+	tight := []Disk{disk("n1", "d", 2*gi)}
+	res, err := l.Place(ctx, PlaceOptions{Namespace: "default", Volume: "other", Request: Request{Size: 2 * gi}, N: 1, Disks: tight,
+		Write: func(context.Context, int, Placement) (client.ObjectKey, error) {
+			return client.ObjectKey{}, errors.New("not called")
+		}})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(res.Placements).To(BeEmpty())
+	g.Expect(res.RetryAfter).To(Equal(retry))
+	// A short placement on disks without a record has nothing to wait for.
+	res, err = l.Place(ctx, PlaceOptions{Namespace: "default", Volume: "other", Request: Request{Size: 100 * gi}, N: 1,
+		Disks: []Disk{disk("n2", "d", 10*gi)},
 		Write: func(context.Context, int, Placement) (client.ObjectKey, error) {
 			return client.ObjectKey{}, errors.New("not called")
 		}})

@@ -84,11 +84,12 @@ type Result struct {
 	Unplaced int
 	// Reason says, when Unplaced > 0, why the disks were ruled out.
 	Reason string
-	// RetryAfter, when Unplaced > 0, is when the Ledger forgets a
-	// placement of the volume it wrote and the cache never showed (a
-	// Replica deleted before the cache saw it placed): its disk may take
-	// a replica then, though no watched object changes. Zero when no such
-	// record ruled a disk out.
+	// RetryAfter, when Unplaced > 0 (Ledger.Place), is when the Ledger
+	// forgets the first placement on one of the disks that it wrote and
+	// the cache never showed (a Replica deleted before the cache saw it
+	// placed): that record may rule the disk out, for this volume or by
+	// its bytes, and no watched object changes when it goes. Zero when no
+	// such record is on the disks.
 	RetryAfter time.Duration
 }
 

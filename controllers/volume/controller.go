@@ -185,7 +185,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if perr := r.Status().Patch(ctx, v, client.MergeFrom(before)); perr != nil {
 		return ctrl.Result{}, errors.Join(err, perr)
 	}
-	return ctrl.Result{RequeueAfter: s.requeueAfter}, err
+	if err != nil {
+		return ctrl.Result{}, err // retried with backoff, sooner than any wish
+	}
+	return ctrl.Result{RequeueAfter: s.requeueAfter}, nil
 }
 
 // runPhases runs the reconcile's phases in order, stopping at the first

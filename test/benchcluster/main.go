@@ -20,8 +20,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -155,6 +157,13 @@ func main() {
 	}
 	targets := selectedTargets()
 	defer stopHost()
+	go func() {
+		// Interrupted: the engine-socket processes and their directory
+		// go too (the namespace stays, as with --keep).
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		fail("interrupted (%v)", <-sig)
+	}()
 	setup(targets)
 	if !*keep {
 		defer teardown()
@@ -173,6 +182,7 @@ func main() {
 		fmt.Println("  CPU census skipped: no kubelet among this machine's processes (the nodes are not kind containers here)")
 	}
 	results, cells := measure(targets, census)
+	stopHost() // not needed for the provisioning times
 	printTable(targets, results)
 	if census {
 		printCensus(targets, cells)

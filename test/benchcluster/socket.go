@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -19,7 +20,9 @@ import (
 // at the engine's NBD socket. Measured in the same rounds as the pods, it
 // says what the data plane does on this machine at that moment, so the
 // ratio of a pod on a one-replica claim to it shows what the way from the
-// engine to the pod (FUSE, the loop device, ext4, the container) costs.
+// engine to the pod (FUSE, the loop device, ext4, the container) costs,
+// plus a network hop when the claim's replica landed on another node than
+// its engine (the benchmark prints where each one did).
 
 // hostEngine is the engine-socket target's processes.
 type hostEngine struct {
@@ -28,13 +31,20 @@ type hostEngine struct {
 	procs []*exec.Cmd
 }
 
-var host *hostEngine
+var (
+	hostMu sync.Mutex // held while the target's processes start or stop
+	host   *hostEngine
+)
 
 // stopHost stops the engine-socket target's processes, if it has any;
-// main defers it and fail calls it, with or without --keep.
+// main calls it once measured and defers it, fail calls it (from a signal
+// handler too), with or without --keep.
 func stopHost() {
+	hostMu.Lock()
+	defer hostMu.Unlock()
 	if host != nil {
 		host.stop()
+		host = nil
 	}
 }
 
@@ -53,31 +63,45 @@ func startHostEngine() {
 		fail("target engine-socket: %v", err)
 	}
 	h := &hostEngine{dir: dir, sock: filepath.Join(dir, "engine.sock")}
+	hostMu.Lock()
 	host = h
-	_, f := h.start("replica", "--dir", filepath.Join(dir, "r0"), "--size", *claimSize,
+	hostMu.Unlock()
+	f := h.start("replica", "--dir", filepath.Join(dir, "r0"), "--size", *claimSize,
 		"--listen", "unix:"+filepath.Join(dir, "r0.sock"), "--control-listen", "127.0.0.1:0")
 	h.start("engine", "--name", "bench", "--frontend", "nbd", "--nbd-socket", h.sock, "--nbd-kernel", "off",
 		"--listen", "127.0.0.1:0", "--replica", f["data"]+","+f["control"])
 	if out, err := exec.Command("fio", "--name=fill", "--ioengine=nbd", "--uri="+h.uri(), "--size="+*fileSize,
-		"--rw=write", "--bs=1M", "--iodepth=4").CombinedOutput(); err != nil {
+		"--rw=write", "--bs=1M", "--iodepth=4", "--end_fsync=1").CombinedOutput(); err != nil {
 		fail("target engine-socket: filling it: %v: %s", err, out)
 	}
 }
 
 func (h *hostEngine) uri() string { return "nbd+unix:///bench?socket=" + h.sock }
 
-// start runs cairn-data with args and returns it with the fields of its
-// ready line (data=..., control=...).
-func (h *hostEngine) start(args ...string) (*exec.Cmd, map[string]string) {
+// start runs cairn-data with args (its standard error to <dir>/<args[0]>.log)
+// and returns the fields of its ready line (data=..., control=...).
+func (h *hostEngine) start(args ...string) map[string]string {
 	cmd := exec.Command(*cairnBin, args...)
+	// Ended with the benchmark however it ends (a signal to it alone
+	// included); stopHost ends them first when it can.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		fail("target engine-socket: %v", err)
 	}
+	logPath := filepath.Join(h.dir, args[0]+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		fail("target engine-socket: %v", err)
+	}
+	defer logf.Close() // the child has its own descriptor
+	cmd.Stderr = logf
 	if err := cmd.Start(); err != nil {
 		fail("target engine-socket: %s %s: %v", *cairnBin, args[0], err)
 	}
+	hostMu.Lock()
 	h.procs = append(h.procs, cmd)
+	hostMu.Unlock()
 	type ready struct {
 		line string
 		err  error
@@ -94,7 +118,11 @@ func (h *hostEngine) start(args ...string) (*exec.Cmd, map[string]string) {
 		r.err = errors.New("no ready line within a minute")
 	}
 	if r.err != nil {
-		fail("target engine-socket: %s %v did not start: %v", *cairnBin, args, r.err)
+		b, _ := os.ReadFile(logPath)
+		if len(b) > 2000 {
+			b = b[len(b)-2000:]
+		}
+		fail("target engine-socket: %s %v did not start: %v; its log ends:\n%s", *cairnBin, args, r.err, b)
 	}
 	f := map[string]string{}
 	for _, kv := range strings.Fields(r.line) {
@@ -102,7 +130,7 @@ func (h *hostEngine) start(args ...string) (*exec.Cmd, map[string]string) {
 			f[k] = v
 		}
 	}
-	return cmd, f
+	return f
 }
 
 // stop ends the processes (SIGTERM, the engine first, then SIGKILL after

@@ -363,7 +363,8 @@ func measureRebuild(work, name string) (time.Duration, time.Duration) {
 
 // measureDiskFloor times what any rebuild of the volume must at least
 // do on this disk: write its size into a new file and make it durable
-// (fio, 4 MiB O_DIRECT writes, four in flight, then fsync), measured
+// (fio, 4 MiB O_DIRECT writes, four in flight, then fsync; the file not
+// preallocated, as a replica's layers are sparse), measured
 // beside the rebuilds so the shared machine's state applies to both.
 func measureDiskFloor(work string) time.Duration {
 	file := filepath.Join(work, "rebuild-floor")
@@ -371,7 +372,7 @@ func measureDiskFloor(work string) time.Duration {
 	syncDisk()
 	start := time.Now()
 	if out, err := exec.Command("fio", "--name=floor", "--filename="+file, "--rw=write", "--bs=4M", "--size="+*size,
-		"--direct=1", "--ioengine=libaio", "--iodepth=4", "--end_fsync=1", "--output-format=terse").CombinedOutput(); err != nil {
+		"--direct=1", "--ioengine=libaio", "--iodepth=4", "--end_fsync=1", "--fallocate=none", "--output-format=terse").CombinedOutput(); err != nil {
 		must(fmt.Errorf("disk floor: %w\n%s", err, out))
 	}
 	return time.Since(start)
