@@ -243,11 +243,10 @@ func sum(m map[string]float64) float64 {
 // runFio runs one job in the target's pod and returns its figure and its
 // I/Os per second.
 func runFio(t target, w workload) (float64, float64) {
-	cmd := fmt.Sprintf("fio --name=b --output-format=json --filename=%s --size=%s --direct=1 --ioengine=libaio --time_based --runtime=%ds --randrepeat=0 --norandommap %s",
-		t.path(), *fileSize, int(runtime.Seconds()), w.args)
+	args := fioArgs(t, w)
 	var out string
 	if t.host {
-		c := hostFio(w.args)
+		c := exec.Command("fio", args...)
 		var errb bytes.Buffer
 		c.Stderr = &errb
 		b, err := c.Output()
@@ -256,7 +255,7 @@ func runFio(t target, w workload) (float64, float64) {
 		}
 		out = string(b)
 	} else {
-		out = must("", "-n", ns, "exec", t.pod(), "--", "sh", "-c", cmd)
+		out = must("", append([]string{"-n", ns, "exec", t.pod(), "--", "fio"}, args...)...)
 	}
 	var r fioResult
 	if i := strings.IndexByte(out, '{'); i > 0 {
@@ -270,6 +269,19 @@ func runFio(t target, w workload) (float64, float64) {
 		d = r.Jobs[0].Read
 	}
 	return w.field(d), d.IOPS
+}
+
+// fioArgs is fio's command line for workload w on target t: the same job
+// everywhere, on the pod's file or device with libaio and O_DIRECT, or at
+// the engine-socket target's NBD socket with fio's nbd engine.
+func fioArgs(t target, w workload) []string {
+	where := []string{"--filename=" + t.path(), "--direct=1", "--ioengine=libaio"}
+	if t.host {
+		where = host.fioTarget()
+	}
+	args := append([]string{"--name=b", "--output-format=json", "--size=" + *fileSize}, where...)
+	args = append(args, "--time_based", fmt.Sprintf("--runtime=%ds", int(runtime.Seconds())), "--randrepeat=0", "--norandommap")
+	return append(args, strings.Fields(w.args)...)
 }
 
 func printTable(targets []target, res map[string][][]float64) {

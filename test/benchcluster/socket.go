@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,13 +69,17 @@ func startHostEngine() {
 		"--listen", "unix:"+filepath.Join(dir, "r0.sock"), "--control-listen", "127.0.0.1:0")
 	h.start("engine", "--name", "bench", "--frontend", "nbd", "--nbd-socket", h.sock, "--nbd-kernel", "off",
 		"--listen", "127.0.0.1:0", "--replica", f["data"]+","+f["control"])
-	if out, err := exec.Command("fio", "--name=fill", "--ioengine=nbd", "--uri="+h.uri(), "--size="+*fileSize,
-		"--rw=write", "--bs=1M", "--iodepth=4", "--end_fsync=1").CombinedOutput(); err != nil {
+	fill := append([]string{"--name=fill", "--size=" + *fileSize, "--rw=write", "--bs=1M", "--iodepth=4", "--end_fsync=1"}, h.fioTarget()...)
+	if out, err := exec.Command("fio", fill...).CombinedOutput(); err != nil {
 		fail("target engine-socket: filling it: %v: %s", err, out)
 	}
 }
 
-func (h *hostEngine) uri() string { return "nbd+unix:///bench?socket=" + h.sock }
+// fioTarget is fio's arguments that reach the engine: its nbd engine at
+// the engine's socket.
+func (h *hostEngine) fioTarget() []string {
+	return []string{"--ioengine=nbd", "--uri=nbd+unix:///bench?socket=" + h.sock}
+}
 
 // start runs cairn-data with args (its standard error to <dir>/<args[0]>.log)
 // and returns the fields of its ready line (data=..., control=...).
@@ -150,12 +153,4 @@ func (h *hostEngine) stop() {
 	}
 	h.procs = nil
 	os.RemoveAll(h.dir)
-}
-
-// hostFio is the fio command of workload args on the engine's socket:
-// the pods' job, with fio's nbd engine in place of libaio on a file.
-func hostFio(args string) *exec.Cmd {
-	a := []string{"--name=b", "--output-format=json", "--ioengine=nbd", "--uri=" + host.uri(), "--size=" + *fileSize,
-		"--time_based", fmt.Sprintf("--runtime=%ds", int(runtime.Seconds())), "--randrepeat=0", "--norandommap"}
-	return exec.Command("fio", append(a, strings.Fields(args)...)...)
 }
