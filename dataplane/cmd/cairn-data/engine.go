@@ -139,7 +139,7 @@ func defineEngineFlags(fs *flag.FlagSet, c *engineFlags) *rawEngineFlags {
 	fs.StringVar(&c.fuseDir, "fuse-dir", "", "mount directory for the fuse frontend")
 	fs.StringVar(&c.deviceKeeper, "device-keeper", os.Getenv("CAIRN_DEVICE_KEEPER"), "the device keeper's socket (cairn-data device-keeper; default $CAIRN_DEVICE_KEEPER): the fuse frontend deposits its device there, and takes over the device a dead engine of the volume left, so a restart pauses the I/O instead of failing it (\"\": none)")
 	fs.StringVar(&c.listen, "listen", "", "host:port for the gRPC control API (default: none)")
-	r.shared = fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for NBD writes to reach them without a socket copy; 0 turns it off")
+	r.shared = fs.String("shared-memory", "32Mi", "memory shared with replicas on unix sockets, for the frontend's writes to reach them without a socket copy; 0 turns it off")
 	fs.DurationVar(&c.replicaTimeout, "replica-timeout", 8*time.Second, "a replica that does not answer a request in this time is failed")
 	fs.DurationVar(&c.idleFlush, "idle-flush", engine.DefaultIdleFlush, "after writes with no flush from the client for this long, flush the replicas (three times, this far apart) so that their write-intent bits clear and a replica back from an outage copies only what was written meanwhile; keep it above the replicas' --dirty-clear-delay; negative: never")
 	fs.DurationVar(&c.connectTimeout, "connect-timeout", engine.DefaultConnectTimeout, "at open, how long each attempt to reach a replica (connect, handshake, first answer) may take; the replicas are tried at once, and one that does not answer is left out (ERR) when the others can serve the volume safely, else tried again")
@@ -233,7 +233,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		defer region.Close() // after the engine and the frontend (deferred later)
 	}
 	buffers := shm.NewArena(region)
-	if region != nil && (c.frontend == "nbd" || c.cipher != nil) { // only NBD requests and ciphertext use shared buffers
+	if region != nil { // the frontend's requests and ciphertext use shared buffers
 		go releaseIdle(ctx, buffers, releaseIdleEvery, log)
 	}
 	go idlemem.Watch(ctx, idlemem.Period, idlemem.Release) // an idle volume's spare heap back to the node
@@ -255,7 +255,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var fclaim *fuseClaim
 	if c.frontend == "fuse" {
 		var err error
-		if fclaim, err = claimFUSE(c, log); err != nil {
+		if fclaim, err = claimFUSE(c, buffers, log); err != nil {
 			return fail(err)
 		}
 		defer fclaim.close() // after f.stop: gives back a device taken over and never served
@@ -336,7 +336,7 @@ func watchHandOver(ctx context.Context) (_ context.Context, handOver func() bool
 }
 
 // sharedMemory creates the memory shared with the replicas on this node
-// (unix sockets): the NBD frontend reads write payloads into it and those
+// (unix sockets): the frontend reads write payloads into it and those
 // replicas write from it; replicas over TCP get the bytes as before. Nil
 // without such replicas, with --shared-memory 0, or when it cannot be
 // created (the log says why).

@@ -9,6 +9,7 @@ import (
 	"github.com/cairn-io/cairn/dataplane/engine"
 	"github.com/cairn-io/cairn/dataplane/frontend/fuse"
 	"github.com/cairn-io/cairn/dataplane/internal/ready"
+	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
 // fuseClaim is the fuse frontend before it serves (with the session it
@@ -23,9 +24,9 @@ type fuseClaim struct {
 // over the device the keeper holds for the volume. It fails if another
 // engine of the volume serves that device, before the replicas are opened
 // (which would fence that engine out).
-func claimFUSE(c *engineFlags, log logr.Logger) (*fuseClaim, error) {
+func claimFUSE(c *engineFlags, buffers *shm.Arena, log logr.Logger) (*fuseClaim, error) {
 	fc := &fuseClaim{}
-	opts := fuse.Options{Name: c.name, Dir: c.fuseDir, Logger: log.WithName("fuse")}
+	opts := fuse.Options{Name: c.name, Dir: c.fuseDir, Buffers: buffers, Logger: log.WithName("fuse")}
 	if c.deviceKeeper != "" {
 		fc.keeper = devicekeeper.NewClient(c.deviceKeeper, log.WithName("device-keeper"))
 		opts.Keeper = fc.keeper

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	replicav1 "github.com/cairn-io/cairn/dataplane/api/replica/v1"
 )
 
 func needRoot(t *testing.T) {
@@ -298,4 +301,87 @@ func TestFUSEFrontendExpand(t *testing.T) {
 		t.Fatalf("the volume file in the FUSE mount: %v, %v", fi, err)
 	}
 	eng.stopClean(t, "engine")
+}
+
+// TestFUSEWritesThroughSharedMemory: with the FUSE frontend, writes to the
+// loop device reach a replica on this node's unix socket as offsets into
+// the memory the engine shares with it (the engine's metrics count them),
+// a replica over TCP gets the bytes, and both hold what was written: each
+// replica, read on its own afterwards, returns it.
+func TestFUSEWritesThroughSharedMemory(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	fuseDir := filepath.Join(dir, "fuse")
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", fuseDir).Run() })
+	local := start(t, "replica", "--dir", filepath.Join(dir, "r0"), "--size", "16Mi",
+		"--listen", "127.0.0.1:0", "--listen-local", "unix:"+filepath.Join(dir, "r0.sock"), "--control-listen", "127.0.0.1:0")
+	remote := start(t, "replica", "--dir", filepath.Join(dir, "r1"), "--size", "16Mi",
+		"--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0")
+	eng := start(t, "engine", "--name", "vol", "--frontend", "fuse", "--fuse-dir", fuseDir, "--listen", "127.0.0.1:0",
+		"--replica", local.local+","+local.control, "--replica", remote.data+","+remote.control)
+	if !strings.HasPrefix(eng.endpoint, "/dev/loop") {
+		t.Fatalf("endpoint %q is not a loop device", eng.endpoint)
+	}
+
+	// 4 KiB, 64 KiB and 1 MiB writes with O_DIRECT, as a filesystem's
+	// come: the loop device passes each to the file in the FUSE mount.
+	want := bigFile(2)
+	writes := []struct{ off, n int }{{0, 4096}, {64 << 10, 64 << 10}, {1 << 20, 1 << 20}}
+	fd, err := unix.Open(eng.endpoint, unix.O_RDWR|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := unix.Mmap(-1, 0, 2<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE) // page-aligned, as O_DIRECT needs
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Munmap(buf) }()
+	for _, w := range writes {
+		copy(buf, want[w.off:w.off+w.n])
+		if _, err := unix.Pwrite(fd, buf[:w.n], int64(w.off)); err != nil {
+			t.Fatalf("write %d bytes at %d: %v", w.n, w.off, err)
+		}
+	}
+	if err := unix.Close(fd); err != nil {
+		t.Fatal(err)
+	}
+
+	v := &volume{engine: eng}
+	m := v.ctl(t, "metrics")
+	shared := func(addr string) (writes, viaShared int) {
+		for _, l := range strings.Split(m, "\n") {
+			if strings.HasPrefix(l, "replica "+addr+",") { // the address, then the control address
+				if _, err := fmt.Sscanf(l[strings.Index(l, "write ops="):], "write ops=%d (shared memory %d)", &writes, &viaShared); err != nil {
+					t.Fatalf("metrics line %q: %v", l, err)
+				}
+				return writes, viaShared
+			}
+		}
+		t.Fatalf("no metrics for replica %s:\n%s", addr, m)
+		return 0, 0
+	}
+	if n, s := shared(local.local); n < len(writes) || s != n {
+		t.Fatalf("the local replica got %d writes, %d of them through shared memory; want at least %d, all shared:\n%s", n, s, len(writes), m)
+	}
+	if n, s := shared(remote.data); n < len(writes) || s != 0 {
+		t.Fatalf("the TCP replica got %d writes, %d of them through shared memory; want at least %d, none shared:\n%s", n, s, len(writes), m)
+	}
+	eng.stopClean(t, "engine")
+
+	for _, r := range []*proc{local, remote} {
+		info, err := dialControl(t, r.control).Info(context.Background(), &replicav1.InfoRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := dialData(t, r.data, info.GetEpoch())
+		got := make([]byte, len(want))
+		if err := c.ReadAt(context.Background(), got, 0); err != nil {
+			t.Fatalf("reading replica %s: %v", r.data, err)
+		}
+		for _, w := range writes {
+			if !bytes.Equal(got[w.off:w.off+w.n], want[w.off:w.off+w.n]) {
+				t.Fatalf("replica %s does not hold the %d bytes written at %d", r.data, w.n, w.off)
+			}
+		}
+	}
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/cairn-io/cairn/dataplane/devicekeeper"
 	"github.com/cairn-io/cairn/dataplane/frontend"
+	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
 // Device is the block device served (see frontend.Device).
@@ -57,6 +58,11 @@ type Options struct {
 	// Keeper, if set, holds the session while no engine does (nil: an
 	// engine that dies takes the device's I/O in flight down with it).
 	Keeper Keeper
+	// Buffers hands out the buffers requests are read into. The engine
+	// passes an arena over the memory it shares with the replicas on this
+	// node, whose writes then carry an offset into it instead of the data
+	// (nil: buffers from the heap).
+	Buffers *shm.Arena
 }
 
 // keeperWait bounds each exchange with the keeper.
@@ -196,7 +202,7 @@ func (f *Frontend) mount(dev Device) error {
 	if err := f.makeDir(); err != nil {
 		return fmt.Errorf("fuse frontend: %w", err)
 	}
-	s, err := mountServer(dev, f.opts.Name, f.dir, f.log)
+	s, err := mountServer(dev, f.opts.Name, f.dir, f.opts.Buffers, f.log)
 	if err != nil {
 		return fmt.Errorf("fuse frontend: %w", err)
 	}
@@ -321,7 +327,7 @@ func (f *Frontend) deposit() {
 func (f *Frontend) resume(dev Device) error {
 	c := f.claimed
 	f.claimed = nil
-	s, err := resumeServer(dev, c.session.FileName, c.files.FUSE, c.session.FUSE, f.log)
+	s, err := resumeServer(dev, c.session.FileName, c.files.FUSE, c.session.FUSE, f.opts.Buffers, f.log)
 	if err != nil {
 		// Nobody can resume it if this engine cannot: let it go, so that
 		// the next start mounts anew.

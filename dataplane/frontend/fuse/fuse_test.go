@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/sys/unix"
 
+	"github.com/cairn-io/cairn/dataplane/internal/shm"
 	"github.com/cairn-io/cairn/dataplane/testutil/deadline"
 )
 
@@ -25,8 +26,8 @@ type memDevice struct {
 	mu      sync.Mutex
 	data    []byte
 	gate    *gate
-	err     error     // what reads and writes fail with, if set
-	onWrite func(int) // called with each write's size, if set
+	err     error        // what reads and writes fail with, if set
+	onWrite func([]byte) // called with each write's payload, if set
 }
 
 func (d *memDevice) setErr(err error) {
@@ -68,7 +69,7 @@ func (d *memDevice) WriteAt(ctx context.Context, p []byte, off int64, fua bool) 
 		return d.err
 	}
 	if d.onWrite != nil {
-		d.onWrite(len(p))
+		d.onWrite(p)
 	}
 	copy(d.data[off:], p)
 	return nil
@@ -162,10 +163,16 @@ func needFUSE(t *testing.T) {
 // startMem serves a memDevice of size bytes through the frontend.
 func startMem(t *testing.T, size int) (*memDevice, *Frontend) {
 	t.Helper()
+	return startMemArena(t, size, nil)
+}
+
+// startMemArena is startMem with requests read into bufs.
+func startMemArena(t *testing.T, size int, bufs *shm.Arena) (*memDevice, *Frontend) {
+	t.Helper()
 	needFUSE(t)
 	dev := &memDevice{data: make([]byte, size)}
 	dir := filepath.Join(t.TempDir(), "mnt")
-	f, err := Start(dev, Options{Name: "vol", Dir: dir, Logger: testr.New(t)})
+	f, err := Start(dev, Options{Name: "vol", Dir: dir, Logger: testr.New(t), Buffers: bufs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +322,7 @@ func TestFUSEFileInMount(t *testing.T) {
 
 	largest := 0 // written with dev.mu held
 	dev.mu.Lock()
-	dev.onWrite = func(n int) { largest = max(largest, n) }
+	dev.onWrite = func(p []byte) { largest = max(largest, len(p)) }
 	dev.mu.Unlock()
 	file := openDirect(t, f.File())
 	buf := alignedBuffer(t, 1<<20)
@@ -377,5 +384,49 @@ func TestFUSEFileInMount(t *testing.T) {
 	}
 	if _, err := os.Stat(fmt.Sprintf("/sys/block/%s/loop", strings.TrimPrefix(f.Endpoint(), "/dev/"))); err == nil {
 		t.Fatalf("%s is still attached after Stop", f.Endpoint())
+	}
+}
+
+// TestWritesInSharedMemory: with an arena over shared memory, the payload
+// of every write, small or large, reaches the device in that memory (so
+// that a replica on the node reads it from there) and starts on a 4 KiB
+// boundary (so that a replica writing with O_DIRECT takes it as it is);
+// what was written reads back.
+func TestWritesInSharedMemory(t *testing.T) {
+	region, err := shm.Create("fuse-test", 32<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { region.Close() })
+	dev, f := startMemArena(t, 8<<20, shm.NewArena(region))
+	var bad []string // written with dev.mu held
+	dev.mu.Lock()
+	dev.onWrite = func(p []byte) {
+		if at, ok := region.Offset(p); !ok || at%4096 != 0 {
+			bad = append(bad, fmt.Sprintf("%d bytes (in shared memory %v, at %d)", len(p), ok, at))
+		}
+	}
+	dev.mu.Unlock()
+	loop := openDirect(t, f.Endpoint())
+	for _, c := range []struct {
+		off int64
+		n   int
+	}{{0, 4096}, {64 << 10, 64 << 10}, {1 << 20, 1 << 20}, {4 << 20, 12 << 10}} {
+		buf := alignedBuffer(t, c.n)
+		for i := range buf {
+			buf[i] = byte(c.off>>12) ^ byte(i*13)
+		}
+		if _, err := loop.WriteAt(buf, c.off); err != nil {
+			t.Fatalf("write %d bytes at %d: %v", c.n, c.off, err)
+		}
+		got := alignedBuffer(t, c.n)
+		if _, err := loop.ReadAt(got, c.off); err != nil || !bytes.Equal(got, buf) {
+			t.Fatalf("read back %d bytes at %d: %v, equal %v", c.n, c.off, err, bytes.Equal(got, buf))
+		}
+	}
+	dev.mu.Lock()
+	defer dev.mu.Unlock()
+	if len(bad) > 0 {
+		t.Fatalf("writes that reached the device outside shared memory or unaligned: %v", bad)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cairn-io/cairn/dataplane/devicekeeper"
+	"github.com/cairn-io/cairn/dataplane/internal/shm"
 )
 
 // The FUSE server: the protocol for a mount that holds one file, the
@@ -30,6 +31,13 @@ import (
 // Go's network poller, like a socket: one goroutine reads requests back to
 // back while there are any and starts a goroutine for each, which
 // answers it with one writev. docs/performance.md has the figures.
+//
+// Requests are read into buffers of the engine's arena (Options.Buffers):
+// with replicas on this node, that is memory they share with the engine,
+// so a WRITE's payload reaches them as an offset instead of through the
+// socket, as the NBD frontend's writes do. A request starts at reqAt in
+// its buffer, so that a WRITE's payload, after its headers, starts on a
+// 4 KiB boundary, as a replica writing with O_DIRECT needs it.
 
 const (
 	// maxWrite is the largest READ or WRITE the kernel sends (max_read,
@@ -39,8 +47,16 @@ const (
 	// and the headers before it hands one over.
 	bigBuffer = maxWrite + 4096
 	// smallBuffer holds the requests copied out of the reading buffer
-	// (all but large writes), so that the reader keeps its big one.
+	// (all but large writes), so that the reader keeps its big one, and
+	// the data of small READ answers.
 	smallBuffer = 64<<10 + 4096
+
+	// writeHead is a WRITE's headers before its payload (fuse_in_header
+	// and fuse_write_in, 80 bytes).
+	writeHead = int(unsafe.Sizeof(gofuse.WriteIn{}))
+	// reqAt is where a request starts in its buffer: a WRITE's payload
+	// then starts at 4096 (arena buffers start on a page).
+	reqAt = 4096 - writeHead
 
 	// maxBackground is how many asynchronous requests (the loop device's
 	// direct I/O) the kernel keeps in flight to the server, above the
@@ -115,15 +131,20 @@ type server struct {
 	done     chan struct{}  // closed when serve returns: the connection ended
 	handlers sync.WaitGroup // requests being answered
 
-	big, small sync.Pool // *[]byte of bigBuffer and smallBuffer bytes
+	bufs       *shm.Arena // requests' buffers (see reqAt)
+	big, small sync.Pool  // *[]byte of bigBuffer and smallBuffer bytes: INIT, READ answers
 
 	resent atomic.Bool // a request the kernel sent again was seen (and logged)
 }
 
 // newServer makes a server for the FUSE connection fd (non-blocking),
-// which it owns from then on. It does not serve yet.
-func newServer(dev Device, name string, fd int, log logr.Logger) (*server, error) {
-	s := &server{dev: dev, name: name, log: log, uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), done: make(chan struct{}), fd: fd}
+// which it owns from then on, reading requests into bufs (nil: the heap).
+// It does not serve yet.
+func newServer(dev Device, name string, fd int, bufs *shm.Arena, log logr.Logger) (*server, error) {
+	if bufs == nil {
+		bufs = shm.NewArena(nil)
+	}
+	s := &server{dev: dev, name: name, log: log, uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), done: make(chan struct{}), fd: fd, bufs: bufs}
 	s.big.New = func() any { b := make([]byte, bigBuffer); return &b }
 	s.small.New = func() any { b := make([]byte, smallBuffer); return &b }
 	s.file = os.NewFile(uintptr(fd), "/dev/fuse") // non-blocking: reads wait in the poller
@@ -137,7 +158,7 @@ func newServer(dev Device, name string, fd int, log logr.Logger) (*server, error
 
 // mountServer mounts a FUSE filesystem holding dev as the file name at
 // dir, answers the kernel's INIT and starts serving.
-func mountServer(dev Device, name, dir string, log logr.Logger) (*server, error) {
+func mountServer(dev Device, name, dir string, bufs *shm.Arena, log logr.Logger) (*server, error) {
 	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open /dev/fuse: %w", err)
@@ -147,7 +168,7 @@ func mountServer(dev Device, name, dir string, log logr.Logger) (*server, error)
 		unix.Close(fd)
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
-	s, err := newServer(dev, name, fd, log)
+	s, err := newServer(dev, name, fd, bufs, log)
 	if err == nil {
 		if err = s.init(); err != nil {
 			s.file.Close()
@@ -169,7 +190,7 @@ func mountServer(dev Device, name, dir string, log logr.Logger) (*server, error)
 // ones the dead server had read and not answered it sends again once
 // asked (FUSE_NOTIFY_RESEND), which needs params.Resend. It owns fd from
 // then on, also when it fails.
-func resumeServer(dev Device, name string, fd int, params devicekeeper.FUSEParams, log logr.Logger) (*server, error) {
+func resumeServer(dev Device, name string, fd int, params devicekeeper.FUSEParams, bufs *shm.Arena, log logr.Logger) (*server, error) {
 	if params.MaxWrite > maxWrite {
 		unix.Close(fd)
 		return nil, fmt.Errorf("the FUSE connection was set up for requests of %d bytes, more than this server's %d", params.MaxWrite, maxWrite)
@@ -178,7 +199,7 @@ func resumeServer(dev Device, name string, fd int, params devicekeeper.FUSEParam
 		unix.Close(fd)
 		return nil, errors.New("the kernel cannot resend the requests the previous server had read (FUSE_NOTIFY_RESEND, Linux 6.9)")
 	}
-	s, err := newServer(dev, name, fd, log)
+	s, err := newServer(dev, name, fd, bufs, log)
 	if err != nil {
 		return nil, err
 	}
@@ -288,26 +309,25 @@ func kernelResends(in *gofuse.InitIn) bool {
 // answers each in a goroutine of its own.
 func (s *server) serve() {
 	defer close(s.done)
-	buf := s.big.Get().(*[]byte)
+	hold := s.bufs.Get(reqAt + bigBuffer) // the reader's buffer; requests start at reqAt
+	defer func() { s.bufs.Put(hold) }()
 	for {
-		n, err := s.read(*buf)
+		buf := hold[reqAt:]
+		n, err := s.read(buf)
 		switch {
 		case errors.Is(err, unix.EINTR), errors.Is(err, unix.ENOENT): // ENOENT: the request was interrupted before we read it
 			continue
 		case errors.Is(err, unix.ENODEV), errors.Is(err, os.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded): // unmounted, or paused
-			s.big.Put(buf)
 			return
 		case err != nil:
 			s.log.Error(err, "reading /dev/fuse; the FUSE mount stops answering")
-			s.big.Put(buf)
 			return
 		}
 		if n < int(unsafe.Sizeof(gofuse.InHeader{})) {
 			s.log.Error(nil, "a FUSE request shorter than its header; the FUSE mount stops answering", "bytes", n)
-			s.big.Put(buf)
 			return
 		}
-		h, ok := header((*buf)[:n])
+		h, ok := header(buf[:n])
 		if !ok {
 			s.reply(h, unix.EIO, nil, nil) // the kernel's length and the read's differ: cannot be parsed
 			continue
@@ -320,19 +340,32 @@ func (s *server) serve() {
 			s.log.Info("the kernel sent again a request the engine before this one had read and not answered; it is answered now", "opcode", h.Opcode)
 		}
 		// Large writes keep the buffer they were read into; anything else
-		// is copied out so that the reader keeps it.
-		req, pool := buf, &s.big
-		if n <= smallBuffer {
-			req, pool = s.small.Get().(*[]byte), &s.small
-			copy(*req, (*buf)[:n])
-		} else {
-			buf = s.big.Get().(*[]byte)
+		// is copied out so that the reader keeps it: a WRITE into the
+		// arena (its payload goes to the replicas), the rest to the heap.
+		var req, own []byte // own: from the arena
+		var small *[]byte   // or from the small pool
+		switch {
+		case n > smallBuffer:
+			own, req = hold, buf[:n]
+			hold = s.bufs.Get(reqAt + bigBuffer)
+		case h.Opcode == opWrite:
+			own = s.bufs.Get(reqAt + n)
+			req = own[reqAt : reqAt+n]
+			copy(req, buf[:n])
+		default:
+			small = s.small.Get().(*[]byte)
+			req = (*small)[:n]
+			copy(req, buf[:n])
 		}
 		s.handlers.Add(1)
 		go func() {
 			defer s.handlers.Done()
-			s.handle((*req)[:n])
-			pool.Put(req)
+			s.handle(req)
+			if small != nil {
+				s.small.Put(small)
+			} else {
+				s.bufs.Put(own)
+			}
 		}()
 	}
 }

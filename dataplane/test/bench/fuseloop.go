@@ -92,6 +92,9 @@ func fuseLoopCompare(work string, targets map[string]func(string) target) {
 	if len(workloads) == 0 {
 		return // --workloads left none of them
 	}
-	table(work, "FUSE frontend's loop device (libaio, O_DIRECT) and NBD socket of the same engine, replicas buffered",
-		[]string{"raw", "cairn-1-tcp", "fuse-1-tcp", "cairn-1", "fuse-1"}, targets)
+	names := []string{"raw", "cairn-1-tcp", "fuse-1-tcp", "cairn-1", "fuse-1"}
+	if *baseBin != "" {
+		names = append(names, "fuse-1-base") // the same through an older build
+	}
+	table(work, "FUSE frontend's loop device (libaio, O_DIRECT) and NBD socket of the same engine, replicas buffered", names, targets)
 }

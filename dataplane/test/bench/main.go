@@ -14,6 +14,8 @@
 //	fuse-1, fuse-1-tcp  cairn-1 and cairn-1-tcp through the FUSE frontend's
 //	             loop device (only in their own table unless --targets
 //	             names them; see fuseloop.go)
+//	fuse-1-base  fuse-1 run by the --base-bin binary (in the FUSE table
+//	             when --base-bin is given)
 //
 // for 4 KiB random write and read at QD32 and QD16, 128 KiB sequential
 // write, and 4 KiB QD1 write latency, and prints a table with ratios: with buffered
@@ -46,7 +48,7 @@ import (
 
 var (
 	bin      = flag.String("bin", "bin/cairn-data", "cairn-data binary")
-	baseBin  = flag.String("base-bin", "", "for the target cairn-3-base: another cairn-data binary (e.g. an older commit's build) measured beside cairn-3 in the same rounds")
+	baseBin  = flag.String("base-bin", "", "for the targets cairn-3-base and fuse-1-base: another cairn-data binary (e.g. an older commit's build) measured beside cairn-3 in the same rounds")
 	dir      = flag.String("dir", "", "work directory on the disk to measure (default: a temporary directory)")
 	size     = flag.String("size", "1G", "file and volume size")
 	runtime  = flag.Duration("runtime", 8*time.Second, "duration of each fio job")
@@ -492,7 +494,7 @@ func printDirectOverBuffered(names []string, buffered, direct map[string][]float
 var ratios = []ratio{{"c1/qemu-nbd", "cairn-1", "qemu-nbd", 1}, {"c1tcp/qemu", "cairn-1-tcp", "qemu-nbd", 1},
 	{"c3/raw", "cairn-3", "raw", 1}, {"c3/base", "cairn-3", "cairn-3-base", 1}, {"c3/(raw/3)", "cairn-3", "raw", 3}, {"enc/c3", "cairn-3-enc", "cairn-3", 1},
 	{"key/tcp", "cairn-1-key", "cairn-1-tcp", 1}, {"tls/tcp", "cairn-1-tls", "cairn-1-tcp", 1},
-	{"f1tcp/c1tcp", "fuse-1-tcp", "cairn-1-tcp", 1}, {"f1/c1", "fuse-1", "cairn-1", 1}}
+	{"f1tcp/c1tcp", "fuse-1-tcp", "cairn-1-tcp", 1}, {"f1/c1", "fuse-1", "cairn-1", 1}, {"f1/base", "fuse-1", "fuse-1-base", 1}}
 
 // ratio is a column dividing one target's figures by another's (by a
 // fraction div of them).
@@ -581,7 +583,13 @@ func benchTargets() map[string]func(string) target {
 		"cairn-1-key": func(w string) target { return secured(w, "cairn-1-key", false) },
 		"cairn-1-tls": func(w string) target { return secured(w, "cairn-1-tls", true) },
 		"fuse-1":      func(w string) target { return fuseLoop(w, "fuse-1", 1, 1) },
-		"fuse-1-tcp":  func(w string) target { return fuseLoop(w, "fuse-1-tcp", 1, 0) }}
+		"fuse-1-tcp":  func(w string) target { return fuseLoop(w, "fuse-1-tcp", 1, 0) },
+		"fuse-1-base": func(w string) target {
+			if *baseBin == "" {
+				must(fmt.Errorf("target fuse-1-base needs --base-bin"))
+			}
+			return withBin(*baseBin, func() target { return fuseLoop(w, "fuse-1-base", 1, 1) })
+		}}
 }
 
 func main() {
