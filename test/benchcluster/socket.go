@@ -6,10 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // The engine-socket target is the reference the one-replica pod rows are
@@ -65,7 +68,15 @@ func startHostEngine() {
 	hostMu.Lock()
 	host = h
 	hostMu.Unlock()
-	f := h.start("replica", "--dir", filepath.Join(dir, "r0"), "--size", *claimSize,
+	// The claims' size as Kubernetes reads it (1G is 10^9 bytes, 1Gi
+	// 2^30), rounded up to 4 KiB as the CSI driver does, in bytes (which
+	// cairn-data reads as written).
+	q, err := resource.ParseQuantity(*claimSize)
+	if err != nil || q.Value() <= 0 {
+		fail("--claim-size %q: give a Kubernetes quantity such as 1Gi (%v)", *claimSize, err)
+	}
+	size := (q.Value() + 4095) &^ 4095
+	f := h.start("replica", "--dir", filepath.Join(dir, "r0"), "--size", strconv.FormatInt(size, 10),
 		"--listen", "unix:"+filepath.Join(dir, "r0.sock"), "--control-listen", "127.0.0.1:0")
 	h.start("engine", "--name", "bench", "--frontend", "nbd", "--nbd-socket", h.sock, "--nbd-kernel", "off",
 		"--listen", "127.0.0.1:0", "--replica", f["data"]+","+f["control"])
