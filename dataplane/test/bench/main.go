@@ -48,7 +48,7 @@ import (
 
 var (
 	bin      = flag.String("bin", "bin/cairn-data", "cairn-data binary")
-	baseBin  = flag.String("base-bin", "", "for the targets cairn-3-base and fuse-1-base: another cairn-data binary (e.g. an older commit's build) measured beside cairn-3 in the same rounds")
+	baseBin  = flag.String("base-bin", "", "for the targets cairn-3-base and fuse-1-base: another cairn-data binary (e.g. an older commit's build) measured beside cairn-3 and fuse-1 in the same rounds")
 	dir      = flag.String("dir", "", "work directory on the disk to measure (default: a temporary directory)")
 	size     = flag.String("size", "1G", "file and volume size")
 	runtime  = flag.Duration("runtime", 8*time.Second, "duration of each fio job")
