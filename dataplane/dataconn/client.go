@@ -45,8 +45,9 @@ type ClientOptions struct {
 	// RequestTimeout bounds each request unless its context has an earlier
 	// deadline. Default 10s.
 	RequestTimeout time.Duration
-	// PingInterval is how often each connection is pinged. Default 2s;
-	// negative disables liveness pings.
+	// PingInterval is how often the client pings its server, on one
+	// connection at a time in turns (each is pinged every Conns
+	// intervals). Default 2s; negative disables liveness pings.
 	PingInterval time.Duration
 	// PingTimeout bounds a liveness ping. Default 5s.
 	PingTimeout time.Duration
@@ -768,22 +769,26 @@ func (cc *clientConn) complete(br *bufread.Reader, cl *call, h Header) error {
 	return nil
 }
 
-// pingLoop checks every connection's liveness on an interval.
+// pingLoop checks the server's liveness on an interval, pinging one
+// connection per interval in turns. A server that went silent (its node
+// gone) or closed its end is found within an interval whichever
+// connection is pinged, and the client fails as a whole; one connection
+// broken on its own is found within Conns intervals. An idle volume's
+// engine pings each of its replicas once an interval, not once per
+// connection: both processes wake a quarter as often.
 func (c *Client) pingLoop() {
 	defer c.wg.Done()
 	t := time.NewTicker(c.opts.PingInterval)
 	defer t.Stop()
-	for {
+	for i := 0; ; i++ {
 		select {
 		case <-c.done:
 			return
 		case <-t.C:
 		}
-		for _, cc := range c.conns {
-			cl := &call{op: OpPing}
-			if err := c.startOn(cc, cl, Header{Op: OpPing}, c.opts.PingTimeout).Wait(context.Background()); err != nil {
-				return // the client has failed; startOn or Wait said why
-			}
+		cl := &call{op: OpPing}
+		if err := c.startOn(c.conns[i%len(c.conns)], cl, Header{Op: OpPing}, c.opts.PingTimeout).Wait(context.Background()); err != nil {
+			return // the client has failed; startOn or Wait said why
 		}
 	}
 }

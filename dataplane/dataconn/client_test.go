@@ -778,3 +778,73 @@ func socketPair(t *testing.T) (net.Conn, net.Conn) {
 	}
 	return conns[0], conns[1]
 }
+
+// pingLog records the pings a client writes: which connection, and when.
+type pingLog struct {
+	mu    sync.Mutex
+	conns []int
+	at    []time.Time
+}
+
+// pingRecorder is one client connection whose pings go to a pingLog.
+type pingRecorder struct {
+	net.Conn
+	idx int
+	log *pingLog
+}
+
+func (p *pingRecorder) Write(b []byte) (int, error) {
+	if len(b) >= HeaderSize && Op(b[5]) == OpPing {
+		p.log.mu.Lock()
+		p.log.conns, p.log.at = append(p.log.conns, p.idx), append(p.log.at, time.Now())
+		p.log.mu.Unlock()
+	}
+	return p.Conn.Write(b)
+}
+
+// TestPingsTakeTurns: an idle client pings one connection per interval,
+// each in turn, not every connection at every interval (an idle engine
+// would wake itself and its replicas once per connection).
+func TestPingsTakeTurns(t *testing.T) {
+	const interval = 100 * time.Millisecond
+	srv := NewServer(newMem(1<<20), ServerOptions{})
+	log := &pingLog{}
+	var streams []net.Conn
+	for i := range 4 {
+		c, s := net.Pipe()
+		srv.ServeConn(s)
+		streams = append(streams, &pingRecorder{Conn: c, idx: i, log: log})
+	}
+	cl := NewClient(streams, ClientOptions{PingInterval: interval, PingTimeout: deadline.Scale(5 * time.Second)})
+	t.Cleanup(func() { cl.Close(); srv.Close() })
+	end := time.Now().Add(deadline.Scale(30 * time.Second))
+	for {
+		log.mu.Lock()
+		n := len(log.conns)
+		log.mu.Unlock()
+		if n >= 9 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d pings in %s", n, deadline.Scale(30*time.Second))
+		}
+		time.Sleep(interval / 4) // polling a count; the deadline above bounds it
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	bunched := 0
+	for i := range 8 {
+		if log.conns[i] != i%4 {
+			t.Fatalf("pings went to connections %v, want each in turn", log.conns[:9])
+		}
+		if log.at[i+1].Sub(log.at[i]) < interval/2 {
+			bunched++
+		}
+	}
+	// A late tick may follow the previous ping closely on a loaded
+	// machine; pinging every connection at each tick puts six of eight
+	// pings right after another.
+	if bunched > 2 {
+		t.Fatalf("%d of 8 pings came within %s of the one before: more than one connection pinged per interval", bunched, interval/2)
+	}
+}

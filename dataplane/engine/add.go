@@ -344,6 +344,7 @@ func (e *Engine) prepareTarget(ctx context.Context, a *addition) error {
 // snapshot on it, all at once; one that fails is failed. Called with I/O
 // paused.
 func (e *Engine) snapshotMembers(ctx context.Context, snap SnapshotInfo) {
+	defer e.layersChanged()
 	ms, _ := e.writable()
 	errs := each(ms, func(_ int, m *member) error {
 		if err := m.data.Flush(ctx); err != nil {
@@ -429,6 +430,7 @@ func (e *Engine) admit(ctx context.Context, a *addition) (*rebuild, error) {
 	}
 	rb := newRebuild(e.stop, a)
 	e.rebuilds[t.addr] = rb
+	e.changed()
 	e.bg.Add(1) // done when the rebuild ends (startRebuild)
 	return rb, nil
 }

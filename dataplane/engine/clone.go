@@ -107,6 +107,7 @@ func (e *Engine) CloneFrom(src CloneSource, source, snapshot string) error {
 	}
 	c := &clone{st: CloneStatus{Source: source, Snapshot: snapshot, State: RebuildInProgress, Started: time.Now()}, fin: make(chan struct{})}
 	e.clone = c
+	e.changed()
 	e.bg.Add(1)
 	e.mu.Unlock()
 	go func() {
@@ -122,6 +123,7 @@ func (e *Engine) CloneFrom(src CloneSource, source, snapshot string) error {
 			c.st.State = RebuildComplete
 		}
 		c.mu.Unlock()
+		e.changed()
 		if err != nil {
 			e.log.Info("clone failed", "source", source, "snapshot", snapshot, "error", err.Error())
 		} else {

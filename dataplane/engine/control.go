@@ -82,6 +82,7 @@ func (e *Engine) RemoveReplica(ctx context.Context, addr string) error {
 		}
 	}
 	e.mu.Unlock()
+	e.changed()
 	return nil
 }
 
@@ -140,6 +141,7 @@ func (e *Engine) Snapshot(ctx context.Context, name string) error {
 	ctx = detach(ctx)
 	e.chain.Lock()
 	defer e.chain.Unlock()
+	defer e.layersChanged()
 	if snaps, err := e.Snapshots(ctx); err == nil && slices.ContainsFunc(snaps, func(s SnapshotInfo) bool { return s.Name == name }) {
 		return fmt.Errorf("%w: %s", ErrSnapshotExists, name)
 	}
@@ -194,6 +196,7 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, name string) error {
 func (e *Engine) deleteSnapshot(ctx context.Context, name string) error {
 	e.chain.Lock()
 	defer e.chain.Unlock()
+	defer e.layersChanged()
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -257,6 +260,7 @@ func (e *Engine) Revert(ctx context.Context, name string) error {
 	ctx = detach(ctx)
 	e.chain.Lock()
 	defer e.chain.Unlock()
+	defer e.layersChanged()
 	if snaps, err := e.Snapshots(ctx); err == nil && !slices.ContainsFunc(snaps, func(s SnapshotInfo) bool { return s.Name == name }) {
 		return fmt.Errorf("%w: %s: no RW replica has it", ErrSnapshotNotFound, name)
 	}
@@ -280,5 +284,6 @@ func (e *Engine) Expand(ctx context.Context, size int64) error {
 	if err == nil {
 		e.size.Store(size)
 	}
+	e.layersChanged()
 	return err
 }

@@ -225,6 +225,8 @@ type Engine struct {
 	doneSnaps map[string]bool
 	// clone is the last CloneFrom's copy (nil if none was asked).
 	clone *clone
+	// changes wakes the watchers of Changed.
+	changes changes
 
 	// stop is the context of the engine's background work (rebuilds and
 	// their clean-up), cancelled by Close; bg counts the goroutines doing
@@ -434,6 +436,7 @@ func (e *Engine) setMode(m *member, to Mode, cause error) error {
 	}
 	e.log.Info("replica mode", "replica", m.addr, "from", from.String(), "to", to.String(), "cause", fmt.Sprint(cause))
 	m.mode, m.since, m.err = to, time.Now(), cause
+	e.changed()
 	if from == ModeWO && to == ModeRW && len(e.failed) > 0 {
 		// A rebuilt member has no write-intent bits for the writes made
 		// before its rebuild snapshot; a failed replica coming back could
@@ -528,6 +531,7 @@ func (e *Engine) publishEpochMarking(ctx context.Context, bump bool, marks []Byt
 	if bump {
 		e.epoch++
 		e.needBump.Store(false)
+		e.changed()
 	}
 	epoch := e.epoch
 	e.mu.Unlock()

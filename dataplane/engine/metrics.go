@@ -77,6 +77,13 @@ type ReplicaMetrics struct {
 	SharedWrites uint64
 }
 
+// Mutations counts the writes and unmaps the volume has answered, so that
+// a caller can tell without asking a replica whether the volume's data may
+// have changed since it last looked.
+func (e *Engine) Mutations() uint64 {
+	return e.io_.byOp[opWrite].ops.Load() + e.io_.byOp[opUnmap].ops.Load()
+}
+
 // Metrics returns the counters.
 func (e *Engine) Metrics() Metrics {
 	m := Metrics{

@@ -347,13 +347,11 @@ func TestWatch(t *testing.T) {
 	if _, err := r.c.ReplicaAdd(c, &enginev1.ReplicaAddRequest{Address: added}); err != nil {
 		t.Fatal(err)
 	}
-	until("the added replica RW", func(st *enginev1.VolumeStatus) bool {
-		for _, rep := range st.GetReplicas() {
-			if rep.GetAddress() == added && rep.GetMode() == "RW" {
-				return true
-			}
-		}
-		return false
+	// The replica turns RW as its rebuild ends; the rebuild's record says
+	// complete just after.
+	until("the added replica RW and its rebuild complete", func(st *enginev1.VolumeStatus) bool {
+		rw := slices.ContainsFunc(st.GetReplicas(), func(rep *enginev1.Replica) bool { return rep.GetAddress() == added && rep.GetMode() == "RW" })
+		return rw && len(st.GetRebuilds()) == 1 && st.GetRebuilds()[0].GetState() == string(engine.RebuildComplete)
 	})
 	rbs, err := r.c.RebuildStatus(c, &enginev1.RebuildStatusRequest{})
 	if err != nil {
@@ -370,4 +368,91 @@ func TestWatch(t *testing.T) {
 	if m.GetWrite().GetOps() < 1 || m.GetWrite().GetBytes() < 64<<10 || len(m.GetLatencyBoundsNs()) != len(engine.LatencyBuckets) || len(m.GetReplicas()) != 2 {
 		t.Fatalf("metrics %v", m)
 	}
+}
+
+// TestWatchIdleAsksNoReplica: an engine whose status is watched (every
+// attached volume's is, by the engine controller) does not look at its
+// state on a tick while nothing happens, and asks its replica nothing;
+// writes bring the data bytes in within usageInterval.
+func TestWatchIdleAsksNoReplica(t *testing.T) {
+	r := newRig(t, 1)
+	c := ctx(t)
+	if err := r.e.WriteAt(c, bytes.Repeat([]byte{0x5a}, 64<<10), 0, true); err != nil {
+		t.Fatal(err)
+	}
+	w, err := r.c.Watch(c, &enginev1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sample at join and the sampler's first look; then nothing for
+	// five watchIntervals (the window is what is observed, not a wait).
+	asks, samples := r.srv.watch.asks.Load(), r.srv.watch.samples.Load()
+	if asks == 0 {
+		t.Fatalf("the first sample asked the replica nothing: status %v", first)
+	}
+	time.Sleep(5 * watchInterval)
+	if got, n := r.srv.watch.asks.Load(), r.srv.watch.samples.Load(); got != asks || n > samples+1 {
+		t.Fatalf("an idle watched engine took %d samples and asked its replica %d times in %s", n-samples, got-asks, 5*watchInterval)
+	}
+	// A write to new blocks shows in the data bytes without any call
+	// through the server.
+	if err := r.e.WriteAt(c, bytes.Repeat([]byte{0xa5}, 1<<20), 4<<20, true); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		st, err := w.Recv()
+		if err != nil {
+			t.Fatalf("waiting for the data bytes to grow past %d: %v", first.GetActualSize(), err)
+		}
+		if st.GetActualSize() >= first.GetActualSize()+1<<20 {
+			break
+		}
+	}
+}
+
+// TestWatchFollowsEngineChanges: what changes in the engine without a call
+// through the server (a snapshot, a replica removed, as a rebuild or a
+// failure would) reaches the stream by the engine's signal; the sampler's
+// timer is set to an hour, so nothing else would bring it.
+func TestWatchFollowsEngineChanges(t *testing.T) {
+	r := newRig(t, 2)
+	r.srv.watch.idle = time.Hour
+	c := ctx(t)
+	w, err := r.c.Watch(c, &enginev1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := func(what string, ok func(*enginev1.VolumeStatus) bool) {
+		t.Helper()
+		for {
+			st, err := w.Recv()
+			if err != nil {
+				t.Fatalf("waiting for %s: %v", what, err)
+			}
+			if ok(st) {
+				return
+			}
+		}
+	}
+	if err := r.e.Snapshot(c, "direct"); err != nil {
+		t.Fatal(err)
+	}
+	until("the snapshot", func(st *enginev1.VolumeStatus) bool {
+		return slices.ContainsFunc(st.GetSnapshots(), func(s *enginev1.Snapshot) bool { return s.GetName() == "direct" })
+	})
+	gone := first.GetReplicas()[1].GetAddress()
+	if err := r.e.RemoveReplica(c, gone); err != nil {
+		t.Fatal(err)
+	}
+	until("the replica removed", func(st *enginev1.VolumeStatus) bool {
+		return len(st.GetReplicas()) == 1 && st.GetReplicas()[0].GetAddress() != gone && st.GetRobustness() != first.GetRobustness()
+	})
 }

@@ -3,6 +3,7 @@ package engineserver
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -10,15 +11,30 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
+	"github.com/cairn-io/cairn/dataplane/engine"
 )
 
-// watchInterval is how often the server looks at the engine's state while
-// a Watch stream is open. The engine tells nobody when its state changes,
-// so the server samples what it exports (modes, rebuilds, snapshots, size)
-// and sends a message only when that differs: the watchers never poll,
-// and an unchanged volume sends them nothing. The server's own mutating
-// calls (snapshot, expand, add...) have it look at once instead of at the
-// next tick.
+// The status a Watch stream sends is sampled: the server reads what the
+// engine exports (modes, rebuilds, snapshots, size) and sends a message
+// only when that differs, so the watchers never poll and an unchanged
+// volume sends them nothing. The sampler looks when something may have
+// changed, not on a fixed tick: when the engine signals a change (a mode,
+// a member, the epoch, the size, a rebuild or clone starting or ending,
+// the layers), when a call through this server may have changed the state
+// (snapshot, expand, add...), every watchInterval while a rebuild or a
+// clone runs (their progress), and every usageInterval otherwise. An idle
+// volume whose engine is watched (the engine controller watches every
+// attached one) thus costs a wake-up every usageInterval, and its replica
+// nothing.
+//
+// The snapshots and the data bytes live on a replica and cost a call to
+// it, so a sample asks for them only when they may have changed: after a
+// call through this server or a change of the layers the engine counts,
+// at most every usageInterval while the volume is written (writes change
+// the data bytes), and every layersEvery in any case.
+
+// watchInterval is how often the sampler looks while a rebuild or a clone
+// runs, or while the replica's answer is missing.
 const watchInterval = 200 * time.Millisecond
 
 // snapshotTimeout bounds the replica call that lists the snapshots in one
@@ -26,11 +42,17 @@ const watchInterval = 200 * time.Millisecond
 const snapshotTimeout = 2 * time.Second
 
 // usageInterval is how often a sample takes the replica's data bytes
-// (VolumeStatus.actual_size) anew: they change with nearly every write to
-// a new block, and each change is a status update the reconciler writes
-// to the API server. A call through this server that may change them
-// (snapshot, revert, expand...) has the next sample take them at once.
+// (VolumeStatus.actual_size) anew while the volume is written: they change
+// with nearly every write to a new block, and each change is a status
+// update the reconciler writes to the API server. A call through this
+// server that may change them (snapshot, revert, expand...) has the next
+// sample take them at once. It is also the longest the sampler sleeps.
 const usageInterval = 10 * time.Second
+
+// layersEvery is the longest the sampler goes without asking a replica
+// for the snapshots and data bytes, for a change that none of the signals
+// above announces.
+const layersEvery = time.Minute
 
 // watchers is what a Server's Watch streams share: the latest status and
 // its seq, and one sampler goroutine while any stream is open.
@@ -45,6 +67,20 @@ type watchers struct {
 	// usageAt is when a sample last took the actual size (under
 	// sampling).
 	usageAt time.Time
+	// layersAt, layersMutations and layersGen are when a sample last had
+	// the replica's layer information and the engine's Mutations and
+	// LayerChanges then; layersRetry: the last ask failed, ask at the next
+	// sample (all under sampling).
+	layersAt        time.Time
+	layersMutations uint64
+	layersGen       uint64
+	layersRetry     bool
+	// samples and asks count the samples taken and the replica calls
+	// they made (read by tests).
+	samples, asks atomic.Uint64
+	// idle is the longest the sampler sleeps without a signal:
+	// usageInterval unless a test sets it before the first Watch.
+	idle time.Duration
 	// usageStale: a call changed the layers; the next sample takes the
 	// actual size whatever usageAt says.
 	usageStale bool
@@ -134,25 +170,29 @@ func (s *Server) changed() {
 }
 
 func (s *Server) sampler(ctx context.Context, poke <-chan struct{}) {
-	t := time.NewTicker(watchInterval)
+	t := time.NewTimer(usageInterval)
 	defer t.Stop()
 	for {
+		changed := s.E.Changed() // before sampling: a change while it runs wakes the next
+		t.Reset(s.sample(ctx))
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-changed:
 		case <-poke:
+		case <-t.C:
 		}
-		s.sample(ctx)
 	}
 }
 
 // sample reads the engine's state and, if it differs from the latest
-// status, publishes it with the next seq.
-func (s *Server) sample(ctx context.Context) {
+// status, publishes it with the next seq. It returns how long the sampler
+// may wait for a signal before it looks again.
+func (s *Server) sample(ctx context.Context) time.Duration {
 	w := &s.watch
 	w.sampling.Lock()
 	defer w.sampling.Unlock()
+	w.samples.Add(1)
 	prev, _ := w.current()
 	st := &enginev1.VolumeStatus{Name: s.Name, Size: s.E.Size(), Frontend: s.Frontend, Endpoint: s.Endpoint,
 		EndpointKind: string(s.EndpointKind), Socket: s.Socket, Fallback: s.Fallback,
@@ -161,38 +201,69 @@ func (s *Server) sample(ctx context.Context) {
 	stale := w.usageStale
 	w.usageStale = false
 	w.mu.Unlock()
-	sctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
-	info, err := s.E.LayerInfo(sctx)
-	cancel()
-	// Without an answer (no RW replica, or it did not answer) the status
-	// keeps what it had.
+	// Without a new answer from a replica the status keeps the snapshots
+	// and data bytes it had.
 	st.Snapshots = prev.GetSnapshots()
 	if prev != nil {
 		st.ActualSize = prev.ActualSize
 	}
-	if err == nil {
-		st.Snapshots = snapshotsOut(info.Snapshots)
-		if stale || w.usageAt.IsZero() || time.Since(w.usageAt) >= usageInterval {
-			n := info.HeadBytes
-			for _, sn := range info.Snapshots {
-				n += sn.DataBytes
-			}
-			st.ActualSize = &n
-			w.usageAt = time.Now()
-		}
-	} else if stale {
+	st.Seq = prev.GetSeq()
+	now, mutations, gen := time.Now(), s.E.Mutations(), s.E.LayerChanges()
+	if stale || w.layersRetry || prev == nil || gen != w.layersGen || now.Sub(w.layersAt) >= layersEvery ||
+		(mutations != w.layersMutations && now.Sub(w.layersAt) >= usageInterval) {
+		s.sampleLayers(ctx, st, stale, now, mutations, gen)
+	}
+	if prev == nil || !proto.Equal(st, prev) {
+		st.Seq++
 		w.mu.Lock()
-		w.usageStale = true // for the next sample that gets an answer
+		w.latest = st
+		close(w.updated)
+		w.updated = make(chan struct{})
 		w.mu.Unlock()
 	}
-	st.Seq = prev.GetSeq()
-	if prev != nil && proto.Equal(st, prev) {
+	running := st.GetClone().GetState() == string(engine.RebuildInProgress)
+	for _, rb := range st.GetRebuilds() {
+		running = running || rb.GetState() == string(engine.RebuildInProgress)
+	}
+	switch {
+	case running || w.layersRetry:
+		return watchInterval
+	case mutations != w.layersMutations:
+		return max(w.layersAt.Add(usageInterval).Sub(now), watchInterval)
+	case w.idle > 0:
+		return w.idle
+	}
+	return usageInterval
+}
+
+// sampleLayers asks a replica for the snapshots and, when due, the data
+// bytes, and puts them in st (under sampling). stale: a call through this
+// server may have changed them.
+func (s *Server) sampleLayers(ctx context.Context, st *enginev1.VolumeStatus, stale bool, now time.Time, mutations, gen uint64) {
+	w := &s.watch
+	w.asks.Add(1)
+	sctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
+	info, err := s.E.LayerInfo(sctx)
+	cancel()
+	if err != nil {
+		// No RW replica, or it did not answer: ask again at the next
+		// sample, and take the data bytes then if this one was to.
+		w.layersRetry = true
+		if stale {
+			w.mu.Lock()
+			w.usageStale = true
+			w.mu.Unlock()
+		}
 		return
 	}
-	st.Seq++
-	w.mu.Lock()
-	w.latest = st
-	close(w.updated)
-	w.updated = make(chan struct{})
-	w.mu.Unlock()
+	w.layersRetry, w.layersAt, w.layersMutations, w.layersGen = false, now, mutations, gen
+	st.Snapshots = snapshotsOut(info.Snapshots)
+	if stale || w.usageAt.IsZero() || now.Sub(w.usageAt) >= usageInterval {
+		n := info.HeadBytes
+		for _, sn := range info.Snapshots {
+			n += sn.DataBytes
+		}
+		st.ActualSize = &n
+		w.usageAt = now
+	}
 }

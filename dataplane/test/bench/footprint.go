@@ -145,19 +145,54 @@ func writeVolume(target []string) {
 	}
 }
 
-// idleCPU is the CPU the engines and the replicas use over the idle
-// window, in percent of one core per engine and per replica.
-func idleCPU(vols [][]int) (engine, replica float64) {
+// idleUse is what the engines and the replicas use over the idle window:
+// CPU in percent of one core, and wake-ups (voluntary context switches of
+// all their threads) per second, each per engine and per replica. Wake-ups
+// count what an idle process does independently of how fast the machine
+// is that day; the CPU each costs is what varies.
+type idleUse struct {
+	engCPU, repCPU   float64
+	engWake, repWake float64
+}
+
+func idleCPU(vols [][]int) idleUse {
 	var engines, replicas []int
 	for _, v := range vols {
 		engines = append(engines, v[0])
 		replicas = append(replicas, v[1:]...)
 	}
 	e0, r0, start := cpuTimePids(engines), cpuTimePids(replicas), time.Now()
+	ew0, rw0 := wakeupsPids(engines), wakeupsPids(replicas)
 	time.Sleep(*footprintIdle) // the measurement window itself, not a wait for an event
 	wall := time.Since(start)
 	pct := func(d time.Duration, n int) float64 { return 100 * float64(d) / float64(wall) / float64(n) }
-	return pct(cpuTimePids(engines)-e0, len(engines)), pct(cpuTimePids(replicas)-r0, len(replicas))
+	rate := func(n uint64, procs int) float64 { return float64(n) / wall.Seconds() / float64(procs) }
+	return idleUse{engCPU: pct(cpuTimePids(engines)-e0, len(engines)), repCPU: pct(cpuTimePids(replicas)-r0, len(replicas)),
+		engWake: rate(wakeupsPids(engines)-ew0, len(engines)), repWake: rate(wakeupsPids(replicas)-rw0, len(replicas))}
+}
+
+// wakeupsPids sums the voluntary context switches of every thread of the
+// processes: each is a thread that slept and was woken.
+func wakeupsPids(pids []int) uint64 {
+	var n uint64
+	for _, pid := range pids {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		must(err)
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+			if err != nil {
+				continue // the thread ended
+			}
+			for line := range strings.Lines(string(b)) {
+				if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+					var k uint64
+					_, _ = fmt.Sscan(strings.TrimSpace(v), &k)
+					n += k
+				}
+			}
+		}
+	}
+	return n
 }
 
 // qemuYardstick is qemu-nbd's mean RSS over a few processes, each serving
@@ -196,12 +231,12 @@ func footprintTable(work string, n int) {
 	written := measureRoles(all)
 	time.Sleep(*footprintSettle) // an idle stretch is what is measured, not a wait for an event
 	idle := measureRoles(all)
-	engCPU, repCPU := idleCPU(all)
+	use := idleCPU(all)
 	qemu := qemuYardstick(work)
-	printFootprint(started, written, idle, engCPU, repCPU, qemu)
+	printFootprint(started, written, idle, use, qemu)
 }
 
-func printFootprint(started, written, idle roleMem, engCPU, repCPU, qemu float64) {
+func printFootprint(started, written, idle roleMem, use idleUse, qemu float64) {
 	row := func(label string, f func(procMem) float64, r roleMem, unit string) {
 		fmt.Printf("  %-34s %10.1f %10.1f %12.1f  %s\n", label, f(r.engine), f(r.replica), f(r.perVolume()), unit)
 	}
@@ -220,8 +255,9 @@ func printFootprint(started, written, idle roleMem, engCPU, repCPU, qemu float64
 	row("PSS "+idleLabel, func(m procMem) float64 { return m.pss }, idle, "MiB")
 	row("threads", func(m procMem) float64 { return m.threads }, written, "")
 	row("descriptors", func(m procMem) float64 { return m.fds }, written, "")
-	perVol := engCPU + 3*repCPU
-	fmt.Printf("  %-34s %10.2f %10.2f %12.2f  %% of a core\n", "idle CPU", engCPU, repCPU, perVol)
+	perVol := use.engCPU + 3*use.repCPU
+	fmt.Printf("  %-34s %10.2f %10.2f %12.2f  %% of a core\n", "idle CPU", use.engCPU, use.repCPU, perVol)
+	fmt.Printf("  %-34s %10.1f %10.1f %12.1f  per second\n", "idle wake-ups", use.engWake, use.repWake, use.engWake+3*use.repWake)
 	w := idle.perVolume()
 	fmt.Printf("  per volume %s: RSS %.1f MiB = %.2f x the goal (%.0f MiB), PSS %.1f MiB = %.2f x the goal, RSS %.1f x qemu-nbd's %.1f MiB per process x 4 processes; idle CPU %.2f %% of a core = %.2f x the goal (%.1f %%)\n",
 		idleLabel, w.rss, w.rss/footprintGoalMiB, footprintGoalMiB, w.pss, w.pss/footprintGoalMiB, w.rss/(4*qemu), qemu, perVol, perVol/footprintGoalCPU, footprintGoalCPU)

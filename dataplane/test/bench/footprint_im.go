@@ -9,13 +9,17 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	enginev1 "github.com/cairn-io/cairn/dataplane/api/engine/v1"
 	imv1 "github.com/cairn-io/cairn/dataplane/api/instancemanager/v1"
+	"github.com/cairn-io/cairn/dataplane/grpcalive"
 )
 
 // With --footprint-im the footprint table's volumes are started the way a
@@ -31,14 +35,16 @@ var (
 	footprintIM       = flag.Bool("footprint-im", false, "with --footprint: start the volumes through one instance manager's gRPC API, as on a node, and report its own footprint and where it stops")
 	footprintFrontend = flag.String("footprint-frontend", "nbd", "with --footprint-im: the engines' frontend, nbd (the socket only) or fuse (a FUSE mount and a loop device per volume, as on a kind node; root)")
 	footprintPorts    = flag.String("footprint-port-range", "10000-11999", "with --footprint-im: the instance manager's --port-range (the DaemonSet's)")
+	footprintWatch    = flag.Bool("footprint-watch", true, "with --footprint-im: hold a status stream (Watch) open to each engine for the whole run, as the engine controller does for every attached volume; false measures engines nobody watches")
 )
 
 // imVolume is one volume the instance manager runs: its processes' pids
 // (engine first) and the fio arguments that reach its frontend.
 type imVolume struct {
-	pids  []int
-	ports int
-	fio   []string
+	pids    []int
+	ports   int
+	fio     []string
+	control string // the engine's control address
 }
 
 // imBench is the instance manager under measurement.
@@ -118,6 +124,7 @@ func (b *imBench) volume(ctx context.Context, name string) (v imVolume, err erro
 		return v, err
 	}
 	v.pids, v.ports = append([]int{int(p.Pid)}, v.pids...), v.ports+len(p.Ports)
+	v.control = p.ControlAddress
 	switch ep := p.GetEndpoint(); {
 	case ep == nil:
 		return v, fmt.Errorf("engine %s runs without an endpoint", name)
@@ -127,6 +134,45 @@ func (b *imBench) volume(ctx context.Context, name string) (v imVolume, err erro
 		v.fio = []string{"--ioengine=nbd", "--uri=nbd+unix:///" + name + "?socket=" + ep.Socket}
 	}
 	return v, nil
+}
+
+// engineWatches holds a status stream open to each engine, as the engine
+// controller does (its own connection per engine, with keepalive), and
+// counts the statuses the engines send.
+type engineWatches struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	sent   atomic.Int64 // statuses received
+	failed atomic.Int64 // streams that ended before cancel
+}
+
+func watchEngines(vols []imVolume) *engineWatches {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &engineWatches{cancel: cancel}
+	for _, v := range vols {
+		cc, err := grpc.NewClient(v.control, grpcalive.Dial(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		must(err)
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			defer cc.Close()
+			st, err := enginev1.NewEngineServiceClient(cc).Watch(ctx, &enginev1.WatchRequest{})
+			for err == nil {
+				if _, err = st.Recv(); err == nil {
+					w.sent.Add(1)
+				}
+			}
+			if ctx.Err() == nil {
+				w.failed.Add(1)
+			}
+		}()
+	}
+	return w
+}
+
+func (w *engineWatches) stop() {
+	w.cancel()
+	w.wg.Wait()
 }
 
 // stop deletes every process the instance manager runs, then stops it.
@@ -186,6 +232,11 @@ func footprintIMTable(work string, n int) {
 	for i, v := range vols {
 		all[i] = v.pids
 	}
+	var w *engineWatches
+	if *footprintWatch {
+		w = watchEngines(vols)
+		defer w.stop()
+	}
 	started := measureRoles(all)
 	for _, v := range vols {
 		writeVolume(v.fio)
@@ -193,13 +244,23 @@ func footprintIMTable(work string, n int) {
 	written := measureRoles(all)
 	time.Sleep(*footprintSettle) // an idle stretch is what is measured, not a wait for an event
 	idle := measureRoles(all)
-	engCPU, repCPU := idleCPU(all)
+	var sentBefore int64
+	if w != nil {
+		sentBefore = w.sent.Load()
+	}
+	use := idleCPU(all)
+	if w != nil {
+		fmt.Printf("  status streams: one per engine, open for the whole run as the engine controller holds them; %d statuses sent in all, %d in the idle CPU window, %d streams ended early\n",
+			w.sent.Load(), w.sent.Load()-sentBefore, w.failed.Load())
+	} else {
+		fmt.Printf("  status streams: none (--footprint-watch=false); on a cluster the engine controller holds one to every engine\n")
+	}
 	im := readProcMem(b.cmd.Process.Pid)
 	ports := 0
 	for _, v := range vols {
 		ports += v.ports
 	}
-	printFootprint(started, written, idle, engCPU, repCPU, qemuYardstick(work))
+	printFootprint(started, written, idle, use, qemuYardstick(work))
 	fmt.Printf("  instance manager: RSS %.1f MiB at start, %.1f MiB with %d volumes (%.2f MiB per volume), PSS %.1f MiB, %.0f threads, %.0f descriptors (%.1f per volume)\n",
 		imStart.rss, im.rss, len(vols), (im.rss-imStart.rss)/float64(len(vols)), im.pss, im.threads, im.fds, (im.fds-imStart.fds)/float64(len(vols)))
 	fmt.Printf("  ports: %d of the range's %d (%.0f per volume: each TCP replica a data and a control port, the unix-socket replica and the engine a control port)\n",
