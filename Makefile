@@ -122,7 +122,7 @@ bench: build ## fio: raw file vs qemu-nbd vs the engine with 1 and 3 replicas (t
 
 .PHONY: bench-footprint
 VOLUMES ?= 50
-bench-footprint: build ## Memory (RSS split, PSS), threads, descriptors and idle CPU per attached three-replica volume: make bench-footprint [VOLUMES=50] [IM=1: started by one instance manager, whose own footprint and limits are reported] (qemu-nbd as the yardstick).
+bench-footprint: build ## Memory (RSS split, PSS), threads, descriptors, idle CPU and wake-ups per attached three-replica volume (with IM=1 each engine's status stream held open, as the engine controller does): make bench-footprint [VOLUMES=50] [IM=1: started by one instance manager, whose own footprint and limits are reported] (qemu-nbd as the yardstick).
 	hack/install-test-tools.sh
 	cd dataplane && $(GO) run ./test/bench --bin $(LOCALBIN)/cairn-data --footprint $(VOLUMES) $(if $(IM),--footprint-im) $(BENCHFLAGS)
 

@@ -51,6 +51,10 @@ type ClientOptions struct {
 	PingInterval time.Duration
 	// PingTimeout bounds a liveness ping. Default 5s.
 	PingTimeout time.Duration
+	// Pinger, when set, sends this client's liveness pings from its timer,
+	// shared with the other clients given it, instead of PingInterval and
+	// PingTimeout.
+	Pinger *Pinger
 	// Logger receives connection-level events. Default: discard.
 	Logger logr.Logger
 	// Shared, on unix connections (Dial only), is offered to the server
@@ -106,8 +110,10 @@ type Client struct {
 	log   logr.Logger
 	conns []*clientConn
 	next  atomic.Uint64 // round-robin connection choice
-	seq   atomic.Uint64
-	epoch atomic.Uint64
+	// pingNext is the connection the next liveness ping goes to, in turns.
+	pingNext atomic.Uint64
+	seq      atomic.Uint64
+	epoch    atomic.Uint64
 
 	frames  atomic.Uint64 // frames sent
 	batches atomic.Uint64 // vectored writes that sent them
@@ -320,7 +326,10 @@ func NewClient(streams []net.Conn, opts ClientOptions) *Client {
 		c.wg.Add(1)
 		go cc.readLoop()
 	}
-	if opts.PingInterval > 0 {
+	switch {
+	case opts.Pinger != nil:
+		opts.Pinger.add(c)
+	case opts.PingInterval > 0:
 		c.wg.Add(1)
 		go c.pingLoop()
 	}
@@ -780,15 +789,20 @@ func (c *Client) pingLoop() {
 	defer c.wg.Done()
 	t := time.NewTicker(c.opts.PingInterval)
 	defer t.Stop()
-	for i := 0; ; i++ {
+	for {
 		select {
 		case <-c.done:
 			return
 		case <-t.C:
 		}
-		cl := &call{op: OpPing}
-		if err := c.startOn(c.conns[i%len(c.conns)], cl, Header{Op: OpPing}, c.opts.PingTimeout).Wait(context.Background()); err != nil {
+		if err := c.startPing(c.opts.PingTimeout).Wait(context.Background()); err != nil {
 			return // the client has failed; startOn or Wait said why
 		}
 	}
+}
+
+// startPing sends a ping on the next connection in turn.
+func (c *Client) startPing(timeout time.Duration) *Pending {
+	i := c.pingNext.Add(1) - 1
+	return c.startOn(c.conns[i%uint64(len(c.conns))], &call{op: OpPing}, Header{Op: OpPing}, timeout)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"os"
 	"os/exec"
 	"strings"
@@ -847,4 +848,72 @@ func TestPingsTakeTurns(t *testing.T) {
 	if bunched > 2 {
 		t.Fatalf("%d of 8 pings came within %s of the one before: more than one connection pinged per interval", bunched, interval/2)
 	}
+}
+
+// TestPingerSharesOneTimer: clients given one Pinger are pinged together
+// at each of its ticks, each on its connections in turns, and a client
+// whose server went away while idle is found by the shared pings and
+// dropped from them while the others go on being pinged.
+func TestPingerSharesOneTimer(t *testing.T) {
+	const interval = 100 * time.Millisecond
+	p := NewPinger(interval, deadline.Scale(5*time.Second))
+	logs := make([]*pingLog, 3)
+	clients := make([]*Client, 3)
+	servers := make([]*Server, 3)
+	for k := range clients {
+		servers[k] = NewServer(newMem(1<<20), ServerOptions{})
+		logs[k] = &pingLog{}
+		var streams []net.Conn
+		for i := range 2 {
+			c, s := net.Pipe()
+			servers[k].ServeConn(s)
+			streams = append(streams, &pingRecorder{Conn: c, idx: i, log: logs[k]})
+		}
+		clients[k] = NewClient(streams, ClientOptions{Pinger: p})
+		t.Cleanup(func() { clients[k].Close(); servers[k].Close() })
+	}
+	count := func(k int) (int, []time.Time, []int) {
+		logs[k].mu.Lock()
+		defer logs[k].mu.Unlock()
+		return len(logs[k].conns), slices.Clone(logs[k].at), slices.Clone(logs[k].conns)
+	}
+	waitPings := func(k, n int) {
+		t.Helper()
+		end := time.Now().Add(deadline.Scale(30 * time.Second))
+		for {
+			if got, _, _ := count(k); got >= n {
+				return
+			}
+			if time.Now().After(end) {
+				got, _, _ := count(k)
+				t.Fatalf("client %d: %d pings, want %d", k, got, n)
+			}
+			time.Sleep(interval / 4) // polling a count; the deadline above bounds it
+		}
+	}
+	for k := range clients {
+		waitPings(k, 4)
+	}
+	// The same tick pinged all three: the third ping of each client went
+	// out within half an interval of the others'.
+	_, a0, c0 := count(0)
+	for k := 1; k < 3; k++ {
+		_, ak, _ := count(k)
+		if d := ak[2].Sub(a0[2]).Abs(); d > interval/2 {
+			t.Fatalf("client %d's third ping came %s from client 0's: not one timer", k, d)
+		}
+	}
+	if c0[0] == c0[1] || c0[1] == c0[2] {
+		t.Fatalf("client 0's pings went to connections %v, want them in turns", c0)
+	}
+	servers[1].Close()
+	select {
+	case <-clients[1].Done():
+	case <-time.After(deadline.Scale(10 * time.Second)):
+		t.Fatal("the shared pings never found client 1's server gone")
+	}
+	n0, _, _ := count(0)
+	n2, _, _ := count(2)
+	waitPings(0, n0+3)
+	waitPings(2, n2+3)
 }

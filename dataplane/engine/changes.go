@@ -14,15 +14,16 @@ import (
 type changes struct {
 	mu sync.Mutex
 	ch chan struct{} // closed at the next change; nil until asked for
-	// layers counts the calls that may have changed the replicas'
-	// layers (snapshots taken, deleted or reverted to, the volume grown).
+	// layers is LayerChanges.
 	layers atomic.Uint64
 }
 
-// LayerChanges counts the engine's calls that may have changed the
-// replicas' layers (a snapshot taken, deleted or reverted to, the volume
-// grown), its own rebuild snapshots included, so that a watcher knows
-// when to ask a replica for them again. Each also signals Changed.
+// LayerChanges counts the engine's calls and copies that may have changed
+// the replicas' layers or the data they hold other than by the volume's
+// writes (a snapshot taken, deleted or reverted to, the volume grown, a
+// rebuild or clone ended), its own rebuild snapshots included, so that a
+// watcher knows when to ask a replica for them again. Each also signals
+// Changed.
 func (e *Engine) LayerChanges() uint64 { return e.changes.layers.Load() }
 
 func (e *Engine) layersChanged() {

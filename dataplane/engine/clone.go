@@ -123,7 +123,7 @@ func (e *Engine) CloneFrom(src CloneSource, source, snapshot string) error {
 			c.st.State = RebuildComplete
 		}
 		c.mu.Unlock()
-		e.changed()
+		e.layersChanged() // the clone's data is in the replicas
 		if err != nil {
 			e.log.Info("clone failed", "source", source, "snapshot", snapshot, "error", err.Error())
 		} else {

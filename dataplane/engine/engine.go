@@ -322,6 +322,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	epoch, rw := e.startWatching()
 	if opts.IdleFlush > 0 {
+		e.idle.kick = make(chan struct{}, 1)
 		e.bg.Add(1) // not closed yet: nobody else has the engine
 		go e.flushWhenIdle(opts.IdleFlush)
 	}

@@ -32,12 +32,20 @@ type idleFlusher struct {
 	pending atomic.Int32
 	// lastWrite is when the last write or unmap began (unix nanoseconds).
 	lastWrite atomic.Int64
+	// kick wakes flushWhenIdle, which sleeps on it while no flush is
+	// pending (an idle volume's engine has no timer for it).
+	kick chan struct{}
 }
 
 // wrote records a write or unmap.
 func (f *idleFlusher) wrote() {
 	f.lastWrite.Store(time.Now().UnixNano())
-	f.pending.Store(idleFlushes)
+	if f.pending.Swap(idleFlushes) <= 0 && f.kick != nil {
+		select {
+		case f.kick <- struct{}{}:
+		default: // a wake-up is pending already
+		}
+	}
 }
 
 // due reports whether an idle flush should be sent now, counting it.
@@ -53,9 +61,17 @@ func (f *idleFlusher) due(interval time.Duration) bool {
 // volume's flush metrics.
 func (e *Engine) flushWhenIdle(interval time.Duration) {
 	defer e.bg.Done()
-	t := time.NewTicker(interval)
+	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
+		if e.idle.pending.Load() <= 0 {
+			select {
+			case <-e.stop.Done():
+				return
+			case <-e.idle.kick:
+			}
+		}
+		t.Reset(interval)
 		select {
 		case <-e.stop.Done():
 			return

@@ -39,6 +39,15 @@ func TestIdleVolumeBitsClear(t *testing.T) {
 			}
 			if idle > 0 {
 				waitFor(t, "the bits of an idle volume to clear", func() bool { return dirtyCount(t, reps[0])+dirtyCount(t, reps[1]) == 0 })
+				// The flusher, asleep since its last flush, wakes for the
+				// next writes.
+				if err := e.WriteAt(context.Background(), pattern(2, 2<<20), 4<<20, false); err != nil {
+					t.Fatal(err)
+				}
+				if n := dirtyCount(t, reps[0]); n != 2 {
+					t.Fatalf("a 2 MiB write marks %d regions, want 2", n)
+				}
+				waitFor(t, "the bits of the second writes to clear", func() bool { return dirtyCount(t, reps[0])+dirtyCount(t, reps[1]) == 0 })
 				return
 			}
 			// Without idle flushes nothing clears them: a flush from the

@@ -193,7 +193,7 @@ func (e *Engine) runRebuild(ctx context.Context, rb *rebuild, src, dst *member, 
 	}
 	st := rb.st.State
 	rb.mu.Unlock()
-	e.changed()
+	e.layersChanged() // the target holds the data now, or the rebuild's snapshot may be gone
 	if err != nil {
 		if e.markFailed(dst, fmt.Errorf("rebuild %s: %w", st, err)) {
 			e.afterFailure(context.Background())

@@ -380,7 +380,10 @@ func openEngine(ctx context.Context, c *engineFlags, region *shm.Region, buffers
 				log.Info("could not tell the instance manager what the engine waits for", "reason", err.Error())
 			}
 		},
-		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: c.replicaTimeout, Logger: log, Shared: region, Key: c.key, TLS: c.dataClientTLS()},
+		// One timer pings every replica (Pinger): an idle engine wakes
+		// once per interval for them, not once per replica.
+		Dial: replicaclient.Dialer(replicaclient.Options{Data: dataconn.ClientOptions{RequestTimeout: c.replicaTimeout, Logger: log, Shared: region, Key: c.key, TLS: c.dataClientTLS(),
+			Pinger: dataconn.NewPinger(0, 0)},
 			ControlTLS: c.clientTLS()}),
 	})
 }

@@ -29,9 +29,13 @@ import (
 //
 // The snapshots and the data bytes live on a replica and cost a call to
 // it, so a sample asks for them only when they may have changed: after a
-// call through this server or a change of the layers the engine counts,
-// at most every usageInterval while the volume is written (writes change
-// the data bytes), and every layersEvery in any case.
+// call through this server or a change of the layers the engine counts
+// (LayerChanges), and at most every usageInterval while the volume is
+// written (Mutations: writes change the data bytes). A wake-up of the
+// timer with none of that and no rebuild or clone running reads two
+// counters and nothing else: an idle process runs as little of its code
+// as it can, so that the pages of code it unmapped when it went idle
+// (internal/idlemem) stay unmapped.
 
 // watchInterval is how often the sampler looks while a rebuild or a clone
 // runs, or while the replica's answer is missing.
@@ -48,11 +52,6 @@ const snapshotTimeout = 2 * time.Second
 // server that may change them (snapshot, revert, expand...) has the next
 // sample take them at once. It is also the longest the sampler sleeps.
 const usageInterval = 10 * time.Second
-
-// layersEvery is the longest the sampler goes without asking a replica
-// for the snapshots and data bytes, for a change that none of the signals
-// above announces.
-const layersEvery = time.Minute
 
 // watchers is what a Server's Watch streams share: the latest status and
 // its seq, and one sampler goroutine while any stream is open.
@@ -75,8 +74,8 @@ type watchers struct {
 	layersMutations uint64
 	layersGen       uint64
 	layersRetry     bool
-	// samples and asks count the samples taken and the replica calls
-	// they made (read by tests).
+	// samples and asks count the samples that read the engine's state and
+	// the replica calls they made (read by tests).
 	samples, asks atomic.Uint64
 	// idle is the longest the sampler sleeps without a signal:
 	// usageInterval unless a test sets it before the first Watch.
@@ -138,7 +137,7 @@ func (s *Server) join(ctx context.Context) {
 	}
 	poke := w.poke
 	w.mu.Unlock()
-	s.sample(ctx)
+	s.sample(ctx, true)
 	if sctx != nil {
 		go s.sampler(sctx, poke)
 	}
@@ -172,28 +171,39 @@ func (s *Server) changed() {
 func (s *Server) sampler(ctx context.Context, poke <-chan struct{}) {
 	t := time.NewTimer(usageInterval)
 	defer t.Stop()
+	look := true
 	for {
 		changed := s.E.Changed() // before sampling: a change while it runs wakes the next
-		t.Reset(s.sample(ctx))
+		t.Reset(s.sample(ctx, look))
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
+			look = true
 		case <-poke:
+			look = true
 		case <-t.C:
+			look = false
 		}
 	}
 }
 
 // sample reads the engine's state and, if it differs from the latest
-// status, publishes it with the next seq. It returns how long the sampler
-// may wait for a signal before it looks again.
-func (s *Server) sample(ctx context.Context) time.Duration {
+// status, publishes it with the next seq. look: something may have
+// changed (a signal, a call, the first sample); without it, only a
+// running rebuild or clone, a failed ask or the volume's writes make it
+// look. It returns how long the sampler may wait for a signal before it
+// looks again.
+func (s *Server) sample(ctx context.Context, look bool) time.Duration {
 	w := &s.watch
 	w.sampling.Lock()
 	defer w.sampling.Unlock()
-	w.samples.Add(1)
 	prev, _ := w.current()
+	mutations, gen := s.E.Mutations(), s.E.LayerChanges()
+	if !look && !w.layersRetry && !running(prev) && mutations == w.layersMutations && gen == w.layersGen {
+		return w.idleWait()
+	}
+	w.samples.Add(1)
 	st := &enginev1.VolumeStatus{Name: s.Name, Size: s.E.Size(), Frontend: s.Frontend, Endpoint: s.Endpoint,
 		EndpointKind: string(s.EndpointKind), Socket: s.Socket, Fallback: s.Fallback,
 		Robustness: s.E.Robustness(), Epoch: s.E.Epoch(), Replicas: s.replicas(), Rebuilds: s.rebuilds(), Clone: s.cloneStatus()}
@@ -208,8 +218,8 @@ func (s *Server) sample(ctx context.Context) time.Duration {
 		st.ActualSize = prev.ActualSize
 	}
 	st.Seq = prev.GetSeq()
-	now, mutations, gen := time.Now(), s.E.Mutations(), s.E.LayerChanges()
-	if stale || w.layersRetry || prev == nil || gen != w.layersGen || now.Sub(w.layersAt) >= layersEvery ||
+	now := time.Now()
+	if stale || w.layersRetry || prev == nil || gen != w.layersGen ||
 		(mutations != w.layersMutations && now.Sub(w.layersAt) >= usageInterval) {
 		s.sampleLayers(ctx, st, stale, now, mutations, gen)
 	}
@@ -221,19 +231,34 @@ func (s *Server) sample(ctx context.Context) time.Duration {
 		w.updated = make(chan struct{})
 		w.mu.Unlock()
 	}
-	running := st.GetClone().GetState() == string(engine.RebuildInProgress)
-	for _, rb := range st.GetRebuilds() {
-		running = running || rb.GetState() == string(engine.RebuildInProgress)
-	}
 	switch {
-	case running || w.layersRetry:
+	case running(st) || w.layersRetry:
 		return watchInterval
 	case mutations != w.layersMutations:
 		return max(w.layersAt.Add(usageInterval).Sub(now), watchInterval)
-	case w.idle > 0:
+	}
+	return w.idleWait()
+}
+
+// idleWait is how long the sampler sleeps when nothing runs.
+func (w *watchers) idleWait() time.Duration {
+	if w.idle > 0 {
 		return w.idle
 	}
 	return usageInterval
+}
+
+// running reports whether st shows a rebuild or a clone in progress.
+func running(st *enginev1.VolumeStatus) bool {
+	if st.GetClone().GetState() == string(engine.RebuildInProgress) {
+		return true
+	}
+	for _, rb := range st.GetRebuilds() {
+		if rb.GetState() == string(engine.RebuildInProgress) {
+			return true
+		}
+	}
+	return false
 }
 
 // sampleLayers asks a replica for the snapshots and, when due, the data

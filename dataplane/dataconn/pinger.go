@@ -1,0 +1,86 @@
+package dataconn
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Pinger sends the liveness pings of many clients from one timer: at each
+// tick it starts a ping on every registered client (each on its next
+// connection in turns), then waits for all of them. A process with
+// several clients (an engine has one per replica) then wakes once per
+// interval for its pings instead of once per client, which is most of
+// what an idle engine does. A client whose ping fails or goes unanswered
+// for the timeout fails as it would with its own timer; one slow answer
+// delays the next tick, never another client's ping of this tick, which
+// was sent already.
+type Pinger struct {
+	interval, timeout time.Duration
+
+	mu      sync.Mutex
+	clients map[*Client]struct{}
+	running bool // the loop runs; it stops when no client is left
+}
+
+// NewPinger returns a Pinger that pings every interval and fails a client
+// whose ping is unanswered after timeout (defaults as ClientOptions').
+func NewPinger(interval, timeout time.Duration) *Pinger {
+	if interval <= 0 {
+		interval = 2 * time.Second
+	}
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	return &Pinger{interval: interval, timeout: timeout, clients: map[*Client]struct{}{}}
+}
+
+// add registers c until it is done, starting the loop if it was stopped.
+func (p *Pinger) add(c *Client) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.clients[c] = struct{}{}
+	if !p.running {
+		p.running = true
+		go p.loop()
+	}
+}
+
+// due returns the clients to ping now, dropping those that are done; it
+// reports false, and marks the loop stopped, when none is left.
+func (p *Pinger) due() ([]*Client, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*Client
+	for c := range p.clients {
+		select {
+		case <-c.done:
+			delete(p.clients, c)
+		default:
+			out = append(out, c)
+		}
+	}
+	if len(p.clients) == 0 {
+		p.running = false
+		return nil, false
+	}
+	return out, true
+}
+
+func (p *Pinger) loop() {
+	t := time.NewTicker(p.interval)
+	defer t.Stop()
+	for range t.C {
+		cs, ok := p.due()
+		if !ok {
+			return
+		}
+		pings := make([]*Pending, len(cs))
+		for i, c := range cs {
+			pings[i] = c.startPing(p.timeout)
+		}
+		for _, pg := range pings {
+			_ = pg.Wait(context.Background()) // a failed ping fails its client; startOn or Wait said why
+		}
+	}
+}
