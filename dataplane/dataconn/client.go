@@ -779,12 +779,12 @@ func (cc *clientConn) complete(br *bufread.Reader, cl *call, h Header) error {
 }
 
 // pingLoop checks the server's liveness on an interval, pinging one
-// connection per interval in turns. A server that went silent (its node
-// gone) or closed its end is found within an interval whichever
-// connection is pinged, and the client fails as a whole; one connection
-// broken on its own is found within Conns intervals. An idle volume's
-// engine pings each of its replicas once an interval, not once per
-// connection: both processes wake a quarter as often.
+// connection per interval in turns (a client without a Pinger). A server
+// that went silent (its node gone) or closed its end is found within an
+// interval whichever connection is pinged, and the client fails as a
+// whole; one connection broken on its own is found within Conns
+// intervals. Pinging every connection each interval found nothing sooner
+// and woke both ends once per connection.
 func (c *Client) pingLoop() {
 	defer c.wg.Done()
 	t := time.NewTicker(c.opts.PingInterval)

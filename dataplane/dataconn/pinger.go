@@ -8,13 +8,14 @@ import (
 
 // Pinger sends the liveness pings of many clients from one timer: at each
 // tick it starts a ping on every registered client (each on its next
-// connection in turns), then waits for all of them. A process with
-// several clients (an engine has one per replica) then wakes once per
-// interval for its pings instead of once per client, which is most of
-// what an idle engine does. A client whose ping fails or goes unanswered
-// for the timeout fails as it would with its own timer; one slow answer
-// delays the next tick, never another client's ping of this tick, which
-// was sent already.
+// connection in turns), and one goroutine waits for their answers. A
+// process with several clients (an engine has one per replica) then wakes
+// once per interval for its pings instead of once per client, which is
+// most of what an idle engine does. A client whose ping fails or goes
+// unanswered for the timeout (counted from when it was sent) fails as it
+// would with its own timer; a slow or silent server delays neither the
+// next tick nor another client's pings, so each server is still found
+// silent within interval plus timeout.
 type Pinger struct {
 	interval, timeout time.Duration
 
@@ -79,8 +80,10 @@ func (p *Pinger) loop() {
 		for i, c := range cs {
 			pings[i] = c.startPing(p.timeout)
 		}
-		for _, pg := range pings {
-			_ = pg.Wait(context.Background()) // a failed ping fails its client; startOn or Wait said why
-		}
+		go func() {
+			for _, pg := range pings {
+				_ = pg.Wait(context.Background()) // a failed ping fails its client; startOn or Wait said why
+			}
+		}()
 	}
 }

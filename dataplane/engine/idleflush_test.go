@@ -39,8 +39,10 @@ func TestIdleVolumeBitsClear(t *testing.T) {
 			}
 			if idle > 0 {
 				waitFor(t, "the bits of an idle volume to clear", func() bool { return dirtyCount(t, reps[0])+dirtyCount(t, reps[1]) == 0 })
-				// The flusher, asleep since its last flush, wakes for the
-				// next writes.
+				// After its three flushes the flusher waits for a write;
+				// the next writes wake it. (The test never flushes, so
+				// the volume's flushes are the idle ones.)
+				waitFor(t, "the three idle flushes", func() bool { return e.Metrics().Flush.Ops >= 3 })
 				if err := e.WriteAt(context.Background(), pattern(2, 2<<20), 4<<20, false); err != nil {
 					t.Fatal(err)
 				}

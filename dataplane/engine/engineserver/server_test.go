@@ -417,7 +417,8 @@ func TestWatchIdleAsksNoReplica(t *testing.T) {
 // TestWatchFollowsEngineChanges: what changes in the engine without a call
 // through the server (a snapshot, a replica removed, as a rebuild or a
 // failure would) reaches the stream by the engine's signal; the sampler's
-// timer is set to an hour, so nothing else would bring it.
+// timer is set to an hour, so nothing else would bring it. A layer change
+// brings the data bytes too, with the writes made just before it.
 func TestWatchFollowsEngineChanges(t *testing.T) {
 	r := newRig(t, 2)
 	r.srv.watch.idle = time.Hour
@@ -430,7 +431,7 @@ func TestWatchFollowsEngineChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	until := func(what string, ok func(*enginev1.VolumeStatus) bool) {
+	until := func(what string, ok func(*enginev1.VolumeStatus) bool) *enginev1.VolumeStatus {
 		t.Helper()
 		for {
 			st, err := w.Recv()
@@ -438,16 +439,22 @@ func TestWatchFollowsEngineChanges(t *testing.T) {
 				t.Fatalf("waiting for %s: %v", what, err)
 			}
 			if ok(st) {
-				return
+				return st
 			}
 		}
+	}
+	if err := r.e.WriteAt(c, bytes.Repeat([]byte{0xa5}, 1<<20), 4<<20, true); err != nil {
+		t.Fatal(err)
 	}
 	if err := r.e.Snapshot(c, "direct"); err != nil {
 		t.Fatal(err)
 	}
-	until("the snapshot", func(st *enginev1.VolumeStatus) bool {
+	st := until("the snapshot", func(st *enginev1.VolumeStatus) bool {
 		return slices.ContainsFunc(st.GetSnapshots(), func(s *enginev1.Snapshot) bool { return s.GetName() == "direct" })
 	})
+	if st.GetActualSize() < first.GetActualSize()+1<<20 {
+		t.Fatalf("the status with the snapshot has %d data bytes, %d before a 1 MiB write to new blocks", st.GetActualSize(), first.GetActualSize())
+	}
 	gone := first.GetReplicas()[1].GetAddress()
 	if err := r.e.RemoveReplica(c, gone); err != nil {
 		t.Fatal(err)

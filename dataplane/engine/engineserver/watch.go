@@ -63,17 +63,14 @@ type watchers struct {
 	updated  chan struct{}          // closed, and replaced, when latest is
 	poke     chan struct{}          // asks the sampler to look now (one pending at most)
 	sampling sync.Mutex             // one sample at a time
-	// usageAt is when a sample last took the actual size (under
-	// sampling).
-	usageAt time.Time
-	// layersAt, layersMutations and layersGen are when a sample last had
-	// the replica's layer information and the engine's Mutations and
-	// LayerChanges then; layersRetry: the last ask failed, ask at the next
-	// sample (all under sampling).
-	layersAt        time.Time
-	layersMutations uint64
-	layersGen       uint64
-	layersRetry     bool
+	// usageAt and usageMutations are when a sample last took the actual
+	// size and the engine's Mutations then; layersGen is LayerChanges when
+	// a sample last had the replica's layers; layersRetry: the last ask
+	// failed, ask at the next sample (all under sampling).
+	usageAt        time.Time
+	usageMutations uint64
+	layersGen      uint64
+	layersRetry    bool
 	// samples and asks count the samples that read the engine's state and
 	// the replica calls they made (read by tests).
 	samples, asks atomic.Uint64
@@ -200,7 +197,7 @@ func (s *Server) sample(ctx context.Context, look bool) time.Duration {
 	defer w.sampling.Unlock()
 	prev, _ := w.current()
 	mutations, gen := s.E.Mutations(), s.E.LayerChanges()
-	if !look && !w.layersRetry && !running(prev) && mutations == w.layersMutations && gen == w.layersGen {
+	if !look && !w.layersRetry && !running(prev) && mutations == w.usageMutations && gen == w.layersGen {
 		return w.idleWait()
 	}
 	w.samples.Add(1)
@@ -220,7 +217,7 @@ func (s *Server) sample(ctx context.Context, look bool) time.Duration {
 	st.Seq = prev.GetSeq()
 	now := time.Now()
 	if stale || w.layersRetry || prev == nil || gen != w.layersGen ||
-		(mutations != w.layersMutations && now.Sub(w.layersAt) >= usageInterval) {
+		(mutations != w.usageMutations && now.Sub(w.usageAt) >= usageInterval) {
 		s.sampleLayers(ctx, st, stale, now, mutations, gen)
 	}
 	if prev == nil || !proto.Equal(st, prev) {
@@ -234,8 +231,8 @@ func (s *Server) sample(ctx context.Context, look bool) time.Duration {
 	switch {
 	case running(st) || w.layersRetry:
 		return watchInterval
-	case mutations != w.layersMutations:
-		return max(w.layersAt.Add(usageInterval).Sub(now), watchInterval)
+	case mutations != w.usageMutations:
+		return max(w.usageAt.Add(usageInterval).Sub(now), watchInterval)
 	}
 	return w.idleWait()
 }
@@ -263,7 +260,10 @@ func running(st *enginev1.VolumeStatus) bool {
 
 // sampleLayers asks a replica for the snapshots and, when due, the data
 // bytes, and puts them in st (under sampling). stale: a call through this
-// server may have changed them.
+// server may have changed them. The data bytes are due after a call or a
+// layer change, and otherwise usageInterval after they were last taken;
+// the writes they count are those before the Mutations they were taken
+// at, so writes made meanwhile bring the next ask.
 func (s *Server) sampleLayers(ctx context.Context, st *enginev1.VolumeStatus, stale bool, now time.Time, mutations, gen uint64) {
 	w := &s.watch
 	w.asks.Add(1)
@@ -281,14 +281,14 @@ func (s *Server) sampleLayers(ctx context.Context, st *enginev1.VolumeStatus, st
 		}
 		return
 	}
-	w.layersRetry, w.layersAt, w.layersMutations, w.layersGen = false, now, mutations, gen
 	st.Snapshots = snapshotsOut(info.Snapshots)
-	if stale || w.usageAt.IsZero() || now.Sub(w.usageAt) >= usageInterval {
+	if stale || gen != w.layersGen || w.usageAt.IsZero() || now.Sub(w.usageAt) >= usageInterval {
 		n := info.HeadBytes
 		for _, sn := range info.Snapshots {
 			n += sn.DataBytes
 		}
 		st.ActualSize = &n
-		w.usageAt = now
+		w.usageAt, w.usageMutations = now, mutations
 	}
+	w.layersRetry, w.layersGen = false, gen
 }
