@@ -373,7 +373,8 @@ func TestWatch(t *testing.T) {
 // TestWatchIdleAsksNoReplica: an engine whose status is watched (every
 // attached volume's is, by the engine controller) does not look at its
 // state on a tick while nothing happens, and asks its replica nothing;
-// writes bring the data bytes in within usageInterval.
+// writes bring the data bytes in without any call (the sampler takes them
+// again usageInterval after it last did).
 func TestWatchIdleAsksNoReplica(t *testing.T) {
 	r := newRig(t, 1)
 	c := ctx(t)
