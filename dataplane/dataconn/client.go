@@ -777,32 +777,3 @@ func (cc *clientConn) complete(br *bufread.Reader, cl *call, h Header) error {
 	cl.complete(nil)
 	return nil
 }
-
-// pingLoop checks the server's liveness on an interval, pinging one
-// connection per interval in turns (a client without a Pinger). A server
-// that went silent (its node gone) or closed its end is found within an
-// interval whichever connection is pinged, and the client fails as a
-// whole; one connection broken on its own is found within Conns
-// intervals. Pinging every connection each interval found nothing sooner
-// and woke both ends once per connection.
-func (c *Client) pingLoop() {
-	defer c.wg.Done()
-	t := time.NewTicker(c.opts.PingInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-t.C:
-		}
-		if err := c.startPing(c.opts.PingTimeout).Wait(context.Background()); err != nil {
-			return // the client has failed; startOn or Wait said why
-		}
-	}
-}
-
-// startPing sends a ping on the next connection in turn.
-func (c *Client) startPing(timeout time.Duration) *Pending {
-	i := c.pingNext.Add(1) - 1
-	return c.startOn(c.conns[i%uint64(len(c.conns))], &call{op: OpPing}, Header{Op: OpPing}, timeout)
-}

@@ -129,6 +129,20 @@ func ctx(t *testing.T) context.Context {
 
 func code(err error) codes.Code { return status.Code(err) }
 
+// openWatch opens a status stream and returns it with its first status.
+func openWatch(t *testing.T, r *rig, c context.Context) (grpc.ServerStreamingClient[enginev1.VolumeStatus], *enginev1.VolumeStatus) {
+	t.Helper()
+	w, err := r.c.Watch(c, &enginev1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, first
+}
+
 // TestVolumeInfo: what the engine serves, as a client reads it.
 func TestVolumeInfo(t *testing.T) {
 	r := newRig(t, 2)
@@ -309,14 +323,7 @@ func TestWatch(t *testing.T) {
 	if err := r.e.WriteAt(c, bytes.Repeat([]byte{0x5a}, 64<<10), 0, true); err != nil {
 		t.Fatal(err)
 	}
-	w, err := r.c.Watch(c, &enginev1.WatchRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := w.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, first := openWatch(t, r, c)
 	if first.GetSeq() == 0 || first.GetName() != "vol" || first.GetSize() != size || len(first.GetReplicas()) != 1 || first.GetActualSize() < 64<<10 {
 		t.Fatalf("first status %v", first)
 	}
@@ -381,14 +388,7 @@ func TestWatchIdleAsksNoReplica(t *testing.T) {
 	if err := r.e.WriteAt(c, bytes.Repeat([]byte{0x5a}, 64<<10), 0, true); err != nil {
 		t.Fatal(err)
 	}
-	w, err := r.c.Watch(c, &enginev1.WatchRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := w.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, first := openWatch(t, r, c)
 	// The sample at join and the sampler's first look; then nothing for
 	// five watchIntervals (the window is what is observed, not a wait).
 	asks, samples := r.srv.watch.asks.Load(), r.srv.watch.samples.Load()
@@ -424,14 +424,7 @@ func TestWatchFollowsEngineChanges(t *testing.T) {
 	r := newRig(t, 2)
 	r.srv.watch.idle = time.Hour
 	c := ctx(t)
-	w, err := r.c.Watch(c, &enginev1.WatchRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := w.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, first := openWatch(t, r, c)
 	until := func(what string, ok func(*enginev1.VolumeStatus) bool) *enginev1.VolumeStatus {
 		t.Helper()
 		for {
